@@ -1,0 +1,1 @@
+//! Courier amqp (work in progress).

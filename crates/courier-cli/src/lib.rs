@@ -1,0 +1,1 @@
+//! Courier cli (work in progress).

@@ -1,0 +1,90 @@
+//! Handlers: what runs when a message is handled in-process.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::{Envelope, HandlerError, Message};
+
+/// Handles messages of type `M`.
+///
+/// ```
+/// use courier_core::{Envelope, Handler, HandlerError, Message};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Welcome { user: String }
+/// impl Message for Welcome { const NAME: &'static str = "mail.welcome"; }
+///
+/// struct SendWelcome;
+///
+/// #[async_trait::async_trait]
+/// impl Handler<Welcome> for SendWelcome {
+///     async fn handle(&self, message: &Welcome, _envelope: &Envelope) -> Result<(), HandlerError> {
+///         if message.user.is_empty() {
+///             return Err(HandlerError::unrecoverable("empty user"));
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
+#[async_trait]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot handle `{M}`",
+    note = "implement `courier::Handler<{M}>` (with `#[async_trait]`) for `{Self}`, or use `handler_fn` with a closure"
+)]
+pub trait Handler<M: Message>: Send + Sync + 'static {
+    /// Handles one message; the envelope gives access to its stamps.
+    async fn handle(&self, message: &M, envelope: &Envelope) -> Result<(), HandlerError>;
+}
+
+#[async_trait]
+pub(crate) trait ErasedHandler: Send + Sync {
+    async fn call(&self, envelope: &Envelope) -> Result<(), HandlerError>;
+}
+
+pub(crate) struct Typed<M, H> {
+    handler: H,
+    _message: PhantomData<fn(M)>,
+}
+
+impl<M, H> Typed<M, H> {
+    pub(crate) fn new(handler: H) -> Self {
+        Self { handler, _message: PhantomData }
+    }
+}
+
+#[async_trait]
+impl<M: Message, H: Handler<M>> ErasedHandler for Typed<M, H> {
+    async fn call(&self, envelope: &Envelope) -> Result<(), HandlerError> {
+        let message = envelope.message::<M>().ok_or_else(|| {
+            HandlerError::unrecoverable(format!("envelope holds `{}`, not `{}`", envelope.message_name(), M::NAME))
+        })?;
+        self.handler.handle(message, envelope).await
+    }
+}
+
+/// A closure handler: `Fn(Arc<M>) -> impl Future<Output = Result<(), HandlerError>>`.
+pub(crate) struct FnHandler<F>(pub(crate) F);
+
+#[async_trait]
+impl<M, F, Fut> Handler<M> for FnHandler<F>
+where
+    M: Message,
+    F: Fn(Arc<M>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    async fn handle(&self, _message: &M, envelope: &Envelope) -> Result<(), HandlerError> {
+        let message = envelope
+            .message_arc::<M>()
+            .ok_or_else(|| HandlerError::unrecoverable(format!("envelope does not hold `{}`", M::NAME)))?;
+        (self.0)(message).await
+    }
+}
+
+pub(crate) struct HandlerEntry {
+    pub(crate) name: Arc<str>,
+    pub(crate) handler: Arc<dyn ErasedHandler>,
+}

@@ -1,0 +1,207 @@
+//! Middleware: the chain every dispatch runs through.
+//!
+//! The chain is, in order: bus name -> dispatch after current bus -> failed message processing ->
+//! your middleware (in the order added) -> send -> handle. Each middleware gets the envelope and
+//! [`Next`], and decides whether and how to call the rest.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::MessageBus;
+use crate::{
+    BusError, BusNameStamp, DispatchAfterCurrentBusStamp, Envelope, HandledStamp, HandlerFailure,
+    ReceivedStamp, SentStamp, SentToFailureTransportStamp, TraceContextStamp, TransportNamesStamp,
+};
+
+/// A step in the bus's chain (Symfony's `MiddlewareInterface`).
+///
+/// ```
+/// use courier_core::{BusError, Envelope, Middleware, Next};
+///
+/// /// Logs every message that goes through the bus.
+/// struct Audit;
+///
+/// #[async_trait::async_trait]
+/// impl Middleware for Audit {
+///     async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
+///         let name = envelope.message_name().to_owned();
+///         let result = next.run(envelope).await;
+///         println!("{name}: {}", if result.is_ok() { "ok" } else { "failed" });
+///         result
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Middleware: Send + Sync + 'static {
+    /// Processes the envelope; call `next.run(envelope)` to continue the chain.
+    async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError>;
+}
+
+/// The rest of the chain.
+pub struct Next<'a> {
+    pub(crate) chain: &'a [Arc<dyn Middleware>],
+    pub(crate) bus: &'a MessageBus,
+}
+
+impl Next<'_> {
+    /// Runs the rest of the chain.
+    ///
+    /// # Errors
+    /// Whatever the rest of the chain returns.
+    pub async fn run(self, envelope: Envelope) -> Result<Envelope, BusError> {
+        match self.chain.split_first() {
+            Some((first, rest)) => first.handle(envelope, Next { chain: rest, bus: self.bus }).await,
+            None => Ok(envelope),
+        }
+    }
+
+    /// The bus being dispatched on.
+    #[must_use]
+    pub fn bus(&self) -> &MessageBus {
+        self.bus
+    }
+}
+
+tokio::task_local! {
+    static DEFERRED: RefCell<Vec<(MessageBus, Envelope)>>;
+    static TRACE: Option<TraceContextStamp>;
+}
+
+/// Runs `fut` with `trace` as the current trace context: envelopes dispatched inside it without a
+/// [`TraceContextStamp`] get this one (the worker wraps each handled message in it).
+pub async fn with_trace_context<F: std::future::Future>(trace: Option<TraceContextStamp>, fut: F) -> F::Output {
+    TRACE.scope(trace, fut).await
+}
+
+/// Adds [`BusNameStamp`] (and the current trace context) when missing.
+pub(crate) struct BusNameMiddleware;
+
+#[async_trait]
+impl Middleware for BusNameMiddleware {
+    async fn handle(&self, mut envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
+        if !envelope.has::<BusNameStamp>() {
+            envelope = envelope.with(BusNameStamp(next.bus.name().to_owned()));
+        }
+        if !envelope.has::<TraceContextStamp>() {
+            if let Ok(Some(trace)) = TRACE.try_with(Clone::clone) {
+                envelope = envelope.with(trace);
+            }
+        }
+        next.run(envelope).await
+    }
+}
+
+/// Holds envelopes stamped [`DispatchAfterCurrentBusStamp`] until the outer dispatch succeeded.
+pub(crate) struct DispatchAfterCurrentBusMiddleware;
+
+#[async_trait]
+impl Middleware for DispatchAfterCurrentBusMiddleware {
+    async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
+        if DEFERRED.try_with(|_| ()).is_ok() {
+            if envelope.has::<DispatchAfterCurrentBusStamp>() {
+                let bus = next.bus.clone();
+                let queued = envelope.clone();
+                DEFERRED.with(|d| d.borrow_mut().push((bus, queued)));
+                return Ok(envelope);
+            }
+            return next.run(envelope).await;
+        }
+        let (result, deferred) = DEFERRED
+            .scope(RefCell::new(Vec::new()), async {
+                let result = next.run(envelope).await;
+                (result, DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut())))
+            })
+            .await;
+        let envelope = result?;
+        for (bus, queued) in deferred {
+            Box::pin(bus.dispatch(queued.without_all::<DispatchAfterCurrentBusStamp>())).await?;
+        }
+        Ok(envelope)
+    }
+}
+
+/// A message retried from the failure transport is treated as received from its original one.
+pub(crate) struct FailedMessageProcessingMiddleware;
+
+#[async_trait]
+impl Middleware for FailedMessageProcessingMiddleware {
+    async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
+        let envelope = match (envelope.last::<SentToFailureTransportStamp>(), envelope.has::<ReceivedStamp>()) {
+            (Some(failed), true) => {
+                let original = ReceivedStamp(failed.original.clone());
+                envelope.with(original)
+            }
+            _ => envelope,
+        };
+        next.run(envelope).await
+    }
+}
+
+/// Sends routed messages to their transports instead of handling them.
+pub(crate) struct SendMiddleware;
+
+#[async_trait]
+impl Middleware for SendMiddleware {
+    async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
+        if envelope.has::<ReceivedStamp>() {
+            return next.run(envelope).await;
+        }
+        let bus = next.bus;
+        let names: Vec<String> = match envelope.last::<TransportNamesStamp>() {
+            Some(TransportNamesStamp(names)) => names.clone(),
+            None => bus.inner.router.resolve(envelope.message_name()).to_vec(),
+        };
+        if names.is_empty() {
+            return next.run(envelope).await;
+        }
+        let outgoing = envelope.without_all::<TransportNamesStamp>();
+        let mut result = outgoing.clone();
+        for name in names {
+            let transport = bus.transport(&name).ok_or_else(|| BusError::UnknownTransport {
+                transport: name.clone(),
+                name: outgoing.message_name().to_owned(),
+            })?;
+            let sent = transport
+                .send(outgoing.clone().with(SentStamp { transport: name.clone() }))
+                .await
+                .map_err(|source| BusError::Send { name: outgoing.message_name().to_owned(), source })?;
+            result = result.with(SentStamp { transport: name });
+            if let Some(id) = sent.last::<crate::TransportMessageIdStamp>() {
+                result = result.with(id.clone());
+            }
+        }
+        Ok(result)
+    }
+}
+
+/// Runs every handler of the message that has not handled it yet.
+pub(crate) struct HandleMiddleware;
+
+#[async_trait]
+impl Middleware for HandleMiddleware {
+    async fn handle(&self, mut envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
+        if let Some(crate::message::Payload::Undecodable { error, .. }) = Some(&envelope.payload) {
+            return Err(BusError::Undecodable(Arc::clone(error)));
+        }
+        let handlers = next.bus.inner.handlers.get(envelope.message_name()).map_or(&[][..], Vec::as_slice);
+        if handlers.is_empty() {
+            return Err(BusError::NoHandler { name: envelope.message_name().to_owned() });
+        }
+        let mut failures = Vec::new();
+        for entry in handlers {
+            if envelope.all::<HandledStamp>().any(|h| *h.handler == *entry.name) {
+                continue;
+            }
+            match entry.handler.call(&envelope).await {
+                Ok(()) => envelope = envelope.with(HandledStamp { handler: entry.name.to_string() }),
+                Err(error) => failures.push(HandlerFailure { handler: entry.name.to_string(), error }),
+            }
+        }
+        if !failures.is_empty() {
+            return Err(BusError::HandlerFailed { envelope: Box::new(envelope), failures });
+        }
+        next.run(envelope).await
+    }
+}

@@ -1,0 +1,308 @@
+//! The message bus: dispatch through middleware to transports or handlers.
+
+mod handler;
+pub(crate) mod middleware;
+mod routing;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, OnceLock, Weak};
+
+pub use handler::Handler;
+pub use middleware::{Middleware, Next, with_trace_context};
+pub use routing::Router;
+
+use handler::{ErasedHandler, FnHandler, HandlerEntry, Typed};
+use middleware::{
+    BusNameMiddleware, DispatchAfterCurrentBusMiddleware, FailedMessageProcessingMiddleware, HandleMiddleware,
+    SendMiddleware,
+};
+
+use crate::{BusError, Envelope, HandlerError, Message, MessageRegistry, Transport};
+
+/// The default bus name.
+pub const DEFAULT_BUS: &str = "default";
+
+pub(crate) struct BusInner {
+    name: String,
+    chain: Vec<Arc<dyn Middleware>>,
+    handlers: HashMap<String, Vec<HandlerEntry>>,
+    transports: HashMap<String, Arc<dyn Transport>>,
+    router: Router,
+    registry: Arc<MessageRegistry>,
+}
+
+/// A message bus (Symfony's `MessageBusInterface`): routes each message to its transports, or
+/// handles it in-process with every handler registered for it.
+///
+/// ```
+/// use courier_core::{Envelope, HandlerError, InMemoryTransport, Message, MessageBus};
+/// use serde::{Deserialize, Serialize};
+/// use std::sync::Arc;
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Welcome { user: String }
+/// impl Message for Welcome { const NAME: &'static str = "mail.welcome"; }
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Audit;
+/// impl Message for Audit { const NAME: &'static str = "app.audit"; }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let queue = InMemoryTransport::new();
+/// let bus = MessageBus::builder()
+///     .transport("async", Arc::new(queue.clone()))
+///     .route("mail.*", ["async"])
+///     .handler_fn("audit", |_: Arc<Audit>| async { Ok::<(), HandlerError>(()) })
+///     .build();
+///
+/// bus.dispatch(Welcome { user: "ada".into() }).await?;   // routed: sent, not handled
+/// bus.dispatch(Audit).await?;                            // not routed: handled now
+/// assert_eq!(queue.sent().len(), 1);
+/// # Ok::<(), courier_core::BusError>(()) }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct MessageBus {
+    pub(crate) inner: Arc<BusInner>,
+}
+
+impl fmt::Debug for MessageBus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut transports: Vec<_> = self.inner.transports.keys().collect();
+        transports.sort();
+        f.debug_struct("MessageBus")
+            .field("name", &self.inner.name)
+            .field("transports", &transports)
+            .field("router", &self.inner.router)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MessageBus {
+    /// Starts building a bus.
+    #[must_use]
+    pub fn builder() -> MessageBusBuilder {
+        MessageBusBuilder::default()
+    }
+
+    /// Dispatches a message or an envelope through the middleware chain.
+    ///
+    /// # Errors
+    /// [`BusError`]: no handler, handler failures (all of them, in one error), send failures.
+    pub async fn dispatch(&self, message: impl Into<Envelope>) -> Result<Envelope, BusError> {
+        Next { chain: &self.inner.chain, bus: self }.run(message.into()).await
+    }
+
+    /// The bus's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// A transport the bus sends to, by name.
+    #[must_use]
+    pub fn transport(&self, name: &str) -> Option<&Arc<dyn Transport>> {
+        self.inner.transports.get(name)
+    }
+
+    /// Every transport, by name.
+    pub fn transports(&self) -> impl Iterator<Item = (&str, &Arc<dyn Transport>)> + '_ {
+        self.inner.transports.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// The router.
+    #[must_use]
+    pub fn router(&self) -> &Router {
+        &self.inner.router
+    }
+
+    /// The messages this bus knows (registered explicitly or through handlers).
+    #[must_use]
+    pub fn registry(&self) -> &Arc<MessageRegistry> {
+        &self.inner.registry
+    }
+
+    /// Whether a handler is registered for the wire name.
+    #[must_use]
+    pub fn has_handler(&self, name: &str) -> bool {
+        self.inner.handlers.get(name).is_some_and(|h| !h.is_empty())
+    }
+}
+
+impl<M: Message> From<M> for Envelope {
+    fn from(message: M) -> Self {
+        Envelope::new(message)
+    }
+}
+
+/// Lets a transport built before its bus (such as [`SyncTransport`](crate::SyncTransport)) reach
+/// the bus once it exists. The bus builder binds every link it is given.
+#[derive(Clone, Default)]
+pub struct BusLink(Arc<OnceLock<Weak<BusInner>>>);
+
+impl fmt::Debug for BusLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.get().is_some() { "BusLink(bound)" } else { "BusLink(unbound)" })
+    }
+}
+
+impl BusLink {
+    /// An unbound link.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Binds the link to `bus` (the first binding wins).
+    pub fn bind(&self, bus: &MessageBus) {
+        let _ = self.0.set(Arc::downgrade(&bus.inner));
+    }
+
+    /// The bus, if bound and still alive.
+    #[must_use]
+    pub fn get(&self) -> Option<MessageBus> {
+        self.0.get().and_then(Weak::upgrade).map(|inner| MessageBus { inner })
+    }
+}
+
+/// Builds a [`MessageBus`].
+#[derive(Default)]
+pub struct MessageBusBuilder {
+    name: Option<String>,
+    middleware: Vec<Arc<dyn Middleware>>,
+    handlers: HashMap<String, Vec<HandlerEntry>>,
+    transports: HashMap<String, Arc<dyn Transport>>,
+    router: Router,
+    registry: MessageRegistry,
+    links: Vec<BusLink>,
+}
+
+impl MessageBusBuilder {
+    /// Names the bus (default [`DEFAULT_BUS`]).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Registers a handler for `M`, named after its Rust type.
+    #[must_use]
+    pub fn handler<M: Message, H: Handler<M>>(self, handler: H) -> Self {
+        let name = std::any::type_name::<H>();
+        self.handler_named::<M, H>(name, handler)
+    }
+
+    /// Registers a named handler for `M`. The name goes into
+    /// [`HandledStamp`](crate::HandledStamp): keep it stable across deployments.
+    #[must_use]
+    pub fn handler_named<M: Message, H: Handler<M>>(mut self, name: impl Into<String>, handler: H) -> Self {
+        self.registry.register::<M>();
+        let entry = HandlerEntry {
+            name: Arc::from(name.into()),
+            handler: Arc::new(Typed::<M, H>::new(handler)) as Arc<dyn ErasedHandler>,
+        };
+        self.handlers.entry(M::NAME.to_owned()).or_default().push(entry);
+        self
+    }
+
+    /// Registers a closure handler for `M`.
+    #[must_use]
+    pub fn handler_fn<M, F, Fut>(self, name: impl Into<String>, f: F) -> Self
+    where
+        M: Message,
+        F: Fn(Arc<M>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        self.handler_named::<M, FnHandler<F>>(name, FnHandler(f))
+    }
+
+    /// Registers a message type without a handler (so transports can decode it).
+    #[must_use]
+    pub fn message<M: Message>(mut self) -> Self {
+        self.registry.register::<M>();
+        self
+    }
+
+    /// Adds every message of a registry.
+    #[must_use]
+    pub fn registry(mut self, registry: &MessageRegistry) -> Self {
+        self.registry.extend(registry);
+        self
+    }
+
+    /// Adds a transport the bus can send to.
+    #[must_use]
+    pub fn transport(mut self, name: impl Into<String>, transport: Arc<dyn Transport>) -> Self {
+        self.transports.insert(name.into(), transport);
+        self
+    }
+
+    /// Adds a [`SyncTransport`](crate::SyncTransport) with default options under `name`.
+    #[must_use]
+    pub fn sync_transport(self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        let link = BusLink::new();
+        let sync = crate::SyncTransport::new(name.clone(), link.clone());
+        self.transport(name, Arc::new(sync)).link(link)
+    }
+
+    /// Binds `link` to the bus when it is built.
+    #[must_use]
+    pub fn link(mut self, link: BusLink) -> Self {
+        self.links.push(link);
+        self
+    }
+
+    /// Routes `pattern` to transports (see [`Router::route`]).
+    #[must_use]
+    pub fn route<I, S>(mut self, pattern: &str, transports: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.router = self.router.route(pattern, transports);
+        self
+    }
+
+    /// Replaces the router.
+    #[must_use]
+    pub fn router(mut self, router: Router) -> Self {
+        self.router = router;
+        self
+    }
+
+    /// Appends a middleware (after the earlier ones, before send and handle).
+    #[must_use]
+    pub fn middleware(mut self, middleware: impl Middleware) -> Self {
+        self.middleware.push(Arc::new(middleware));
+        self
+    }
+
+    /// Builds the bus and binds its links.
+    #[must_use]
+    pub fn build(self) -> MessageBus {
+        let mut chain: Vec<Arc<dyn Middleware>> = vec![
+            Arc::new(BusNameMiddleware),
+            Arc::new(DispatchAfterCurrentBusMiddleware),
+            Arc::new(FailedMessageProcessingMiddleware),
+        ];
+        chain.extend(self.middleware);
+        chain.push(Arc::new(SendMiddleware));
+        chain.push(Arc::new(HandleMiddleware));
+        let bus = MessageBus {
+            inner: Arc::new(BusInner {
+                name: self.name.unwrap_or_else(|| DEFAULT_BUS.to_owned()),
+                chain,
+                handlers: self.handlers,
+                transports: self.transports,
+                router: self.router,
+                registry: Arc::new(self.registry),
+            }),
+        };
+        for link in &self.links {
+            link.bind(&bus);
+        }
+        bus
+    }
+}

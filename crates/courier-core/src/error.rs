@@ -1,0 +1,354 @@
+//! Error types: transport errors (with a retry answer), handler errors (with a retry intent) and
+//! bus errors.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::Duration;
+
+/// A boxed error, as carried in `source` fields.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What kind of transport failure happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TransportErrorKind {
+    /// Could not reach the server, or the connection broke.
+    Connection,
+    /// The server did not answer in time.
+    Timeout,
+    /// The transport cannot do what was asked (e.g. a delay longer than it supports).
+    Unsupported,
+    /// Bad options or DSN.
+    Config,
+    /// The envelope could not be encoded.
+    Encode,
+    /// The server answered something unexpected (schema missing, protocol error, constraint).
+    Protocol,
+    /// No such message, table, queue or stream.
+    NotFound,
+    /// A handler failed while a synchronous transport handled the message in-process.
+    Handler,
+    /// Anything else.
+    Other,
+}
+
+impl TransportErrorKind {
+    /// Whether retrying the same operation later may succeed.
+    #[must_use]
+    pub fn is_transient(self) -> bool {
+        match self {
+            Self::Connection | Self::Timeout => true,
+            Self::Unsupported
+            | Self::Config
+            | Self::Encode
+            | Self::Protocol
+            | Self::NotFound
+            | Self::Handler
+            | Self::Other => false,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Connection => "connection failed",
+            Self::Timeout => "timed out",
+            Self::Unsupported => "unsupported",
+            Self::Config => "invalid configuration",
+            Self::Encode => "cannot encode",
+            Self::Protocol => "protocol error",
+            Self::NotFound => "not found",
+            Self::Handler => "handler failed",
+            Self::Other => "error",
+        }
+    }
+}
+
+impl fmt::Display for TransportErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A transport operation failed.
+///
+/// Carries the transport's name and a short context, never a message body or a password.
+///
+/// ```
+/// use courier_core::{TransportError, TransportErrorKind};
+///
+/// let err = TransportError::new(TransportErrorKind::Unsupported, "async")
+///     .with_context("delay of 40 days exceeds the maximum of 30 days");
+/// assert_eq!(err.to_string(), "transport `async`: unsupported: delay of 40 days exceeds the maximum of 30 days");
+/// assert!(!err.is_transient());
+/// ```
+#[derive(Debug)]
+pub struct TransportError {
+    kind: TransportErrorKind,
+    transport: Cow<'static, str>,
+    context: Option<Cow<'static, str>>,
+    source: Option<BoxError>,
+}
+
+impl TransportError {
+    /// An error of `kind` on the named transport.
+    #[must_use]
+    pub fn new(kind: TransportErrorKind, transport: impl Into<Cow<'static, str>>) -> Self {
+        Self { kind, transport: transport.into(), context: None, source: None }
+    }
+
+    /// Adds a short description of what was being done.
+    #[must_use]
+    pub fn with_context(mut self, context: impl Into<Cow<'static, str>>) -> Self {
+        self.context = Some(context.into());
+        self
+    }
+
+    /// Sets the underlying cause.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The kind of failure.
+    #[must_use]
+    pub fn kind(&self) -> TransportErrorKind {
+        self.kind
+    }
+
+    /// The transport's name.
+    #[must_use]
+    pub fn transport(&self) -> &str {
+        &self.transport
+    }
+
+    /// The context, if any.
+    #[must_use]
+    pub fn context(&self) -> Option<&str> {
+        self.context.as_deref()
+    }
+
+    /// Whether retrying later may succeed (see [`TransportErrorKind::is_transient`]).
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        self.kind.is_transient()
+    }
+}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "transport `{}`: {}", self.transport, self.kind)?;
+        if let Some(c) = &self.context {
+            write!(f, ": {c}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for TransportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// What a handler says about its failure, and so whether the worker retries.
+///
+/// Any `std::error::Error` converts into [`HandlerError::Other`] with `?`; use the
+/// [`HandlerResultExt`] helpers to say more:
+///
+/// ```
+/// use courier_core::{HandlerError, HandlerResultExt};
+///
+/// fn charge(card: &str) -> Result<(), HandlerError> {
+///     let amount: u32 = "12".parse()?;                         // Other: retried per strategy
+///     let _id: u32 = card.parse().unrecoverable()?;             // never retried
+///     std::fs::metadata("/").recoverable()?;                    // always retried
+///     let _ = amount;
+///     Ok(())
+/// }
+/// assert!(matches!(charge("x"), Err(HandlerError::Unrecoverable(_))));
+/// ```
+///
+/// `HandlerError` deliberately does not implement `std::error::Error` (like `anyhow::Error`), so
+/// that the blanket conversion from every error type can exist.
+#[non_exhaustive]
+pub enum HandlerError {
+    /// Never retry: the message goes straight to the failure transport.
+    Unrecoverable(BoxError),
+    /// Always retry (ignoring `max_retries`), after `retry_after` when given.
+    Recoverable {
+        /// The cause.
+        source: BoxError,
+        /// How long to wait before the retry; the strategy's delay when `None`.
+        retry_after: Option<Duration>,
+    },
+    /// Retry according to the transport's retry strategy.
+    Other(BoxError),
+}
+
+impl HandlerError {
+    /// An unrecoverable error from a message.
+    #[must_use]
+    pub fn unrecoverable(msg: impl fmt::Display) -> Self {
+        Self::Unrecoverable(msg.to_string().into())
+    }
+
+    /// A recoverable error from a message, retried after `retry_after` when given.
+    #[must_use]
+    pub fn recoverable(msg: impl fmt::Display, retry_after: Option<Duration>) -> Self {
+        Self::Recoverable { source: msg.to_string().into(), retry_after }
+    }
+
+    /// A plain error from a message.
+    #[must_use]
+    pub fn msg(msg: impl fmt::Display) -> Self {
+        Self::Other(msg.to_string().into())
+    }
+
+    /// The underlying error.
+    #[must_use]
+    pub fn source_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        match self {
+            Self::Unrecoverable(e) | Self::Recoverable { source: e, .. } | Self::Other(e) => e.as_ref(),
+        }
+    }
+
+    /// A short class name for [`ErrorDetailsStamp`](crate::ErrorDetailsStamp) and logs.
+    #[must_use]
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::Unrecoverable(_) => "unrecoverable",
+            Self::Recoverable { .. } => "recoverable",
+            Self::Other(_) => "error",
+        }
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unrecoverable(e) => f.debug_tuple("Unrecoverable").field(e).finish(),
+            Self::Recoverable { source, retry_after } => f
+                .debug_struct("Recoverable")
+                .field("source", source)
+                .field("retry_after", retry_after)
+                .finish(),
+            Self::Other(e) => f.debug_tuple("Other").field(e).finish(),
+        }
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self.source_error(), f)
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(e: E) -> Self {
+        Self::Other(Box::new(e))
+    }
+}
+
+/// `.unrecoverable()?` and `.recoverable()?` on any `Result` whose error converts to [`BoxError`].
+pub trait HandlerResultExt<T> {
+    /// Marks the error as never worth retrying.
+    ///
+    /// # Errors
+    /// [`HandlerError::Unrecoverable`] with the original error.
+    fn unrecoverable(self) -> Result<T, HandlerError>;
+    /// Marks the error as always worth retrying (after the strategy's delay).
+    ///
+    /// # Errors
+    /// [`HandlerError::Recoverable`] with the original error.
+    fn recoverable(self) -> Result<T, HandlerError>;
+    /// Marks the error as worth retrying after `delay`.
+    ///
+    /// # Errors
+    /// [`HandlerError::Recoverable`] with the original error and `retry_after`.
+    fn retry_after(self, delay: Duration) -> Result<T, HandlerError>;
+}
+
+impl<T, E: Into<BoxError>> HandlerResultExt<T> for Result<T, E> {
+    fn unrecoverable(self) -> Result<T, HandlerError> {
+        self.map_err(|e| HandlerError::Unrecoverable(e.into()))
+    }
+    fn recoverable(self) -> Result<T, HandlerError> {
+        self.map_err(|e| HandlerError::Recoverable { source: e.into(), retry_after: None })
+    }
+    fn retry_after(self, delay: Duration) -> Result<T, HandlerError> {
+        self.map_err(|e| HandlerError::Recoverable { source: e.into(), retry_after: Some(delay) })
+    }
+}
+
+/// One handler's failure inside [`BusError::HandlerFailed`].
+#[derive(Debug)]
+pub struct HandlerFailure {
+    /// The handler's name.
+    pub handler: String,
+    /// What it returned.
+    pub error: HandlerError,
+}
+
+/// Dispatching on a bus failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BusError {
+    /// One or more handlers failed. `envelope` carries a [`HandledStamp`](crate::HandledStamp)
+    /// for each handler that succeeded, so a retry skips them.
+    #[error("{} handler(s) failed for `{}`: {}", failures.len(), envelope.message_name(), first_failure(failures))]
+    HandlerFailed {
+        /// The envelope after handling, with the successful handlers' stamps.
+        envelope: Box<crate::Envelope>,
+        /// Each failure, in handler order.
+        failures: Vec<HandlerFailure>,
+    },
+    /// No handler and no transport for the message.
+    #[error("no handler and no transport for message `{name}`")]
+    NoHandler {
+        /// The wire name.
+        name: String,
+    },
+    /// Sending to a transport failed.
+    #[error("could not send `{name}`")]
+    Send {
+        /// The wire name.
+        name: String,
+        /// The transport error.
+        #[source]
+        source: TransportError,
+    },
+    /// Routing or a `TransportNamesStamp` names a transport the bus does not have.
+    #[error("unknown transport `{transport}` for message `{name}`")]
+    UnknownTransport {
+        /// The transport name.
+        transport: String,
+        /// The wire name.
+        name: String,
+    },
+    /// The envelope holds a message that could not be decoded.
+    #[error("cannot handle an undecodable message")]
+    Undecodable(#[source] std::sync::Arc<crate::DecodeError>),
+    /// A middleware failed.
+    #[error("middleware failed")]
+    Middleware(#[source] BoxError),
+}
+
+fn first_failure(failures: &[HandlerFailure]) -> String {
+    failures.first().map(|f| format!("`{}`: {}", f.handler, f.error)).unwrap_or_default()
+}
+
+impl BusError {
+    /// The handler failures, including those of a synchronous transport nested in a send error.
+    #[must_use]
+    pub fn handler_failures(&self) -> &[HandlerFailure] {
+        match self {
+            Self::HandlerFailed { failures, .. } => failures,
+            Self::Send { source, .. } => std::error::Error::source(source)
+                .and_then(|e| e.downcast_ref::<BusError>())
+                .map(BusError::handler_failures)
+                .unwrap_or(&[]),
+            _ => &[],
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! The core of [Courier](https://docs.rs/courier): envelopes and stamps, the message bus and its
+//! middleware, routing, the [`Transport`] contract with the `sync://` and `in-memory://`
+//! transports, retry strategies, the [`Worker`], and configuration.
+//!
+//! ```
+//! use courier_core::{HandlerError, InMemoryTransport, Message, MessageBus, Worker};
+//! use serde::{Deserialize, Serialize};
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Welcome { user: String }
+//! impl Message for Welcome { const NAME: &'static str = "mail.welcome"; }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let sent = Arc::new(AtomicUsize::new(0));
+//! let counter = sent.clone();
+//! let queue = Arc::new(InMemoryTransport::new());
+//! let bus = MessageBus::builder()
+//!     .transport("async", queue.clone())
+//!     .route("mail.*", ["async"])
+//!     .handler_fn("send_welcome", move |m: Arc<Welcome>| {
+//!         let counter = counter.clone();
+//!         async move {
+//!             assert_eq!(m.user, "ada");
+//!             counter.fetch_add(1, Ordering::SeqCst);
+//!             Ok::<(), HandlerError>(())
+//!         }
+//!     })
+//!     .build();
+//!
+//! bus.dispatch(Welcome { user: "ada".into() }).await?;     // queued on "async"
+//!
+//! let stats = Worker::builder(bus).receiver("async", queue.clone()).limit(1).build()
+//!     .run(Default::default()).await?;                    // consumes it
+//! assert_eq!(sent.load(Ordering::SeqCst), 1);
+//! assert_eq!(stats.handled, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+
+mod bus;
+mod codec;
+pub mod config;
+mod dsn;
+mod envelope;
+mod error;
+mod message;
+pub mod retry;
+mod stamp;
+mod transport;
+pub mod worker;
+
+pub use bus::{BusLink, DEFAULT_BUS, Handler, MessageBus, MessageBusBuilder, Middleware, Next, Router, with_trace_context};
+pub use codec::{
+    CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded, JSON_CONTENT_TYPE, MessageRegistry, STAMP_HEADER_PREFIX,
+    TYPE_HEADER, encode,
+};
+pub use dsn::{Dsn, DsnError, redact};
+pub use envelope::Envelope;
+pub use error::{BoxError, BusError, HandlerError, HandlerFailure, HandlerResultExt, TransportError, TransportErrorKind};
+pub use message::Message;
+pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
+pub use stamp::*;
+pub use transport::{
+    Capabilities, FactoryContext, InMemoryOptions, InMemoryTransport, Listable, MessageCount, Setup, SyncTransport,
+    Transport, TransportFactory, TransportRegistry, retry_count,
+};
+pub use worker::{Worker, WorkerBuilder, WorkerEvent, WorkerStats};
+
+/// Re-exported for implementing [`Transport`], [`Handler`] and [`Middleware`].
+pub use async_trait::async_trait;

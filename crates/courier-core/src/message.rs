@@ -1,0 +1,79 @@
+//! Messages: the payloads a bus dispatches and a transport carries.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A message that can travel through a bus and over any transport.
+///
+/// The wire name ([`Message::NAME`]) is what identifies the message on the wire and in routing.
+/// It must be stable across releases and languages: never derive it from the Rust type path.
+///
+/// ```
+/// use courier_core::Message;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct SendInvoice { invoice_id: u64 }
+///
+/// impl Message for SendInvoice {
+///     const NAME: &'static str = "billing.send_invoice";
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a Courier message",
+    note = "implement `courier::Message` for `{Self}` with a stable wire name (`const NAME: &'static str`)"
+)]
+pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The stable wire name, e.g. `"courier.run_agent"`.
+    const NAME: &'static str;
+}
+
+/// A type-erased message as held by an [`Envelope`](crate::Envelope).
+pub(crate) trait AnyMessage: Any + Send + Sync {
+    fn encode(&self) -> Result<String, serde_json::Error>;
+    fn as_any(&self) -> &dyn Any;
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+}
+
+impl<M: Message> AnyMessage for M {
+    fn encode(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}
+
+/// What an envelope carries: a typed message, or the raw bytes of one that could not be decoded.
+#[derive(Clone)]
+pub(crate) enum Payload {
+    Typed {
+        name: Arc<str>,
+        message: Arc<dyn AnyMessage>,
+        /// The body as it was read from the wire, reused verbatim when the envelope is sent again.
+        body: Option<Arc<str>>,
+    },
+    Undecodable {
+        name: Option<Arc<str>>,
+        body: Arc<str>,
+        error: Arc<crate::DecodeError>,
+    },
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Payload::Typed { name, .. } => write!(f, "{name}"),
+            Payload::Undecodable { name, error, .. } => {
+                write!(f, "undecodable {:?} ({error})", name.as_deref().unwrap_or("?"))
+            }
+        }
+    }
+}

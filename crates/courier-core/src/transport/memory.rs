@@ -1,0 +1,364 @@
+//! `in-memory://`: a transport for tests, recording what was sent, acked and rejected.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{Capabilities, Listable, MessageCount, Setup, Transport};
+use crate::envelope::Slot;
+use crate::{
+    DelayStamp, DeliveryTagStamp, Encoded, Envelope, MessageRegistry, PriorityStamp, TransportError,
+    TransportErrorKind, TransportMessageIdStamp,
+};
+
+/// Options of [`InMemoryTransport`] (DSN query: `in-memory://?redeliver_timeout=30s&serialize=true`).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct InMemoryOptions {
+    /// The transport's name in errors. Default `"in-memory"`.
+    pub name: String,
+    /// How long a received, unacknowledged message stays invisible. Default 1 h.
+    pub redeliver_timeout: Duration,
+    /// Encode on send and decode on get, as a real transport would (needs a registry).
+    /// Default false: envelopes are stored as values, without their local stamps.
+    pub serialize: bool,
+}
+
+impl Default for InMemoryOptions {
+    fn default() -> Self {
+        Self { name: "in-memory".into(), redeliver_timeout: Duration::from_secs(3600), serialize: false }
+    }
+}
+
+impl InMemoryOptions {
+    /// Sets the name.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the redelivery timeout.
+    #[must_use]
+    pub fn redeliver_timeout(mut self, timeout: Duration) -> Self {
+        self.redeliver_timeout = timeout;
+        self
+    }
+
+    /// Sets serialize mode.
+    #[must_use]
+    pub fn serialize(mut self, serialize: bool) -> Self {
+        self.serialize = serialize;
+        self
+    }
+}
+
+type Key = (Reverse<u8>, Instant, u64);
+
+enum Stored {
+    Value(Envelope),
+    Wire(Encoded),
+}
+
+struct Entry {
+    stored: Stored,
+    key: Key,
+    delivery: Option<(u64, Instant)>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    next_delivery: u64,
+    entries: HashMap<u64, Entry>,
+    ready: BTreeSet<Key>,
+    sent: Vec<Envelope>,
+    acked: Vec<Envelope>,
+    rejected: Vec<Envelope>,
+}
+
+/// A transport that keeps messages in memory: for tests and examples.
+///
+/// Honours [`DelayStamp`] and [`PriorityStamp`] on tokio's clock (so `tokio::time::pause` makes
+/// delay tests instant), redelivers messages not acked within `redeliver_timeout`, and records
+/// every envelope sent, acked and rejected for assertions.
+///
+/// ```
+/// use courier_core::{Envelope, InMemoryTransport, Message, Transport};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Ping;
+/// impl Message for Ping { const NAME: &'static str = "app.ping"; }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let transport = InMemoryTransport::new();
+/// transport.send(Envelope::new(Ping)).await?;
+/// let received = transport.get(10).await?;
+/// transport.ack(&received[0]).await?;
+/// assert_eq!(transport.sent().len(), 1);
+/// assert_eq!(transport.acked().len(), 1);
+/// # Ok::<(), courier_core::TransportError>(()) }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct InMemoryTransport {
+    options: Arc<InMemoryOptions>,
+    registry: Arc<MessageRegistry>,
+    state: Arc<Mutex<State>>,
+}
+
+impl fmt::Debug for InMemoryTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryTransport").field("options", &self.options).finish_non_exhaustive()
+    }
+}
+
+impl Default for InMemoryTransport {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InMemoryTransport {
+    /// A transport with default options that stores envelopes as values.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::with_options(InMemoryOptions::default(), Arc::new(MessageRegistry::new()))
+    }
+
+    /// A transport with options; `registry` decodes messages in serialize mode and for
+    /// [`InMemoryTransport::send_raw`].
+    #[must_use]
+    pub fn with_options(options: InMemoryOptions, registry: Arc<MessageRegistry>) -> Self {
+        Self { options: Arc::new(options), registry, state: Arc::default() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every envelope sent, in order (with its id).
+    #[must_use]
+    pub fn sent(&self) -> Vec<Envelope> {
+        self.lock().sent.clone()
+    }
+
+    /// Every envelope acked, in order.
+    #[must_use]
+    pub fn acked(&self) -> Vec<Envelope> {
+        self.lock().acked.clone()
+    }
+
+    /// Every envelope rejected, in order.
+    #[must_use]
+    pub fn rejected(&self) -> Vec<Envelope> {
+        self.lock().rejected.clone()
+    }
+
+    /// Forgets every stored message and every record.
+    pub fn reset(&self) {
+        *self.lock() = State::default();
+    }
+
+    /// Stores a message in wire form, exactly as a producer in another language would.
+    pub fn send_raw(&self, encoded: Encoded) -> String {
+        let mut st = self.lock();
+        let id = Self::insert(&mut st, Stored::Wire(encoded), 0, Duration::ZERO);
+        id.to_string()
+    }
+
+    fn insert(st: &mut State, stored: Stored, priority: u8, delay: Duration) -> u64 {
+        st.next_id += 1;
+        let id = st.next_id;
+        let key = (Reverse(priority), Instant::now() + delay, id);
+        st.ready.insert(key);
+        st.entries.insert(id, Entry { stored, key, delivery: None });
+        id
+    }
+
+    fn error(&self, kind: TransportErrorKind) -> TransportError {
+        TransportError::new(kind, self.options.name.clone())
+    }
+
+    fn strip_local(mut envelope: Envelope) -> Envelope {
+        envelope.stamps.retain(|s| match s {
+            Slot::Typed(s) => s.sendable(),
+            Slot::Raw(_) => true,
+        });
+        envelope
+    }
+
+    fn materialize(&self, stored: &Stored) -> Envelope {
+        match stored {
+            Stored::Value(e) => e.clone(),
+            Stored::Wire(w) => self.registry.decode(w.clone()),
+        }
+    }
+
+    fn delivery_of(envelope: &Envelope) -> Option<(u64, u64)> {
+        let id = envelope.last::<TransportMessageIdStamp>()?.0.parse().ok()?;
+        let tag = envelope.last::<DeliveryTagStamp>()?.0.parse().ok()?;
+        Some((id, tag))
+    }
+
+    fn remove_delivery(&self, envelope: &Envelope) -> Option<Envelope> {
+        let (id, tag) = Self::delivery_of(envelope)?;
+        let mut st = self.lock();
+        let live = st.entries.get(&id).and_then(|e| e.delivery).is_some_and(|(d, _)| d == tag);
+        if !live {
+            return None;
+        }
+        st.entries.remove(&id);
+        Some(envelope.clone())
+    }
+}
+
+#[async_trait]
+impl Transport for InMemoryTransport {
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        self.capabilities().check_delay(&self.options.name, &envelope)?;
+        let delay = envelope.last::<DelayStamp>().map_or(Duration::ZERO, |d| d.0);
+        let priority = envelope.last::<PriorityStamp>().map_or(0, |p| p.0);
+        let stored = if self.options.serialize {
+            Stored::Wire(
+                crate::codec::encode(&envelope)
+                    .map_err(|e| self.error(TransportErrorKind::Encode).with_source(e))?,
+            )
+        } else {
+            Stored::Value(Self::strip_local(envelope.clone()))
+        };
+        let mut st = self.lock();
+        let id = Self::insert(&mut st, stored, priority, delay);
+        let sent = envelope.with(TransportMessageIdStamp(id.to_string()));
+        st.sent.push(sent.clone());
+        Ok(sent)
+    }
+
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let expired: Vec<u64> = st
+            .entries
+            .iter()
+            .filter(|(_, e)| e.delivery.is_some_and(|(_, deadline)| deadline <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            if let Some(e) = st.entries.get_mut(&id) {
+                e.delivery = None;
+                let key = e.key;
+                st.ready.insert(key);
+            }
+        }
+        let due: Vec<Key> = st.ready.iter().filter(|k| k.1 <= now).take(max).copied().collect();
+        let mut out = Vec::with_capacity(due.len());
+        for key in due {
+            st.ready.remove(&key);
+            st.next_delivery += 1;
+            let tag = st.next_delivery;
+            let deadline = now + self.options.redeliver_timeout;
+            let Some(entry) = st.entries.get_mut(&key.2) else { continue };
+            entry.delivery = Some((tag, deadline));
+            let env = self.materialize(&entry.stored);
+            out.push(env.with(TransportMessageIdStamp(key.2.to_string())).with(DeliveryTagStamp(tag.to_string())));
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        if let Some(env) = self.remove_delivery(envelope) {
+            self.lock().acked.push(env);
+        }
+        Ok(())
+    }
+
+    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        if let Some(env) = self.remove_delivery(envelope) {
+            self.lock().rejected.push(env);
+        }
+        Ok(())
+    }
+
+    async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        let Some((id, tag)) = Self::delivery_of(envelope) else { return Ok(()) };
+        let deadline = Instant::now() + self.options.redeliver_timeout;
+        let mut st = self.lock();
+        if let Some(e) = st.entries.get_mut(&id) {
+            if let Some((d, _)) = e.delivery {
+                if d == tag {
+                    e.delivery = Some((d, deadline));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn as_setup(&self) -> Option<&dyn Setup> {
+        Some(self)
+    }
+
+    fn as_listable(&self) -> Option<&dyn Listable> {
+        Some(self)
+    }
+
+    fn as_message_count(&self) -> Option<&dyn MessageCount> {
+        Some(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none().with_delay(None).with_priority().with_redelivery()
+    }
+}
+
+#[async_trait]
+impl Setup for InMemoryTransport {
+    async fn setup(&self) -> Result<(), TransportError> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl MessageCount for InMemoryTransport {
+    async fn message_count(&self) -> Result<u64, TransportError> {
+        Ok(self.lock().entries.len() as u64)
+    }
+}
+
+#[async_trait]
+impl Listable for InMemoryTransport {
+    async fn list(&self, limit: usize) -> Result<Vec<Envelope>, TransportError> {
+        let st = self.lock();
+        let mut ids: Vec<u64> = st.entries.keys().copied().collect();
+        ids.sort_unstable();
+        Ok(ids
+            .into_iter()
+            .take(limit)
+            .filter_map(|id| {
+                st.entries.get(&id).map(|e| self.materialize(&e.stored).with(TransportMessageIdStamp(id.to_string())))
+            })
+            .collect())
+    }
+
+    async fn find(&self, id: &str) -> Result<Option<Envelope>, TransportError> {
+        let Ok(num) = id.parse::<u64>() else { return Ok(None) };
+        let st = self.lock();
+        Ok(st.entries.get(&num).map(|e| self.materialize(&e.stored).with(TransportMessageIdStamp(id.to_owned()))))
+    }
+
+    async fn remove(&self, id: &str) -> Result<bool, TransportError> {
+        let Ok(num) = id.parse::<u64>() else { return Ok(false) };
+        let mut st = self.lock();
+        match st.entries.remove(&num) {
+            Some(e) => {
+                st.ready.remove(&e.key);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}

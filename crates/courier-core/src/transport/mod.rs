@@ -1,0 +1,215 @@
+//! The transport contract and the two in-process transports.
+//!
+//! A [`Transport`] moves envelopes between a sender and a worker: `send`, `get`, `ack`, `reject`,
+//! `retry` and `keepalive`, plus batch forms for speed. Optional abilities (creating tables or
+//! queues, listing stored messages, counting them) are reached through the `as_*` accessors so a
+//! transport is always usable as `Arc<dyn Transport>`.
+
+mod factory;
+mod memory;
+mod sync;
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
+pub use memory::{InMemoryOptions, InMemoryTransport};
+pub use sync::SyncTransport;
+
+use crate::{DelayStamp, Envelope, RedeliveryStamp, TransportError, TransportErrorKind};
+
+/// What a transport can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Honours [`DelayStamp`].
+    pub delay: bool,
+    /// The longest delay honoured, when limited.
+    pub max_delay: Option<Duration>,
+    /// Honours [`PriorityStamp`](crate::PriorityStamp).
+    pub priority: bool,
+    /// `get` blocks until a message arrives (up to its poll window) instead of returning at once.
+    pub blocking_get: bool,
+    /// Messages received and never acknowledged come back after a redelivery window.
+    pub redelivery: bool,
+}
+
+impl Capabilities {
+    /// No optional ability.
+    #[must_use]
+    pub const fn none() -> Self {
+        Self { delay: false, max_delay: None, priority: false, blocking_get: false, redelivery: false }
+    }
+
+    /// Sets [`Capabilities::delay`].
+    #[must_use]
+    pub const fn with_delay(mut self, max: Option<Duration>) -> Self {
+        self.delay = true;
+        self.max_delay = max;
+        self
+    }
+
+    /// Sets [`Capabilities::priority`].
+    #[must_use]
+    pub const fn with_priority(mut self) -> Self {
+        self.priority = true;
+        self
+    }
+
+    /// Sets [`Capabilities::blocking_get`].
+    #[must_use]
+    pub const fn with_blocking_get(mut self) -> Self {
+        self.blocking_get = true;
+        self
+    }
+
+    /// Sets [`Capabilities::redelivery`].
+    #[must_use]
+    pub const fn with_redelivery(mut self) -> Self {
+        self.redelivery = true;
+        self
+    }
+
+    /// Checks that an envelope's [`DelayStamp`] can be honoured; transports call this in `send`.
+    ///
+    /// # Errors
+    /// [`TransportErrorKind::Unsupported`] naming the delay and the limit.
+    pub fn check_delay(&self, transport: &str, envelope: &Envelope) -> Result<(), TransportError> {
+        let Some(DelayStamp(delay)) = envelope.last::<DelayStamp>() else { return Ok(()) };
+        if delay.is_zero() {
+            return Ok(());
+        }
+        if !self.delay {
+            return Err(TransportError::new(TransportErrorKind::Unsupported, transport.to_owned())
+                .with_context(format!("this transport cannot delay messages (DelayStamp of {delay:?})")));
+        }
+        match self.max_delay {
+            Some(max) if *delay > max => Err(TransportError::new(TransportErrorKind::Unsupported, transport.to_owned())
+                .with_context(format!("delay of {delay:?} exceeds the maximum of {max:?}"))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A message transport: the contract every backend implements.
+///
+/// The methods follow Symfony Messenger's verbs. Implementations must pass the conformance suite
+/// in `courier-test`. The provided methods are correct for any transport; override them when the
+/// backend can do better (one UPDATE for `retry`, one multi-row INSERT for `send_batch`).
+///
+/// A minimal transport is in `examples/custom_transport.rs`; [`InMemoryTransport`] is a complete one.
+#[async_trait]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a Courier transport",
+    note = "implement `courier::Transport` (with `#[async_trait]`) for `{Self}`"
+)]
+pub trait Transport: Send + Sync + Debug {
+    /// Stores the envelope for delivery; returns it with a
+    /// [`TransportMessageIdStamp`](crate::TransportMessageIdStamp).
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError>;
+
+    /// Receives up to `max` envelopes, each with a
+    /// [`TransportMessageIdStamp`](crate::TransportMessageIdStamp); may wait up to the
+    /// transport's poll window for the first one, and returns an empty list when none came.
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError>;
+
+    /// Removes a received envelope for good. Acking twice is not an error.
+    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError>;
+
+    /// Removes a received envelope without handling it.
+    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError>;
+
+    /// Puts a received envelope back for another delivery after `delay`, at least once: the
+    /// default sends the (new) envelope with a [`DelayStamp`] first and acks the old delivery
+    /// second, so a crash in between means a duplicate, never a loss.
+    async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
+        let old = envelope.clone();
+        let next = envelope.without_all::<DelayStamp>();
+        let next = if delay.is_zero() { next } else { next.with(DelayStamp(delay)) };
+        self.send(next).await?;
+        self.ack(&old).await
+    }
+
+    /// Tells the transport the envelope is still being worked on (extends its redelivery window).
+    async fn keepalive(&self, _envelope: &Envelope) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    /// Sends several envelopes; returns them in order, each with its id. The default loops and
+    /// stops at the first error (the envelopes before it are sent).
+    async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
+        let mut sent = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            sent.push(self.send(envelope).await?);
+        }
+        Ok(sent)
+    }
+
+    /// Acks several envelopes. The default loops and stops at the first error.
+    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        for envelope in envelopes {
+            self.ack(envelope).await?;
+        }
+        Ok(())
+    }
+
+    /// Creating tables, queues or consumer groups, if the transport needs it.
+    fn as_setup(&self) -> Option<&dyn Setup> {
+        None
+    }
+
+    /// Listing, finding and removing stored messages (what a failure transport needs).
+    fn as_listable(&self) -> Option<&dyn Listable> {
+        None
+    }
+
+    /// Counting waiting messages.
+    fn as_message_count(&self) -> Option<&dyn MessageCount> {
+        None
+    }
+
+    /// What the transport can do.
+    fn capabilities(&self) -> Capabilities;
+}
+
+/// Creates what a transport needs on its server. Idempotent.
+#[async_trait]
+pub trait Setup: Send + Sync {
+    /// Creates tables / queues / streams / groups, doing nothing for those that exist.
+    async fn setup(&self) -> Result<(), TransportError>;
+}
+
+/// Browsing stored messages: what `courier failed show / retry / remove` uses.
+#[async_trait]
+pub trait Listable: Send + Sync {
+    /// Up to `limit` stored messages, oldest first, without claiming them.
+    async fn list(&self, limit: usize) -> Result<Vec<Envelope>, TransportError>;
+    /// The stored message with this transport id.
+    async fn find(&self, id: &str) -> Result<Option<Envelope>, TransportError>;
+    /// Removes the stored message with this id; `false` when there was none.
+    async fn remove(&self, id: &str) -> Result<bool, TransportError>;
+}
+
+/// Counting messages.
+#[async_trait]
+pub trait MessageCount: Send + Sync {
+    /// The number of messages waiting or in flight (exact when the transport is idle).
+    async fn message_count(&self) -> Result<u64, TransportError>;
+}
+
+// Compile-time proof that the traits are object safe and `dyn Transport` is `Send + Sync`.
+const _: () = {
+    fn _obj_safe(_: &dyn Transport, _: &dyn Setup, _: &dyn Listable, _: &dyn MessageCount) {}
+    fn _send_sync<T: Send + Sync + ?Sized>() {}
+    fn _dyn_transport_is_send_sync() {
+        _send_sync::<dyn Transport>();
+    }
+};
+
+/// The retry count an envelope carries (0 when it was never retried).
+#[must_use]
+pub fn retry_count(envelope: &Envelope) -> u32 {
+    envelope.last::<RedeliveryStamp>().map_or(0, |s| s.retry_count)
+}

@@ -1,0 +1,2 @@
+//! Worker.
+pub struct Worker; pub struct WorkerBuilder; pub enum WorkerEvent{} pub struct WorkerStats;

@@ -1,0 +1,1 @@
+//! Courier redis (work in progress).

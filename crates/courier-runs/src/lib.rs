@@ -1,0 +1,1 @@
+//! Courier runs (work in progress).

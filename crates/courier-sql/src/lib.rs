@@ -1,0 +1,1 @@
+//! Courier sql (work in progress).

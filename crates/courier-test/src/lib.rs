@@ -1,0 +1,96 @@
+//! Test support for Courier transports: the shared conformance suite every transport runs
+//! against its real server, a test message, and environment / naming helpers.
+//!
+//! A transport crate implements [`Harness`] for its backend and calls
+//! [`conformance_suite!`] once; that expands to one `#[tokio::test]` per case of
+//! [`conformance`]:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use courier_core::{Encoded, InMemoryTransport, InMemoryOptions, Transport, async_trait};
+//! use courier_test::Harness;
+//!
+//! struct MemoryHarness;
+//!
+//! #[async_trait]
+//! impl Harness for MemoryHarness {
+//!     async fn transport(&self) -> Arc<dyn Transport> {
+//!         Arc::new(InMemoryTransport::with_options(InMemoryOptions::default(), courier_test::registry()))
+//!     }
+//!     async fn expire_deliveries(&self, _t: &Arc<dyn Transport>) { /* ... */ }
+//!     async fn send_raw(&self, _t: &Arc<dyn Transport>, _e: Encoded) { /* ... */ }
+//! }
+//!
+//! async fn harness() -> MemoryHarness { MemoryHarness }
+//!
+//! courier_test::conformance_suite!(harness);
+//! ```
+
+pub mod conformance;
+pub mod env;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_core::{Encoded, Message, MessageRegistry, Transport, async_trait};
+use serde::{Deserialize, Serialize};
+
+/// The message the conformance suite sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TestMessage {
+    /// A sequence number, to check order and count.
+    pub seq: u64,
+    /// Free text (unicode, large bodies).
+    pub text: String,
+}
+
+impl Message for TestMessage {
+    const NAME: &'static str = "courier.test";
+}
+
+impl TestMessage {
+    /// A message with `seq` and a short text.
+    #[must_use]
+    pub fn new(seq: u64) -> Self {
+        Self { seq, text: format!("message {seq}") }
+    }
+}
+
+/// A registry that knows [`TestMessage`].
+#[must_use]
+pub fn registry() -> Arc<MessageRegistry> {
+    Arc::new(MessageRegistry::new().with::<TestMessage>())
+}
+
+/// What the conformance suite needs from a backend beyond the [`Transport`] trait.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// A transport on a fresh, empty, set-up queue / table / stream of its own (a unique name),
+    /// decoding with [`registry`]. Each call gives a new, isolated queue.
+    async fn transport(&self) -> Arc<dyn Transport>;
+
+    /// Makes every live delivery of `transport` eligible for redelivery now, as if its consumer
+    /// had died and the redelivery window had passed (SQL: rewrite `delivered_at`; Redis: a
+    /// short `redeliver_timeout`; AMQP: close the consuming channel without acking).
+    async fn expire_deliveries(&self, transport: &Arc<dyn Transport>);
+
+    /// Stores a message in wire form, as a producer in another language would.
+    async fn send_raw(&self, transport: &Arc<dyn Transport>, encoded: Encoded);
+
+    /// Breaks the transport's server connections (kill them or restart the server); returns
+    /// `false` when the backend has no connection to break (in-process transports).
+    async fn break_connection(&self, _transport: &Arc<dyn Transport>) -> bool {
+        false
+    }
+
+    /// The longest a `get` may wait before returning empty (the poll window); the suite waits
+    /// this long plus slack for delayed messages.
+    fn poll_window(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    /// Whether `get` honours `PriorityStamp` (ordering tests are skipped where not).
+    fn supports_priority(&self) -> bool {
+        true
+    }
+}

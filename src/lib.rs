@@ -1,0 +1,2 @@
+//! Courier facade.
+pub use courier_core::*;
