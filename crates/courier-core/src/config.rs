@@ -1,1 +1,489 @@
-//! Configuration.
+//! `courier.toml`: transports, retry, failure transports and routing.
+//!
+//! ```
+//! use courier_core::config::Config;
+//!
+//! let config: Config = r#"
+//!     [transports.async]
+//!     dsn = "${COURIER_DSN:-in-memory://}"
+//!     failure_transport = "failed"
+//!     retry = { max_retries = 3, delay = "1s", multiplier = 2.0 }
+//!
+//!     [transports.failed]
+//!     dsn = "in-memory://"
+//!
+//!     [routing]
+//!     "app.*" = "async"
+//! "#.parse()?;
+//! assert_eq!(config.transports["async"].dsn.scheme(), "in-memory");
+//! assert_eq!(config.routing["app.*"].names(), ["async"]);
+//!
+//! let err = "[transports.async]\ndns = 'in-memory://'".parse::<Config>().unwrap_err();
+//! assert!(err.to_string().contains("unknown field `dns`"));
+//! # Ok::<(), courier_core::config::ConfigError>(())
+//! ```
+//!
+//! Strings may use `${VAR}` and `${VAR:-default}`; an unset variable without a default is an
+//! error naming it. Durations are humantime strings (`250ms`, `30s`, `10min`). Unknown keys are
+//! errors naming the key. The `[runs]` table is kept as-is for `courier-runs` to validate.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::retry::MultiplierRetryStrategy;
+use crate::{
+    BusLink, Dsn, FactoryContext, MessageBus, MessageBusBuilder, MessageRegistry, Router, Transport, TransportError,
+    TransportRegistry, Worker, WorkerBuilder,
+};
+
+/// A configuration error, naming the file, key or variable at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigError {
+    message: String,
+    #[source]
+    source: Option<crate::BoxError>,
+}
+
+impl ConfigError {
+    /// An error with this message.
+    #[must_use]
+    pub fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), source: None }
+    }
+
+    fn with_source(mut self, source: impl Into<crate::BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Config {
+    /// Transports by name.
+    #[serde(default)]
+    pub transports: BTreeMap<String, TransportConfig>,
+    /// Routing: wire name, `prefix.*` or `*` -> transport name(s).
+    #[serde(default)]
+    pub routing: BTreeMap<String, RouteTarget>,
+    /// The failure transport of transports that name none.
+    #[serde(default)]
+    pub failure_transport: Option<String>,
+    /// The `[runs]` table, validated by `courier-runs`.
+    #[serde(default)]
+    pub runs: Option<toml::Table>,
+}
+
+/// One `[transports.NAME]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TransportConfig {
+    /// Where the transport lives (password redacted when shown).
+    #[serde(deserialize_with = "de_dsn")]
+    pub dsn: Dsn,
+    /// Options merged into the DSN's query (they override it).
+    #[serde(default)]
+    pub options: BTreeMap<String, toml::Value>,
+    /// Retry strategy.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// The failure transport's name.
+    #[serde(default)]
+    pub failure_transport: Option<String>,
+}
+
+/// A `retry = { ... }` table: a [`MultiplierRetryStrategy`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct RetryConfig {
+    /// Retries before the failure transport (default 3).
+    pub max_retries: u32,
+    /// First delay (default `1s`).
+    #[serde(deserialize_with = "de_duration")]
+    pub delay: Duration,
+    /// Multiplier per retry (default 2).
+    pub multiplier: f64,
+    /// Cap on the delay (default none).
+    #[serde(deserialize_with = "de_opt_duration")]
+    pub max_delay: Option<Duration>,
+    /// Jitter fraction (default 0.1).
+    pub jitter: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self { max_retries: 3, delay: Duration::from_secs(1), multiplier: 2.0, max_delay: None, jitter: 0.1 }
+    }
+}
+
+impl RetryConfig {
+    /// The strategy these settings describe.
+    #[must_use]
+    pub fn strategy(&self) -> MultiplierRetryStrategy {
+        MultiplierRetryStrategy::default()
+            .max_retries(self.max_retries)
+            .delay(self.delay)
+            .multiplier(self.multiplier)
+            .max_delay(self.max_delay)
+            .jitter(self.jitter)
+    }
+}
+
+/// One transport name or several (fan-out).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum RouteTarget {
+    /// `"async"`
+    One(String),
+    /// `["async", "audit"]`
+    Many(Vec<String>),
+}
+
+impl RouteTarget {
+    /// The transport names.
+    #[must_use]
+    pub fn names(&self) -> Vec<String> {
+        match self {
+            Self::One(n) => vec![n.clone()],
+            Self::Many(v) => v.clone(),
+        }
+    }
+}
+
+fn de_dsn<'de, D: Deserializer<'de>>(d: D) -> Result<Dsn, D::Error> {
+    let s = String::deserialize(d)?;
+    Dsn::parse(&s).map_err(serde::de::Error::custom)
+}
+
+/// Parses a humantime duration (`"30s"`), for serde.
+///
+/// # Errors
+/// The deserializer's error naming the bad value.
+pub fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s)
+        .map_err(|e| serde::de::Error::custom(format!("invalid duration `{s}` ({e}); write e.g. \"250ms\", \"30s\", \"10min\"")))
+}
+
+/// Parses an optional humantime duration, for serde.
+///
+/// # Errors
+/// The deserializer's error naming the bad value.
+pub fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    de_duration(d).map(Some)
+}
+
+/// Replaces `${VAR}` and `${VAR:-default}` with environment values, escaped for TOML strings.
+///
+/// # Errors
+/// [`ConfigError`] naming an unset variable without a default, or an unclosed `${`.
+pub fn interpolate(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find('}').ok_or_else(|| ConfigError::new("unclosed `${` in configuration"))?;
+        let expr = &after[..end];
+        let (var, default) = match expr.split_once(":-") {
+            Some((v, d)) => (v, Some(d)),
+            None => (expr, None),
+        };
+        let value = match (lookup(var).filter(|v| !v.is_empty()), default) {
+            (Some(v), _) => v,
+            (None, Some(d)) => d.to_owned(),
+            (None, None) => {
+                return Err(ConfigError::new(format!(
+                    "environment variable `{var}` is not set (use `${{{var}:-default}}` for a default)"
+                )));
+            }
+        };
+        out.push_str(&value.replace('\\', "\\\\").replace('"', "\\\""));
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+impl std::str::FromStr for Config {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::parse_with(text, |k| std::env::var(k).ok())
+    }
+}
+
+impl Config {
+    /// Parses configuration text, interpolating with `lookup`, and validates references.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the key, variable or transport at fault.
+    pub fn parse_with(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let text = interpolate(text, lookup)?;
+        let config: Config = toml::from_str(&text).map_err(|e| ConfigError::new(e.to_string().trim_end().to_owned()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads and parses a file.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file and what is wrong.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new(format!("cannot read configuration `{}`: {e}", path.display())).with_source(e)
+        })?;
+        text.parse()
+            .map_err(|e: ConfigError| ConfigError::new(format!("configuration `{}`: {}", path.display(), e.message)))
+    }
+
+    /// Checks that routing and failure transports name configured transports.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let known = |name: &str| self.transports.contains_key(name);
+        let list = || self.transports.keys().cloned().collect::<Vec<_>>().join(", ");
+        for (pattern, target) in &self.routing {
+            for name in target.names() {
+                if !known(&name) {
+                    return Err(ConfigError::new(format!(
+                        "routing.\"{pattern}\": unknown transport `{name}` (configured: {})",
+                        list()
+                    )));
+                }
+            }
+        }
+        if let Some(f) = &self.failure_transport {
+            if !known(f) {
+                return Err(ConfigError::new(format!("failure_transport: unknown transport `{f}` (configured: {})", list())));
+            }
+        }
+        for (name, t) in &self.transports {
+            if let Some(f) = &t.failure_transport {
+                if !known(f) {
+                    return Err(ConfigError::new(format!(
+                        "transports.{name}.failure_transport: unknown transport `{f}` (configured: {})",
+                        list()
+                    )));
+                }
+                if f == name {
+                    return Err(ConfigError::new(format!("transports.{name}.failure_transport: a transport cannot be its own failure transport")));
+                }
+            }
+            for (key, value) in &t.options {
+                if option_text(value).is_none() {
+                    return Err(ConfigError::new(format!(
+                        "transports.{name}.options.{key}: expected a string, number or boolean"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The router the `[routing]` table describes.
+    #[must_use]
+    pub fn router(&self) -> Router {
+        let mut router = Router::new();
+        for (pattern, target) in &self.routing {
+            router.add(pattern, target.names());
+        }
+        router
+    }
+
+    /// The DSN of a transport with its `options` merged in.
+    #[must_use]
+    pub fn effective_dsn(&self, name: &str) -> Option<Dsn> {
+        let t = self.transports.get(name)?;
+        let mut dsn = t.dsn.clone();
+        for (k, v) in &t.options {
+            if let Some(v) = option_text(v) {
+                dsn = dsn.with_option(k.clone(), v);
+            }
+        }
+        Some(dsn)
+    }
+
+    /// The failure transport of a transport (its own, else the global one).
+    #[must_use]
+    pub fn failure_transport_of(&self, name: &str) -> Option<&str> {
+        self.transports.get(name)?.failure_transport.as_deref().or(self.failure_transport.as_deref())
+    }
+
+    /// Connects every transport through `factories`.
+    ///
+    /// # Errors
+    /// The first transport that fails to build, named.
+    pub async fn connect(
+        &self,
+        factories: &TransportRegistry,
+        messages: Arc<MessageRegistry>,
+    ) -> Result<Transports, TransportError> {
+        let link = BusLink::new();
+        let mut map = BTreeMap::new();
+        for (name, t) in &self.transports {
+            let dsn = self.effective_dsn(name).unwrap_or_else(|| t.dsn.clone());
+            let ctx = FactoryContext::new(name.clone(), dsn)
+                .registry(messages.clone())
+                .bus(link.clone())
+                .retry(Arc::new(t.retry.strategy()))
+                .failure_transport(self.failure_transport_of(name).map(str::to_owned));
+            map.insert(name.clone(), factories.create(ctx).await?);
+        }
+        Ok(Transports { config: self.clone(), transports: map, link })
+    }
+}
+
+fn option_text(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// The connected transports of a [`Config`], ready to build a bus and a worker.
+#[derive(Debug, Clone)]
+pub struct Transports {
+    config: Config,
+    transports: BTreeMap<String, Arc<dyn Transport>>,
+    link: BusLink,
+}
+
+impl Transports {
+    /// A transport by name.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Transport>> {
+        self.transports.get(name)
+    }
+
+    /// Every transport, by name.
+    #[must_use]
+    pub fn all(&self) -> &BTreeMap<String, Arc<dyn Transport>> {
+        &self.transports
+    }
+
+    /// A bus builder with every transport, the routing and the link `sync://` transports need;
+    /// add handlers and build.
+    #[must_use]
+    pub fn bus_builder(&self) -> MessageBusBuilder {
+        let mut builder = MessageBus::builder().router(self.config.router()).link(self.link.clone());
+        for (name, t) in &self.transports {
+            builder = builder.transport(name.clone(), t.clone());
+        }
+        builder
+    }
+
+    /// A worker consuming `receivers` (all transports when empty) with each one's retry strategy
+    /// and failure transport.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming an unknown transport.
+    pub fn worker(&self, bus: MessageBus, receivers: &[String]) -> Result<WorkerBuilder, ConfigError> {
+        let names: Vec<String> = if receivers.is_empty() {
+            let failure: Vec<&str> = self
+                .config
+                .transports
+                .keys()
+                .filter_map(|n| self.config.failure_transport_of(n))
+                .collect();
+            self.transports.keys().filter(|n| !failure.contains(&n.as_str())).cloned().collect()
+        } else {
+            receivers.to_vec()
+        };
+        let mut builder = Worker::builder(bus);
+        for name in names {
+            let transport = self.transports.get(&name).ok_or_else(|| {
+                ConfigError::new(format!(
+                    "unknown transport `{name}` (configured: {})",
+                    self.transports.keys().cloned().collect::<Vec<_>>().join(", ")
+                ))
+            })?;
+            let retry = self.config.transports.get(&name).map(|t| t.retry.strategy()).unwrap_or_default();
+            builder = builder.receiver(name.clone(), transport.clone()).retry_strategy(Arc::new(retry));
+            if let Some(f) = self.config.failure_transport_of(&name) {
+                if let Some(ft) = self.transports.get(f) {
+                    builder = builder.failure_transport(f.to_owned(), ft.clone());
+                }
+            }
+        }
+        Ok(builder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse_with(text, |k| (k == "SET").then(|| "in-memory://".to_owned())).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn interpolation_uses_the_variable_then_the_default() {
+        let c = parse("[transports.a]\ndsn = \"${SET}\"\n[transports.b]\ndsn = \"${UNSET:-sync://}\"").unwrap_or_default();
+        assert_eq!(c.transports["a"].dsn.scheme(), "in-memory");
+        assert_eq!(c.transports["b"].dsn.scheme(), "sync");
+    }
+
+    #[test]
+    fn an_unset_variable_without_default_is_named() {
+        let err = parse("[transports.a]\ndsn = \"${NOPE}\"").err().unwrap_or_default();
+        assert!(err.contains("`NOPE` is not set"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_their_place() {
+        let err = parse("[transports.a]\ndsn = \"sync://\"\nretry = { max_retry = 3 }").err().unwrap_or_default();
+        assert!(err.contains("unknown field `max_retry`"), "{err}");
+        let err = parse("[transport.a]\ndsn = \"sync://\"").err().unwrap_or_default();
+        assert!(err.contains("unknown field `transport`"), "{err}");
+    }
+
+    #[test]
+    fn bad_durations_and_dsns_are_named() {
+        let err = parse("[transports.a]\ndsn = \"sync://\"\nretry = { delay = \"soon\" }").err().unwrap_or_default();
+        assert!(err.contains("invalid duration `soon`"), "{err}");
+        let err = parse("[transports.a]\ndsn = \"postgres://u:hunter2@h:x/db\"").err().unwrap_or_default();
+        assert!(err.contains("invalid port") && err.contains("dsn"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn routing_and_failure_transports_must_exist() {
+        let err = parse("[transports.a]\ndsn = \"sync://\"\n[routing]\n\"x.*\" = \"b\"").err().unwrap_or_default();
+        assert!(err.contains("routing.\"x.*\": unknown transport `b`"), "{err}");
+        let err = parse("[transports.a]\ndsn = \"sync://\"\nfailure_transport = \"f\"").err().unwrap_or_default();
+        assert!(err.contains("transports.a.failure_transport: unknown transport `f`"), "{err}");
+    }
+
+    #[test]
+    fn retry_table_builds_the_strategy() {
+        let c = parse("[transports.a]\ndsn = \"sync://\"\nretry = { max_retries = 5, delay = \"250ms\", multiplier = 3.0, max_delay = \"2s\", jitter = 0.0 }")
+            .unwrap_or_default();
+        let s = c.transports["a"].retry.strategy();
+        assert_eq!(s.delay_for(0), Duration::from_millis(250));
+        assert_eq!(s.delay_for(1), Duration::from_millis(750));
+        assert_eq!(s.delay_for(5), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn options_override_the_dsn_query() {
+        let c = parse("[transports.a]\ndsn = \"in-memory://?redeliver_timeout=1s\"\noptions = { redeliver_timeout = \"5s\", serialize = true }")
+            .unwrap_or_default();
+        let dsn = c.effective_dsn("a").map(|d| (d.option("redeliver_timeout").map(str::to_owned), d.option("serialize").map(str::to_owned)));
+        assert_eq!(dsn, Some((Some("5s".into()), Some("true".into()))));
+    }
+}

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::value::RawValue;
 
-use crate::message::{AnyMessage, Payload};
+use crate::message::Payload;
 use crate::stamp::{AnyStamp, ErrorDetailsStamp, TransportMessageIdStamp, keep_first_and_last};
 use crate::{DecodeError, Message, Stamp};
 

@@ -339,6 +339,19 @@ fn first_failure(failures: &[HandlerFailure]) -> String {
 }
 
 impl BusError {
+    /// A short class name for [`ErrorDetailsStamp`](crate::ErrorDetailsStamp) and logs: the
+    /// first handler failure's class, `no_handler`, `decode`, `send` or `error`.
+    #[must_use]
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::HandlerFailed { failures, .. } => failures.first().map_or("error", |f| f.error.class()),
+            Self::NoHandler { .. } => "no_handler",
+            Self::Undecodable(_) => "decode",
+            Self::Send { .. } | Self::UnknownTransport { .. } => "send",
+            Self::Middleware(_) => "error",
+        }
+    }
+
     /// The handler failures, including those of a synchronous transport nested in a send error.
     #[must_use]
     pub fn handler_failures(&self) -> &[HandlerFailure] {

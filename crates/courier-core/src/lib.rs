@@ -65,7 +65,7 @@ pub use transport::{
     Capabilities, FactoryContext, InMemoryOptions, InMemoryTransport, Listable, MessageCount, Setup, SyncTransport,
     Transport, TransportFactory, TransportRegistry, retry_count,
 };
-pub use worker::{Worker, WorkerBuilder, WorkerEvent, WorkerStats};
+pub use worker::{CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats};
 
 /// Re-exported for implementing [`Transport`], [`Handler`] and [`Middleware`].
 pub use async_trait::async_trait;

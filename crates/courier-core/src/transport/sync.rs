@@ -79,7 +79,7 @@ impl Transport for SyncTransport {
                 BusError::HandlerFailed { envelope, .. } => envelope.as_ref().clone(),
                 _ => current.clone(),
             };
-            let details = ErrorDetailsStamp::from_error(err_class(&err), &err);
+            let details = ErrorDetailsStamp::from_error(err.class(), &err);
             match decision {
                 RetryDecision::Retry(_) => {
                     retries += 1;
@@ -122,12 +122,5 @@ impl Transport for SyncTransport {
     fn capabilities(&self) -> Capabilities {
         // Delays are ignored rather than refused: the documented exception.
         Capabilities::none().with_delay(None)
-    }
-}
-
-fn err_class(err: &BusError) -> &'static str {
-    match err {
-        BusError::HandlerFailed { failures, .. } => failures.first().map_or("error", |f| f.error.class()),
-        _ => "error",
     }
 }

@@ -1,2 +1,269 @@
-//! Worker.
-pub struct Worker; pub struct WorkerBuilder; pub enum WorkerEvent{} pub struct WorkerStats;
+//! The worker: consumes transports and dispatches what it receives on the bus (`courier consume`).
+//!
+//! Per message: add [`ReceivedStamp`](crate::ReceivedStamp) -> dispatch on the bus named by its
+//! [`BusNameStamp`](crate::BusNameStamp) -> ack on success. Acks of one fetched batch are flushed
+//! together with [`Transport::ack_batch`] when the batch is done or after a short linger, so a
+//! crash between handling and the flush means redelivery, never loss. On failure the worker adds
+//! an [`ErrorDetailsStamp`](crate::ErrorDetailsStamp) and asks the receiver's
+//! [`RetryStrategy`]: retry (with [`RedeliveryStamp`](crate::RedeliveryStamp) and a delay, through
+//! [`Transport::retry`]) or move to the failure transport (with
+//! [`SentToFailureTransportStamp`](crate::SentToFailureTransportStamp)) and only then ack. If that
+//! move fails the original is not acked: **nothing is ever dropped**. A message that does not
+//! decode goes to the failure transport the same way; without a failure transport, failed
+//! messages stay on their transport for redelivery.
+
+mod events;
+mod run;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use events::{Listener, StopReason, WorkerEvent, WorkerStats};
+pub use tokio_util::sync::CancellationToken;
+
+use crate::retry::{MultiplierRetryStrategy, RetryStrategy};
+use crate::{MessageBus, Transport};
+
+/// A transport the worker consumes, with its retry strategy and failure transport.
+#[derive(Debug, Clone)]
+pub(crate) struct Receiver {
+    pub(crate) name: String,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) retry: Arc<dyn RetryStrategy>,
+    pub(crate) failure: Option<(String, Arc<dyn Transport>)>,
+}
+
+/// Why a worker could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// No receiver was configured.
+    #[error("the worker has no transport to consume")]
+    NoReceivers,
+    /// An option is out of range.
+    #[error("invalid worker option `{option}`: {reason}")]
+    InvalidOption {
+        /// The option's name.
+        option: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Consumes transports until a limit is reached or shutdown is requested.
+///
+/// Built with [`Worker::builder`]; see the [module docs](self) for the per-message behaviour and
+/// the crate docs for an example.
+pub struct Worker {
+    pub(crate) buses: HashMap<String, MessageBus>,
+    pub(crate) default_bus: MessageBus,
+    pub(crate) receivers: Vec<Receiver>,
+    pub(crate) options: WorkerOptions,
+    pub(crate) listeners: Vec<Listener>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("receivers", &self.receivers.iter().map(|r| &r.name).collect::<Vec<_>>())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerOptions {
+    pub(crate) fetch_size: usize,
+    pub(crate) concurrency: usize,
+    pub(crate) limit: Option<u64>,
+    pub(crate) failure_limit: Option<u64>,
+    pub(crate) time_limit: Option<Duration>,
+    pub(crate) memory_limit: Option<u64>,
+    pub(crate) sleep: Duration,
+    pub(crate) keepalive: Option<Duration>,
+    pub(crate) grace: Duration,
+    pub(crate) ack_linger: Duration,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            fetch_size: 32,
+            concurrency: 1,
+            limit: None,
+            failure_limit: None,
+            time_limit: None,
+            memory_limit: None,
+            sleep: Duration::from_secs(1),
+            keepalive: None,
+            grace: Duration::from_secs(30),
+            ack_linger: Duration::from_millis(5),
+        }
+    }
+}
+
+impl Worker {
+    /// Starts building a worker that dispatches on `bus` (and on the buses added with
+    /// [`WorkerBuilder::bus`], chosen by each message's `BusNameStamp`).
+    #[must_use]
+    pub fn builder(bus: MessageBus) -> WorkerBuilder {
+        WorkerBuilder {
+            worker: Worker {
+                buses: HashMap::new(),
+                default_bus: bus,
+                receivers: Vec::new(),
+                options: WorkerOptions::default(),
+                listeners: Vec::new(),
+            },
+            global_failure: None,
+        }
+    }
+}
+
+/// Builds a [`Worker`].
+pub struct WorkerBuilder {
+    worker: Worker,
+    global_failure: Option<(String, Arc<dyn Transport>)>,
+}
+
+impl WorkerBuilder {
+    /// Adds a transport to consume; receivers are polled in the order added (the first has the
+    /// highest priority: after each batch the worker starts again from the first).
+    #[must_use]
+    pub fn receiver(mut self, name: impl Into<String>, transport: Arc<dyn Transport>) -> Self {
+        self.worker.receivers.push(Receiver {
+            name: name.into(),
+            transport,
+            retry: Arc::new(MultiplierRetryStrategy::default()),
+            failure: None,
+        });
+        self
+    }
+
+    /// Sets the retry strategy of the receiver added last.
+    #[must_use]
+    pub fn retry_strategy(mut self, strategy: Arc<dyn RetryStrategy>) -> Self {
+        if let Some(r) = self.worker.receivers.last_mut() {
+            r.retry = strategy;
+        }
+        self
+    }
+
+    /// Sets the failure transport of the receiver added last.
+    #[must_use]
+    pub fn failure_transport(mut self, name: impl Into<String>, transport: Arc<dyn Transport>) -> Self {
+        if let Some(r) = self.worker.receivers.last_mut() {
+            r.failure = Some((name.into(), transport));
+        }
+        self
+    }
+
+    /// Sets the failure transport of every receiver that has none of its own.
+    #[must_use]
+    pub fn global_failure_transport(mut self, name: impl Into<String>, transport: Arc<dyn Transport>) -> Self {
+        self.global_failure = Some((name.into(), transport));
+        self
+    }
+
+    /// Adds a bus the worker dispatches to when a message's `BusNameStamp` names it.
+    #[must_use]
+    pub fn bus(mut self, bus: MessageBus) -> Self {
+        self.worker.buses.insert(bus.name().to_owned(), bus);
+        self
+    }
+
+    /// Messages fetched per `get` (default 32).
+    #[must_use]
+    pub fn fetch_size(mut self, n: usize) -> Self {
+        self.worker.options.fetch_size = n.max(1);
+        self
+    }
+
+    /// Handlers running at once (default 1).
+    #[must_use]
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.worker.options.concurrency = n.max(1);
+        self
+    }
+
+    /// Stop after this many messages were received and processed.
+    #[must_use]
+    pub fn limit(mut self, n: u64) -> Self {
+        self.worker.options.limit = Some(n);
+        self
+    }
+
+    /// Stop after this many messages failed.
+    #[must_use]
+    pub fn failure_limit(mut self, n: u64) -> Self {
+        self.worker.options.failure_limit = Some(n);
+        self
+    }
+
+    /// Stop after running this long.
+    #[must_use]
+    pub fn time_limit(mut self, limit: Duration) -> Self {
+        self.worker.options.time_limit = Some(limit);
+        self
+    }
+
+    /// Stop when the process's resident memory exceeds this many bytes (checked between messages).
+    #[must_use]
+    pub fn memory_limit(mut self, bytes: u64) -> Self {
+        self.worker.options.memory_limit = Some(bytes);
+        self
+    }
+
+    /// How long to wait when no transport had a message (default 1 s; skipped when every
+    /// transport's `get` blocks by itself).
+    #[must_use]
+    pub fn sleep(mut self, sleep: Duration) -> Self {
+        self.worker.options.sleep = sleep;
+        self
+    }
+
+    /// Calls `keepalive` on every in-flight message at this interval (default off).
+    #[must_use]
+    pub fn keepalive(mut self, interval: Option<Duration>) -> Self {
+        self.worker.options.keepalive = interval;
+        self
+    }
+
+    /// How long in-flight handlers may run after shutdown was requested (default 30 s); past it
+    /// they are abandoned un-acked, for redelivery.
+    #[must_use]
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.worker.options.grace = grace;
+        self
+    }
+
+    /// How long a successful message may wait for its batch's ack flush (default 5 ms).
+    #[must_use]
+    pub fn ack_linger(mut self, linger: Duration) -> Self {
+        self.worker.options.ack_linger = linger;
+        self
+    }
+
+    /// Adds an event listener.
+    #[must_use]
+    pub fn listener(mut self, listener: impl Fn(&WorkerEvent) + Send + Sync + 'static) -> Self {
+        self.worker.listeners.push(Arc::new(listener));
+        self
+    }
+
+    /// Builds the worker.
+    #[must_use]
+    pub fn build(mut self) -> Worker {
+        if let Some(global) = self.global_failure {
+            for r in &mut self.worker.receivers {
+                if r.failure.is_none() {
+                    r.failure = Some(global.clone());
+                }
+            }
+        }
+        let default = self.worker.default_bus.clone();
+        self.worker.buses.entry(default.name().to_owned()).or_insert(default);
+        self.worker
+    }
+}
