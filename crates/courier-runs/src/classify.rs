@@ -1,0 +1,257 @@
+//! Failure classes, the ordered classifier and [`ProviderError`].
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::status::UnknownName;
+
+/// What kind of failure stopped a run; decides whether it may be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FailureClass {
+    /// A circuit breaker is open.
+    CircuitOpen,
+    /// The provider could not be reached, or timed out.
+    Connection,
+    /// HTTP 401 or 403.
+    Auth,
+    /// HTTP 429.
+    RateLimit,
+    /// HTTP 5xx.
+    ServerError,
+    /// Any other HTTP 4xx.
+    ClientError,
+    /// The agent or provider is misconfigured.
+    Configuration,
+    /// Anything else.
+    Unknown,
+}
+
+impl FailureClass {
+    /// Every class.
+    pub const ALL: [FailureClass; 8] = [
+        Self::CircuitOpen,
+        Self::Connection,
+        Self::Auth,
+        Self::RateLimit,
+        Self::ServerError,
+        Self::ClientError,
+        Self::Configuration,
+        Self::Unknown,
+    ];
+
+    /// The stored name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CircuitOpen => "circuit_open",
+            Self::Connection => "connection",
+            Self::Auth => "auth",
+            Self::RateLimit => "rate_limit",
+            Self::ServerError => "server_error",
+            Self::ClientError => "client_error",
+            Self::Configuration => "configuration",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// Retryable: connection, rate_limit, server_error, circuit_open.
+    #[must_use]
+    pub fn is_retryable(self) -> bool {
+        match self {
+            Self::Connection | Self::RateLimit | Self::ServerError | Self::CircuitOpen => true,
+            Self::Auth | Self::ClientError | Self::Configuration | Self::Unknown => false,
+        }
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FailureClass {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| UnknownName {
+                what: "failure class",
+                value: s.to_owned(),
+            })
+    }
+}
+
+/// A failure of a model or tool provider, as an agent reports it, so that it is classified
+/// without a classifier of its own.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProviderError {
+    /// The provider answered with an HTTP error status.
+    #[error("provider answered http {status}")]
+    Http {
+        /// The status code.
+        status: u16,
+    },
+    /// The provider could not be reached.
+    #[error("cannot connect to the provider")]
+    Connection(#[source] Option<courier_core::BoxError>),
+    /// The provider did not answer in time.
+    #[error("the provider timed out after {0:?}")]
+    Timeout(Duration),
+    /// The agent or provider is misconfigured (missing key, unknown model...).
+    #[error("provider misconfigured: {0}")]
+    Configuration(String),
+    /// A circuit breaker refused the call.
+    #[error("circuit open for the provider")]
+    CircuitOpen,
+    /// Every provider of a fallback chain failed; classified by its last attempt.
+    #[error("fallback chain exhausted after {} attempt(s)", .0.len())]
+    FallbackChainExhausted(Vec<ProviderError>),
+    /// Anything else.
+    #[error("provider failed: {0}")]
+    Other(String),
+}
+
+impl ProviderError {
+    /// An HTTP status failure.
+    #[must_use]
+    pub fn http(status: u16) -> Self {
+        Self::Http { status }
+    }
+
+    /// Classifies this failure (see [`classify`]).
+    #[must_use]
+    pub fn class(&self) -> FailureClass {
+        classify(self)
+    }
+}
+
+/// The ordered classifier of DESIGN §5: circuit open; a fallback chain is classified by its
+/// LAST attempt (recursively, an empty chain is unknown); connection and timeout are
+/// connection; configuration; HTTP 401/403 auth, 429 rate limit, 5xx server error, other 4xx
+/// client error; anything else unknown.
+#[must_use]
+pub fn classify(error: &ProviderError) -> FailureClass {
+    match error {
+        ProviderError::CircuitOpen => FailureClass::CircuitOpen,
+        ProviderError::FallbackChainExhausted(chain) => {
+            chain.last().map_or(FailureClass::Unknown, classify)
+        }
+        ProviderError::Connection(_) | ProviderError::Timeout(_) => FailureClass::Connection,
+        ProviderError::Configuration(_) => FailureClass::Configuration,
+        ProviderError::Http { status } => match status {
+            401 | 403 => FailureClass::Auth,
+            429 => FailureClass::RateLimit,
+            500..=599 => FailureClass::ServerError,
+            400..=499 => FailureClass::ClientError,
+            _ => FailureClass::Unknown,
+        },
+        ProviderError::Other(_) => FailureClass::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifier_follows_design_order() {
+        assert_eq!(
+            classify(&ProviderError::CircuitOpen),
+            FailureClass::CircuitOpen
+        );
+        assert_eq!(
+            classify(&ProviderError::Connection(None)),
+            FailureClass::Connection
+        );
+        assert_eq!(
+            classify(&ProviderError::Timeout(Duration::from_secs(1))),
+            FailureClass::Connection
+        );
+        assert_eq!(
+            classify(&ProviderError::Configuration("no key".into())),
+            FailureClass::Configuration
+        );
+        assert_eq!(classify(&ProviderError::http(401)), FailureClass::Auth);
+        assert_eq!(classify(&ProviderError::http(403)), FailureClass::Auth);
+        assert_eq!(classify(&ProviderError::http(429)), FailureClass::RateLimit);
+        assert_eq!(
+            classify(&ProviderError::http(500)),
+            FailureClass::ServerError
+        );
+        assert_eq!(
+            classify(&ProviderError::http(503)),
+            FailureClass::ServerError
+        );
+        assert_eq!(
+            classify(&ProviderError::http(400)),
+            FailureClass::ClientError
+        );
+        assert_eq!(
+            classify(&ProviderError::http(404)),
+            FailureClass::ClientError
+        );
+        assert_eq!(classify(&ProviderError::http(302)), FailureClass::Unknown);
+        assert_eq!(
+            classify(&ProviderError::Other("?".into())),
+            FailureClass::Unknown
+        );
+    }
+
+    #[test]
+    fn fallback_chain_is_classified_by_its_last_attempt_recursively() {
+        let chain = ProviderError::FallbackChainExhausted(vec![
+            ProviderError::http(401),
+            ProviderError::http(503),
+        ]);
+        assert_eq!(classify(&chain), FailureClass::ServerError);
+        let chain = ProviderError::FallbackChainExhausted(vec![
+            ProviderError::http(503),
+            ProviderError::http(401),
+        ]);
+        assert_eq!(classify(&chain), FailureClass::Auth);
+        let nested = ProviderError::FallbackChainExhausted(vec![
+            ProviderError::http(500),
+            ProviderError::FallbackChainExhausted(vec![
+                ProviderError::CircuitOpen,
+                ProviderError::http(429),
+            ]),
+        ]);
+        assert_eq!(classify(&nested), FailureClass::RateLimit);
+        assert_eq!(
+            classify(&ProviderError::FallbackChainExhausted(vec![])),
+            FailureClass::Unknown
+        );
+    }
+
+    #[test]
+    fn only_transient_classes_are_retryable() {
+        let retryable: Vec<_> = FailureClass::ALL
+            .into_iter()
+            .filter(|c| c.is_retryable())
+            .collect();
+        assert_eq!(
+            retryable,
+            [
+                FailureClass::CircuitOpen,
+                FailureClass::Connection,
+                FailureClass::RateLimit,
+                FailureClass::ServerError
+            ]
+        );
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for c in FailureClass::ALL {
+            assert_eq!(c.as_str().parse::<FailureClass>().ok(), Some(c));
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Run statuses, termination reasons and outcomes.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::FailureClass;
+
+/// The status of a run, as stored in `courier_runs.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RunStatus {
+    /// Waiting for a worker to claim it.
+    Queued,
+    /// Claimed by a worker (under a lease) or running interactively (no lease).
+    Running,
+    /// Stopped until someone approves it.
+    WaitingForApproval,
+    /// Stopped until someone gives it input.
+    WaitingForInput,
+    /// Finished successfully (terminal).
+    Completed,
+    /// Finished with a failure; `failed` plus a termination reason is the dead letter (terminal).
+    Failed,
+    /// Cancelled (terminal).
+    Cancelled,
+}
+
+impl RunStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [RunStatus; 7] = [
+        Self::Queued,
+        Self::Running,
+        Self::WaitingForApproval,
+        Self::WaitingForInput,
+        Self::Completed,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
+    /// The stored name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::WaitingForApproval => "waiting_for_approval",
+            Self::WaitingForInput => "waiting_for_input",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether no transition leaves this status.
+    #[must_use]
+    pub fn is_terminal(self) -> bool {
+        match self {
+            Self::Queued | Self::Running | Self::WaitingForApproval | Self::WaitingForInput => {
+                false
+            }
+            Self::Completed | Self::Failed | Self::Cancelled => true,
+        }
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stored name that is not a known status or reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{value}`")]
+pub struct UnknownName {
+    /// What was parsed ("status", "termination reason", "failure class").
+    pub what: &'static str,
+    /// The unknown value.
+    pub value: String,
+}
+
+impl FromStr for RunStatus {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| UnknownName {
+                what: "status",
+                value: s.to_owned(),
+            })
+    }
+}
+
+/// Why a run stopped, as stored in `courier_runs.termination_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TerminationReason {
+    /// The agent finished.
+    Completed,
+    /// The agent hit its step limit.
+    MaxSteps,
+    /// The agent spent its budget.
+    BudgetExhausted,
+    /// A policy refused an action.
+    PolicyDenied,
+    /// A human refused the approval.
+    ApprovalDenied,
+    /// A model or tool provider failed (the only retryable reason).
+    ProviderFailed,
+    /// Someone cancelled the run.
+    Cancelled,
+    /// The failure was retryable but the requeue budget is spent.
+    RetriesExhausted,
+    /// The failure must not be retried (its class, or a non-idempotent effect in flight).
+    NotRetryable,
+    /// Dispatching the `RunAgent` message failed, so nothing would ever run it.
+    DispatchFailed,
+}
+
+impl TerminationReason {
+    /// Every reason.
+    pub const ALL: [TerminationReason; 10] = [
+        Self::Completed,
+        Self::MaxSteps,
+        Self::BudgetExhausted,
+        Self::PolicyDenied,
+        Self::ApprovalDenied,
+        Self::ProviderFailed,
+        Self::Cancelled,
+        Self::RetriesExhausted,
+        Self::NotRetryable,
+        Self::DispatchFailed,
+    ];
+
+    /// The stored name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::MaxSteps => "max_steps",
+            Self::BudgetExhausted => "budget_exhausted",
+            Self::PolicyDenied => "policy_denied",
+            Self::ApprovalDenied => "approval_denied",
+            Self::ProviderFailed => "provider_failed",
+            Self::Cancelled => "cancelled",
+            Self::RetriesExhausted => "retries_exhausted",
+            Self::NotRetryable => "not_retryable",
+            Self::DispatchFailed => "dispatch_failed",
+        }
+    }
+
+    /// Whether a run stopped for this reason may be requeued: true only for `provider_failed`.
+    #[must_use]
+    pub fn is_retryable(self) -> bool {
+        match self {
+            Self::ProviderFailed => true,
+            Self::Completed
+            | Self::MaxSteps
+            | Self::BudgetExhausted
+            | Self::PolicyDenied
+            | Self::ApprovalDenied
+            | Self::Cancelled
+            | Self::RetriesExhausted
+            | Self::NotRetryable
+            | Self::DispatchFailed => false,
+        }
+    }
+}
+
+impl fmt::Display for TerminationReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TerminationReason {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| UnknownName {
+                what: "termination reason",
+                value: s.to_owned(),
+            })
+    }
+}
+
+/// What one execution of a run came to.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The agent finished; the run is `completed`.
+    Completed {
+        /// The agent's output.
+        output: serde_json::Value,
+    },
+    /// The run waits for an approval (`waiting_for_approval`).
+    AwaitingApproval,
+    /// The run waits for input (`waiting_for_input`).
+    AwaitingInput,
+    /// The run is `failed` (the dead letter) for `reason`.
+    Failed {
+        /// Why.
+        reason: TerminationReason,
+        /// The failure class, when a failure caused it.
+        class: Option<FailureClass>,
+    },
+    /// The run was cancelled; it stopped at a step boundary.
+    Cancelled,
+    /// The run was put back in the queue and one `RunAgent` dispatched with this delay.
+    Requeued {
+        /// The delay on the dispatched message.
+        delay: Duration,
+    },
+    /// Another worker owns the run now: this execution stopped without settling or persisting.
+    LeaseLost,
+    /// The claim was lost (the run was not `queued`): a non-event, nothing ran.
+    NotClaimed,
+}

@@ -1,0 +1,310 @@
+//! An in-memory run store with the SQL store's semantics, on tokio's (pausable) clock.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError, lease_ms};
+use crate::{RunStatus, TerminationReason};
+
+#[derive(Debug, Default)]
+struct State {
+    runs: BTreeMap<Uuid, Run>,
+    events: BTreeMap<Uuid, Vec<RunEvent>>,
+}
+
+/// A run store in memory, for tests and single-process experiments. Its clock is
+/// `SystemTime` at creation plus tokio's [`Instant`] since, so `tokio::time::pause` and
+/// `advance` move it.
+#[derive(Debug, Clone)]
+pub struct MemoryRunStore {
+    state: Arc<Mutex<State>>,
+    base_ms: i64,
+    start: Instant,
+}
+
+impl Default for MemoryRunStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryRunStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        let base_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0));
+        Self {
+            state: Arc::default(),
+            base_ms,
+            start: Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn clock(&self) -> i64 {
+        self.base_ms + lease_ms(self.start.elapsed())
+    }
+
+    /// Rewrites a stored run directly (tests: expire a lease, move the claim to another worker).
+    /// Returns false when the run does not exist.
+    pub fn rewrite(&self, id: Uuid, f: impl FnOnce(&mut Run)) -> bool {
+        self.lock().runs.get_mut(&id).map(f).is_some()
+    }
+
+    fn guarded(
+        &self,
+        id: Uuid,
+        guard: impl FnOnce(&Run, i64) -> bool,
+        set: impl FnOnce(&mut Run, i64),
+    ) -> bool {
+        let now = self.clock();
+        let mut state = self.lock();
+        match state.runs.get_mut(&id) {
+            Some(run) if guard(run, now) => {
+                set(run, now);
+                run.updated_at = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn insert(&self, run: &NewRun, status: RunStatus) -> Run {
+        let now = self.clock();
+        let row = Run {
+            id: run.id,
+            agent: run.agent.clone(),
+            status,
+            input: run.input.clone(),
+            output: None,
+            error_class: None,
+            termination_reason: None,
+            claimed_by: None,
+            lease_expires: 0,
+            requeue_count: 0,
+            pending_effect: None,
+            created_at: now,
+            started_at: (status == RunStatus::Running).then_some(now),
+            finished_at: None,
+            updated_at: now,
+        };
+        self.lock().runs.insert(run.id, row.clone());
+        row
+    }
+}
+
+fn is_stale(run: &Run, now: i64) -> bool {
+    run.status == RunStatus::Running && run.lease_expires > 0 && run.lease_expires < now
+}
+
+fn owned_by(run: &Run, worker: &str) -> bool {
+    run.status == RunStatus::Running && run.claimed_by.as_deref() == Some(worker)
+}
+
+fn requeue(run: &mut Run) {
+    run.status = RunStatus::Queued;
+    run.requeue_count += 1;
+    run.claimed_by = None;
+    run.lease_expires = 0;
+}
+
+fn finish(run: &mut Run, now: i64, status: RunStatus, reason: Option<TerminationReason>) {
+    run.status = status;
+    run.termination_reason = reason;
+    run.lease_expires = 0;
+    if status.is_terminal() {
+        run.finished_at = Some(now);
+    }
+}
+
+#[async_trait]
+impl RunStore for MemoryRunStore {
+    async fn setup(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn now_ms(&self) -> Result<i64, StoreError> {
+        Ok(self.clock())
+    }
+
+    async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
+        Ok(self.insert(run, RunStatus::Queued))
+    }
+
+    async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
+        Ok(self.insert(run, RunStatus::Running))
+    }
+
+    async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
+        Ok(self.lock().runs.get(&id).cloned())
+    }
+
+    async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError> {
+        let mut runs: Vec<Run> = self
+            .lock()
+            .runs
+            .values()
+            .filter(|r| status.is_none_or(|s| r.status == s))
+            .cloned()
+            .collect();
+        runs.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
+        runs.truncate(limit);
+        Ok(runs)
+    }
+
+    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, _| r.status == RunStatus::Queued,
+            |r, now| {
+                r.status = RunStatus::Running;
+                r.claimed_by = Some(worker.to_owned());
+                r.lease_expires = now + lease_ms(lease);
+                r.started_at.get_or_insert(now);
+            },
+        ))
+    }
+
+    async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, _| owned_by(r, worker),
+            |r, now| r.lease_expires = now + lease_ms(lease),
+        ))
+    }
+
+    async fn requeue_owned(&self, id: Uuid, worker: &str) -> Result<bool, StoreError> {
+        Ok(self.guarded(id, |r, _| owned_by(r, worker), |r, _| requeue(r)))
+    }
+
+    async fn select_stale(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
+        let now = self.clock();
+        let mut runs: Vec<Run> = self
+            .lock()
+            .runs
+            .values()
+            .filter(|r| is_stale(r, now))
+            .cloned()
+            .collect();
+        runs.sort_by_key(|r| (r.lease_expires, r.id));
+        runs.truncate(limit);
+        Ok(runs)
+    }
+
+    async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError> {
+        Ok(self.guarded(id, is_stale, |r, _| requeue(r)))
+    }
+
+    async fn dead_letter_stale(
+        &self,
+        id: Uuid,
+        reason: TerminationReason,
+    ) -> Result<bool, StoreError> {
+        Ok(self.guarded(id, is_stale, |r, now| {
+            finish(r, now, RunStatus::Failed, Some(reason))
+        }))
+    }
+
+    async fn settle(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        s: &Settlement,
+    ) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, _| !r.status.is_terminal() && r.claimed_by.as_deref() == owner,
+            |r, now| {
+                finish(r, now, s.status, s.reason);
+                r.error_class = s.class;
+                if s.output.is_some() {
+                    r.output.clone_from(&s.output);
+                }
+            },
+        ))
+    }
+
+    async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, _| r.status == RunStatus::Queued,
+            |r, now| finish(r, now, RunStatus::Failed, Some(reason)),
+        ))
+    }
+
+    async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, _| r.status == from,
+            |r, _| {
+                r.status = RunStatus::Running;
+                r.claimed_by = None;
+                r.lease_expires = 0;
+            },
+        ))
+    }
+
+    async fn cancel(&self, id: Uuid) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, _| !r.status.is_terminal(),
+            |r, now| {
+                finish(
+                    r,
+                    now,
+                    RunStatus::Cancelled,
+                    Some(TerminationReason::Cancelled),
+                )
+            },
+        ))
+    }
+
+    async fn set_pending_effect(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        effect: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, _| r.status == RunStatus::Running && r.claimed_by.as_deref() == owner,
+            |r, _| r.pending_effect = effect.map(str::to_owned),
+        ))
+    }
+
+    async fn append_event(
+        &self,
+        id: Uuid,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<i64, StoreError> {
+        let now = self.clock();
+        let mut state = self.lock();
+        let events = state.events.entry(id).or_default();
+        let seq = events.last().map_or(0, |e| e.seq) + 1;
+        events.push(RunEvent {
+            run_id: id,
+            seq,
+            kind: kind.to_owned(),
+            payload: payload.clone(),
+            created_at: now,
+        });
+        Ok(seq)
+    }
+
+    async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
+        Ok(self.lock().events.get(&id).cloned().unwrap_or_default())
+    }
+}

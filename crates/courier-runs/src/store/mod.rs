@@ -1,0 +1,208 @@
+//! The run store: every transition of DESIGN §5 as one guarded write.
+
+mod memory;
+mod sql;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{FailureClass, RunStatus, TerminationReason};
+
+pub use memory::MemoryRunStore;
+pub use sql::{Dialect, SqlRunStore, SqlRunStoreOptions};
+
+/// A run as stored. Times are epoch milliseconds from the store's clock (the database clock for
+/// SQL stores); `lease_expires == 0` means no lease.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Run {
+    /// The run id.
+    pub id: Uuid,
+    /// The agent name.
+    pub agent: String,
+    /// The status.
+    pub status: RunStatus,
+    /// The input (JSON).
+    pub input: serde_json::Value,
+    /// The output (JSON), once completed.
+    pub output: Option<serde_json::Value>,
+    /// The failure class of the failure that stopped it.
+    pub error_class: Option<FailureClass>,
+    /// Why it stopped.
+    pub termination_reason: Option<TerminationReason>,
+    /// The worker identity holding the lease.
+    pub claimed_by: Option<String>,
+    /// Lease expiry, epoch ms (0 = no lease).
+    pub lease_expires: i64,
+    /// How many times it was requeued (failure retries and stale reclaims together).
+    pub requeue_count: u32,
+    /// A non-idempotent effect in flight (the write fence), if any.
+    pub pending_effect: Option<String>,
+    /// Creation time, epoch ms.
+    pub created_at: i64,
+    /// First start, epoch ms.
+    pub started_at: Option<i64>,
+    /// When it reached a terminal status, epoch ms.
+    pub finished_at: Option<i64>,
+    /// Last write, epoch ms.
+    pub updated_at: i64,
+}
+
+/// One persisted step of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunEvent {
+    /// The run.
+    pub run_id: Uuid,
+    /// 1, 2, 3... unique per run.
+    pub seq: i64,
+    /// The step kind.
+    pub kind: String,
+    /// The step payload (JSON).
+    pub payload: serde_json::Value,
+    /// When it was persisted, epoch ms.
+    pub created_at: i64,
+}
+
+/// A new run.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    /// The id (generate with [`Uuid::new_v4`]).
+    pub id: Uuid,
+    /// The agent name.
+    pub agent: String,
+    /// The input.
+    pub input: serde_json::Value,
+}
+
+/// How a run ends (or pauses): the values [`RunStore::settle`] writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settlement {
+    /// The new status (completed, failed, cancelled, waiting_for_*).
+    pub status: RunStatus,
+    /// The reason (None while waiting).
+    pub reason: Option<TerminationReason>,
+    /// The failure class.
+    pub class: Option<FailureClass>,
+    /// The output.
+    pub output: Option<serde_json::Value>,
+}
+
+impl Settlement {
+    /// `failed` for `reason`.
+    #[must_use]
+    pub fn failed(reason: TerminationReason, class: Option<FailureClass>) -> Self {
+        Self {
+            status: RunStatus::Failed,
+            reason: Some(reason),
+            class,
+            output: None,
+        }
+    }
+}
+
+/// The run store failed (connection, SQL, corrupt row).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database failed.
+    #[error("run store query failed: {context}")]
+    Database {
+        /// What was being done.
+        context: &'static str,
+        /// The driver error.
+        #[source]
+        source: courier_core::BoxError,
+    },
+    /// A stored value could not be read.
+    #[error("corrupt run row: {0}")]
+    Corrupt(String),
+    /// The DSN names no supported database.
+    #[error("unsupported run store dsn `{0}`")]
+    UnsupportedDsn(String),
+    /// Two writers appended the same sequence number (the UNIQUE (run_id, seq) index held).
+    #[error("event sequence {seq} of run {run_id} already exists")]
+    DuplicateSequence {
+        /// The run.
+        run_id: Uuid,
+        /// The sequence.
+        seq: i64,
+    },
+}
+
+/// Storage of runs and their events. Each method is ONE guarded write judged by rows matched,
+/// with "now" from the store's clock; `bool` results say whether the guard matched.
+#[async_trait]
+pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Creates the tables and index if missing (idempotent).
+    async fn setup(&self) -> Result<(), StoreError>;
+    /// The store clock, epoch ms.
+    async fn now_ms(&self) -> Result<i64, StoreError>;
+    /// Inserts a `queued` run.
+    async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError>;
+    /// Inserts an interactive `running` run (no claim, `lease_expires = 0`).
+    async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError>;
+    /// Finds a run.
+    async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError>;
+    /// Lists runs, newest first.
+    async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError>;
+    /// Claim: `id AND status='queued'` -> running, claimed_by=worker, lease = now + lease.
+    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError>;
+    /// Renew: `id AND status='running' AND claimed_by=worker` -> lease = now + lease.
+    async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError>;
+    /// Owner requeue: the renew guard -> queued, requeue_count+1, claim and lease cleared.
+    async fn requeue_owned(&self, id: Uuid, worker: &str) -> Result<bool, StoreError>;
+    /// Stale select: running with `0 < lease_expires < now`, oldest lease first.
+    async fn select_stale(&self, limit: usize) -> Result<Vec<Run>, StoreError>;
+    /// Stale requeue, staleness re-checked inside the write.
+    async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError>;
+    /// Stale dead-letter (`failed` + reason), staleness re-checked inside the write.
+    async fn dead_letter_stale(
+        &self,
+        id: Uuid,
+        reason: TerminationReason,
+    ) -> Result<bool, StoreError>;
+    /// Settle: `id AND non-terminal AND claimed_by = owner` (`owner` None: interactive, no claim).
+    async fn settle(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        settlement: &Settlement,
+    ) -> Result<bool, StoreError>;
+    /// Fails a `queued` run (a dispatch failure): `id AND status='queued'`.
+    async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError>;
+    /// Resumes a waiting run interactively: `id AND status=from` -> running, no lease.
+    async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError>;
+    /// Cancel: any non-terminal status -> cancelled.
+    async fn cancel(&self, id: Uuid) -> Result<bool, StoreError>;
+    /// Sets or clears the pending non-idempotent effect: `id AND running AND claimed_by <=> owner`.
+    async fn set_pending_effect(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        effect: Option<&str>,
+    ) -> Result<bool, StoreError>;
+    /// Appends an event at MAX(seq)+1 in one statement; returns its seq.
+    async fn append_event(
+        &self,
+        id: Uuid,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<i64, StoreError>;
+    /// The events of a run, in seq order.
+    async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError>;
+}
+
+const _: () = {
+    fn assert_dyn(_: &dyn RunStore) {}
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn check() {
+        assert_send_sync::<std::sync::Arc<dyn RunStore>>();
+    }
+    let _ = (assert_dyn, check);
+};
+
+pub(crate) fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 4)
+}

@@ -1,0 +1,701 @@
+//! The SQL run store: PostgreSQL, SQLite and MySQL/MariaDB through sqlx's `Any` driver with
+//! runtime queries, one guarded statement per transition, "now" from the database clock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+use uuid::Uuid;
+
+use super::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError, lease_ms};
+use crate::{RunStatus, TerminationReason};
+
+type Query<'a> = sqlx::query::Query<'a, sqlx::Any, sqlx::any::AnyArguments<'a>>;
+
+const SQLITE_MIGRATION: &str = include_str!("../../../../migrations/sqlite/0002_courier_runs.sql");
+const POSTGRES_MIGRATION: &str =
+    include_str!("../../../../migrations/postgres/0002_courier_runs.sql");
+const MYSQL_MIGRATION: &str = include_str!("../../../../migrations/mysql/0002_courier_runs.sql");
+
+/// The SQL dialect of a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Dialect {
+    /// SQLite 3.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL 8 or MariaDB 10.6+.
+    Mysql,
+}
+
+impl Dialect {
+    /// The dialect a DSN names.
+    ///
+    /// # Errors
+    /// [`StoreError::UnsupportedDsn`] for other schemes.
+    pub fn from_dsn(dsn: &str) -> Result<Self, StoreError> {
+        let scheme = dsn.split(':').next().unwrap_or_default();
+        match scheme {
+            "sqlite" => Ok(Self::Sqlite),
+            "postgres" | "postgresql" => Ok(Self::Postgres),
+            "mysql" | "mariadb" => Ok(Self::Mysql),
+            _ => Err(StoreError::UnsupportedDsn(courier_core::redact(dsn))),
+        }
+    }
+
+    /// The expression giving the database clock in epoch milliseconds.
+    #[must_use]
+    pub fn now_ms_sql(self) -> &'static str {
+        match self {
+            Self::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+            Self::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+            Self::Mysql => "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+        }
+    }
+
+    fn migration(self) -> &'static str {
+        match self {
+            Self::Sqlite => SQLITE_MIGRATION,
+            Self::Postgres => POSTGRES_MIGRATION,
+            Self::Mysql => MYSQL_MIGRATION,
+        }
+    }
+}
+
+/// Options of a [`SqlRunStore`].
+#[derive(Debug, Clone)]
+pub struct SqlRunStoreOptions {
+    /// The runs table (default `courier_runs`).
+    pub runs_table: String,
+    /// The events table (default `courier_run_events`).
+    pub events_table: String,
+    /// Pool size (default 5).
+    pub max_connections: u32,
+}
+
+impl Default for SqlRunStoreOptions {
+    fn default() -> Self {
+        Self {
+            runs_table: "courier_runs".into(),
+            events_table: "courier_run_events".into(),
+            max_connections: 5,
+        }
+    }
+}
+
+impl SqlRunStoreOptions {
+    /// Uses `{prefix}_runs` and `{prefix}_run_events` (tests: one pair of tables each).
+    #[must_use]
+    pub fn table_prefix(mut self, prefix: &str) -> Self {
+        self.runs_table = format!("{prefix}_runs");
+        self.events_table = format!("{prefix}_run_events");
+        self
+    }
+
+    /// Sets the pool size.
+    #[must_use]
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+}
+
+fn valid_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 48
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+}
+
+const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
+    lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at";
+const NON_TERMINAL: &str = "('queued', 'running', 'waiting_for_approval', 'waiting_for_input')";
+const STALE: &str = "status = 'running' AND lease_expires > 0 AND lease_expires < {now}";
+
+#[derive(Debug)]
+struct Queries {
+    now: String,
+    insert_queued: String,
+    insert_interactive: String,
+    find: String,
+    list_all: String,
+    list_status: String,
+    claim: String,
+    renew: String,
+    requeue_owned: String,
+    select_stale: String,
+    requeue_stale: String,
+    dead_letter_stale: String,
+    settle_owned: String,
+    settle_interactive: String,
+    fail_queued: String,
+    resume: String,
+    cancel: String,
+    effect_owned: String,
+    effect_interactive: String,
+    append_event: String,
+    max_seq: String,
+    events: String,
+}
+
+impl Queries {
+    fn new(dialect: Dialect, runs: &str, events: &str) -> Self {
+        let render = |sql: &str| {
+            let sql = sql
+                .replace("{stale}", STALE)
+                .replace("{cols}", COLUMNS)
+                .replace("{nonterminal}", NON_TERMINAL)
+                .replace("{now}", dialect.now_ms_sql())
+                .replace("{runs}", runs)
+                .replace("{events}", events);
+            if dialect == Dialect::Postgres {
+                numbered(&sql)
+            } else {
+                sql
+            }
+        };
+        let requeue = "status = 'queued', requeue_count = requeue_count + 1, claimed_by = NULL, lease_expires = 0, \
+            updated_at = {now}";
+        Self {
+            now: render("SELECT {now}"),
+            insert_queued: render(
+                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, updated_at) \
+                 VALUES (?, ?, 'queued', ?, 0, 0, {now}, {now})",
+            ),
+            insert_interactive: render(
+                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, started_at, \
+                 updated_at) VALUES (?, ?, 'running', ?, 0, 0, {now}, {now}, {now})",
+            ),
+            find: render("SELECT {cols} FROM {runs} WHERE id = ?"),
+            list_all: render("SELECT {cols} FROM {runs} ORDER BY created_at DESC, id DESC LIMIT ?"),
+            list_status: render(
+                "SELECT {cols} FROM {runs} WHERE status = ? ORDER BY created_at DESC, id DESC LIMIT ?",
+            ),
+            claim: render(
+                "UPDATE {runs} SET status = 'running', claimed_by = ?, lease_expires = {now} + ?, \
+                 started_at = COALESCE(started_at, {now}), updated_at = {now} WHERE id = ? AND status = 'queued'",
+            ),
+            renew: render(
+                "UPDATE {runs} SET lease_expires = {now} + ?, updated_at = {now} \
+                 WHERE id = ? AND status = 'running' AND claimed_by = ?",
+            ),
+            requeue_owned: render(&format!(
+                "UPDATE {{runs}} SET {requeue} WHERE id = ? AND status = 'running' AND claimed_by = ?"
+            )),
+            select_stale: render(
+                "SELECT {cols} FROM {runs} WHERE {stale} ORDER BY lease_expires LIMIT ?",
+            ),
+            requeue_stale: render(&format!(
+                "UPDATE {{runs}} SET {requeue} WHERE id = ? AND {{stale}}"
+            )),
+            dead_letter_stale: render(
+                "UPDATE {runs} SET status = 'failed', termination_reason = ?, lease_expires = 0, \
+                 finished_at = {now}, updated_at = {now} WHERE id = ? AND {stale}",
+            ),
+            settle_owned: render(
+                "UPDATE {runs} SET status = ?, termination_reason = ?, error_class = ?, output = COALESCE(?, output), \
+                 lease_expires = 0, finished_at = CASE WHEN ? = 1 THEN {now} ELSE finished_at END, updated_at = {now} \
+                 WHERE id = ? AND status IN {nonterminal} AND claimed_by = ?",
+            ),
+            settle_interactive: render(
+                "UPDATE {runs} SET status = ?, termination_reason = ?, error_class = ?, output = COALESCE(?, output), \
+                 lease_expires = 0, finished_at = CASE WHEN ? = 1 THEN {now} ELSE finished_at END, updated_at = {now} \
+                 WHERE id = ? AND status IN {nonterminal} AND claimed_by IS NULL",
+            ),
+            fail_queued: render(
+                "UPDATE {runs} SET status = 'failed', termination_reason = ?, lease_expires = 0, \
+                 finished_at = {now}, updated_at = {now} WHERE id = ? AND status = 'queued'",
+            ),
+            resume: render(
+                "UPDATE {runs} SET status = 'running', claimed_by = NULL, lease_expires = 0, updated_at = {now} \
+                 WHERE id = ? AND status = ?",
+            ),
+            cancel: render(
+                "UPDATE {runs} SET status = 'cancelled', termination_reason = 'cancelled', lease_expires = 0, \
+                 finished_at = {now}, updated_at = {now} WHERE id = ? AND status IN {nonterminal}",
+            ),
+            effect_owned: render(
+                "UPDATE {runs} SET pending_effect = ?, updated_at = {now} \
+                 WHERE id = ? AND status = 'running' AND claimed_by = ?",
+            ),
+            effect_interactive: render(
+                "UPDATE {runs} SET pending_effect = ?, updated_at = {now} \
+                 WHERE id = ? AND status = 'running' AND claimed_by IS NULL",
+            ),
+            append_event: render(
+                "INSERT INTO {events} (run_id, seq, kind, payload, created_at) \
+                 SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, {now} FROM {events} WHERE run_id = ?",
+            ),
+            max_seq: render("SELECT COALESCE(MAX(seq), 0) AS seq FROM {events} WHERE run_id = ?"),
+            events: render(
+                "SELECT run_id, seq, kind, payload, created_at FROM {events} WHERE run_id = ? ORDER BY seq",
+            ),
+        }
+    }
+}
+
+/// `?` placeholders to PostgreSQL's `$1, $2...` (the queries hold no `?` in literals).
+fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The SQL run store.
+///
+/// ```no_run
+/// use courier_runs::{RunStore, SqlRunStore, SqlRunStoreOptions};
+/// # async fn demo() -> Result<(), courier_runs::StoreError> {
+/// let store = SqlRunStore::connect("sqlite://courier.db?mode=rwc", SqlRunStoreOptions::default()).await?;
+/// store.setup().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqlRunStore {
+    pool: AnyPool,
+    dialect: Dialect,
+    options: SqlRunStoreOptions,
+    q: std::sync::Arc<Queries>,
+}
+
+fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |e| StoreError::Database {
+        context,
+        source: Box::new(e),
+    }
+}
+
+impl SqlRunStore {
+    /// Connects to `dsn` (`sqlite://`, `postgres://`, `mysql://`); the matching crate feature
+    /// must be on.
+    ///
+    /// # Errors
+    /// Unsupported DSN, bad table names, connection failure.
+    pub async fn connect(dsn: &str, options: SqlRunStoreOptions) -> Result<Self, StoreError> {
+        let dialect = Dialect::from_dsn(dsn)?;
+        for name in [&options.runs_table, &options.events_table] {
+            if !valid_identifier(name) {
+                return Err(StoreError::Corrupt(format!("invalid table name `{name}`")));
+            }
+        }
+        sqlx::any::install_default_drivers();
+        let pool = AnyPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(dsn)
+            .await
+            .map_err(db("connect"))?;
+        let q = std::sync::Arc::new(Queries::new(
+            dialect,
+            &options.runs_table,
+            &options.events_table,
+        ));
+        Ok(Self {
+            pool,
+            dialect,
+            options,
+            q,
+        })
+    }
+
+    /// The pool (tests rewrite timestamps through it).
+    #[must_use]
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// The dialect.
+    #[must_use]
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// The runs table name.
+    #[must_use]
+    pub fn runs_table(&self) -> &str {
+        &self.options.runs_table
+    }
+
+    /// The events table name.
+    #[must_use]
+    pub fn events_table(&self) -> &str {
+        &self.options.events_table
+    }
+
+    /// The query the reaper's stale select runs, with `?`/`$1` placeholders (for EXPLAIN).
+    #[must_use]
+    pub fn stale_query(&self) -> &str {
+        &self.q.select_stale
+    }
+
+    /// Drops both tables (tests).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn drop_tables(&self) -> Result<(), StoreError> {
+        for t in [&self.options.events_table, &self.options.runs_table] {
+            sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
+                .execute(&self.pool)
+                .await
+                .map_err(db("drop"))?;
+        }
+        Ok(())
+    }
+
+    async fn write<'a>(&self, context: &'static str, q: Query<'a>) -> Result<bool, StoreError> {
+        let done = q.execute(&self.pool).await.map_err(db(context))?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn runs<'a>(&self, context: &'static str, q: Query<'a>) -> Result<Vec<Run>, StoreError> {
+        let rows = q.fetch_all(&self.pool).await.map_err(db(context))?;
+        rows.iter().map(decode_run).collect()
+    }
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_owned()))
+}
+
+fn get<'r, T: sqlx::Decode<'r, sqlx::Any> + sqlx::Type<sqlx::Any>>(
+    row: &'r AnyRow,
+    col: &str,
+) -> Result<T, StoreError> {
+    row.try_get(col)
+        .map_err(|e| StoreError::Corrupt(format!("column `{col}`: {e}")))
+}
+
+fn parse<T: std::str::FromStr>(value: Option<String>, col: &str) -> Result<Option<T>, StoreError>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .map(|v| {
+            v.parse::<T>()
+                .map_err(|e| StoreError::Corrupt(format!("column `{col}`: {e}")))
+        })
+        .transpose()
+}
+
+fn uuid(text: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(text).map_err(|e| StoreError::Corrupt(format!("run id: {e}")))
+}
+
+fn decode_run(row: &AnyRow) -> Result<Run, StoreError> {
+    let status: String = get(row, "status")?;
+    Ok(Run {
+        id: uuid(&get::<String>(row, "id")?)?,
+        agent: get(row, "agent")?,
+        status: status
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("{e}")))?,
+        input: json(&get::<String>(row, "input")?),
+        output: get::<Option<String>>(row, "output")?.as_deref().map(json),
+        error_class: parse(get(row, "error_class")?, "error_class")?,
+        termination_reason: parse(get(row, "termination_reason")?, "termination_reason")?,
+        claimed_by: get(row, "claimed_by")?,
+        lease_expires: get(row, "lease_expires")?,
+        requeue_count: u32::try_from(get::<i64>(row, "requeue_count")?).unwrap_or(u32::MAX),
+        pending_effect: get(row, "pending_effect")?,
+        created_at: get(row, "created_at")?,
+        started_at: get(row, "started_at")?,
+        finished_at: get(row, "finished_at")?,
+        updated_at: get(row, "updated_at")?,
+    })
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl RunStore for SqlRunStore {
+    async fn setup(&self) -> Result<(), StoreError> {
+        let sql = self
+            .dialect
+            .migration()
+            .replace("courier_run_events", &self.options.events_table)
+            .replace("courier_runs", &self.options.runs_table);
+        let body: String = sql
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for statement in body.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            sqlx::query(statement)
+                .execute(&self.pool)
+                .await
+                .map_err(db("setup"))?;
+        }
+        Ok(())
+    }
+
+    async fn now_ms(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query(&self.q.now)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("now"))?;
+        row.try_get::<i64, _>(0)
+            .map_err(|e| StoreError::Corrupt(format!("clock: {e}")))
+    }
+
+    async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
+        let q = sqlx::query(&self.q.insert_queued)
+            .bind(run.id.to_string())
+            .bind(&run.agent)
+            .bind(run.input.to_string());
+        self.write("insert run", q).await?;
+        self.find(run.id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("run {} vanished", run.id)))
+    }
+
+    async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
+        let q = sqlx::query(&self.q.insert_interactive)
+            .bind(run.id.to_string())
+            .bind(&run.agent)
+            .bind(run.input.to_string());
+        self.write("insert run", q).await?;
+        self.find(run.id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("run {} vanished", run.id)))
+    }
+
+    async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
+        Ok(self
+            .runs("find run", sqlx::query(&self.q.find).bind(id.to_string()))
+            .await?
+            .pop())
+    }
+
+    async fn list(&self, status: Option<RunStatus>, n: usize) -> Result<Vec<Run>, StoreError> {
+        match status {
+            Some(s) => {
+                self.runs(
+                    "list runs",
+                    sqlx::query(&self.q.list_status)
+                        .bind(s.as_str())
+                        .bind(limit(n)),
+                )
+                .await
+            }
+            None => {
+                self.runs("list runs", sqlx::query(&self.q.list_all).bind(limit(n)))
+                    .await
+            }
+        }
+    }
+
+    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.claim)
+            .bind(worker)
+            .bind(lease_ms(lease))
+            .bind(id.to_string());
+        self.write("claim", q).await
+    }
+
+    async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.renew)
+            .bind(lease_ms(lease))
+            .bind(id.to_string())
+            .bind(worker);
+        self.write("renew", q).await
+    }
+
+    async fn requeue_owned(&self, id: Uuid, worker: &str) -> Result<bool, StoreError> {
+        self.write(
+            "requeue",
+            sqlx::query(&self.q.requeue_owned)
+                .bind(id.to_string())
+                .bind(worker),
+        )
+        .await
+    }
+
+    async fn select_stale(&self, n: usize) -> Result<Vec<Run>, StoreError> {
+        self.runs(
+            "select stale",
+            sqlx::query(&self.q.select_stale).bind(limit(n)),
+        )
+        .await
+    }
+
+    async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.write(
+            "stale requeue",
+            sqlx::query(&self.q.requeue_stale).bind(id.to_string()),
+        )
+        .await
+    }
+
+    async fn dead_letter_stale(
+        &self,
+        id: Uuid,
+        reason: TerminationReason,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.dead_letter_stale)
+            .bind(reason.as_str())
+            .bind(id.to_string());
+        self.write("stale dead-letter", q).await
+    }
+
+    async fn settle(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        s: &Settlement,
+    ) -> Result<bool, StoreError> {
+        let sql = if owner.is_some() {
+            &self.q.settle_owned
+        } else {
+            &self.q.settle_interactive
+        };
+        let mut q = sqlx::query(sql)
+            .bind(s.status.as_str())
+            .bind(s.reason.map(|r| r.as_str().to_owned()))
+            .bind(s.class.map(|c| c.as_str().to_owned()))
+            .bind(s.output.as_ref().map(ToString::to_string))
+            .bind(i64::from(s.status.is_terminal()))
+            .bind(id.to_string());
+        if let Some(owner) = owner {
+            q = q.bind(owner.to_owned());
+        }
+        self.write("settle", q).await
+    }
+
+    async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.fail_queued)
+            .bind(reason.as_str())
+            .bind(id.to_string());
+        self.write("fail queued", q).await
+    }
+
+    async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError> {
+        self.write(
+            "resume",
+            sqlx::query(&self.q.resume)
+                .bind(id.to_string())
+                .bind(from.as_str()),
+        )
+        .await
+    }
+
+    async fn cancel(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.write("cancel", sqlx::query(&self.q.cancel).bind(id.to_string()))
+            .await
+    }
+
+    async fn set_pending_effect(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        effect: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let sql = if owner.is_some() {
+            &self.q.effect_owned
+        } else {
+            &self.q.effect_interactive
+        };
+        let mut q = sqlx::query(sql)
+            .bind(effect.map(str::to_owned))
+            .bind(id.to_string());
+        if let Some(owner) = owner {
+            q = q.bind(owner.to_owned());
+        }
+        self.write("pending effect", q).await
+    }
+
+    async fn append_event(
+        &self,
+        id: Uuid,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<i64, StoreError> {
+        let q = sqlx::query(&self.q.append_event)
+            .bind(id.to_string())
+            .bind(kind)
+            .bind(payload.to_string())
+            .bind(id.to_string());
+        if let Err(e) = q.execute(&self.pool).await {
+            if let sqlx::Error::Database(d) = &e {
+                if d.is_unique_violation() {
+                    let seq = self.max_seq(id).await?;
+                    return Err(StoreError::DuplicateSequence {
+                        run_id: id,
+                        seq: seq + 1,
+                    });
+                }
+            }
+            return Err(db("append event")(e));
+        }
+        self.max_seq(id).await
+    }
+
+    async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
+        let rows = sqlx::query(&self.q.events)
+            .bind(id.to_string())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("events"))?;
+        rows.iter()
+            .map(|row| {
+                Ok(RunEvent {
+                    run_id: uuid(&get::<String>(row, "run_id")?)?,
+                    seq: get(row, "seq")?,
+                    kind: get(row, "kind")?,
+                    payload: json(&get::<String>(row, "payload")?),
+                    created_at: get(row, "created_at")?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl SqlRunStore {
+    async fn max_seq(&self, id: Uuid) -> Result<i64, StoreError> {
+        let row = sqlx::query(&self.q.max_seq)
+            .bind(id.to_string())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("max seq"))?;
+        get(&row, "seq")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_placeholders_are_numbered() {
+        assert_eq!(numbered("a = ? AND b = ?"), "a = $1 AND b = $2");
+    }
+
+    #[test]
+    fn dialect_comes_from_the_scheme() {
+        assert_eq!(
+            Dialect::from_dsn("sqlite://x.db").ok(),
+            Some(Dialect::Sqlite)
+        );
+        assert_eq!(
+            Dialect::from_dsn("postgresql://h/db").ok(),
+            Some(Dialect::Postgres)
+        );
+        assert_eq!(
+            Dialect::from_dsn("mariadb://h/db").ok(),
+            Some(Dialect::Mysql)
+        );
+        assert!(Dialect::from_dsn("redis://h").is_err());
+    }
+}
