@@ -52,7 +52,10 @@ impl TestMessage {
     /// A message with `seq` and a short text.
     #[must_use]
     pub fn new(seq: u64) -> Self {
-        Self { seq, text: format!("message {seq}") }
+        Self {
+            seq,
+            text: format!("message {seq}"),
+        }
     }
 }
 
@@ -92,5 +95,11 @@ pub trait Harness: Send + Sync {
     /// Whether `get` honours `PriorityStamp` (ordering tests are skipped where not).
     fn supports_priority(&self) -> bool {
         true
+    }
+
+    /// How long one transport operation (besides a `get`'s poll window) may take before a case
+    /// fails instead of hanging. Default 10 s; raise it for slow servers.
+    fn operation_timeout(&self) -> Duration {
+        Duration::from_secs(10)
     }
 }

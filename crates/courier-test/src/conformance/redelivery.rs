@@ -1,0 +1,78 @@
+//! Item 5: unacked deliveries come back; a superseded delivery's late ack deletes nothing;
+//! keepalive is accepted.
+
+use super::support::{expect_count, expect_nothing, id, ok, receive, send_seqs, seq};
+use crate::Harness;
+
+/// A message received and never acked (its consumer died) is delivered again, with the same
+/// id and body, once its redelivery window has passed (`Harness::expire_deliveries`).
+pub async fn unacked_message_is_redelivered(h: &dyn Harness) {
+    let t = h.transport().await;
+    let sent = send_seqs(h, &t, [1]).await;
+    let first = receive(h, &t, 1, "the first delivery").await;
+    h.expire_deliveries(&t).await;
+    let again = receive(h, &t, 1, "the redelivery after expire_deliveries").await;
+    assert_eq!(seq(&again[0]), 1);
+    assert_eq!(
+        id(&again[0], "get (redelivery)"),
+        id(&sent[0], "send"),
+        "a redelivery must keep the message id"
+    );
+    assert_eq!(id(&first[0], "get"), id(&sent[0], "send"));
+    expect_count(h, &t, 1, "one message, redelivered").await;
+    ok(h, "ack (redelivery)", t.ack(&again[0])).await;
+    expect_count(h, &t, 0, "after acking the redelivery").await;
+    expect_nothing(h, &t, "after acking the redelivery").await;
+}
+
+/// The late ack (or reject) of a superseded delivery does not delete the message's new
+/// delivery: after it the count is still 1, and the new delivery can still be acked (count 0).
+pub async fn late_ack_of_superseded_delivery_keeps_new_one(h: &dyn Harness) {
+    let t = h.transport().await;
+    send_seqs(h, &t, [1]).await;
+    let old = receive(h, &t, 1, "the first delivery").await;
+    h.expire_deliveries(&t).await;
+    let new = receive(h, &t, 1, "the redelivery").await;
+    assert_eq!(seq(&new[0]), 1);
+
+    // Acking the superseded delivery may succeed or fail, but must not remove the message.
+    let late =
+        super::support::bounded(h, "late ack of the superseded delivery", t.ack(&old[0])).await;
+    expect_count(
+        h,
+        &t,
+        1,
+        &format!("the late ack of a superseded delivery (result {late:?}) deleted the message"),
+    )
+    .await;
+    let late = super::support::bounded(
+        h,
+        "late reject of the superseded delivery",
+        t.reject(&old[0]),
+    )
+    .await;
+    expect_count(
+        h,
+        &t,
+        1,
+        &format!("the late reject of a superseded delivery (result {late:?}) deleted the message"),
+    )
+    .await;
+
+    ok(h, "ack of the live delivery", t.ack(&new[0])).await;
+    expect_count(h, &t, 0, "after acking the live delivery").await;
+    h.expire_deliveries(&t).await;
+    expect_nothing(h, &t, "the acked redelivery came back").await;
+}
+
+/// `keepalive` on a live delivery succeeds and leaves it ackable. (How far it pushes the
+/// redelivery window out is backend-specific and proven by each backend's own tests.)
+pub async fn keepalive_on_live_delivery_is_ok(h: &dyn Harness) {
+    let t = h.transport().await;
+    send_seqs(h, &t, [1]).await;
+    let got = receive(h, &t, 1, "the delivery").await;
+    ok(h, "keepalive", t.keepalive(&got[0])).await;
+    ok(h, "second keepalive", t.keepalive(&got[0])).await;
+    ok(h, "ack after keepalive", t.ack(&got[0])).await;
+    expect_count(h, &t, 0, "after acking the kept-alive delivery").await;
+}
