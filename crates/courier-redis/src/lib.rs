@@ -1,1 +1,89 @@
-//! Courier redis (work in progress).
+//! Redis Streams transport for [Courier](https://docs.rs/courier) (`redis://`, `rediss://`).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use courier_core::{Envelope, Message, MessageRegistry, Transport};
+//! use courier_redis::{RedisOptions, RedisTransport};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Ping;
+//! impl Message for Ping { const NAME: &'static str = "app.ping"; }
+//!
+//! # async fn run() -> Result<(), courier_core::TransportError> {
+//! let registry = Arc::new(MessageRegistry::new().with::<Ping>());
+//! let options = RedisOptions::default().stream("pings");
+//! let transport = RedisTransport::connect("redis://127.0.0.1:6379", options, registry).await?;
+//! transport.send(Envelope::new(Ping)).await?;
+//! for envelope in transport.get(64).await? {
+//!     transport.ack(&envelope).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//!
+//! One stream per queue (`stream`, default `messages`) read through one consumer group
+//! (`group`, default `courier`). Each entry has two fields, `body` (the message JSON) and
+//! `headers` (one JSON object of string -> string), so a producer in any language can `XADD`
+//! a message. The transport message id is the stream entry id. Delayed messages wait in the
+//! sorted set `<stream>:delayed` (scored by due time in ms on the **server clock**, member an
+//! id `d-<hex>`) with their payload in the hash `<stream>:delayed:data`; a Lua script moves every
+//! due entry to the stream atomically (`ZRANGEBYSCORE` + `XADD` + `ZREM`). Keys use no hash
+//! tags: Redis Cluster is not supported.
+//!
+//! # Delivery
+//!
+//! - `get(max)` sends the promotion script and `XREADGROUP ... COUNT max BLOCK <poll window>` in
+//!   **one pipeline** on a connection of its own (blocking reads never stall sends and acks on
+//!   the shared connection), so promoting delayed entries costs no extra round trip. A consumer
+//!   that knows of a delayed entry blocks only until it is due.
+//! - Every `claim_interval`, `get` claims up to `max` deliveries idle longer than
+//!   `redeliver_timeout` (`XAUTOCLAIM` with a cursor, not one at a time) and removes consumers
+//!   with nothing pending that have been idle for 10 minutes (or `redeliver_timeout`, if longer).
+//! - On its first read, and after every reconnect, `get` takes back this consumer's own pending
+//!   entries that are not in flight in this process (a restart with a fixed `consumer`, or a
+//!   reply lost with a broken connection), so nothing waits for `redeliver_timeout` needlessly.
+//! - Each envelope carries `TransportMessageIdStamp(entry id)` and `DeliveryTagStamp(delivery
+//!   count)`. `ack`, `reject`, `keepalive` and `retry` act only when the entry is still pending
+//!   **for this consumer with this delivery count** (checked with `XPENDING` inside the same Lua
+//!   script). The late ack of a superseded delivery, one that `XAUTOCLAIM` gave to another
+//!   consumer, or back to this one with a higher count, is therefore a no-op and never deletes
+//!   or acks the new delivery. Acking an already-acked entry is a success.
+//! - `ack` / `reject` are `XACK` + `XDEL` (with `delete_after_ack`, the default) in one script
+//!   call, one round trip; `ack_batch` is one `XACK` and one `XDEL` with all ids. `send_batch`
+//!   pipelines its `XADD`s. `keepalive` is `XCLAIM ... JUSTID` (resets the idle time without
+//!   counting a delivery). `retry` adds the new entry (stream or delayed set) and acks the old
+//!   one in one script: never lost, never duplicated by a crash in between.
+//! - A missing group (`NOGROUP`: stream evicted or deleted) is recreated from id `0` and the
+//!   operation continues; entries still in the stream are delivered again (at least once).
+//! - A broken connection is reopened with capped backoff (50 ms doubling to 2 s); operations on
+//!   the shared connection are retried a few times, `get` keeps retrying within its poll window
+//!   and then returns a transient error.
+//!
+//! # Counting and listing
+//!
+//! `message_count` is exact when idle: with `delete_after_ack` it is `XLEN` (undelivered and
+//! pending entries) plus the delayed set; without, the group's undelivered (`lag`) plus pending
+//! entries plus the delayed set. `list` / `find` / `remove` cover the stream (`XRANGE`, `XDEL`)
+//! and the delayed set, so a stream can serve as a failure transport.
+//!
+//! # Options (DSN query)
+//!
+//! `stream`, `group`, `consumer` (default `host:pid:random`, unique per transport),
+//! `delete_after_ack` (default true), `stream_max_entries` (`MAXLEN ~`), `redeliver_timeout`
+//! (default 1h), `claim_interval`, `db` and `poll_window` (default 1s), see [`RedisOptions`].
+//! `rediss://` needs the `tls` feature.
+
+mod admin;
+mod factory;
+mod link;
+mod options;
+mod reader;
+mod reply;
+mod scripts;
+mod transport;
+
+pub use factory::RedisTransportFactory;
+pub use options::RedisOptions;
+pub use transport::RedisTransport;

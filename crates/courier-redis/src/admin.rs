@@ -1,0 +1,208 @@
+//! Setup, counting and listing ([`Setup`], [`MessageCount`], [`Listable`]).
+
+use courier_core::{
+    Encoded, Envelope, Listable, MessageCount, Setup, TransportError, TransportMessageIdStamp,
+    async_trait,
+};
+use redis::Value;
+
+use crate::RedisTransport;
+use crate::link::has_code;
+use crate::reply;
+use crate::transport::is_delayed_id;
+
+/// Whether `id` looks like a stream entry id (`<ms>-<seq>`), so `XRANGE` accepts it.
+fn is_stream_id(id: &str) -> bool {
+    let mut parts = id.splitn(2, '-');
+    let digits =
+        |s: Option<&str>| s.is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+    digits(parts.next()) && digits(parts.next())
+}
+
+/// A delayed payload: headers JSON, newline, body.
+fn delayed_encoded(payload: &str) -> Encoded {
+    let (headers, body) = payload.split_once('\n').unwrap_or(("", payload));
+    Encoded {
+        body: body.to_owned(),
+        headers: Encoded::parse_headers(headers).unwrap_or_default(),
+    }
+}
+
+impl RedisTransport {
+    fn listed(&self, id: String, encoded: Encoded) -> Envelope {
+        self.registry
+            .decode(encoded)
+            .with(TransportMessageIdStamp(id))
+    }
+}
+
+#[async_trait]
+impl Setup for RedisTransport {
+    async fn setup(&self) -> Result<(), TransportError> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.create_group_cmd()).ignore();
+        match self.query::<()>(&pipe).await {
+            Err(e) if has_code(&e, "BUSYGROUP") => Ok(()),
+            other => other.map_err(|e| self.error(e, "cannot create the stream and group")),
+        }
+    }
+}
+
+#[async_trait]
+impl MessageCount for RedisTransport {
+    async fn message_count(&self) -> Result<u64, TransportError> {
+        let mut pipe = redis::pipe();
+        if self.options.delete_after_ack {
+            pipe.cmd("XLEN")
+                .arg(&self.options.stream)
+                .cmd("ZCARD")
+                .arg(&self.delayed_key);
+            let (stream, delayed): (u64, u64) = self
+                .query(&pipe)
+                .await
+                .map_err(|e| self.error(e, "cannot count"))?;
+            Ok(stream + delayed)
+        } else {
+            pipe.add_command(
+                self.scripts
+                    .count
+                    .cmd(&[&self.options.stream, &self.delayed_key])
+                    .arg(&self.options.group)
+                    .clone(),
+            );
+            let (count,): (u64,) = self
+                .query(&pipe)
+                .await
+                .map_err(|e| self.error(e, "cannot count"))?;
+            Ok(count)
+        }
+    }
+}
+
+#[async_trait]
+impl Listable for RedisTransport {
+    async fn list(&self, limit: usize) -> Result<Vec<Envelope>, TransportError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("XRANGE")
+            .arg(&self.options.stream)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit);
+        pipe.cmd("ZRANGE")
+            .arg(&self.delayed_key)
+            .arg(0)
+            .arg(limit - 1);
+        let (range, delayed): (Value, Vec<String>) = self
+            .query(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot list"))?;
+        let mut out: Vec<Envelope> = reply::entries(&range)
+            .into_iter()
+            .map(|e| self.listed(e.id, e.encoded))
+            .collect();
+        let room = limit.saturating_sub(out.len());
+        let delayed: Vec<String> = delayed.into_iter().take(room).collect();
+        if !delayed.is_empty() {
+            let mut pipe = redis::pipe();
+            pipe.cmd("HMGET").arg(&self.delayed_data_key).arg(&delayed);
+            let (payloads,): (Vec<Option<String>>,) = self
+                .query(&pipe)
+                .await
+                .map_err(|e| self.error(e, "cannot list"))?;
+            for (id, payload) in delayed.into_iter().zip(payloads) {
+                if let Some(payload) = payload {
+                    out.push(self.listed(id, delayed_encoded(&payload)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn find(&self, id: &str) -> Result<Option<Envelope>, TransportError> {
+        let mut pipe = redis::pipe();
+        if is_delayed_id(id) {
+            pipe.cmd("HGET").arg(&self.delayed_data_key).arg(id);
+            let (payload,): (Option<String>,) = self
+                .query(&pipe)
+                .await
+                .map_err(|e| self.error(e, "cannot find"))?;
+            return Ok(payload.map(|p| self.listed(id.to_owned(), delayed_encoded(&p))));
+        }
+        if !is_stream_id(id) {
+            return Ok(None);
+        }
+        pipe.cmd("XRANGE").arg(&self.options.stream).arg(id).arg(id);
+        let (range,): (Value,) = self
+            .query(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot find"))?;
+        Ok(reply::entries(&range)
+            .into_iter()
+            .next()
+            .map(|e| self.listed(e.id, e.encoded)))
+    }
+
+    async fn remove(&self, id: &str) -> Result<bool, TransportError> {
+        let mut pipe = redis::pipe();
+        if is_delayed_id(id) {
+            pipe.cmd("ZREM")
+                .arg(&self.delayed_key)
+                .arg(id)
+                .cmd("HDEL")
+                .arg(&self.delayed_data_key)
+                .arg(id);
+            let (removed, _): (u64, u64) = self
+                .query(&pipe)
+                .await
+                .map_err(|e| self.error(e, "cannot remove"))?;
+            return Ok(removed > 0);
+        }
+        if !is_stream_id(id) {
+            return Ok(false);
+        }
+        // Ack first (so no consumer claims it), then delete; a missing group is no error here.
+        pipe.cmd("XDEL").arg(&self.options.stream).arg(id);
+        let (deleted,): (u64,) = self
+            .query(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot remove"))?;
+        let mut ack = redis::pipe();
+        ack.cmd("XACK")
+            .arg(&self.options.stream)
+            .arg(&self.options.group)
+            .arg(id)
+            .ignore();
+        if let Err(e) = self.query::<()>(&ack).await {
+            if !has_code(&e, "NOGROUP") {
+                return Err(self.error(e, "cannot remove"));
+            }
+        }
+        self.in_flight().remove(id);
+        Ok(deleted > 0)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tells_stream_ids_from_other_text() {
+        assert!(is_stream_id("1700000000000-0"));
+        assert!(!is_stream_id("1700000000000"));
+        assert!(!is_stream_id("d-abc"));
+        assert!(!is_stream_id("1-x"));
+    }
+
+    #[test]
+    fn splits_a_delayed_payload() {
+        let e = delayed_encoded("{\"type\":\"t\"}\nbody\nwith newline");
+        assert_eq!(e.body, "body\nwith newline");
+        assert_eq!(e.headers.get("type").map(String::as_str), Some("t"));
+    }
+}

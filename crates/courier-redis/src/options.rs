@@ -1,0 +1,223 @@
+//! [`RedisOptions`]: the stream, group, consumer and timing of a [`RedisTransport`](crate::RedisTransport).
+
+use std::time::Duration;
+
+use courier_core::Dsn;
+
+/// Options of a [`RedisTransport`](crate::RedisTransport), also read from the DSN query:
+/// `redis://127.0.0.1:6379?stream=emails&group=mailers&redeliver_timeout=10min`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RedisOptions {
+    /// The transport's name in errors and logs. Default `"redis"`.
+    pub name: String,
+    /// The stream key. Default `"messages"`. The delayed entries live in `<stream>:delayed`
+    /// (sorted set, scored by due time in ms) and `<stream>:delayed:data` (hash).
+    pub stream: String,
+    /// The consumer group. Default `"courier"`.
+    pub group: String,
+    /// The consumer name. Default unique per transport: `host:pid:random`. A fixed name lets a
+    /// restarted process take back its own pending entries at once.
+    pub consumer: String,
+    /// Delete entries from the stream once acked or rejected (`XDEL`). Default true; turn off
+    /// when other groups read the same stream.
+    pub delete_after_ack: bool,
+    /// Trim the stream to about this many entries on each `XADD` (`MAXLEN ~`). Default none.
+    /// Trimming drops the oldest entries even when undelivered.
+    pub stream_max_entries: Option<u64>,
+    /// A delivery idle (not acked, no keepalive) for longer than this is claimed by another
+    /// consumer (`XAUTOCLAIM`). Default 1 h.
+    pub redeliver_timeout: Duration,
+    /// How often `get` looks for stale deliveries. Default a quarter of `redeliver_timeout`,
+    /// between 10 ms and 1 min.
+    pub claim_interval: Option<Duration>,
+    /// The database number, overriding the DSN path. Default from the DSN, else 0.
+    pub db: Option<i64>,
+    /// The longest a `get` blocks (`XREADGROUP BLOCK`) before returning empty. Default 1 s.
+    pub poll_window: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            name: "redis".into(),
+            stream: "messages".into(),
+            group: "courier".into(),
+            consumer: default_consumer(),
+            delete_after_ack: true,
+            stream_max_entries: None,
+            redeliver_timeout: Duration::from_secs(3600),
+            claim_interval: None,
+            db: None,
+            poll_window: Duration::from_secs(1),
+        }
+    }
+}
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $field:ident: $ty:ty) => {
+        $(#[$doc])*
+        #[must_use]
+        pub fn $field(mut self, value: impl Into<$ty>) -> Self {
+            self.$field = value.into();
+            self
+        }
+    };
+}
+
+impl RedisOptions {
+    setter!(/// Sets [`RedisOptions::name`].
+        name: String);
+    setter!(/// Sets [`RedisOptions::stream`].
+        stream: String);
+    setter!(/// Sets [`RedisOptions::group`].
+        group: String);
+    setter!(/// Sets [`RedisOptions::consumer`].
+        consumer: String);
+    setter!(/// Sets [`RedisOptions::delete_after_ack`].
+        delete_after_ack: bool);
+    setter!(/// Sets [`RedisOptions::stream_max_entries`].
+        stream_max_entries: Option<u64>);
+    setter!(/// Sets [`RedisOptions::redeliver_timeout`].
+        redeliver_timeout: Duration);
+    setter!(/// Sets [`RedisOptions::claim_interval`].
+        claim_interval: Option<Duration>);
+    setter!(/// Sets [`RedisOptions::db`].
+        db: Option<i64>);
+    setter!(/// Sets [`RedisOptions::poll_window`].
+        poll_window: Duration);
+
+    /// The option names a DSN may carry.
+    pub const DSN_OPTIONS: &'static [&'static str] = &[
+        "stream",
+        "group",
+        "consumer",
+        "delete_after_ack",
+        "stream_max_entries",
+        "redeliver_timeout",
+        "claim_interval",
+        "db",
+        "poll_window",
+    ];
+
+    /// Reads the options from a DSN's query, on top of `self`.
+    ///
+    /// # Errors
+    /// A reason naming an unknown option or a bad value.
+    pub fn from_dsn(mut self, dsn: &Dsn) -> Result<Self, String> {
+        dsn.check_options(Self::DSN_OPTIONS).map_err(|e| e.reason)?;
+        let text = |key: &str| -> Result<Option<String>, String> {
+            match dsn.option(key) {
+                Some("") => Err(format!("option `{key}` is empty")),
+                Some(v) if v.contains(char::is_whitespace) => {
+                    Err(format!("option `{key}` contains whitespace"))
+                }
+                other => Ok(other.map(str::to_owned)),
+            }
+        };
+        if let Some(v) = text("stream")? {
+            self.stream = v;
+        }
+        if let Some(v) = text("group")? {
+            self.group = v;
+        }
+        if let Some(v) = text("consumer")? {
+            self.consumer = v;
+        }
+        if let Some(v) = dsn
+            .parse_option::<bool>("delete_after_ack")
+            .map_err(|e| e.reason)?
+        {
+            self.delete_after_ack = v;
+        }
+        if let Some(v) = dsn
+            .parse_option::<u64>("stream_max_entries")
+            .map_err(|e| e.reason)?
+        {
+            self.stream_max_entries = (v > 0).then_some(v);
+        }
+        if let Some(v) = dsn
+            .duration_option("redeliver_timeout")
+            .map_err(|e| e.reason)?
+        {
+            self.redeliver_timeout = v;
+        }
+        if let Some(v) = dsn
+            .duration_option("claim_interval")
+            .map_err(|e| e.reason)?
+        {
+            self.claim_interval = Some(v);
+        }
+        if let Some(v) = dsn.parse_option::<i64>("db").map_err(|e| e.reason)? {
+            self.db = Some(v);
+        }
+        if let Some(v) = dsn.duration_option("poll_window").map_err(|e| e.reason)? {
+            self.poll_window = v;
+        }
+        Ok(self)
+    }
+
+    /// The claim interval in effect.
+    pub(crate) fn effective_claim_interval(&self) -> Duration {
+        self.claim_interval.unwrap_or_else(|| {
+            (self.redeliver_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(60))
+        })
+    }
+
+    pub(crate) fn delayed_key(&self) -> String {
+        format!("{}:delayed", self.stream)
+    }
+
+    pub(crate) fn delayed_data_key(&self) -> String {
+        format!("{}:delayed:data", self.stream)
+    }
+}
+
+/// `host:pid:random`, unique per call.
+fn default_consumer() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().replace(char::is_whitespace, "-"))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}:{:08x}", std::process::id(), fastrand::u32(..))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dsn_options_override_defaults() {
+        let dsn = Dsn::parse("redis://127.0.0.1:6379?stream=s&group=g&consumer=c&delete_after_ack=false&stream_max_entries=100&redeliver_timeout=30s&claim_interval=5s&db=3&poll_window=250ms").unwrap();
+        let o = RedisOptions::default().from_dsn(&dsn).unwrap();
+        assert_eq!(
+            (o.stream.as_str(), o.group.as_str(), o.consumer.as_str()),
+            ("s", "g", "c")
+        );
+        assert!(!o.delete_after_ack);
+        assert_eq!(o.stream_max_entries, Some(100));
+        assert_eq!(o.redeliver_timeout, Duration::from_secs(30));
+        assert_eq!(o.effective_claim_interval(), Duration::from_secs(5));
+        assert_eq!(o.db, Some(3));
+        assert_eq!(o.poll_window, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn unknown_option_is_refused() {
+        let dsn = Dsn::parse("redis://127.0.0.1?streem=x").unwrap();
+        let err = RedisOptions::default().from_dsn(&dsn).unwrap_err();
+        assert!(err.contains("unknown option `streem`"), "{err}");
+    }
+
+    #[test]
+    fn default_consumers_are_unique_and_claim_interval_follows_timeout() {
+        let (a, b) = (RedisOptions::default(), RedisOptions::default());
+        assert_ne!(a.consumer, b.consumer);
+        assert_eq!(a.effective_claim_interval(), Duration::from_secs(60));
+        let short = a.redeliver_timeout(Duration::from_millis(200));
+        assert_eq!(short.effective_claim_interval(), Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,166 @@
+//! Reading stream entries out of Redis replies (`XREADGROUP`, `XRANGE` and the claim scripts).
+
+use courier_core::Encoded;
+use redis::Value;
+
+/// One stream entry as read: id, wire message, delivery count (1 for a first delivery).
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    pub(crate) encoded: Encoded,
+    pub(crate) count: u64,
+}
+
+pub(crate) fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+pub(crate) fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+pub(crate) fn items(v: &Value) -> &[Value] {
+    match v {
+        Value::Array(items) | Value::Set(items) => items,
+        _ => &[],
+    }
+}
+
+/// The wire message in an entry's fields (`body`, `headers`). Missing or invalid headers give
+/// a message without headers, which decodes to a `DecodeError` envelope.
+pub(crate) fn encoded(fields: &Value) -> Encoded {
+    let mut body = String::new();
+    let mut headers = None;
+    let mut set = |k: &Value, v: &Value| match text(k).as_deref() {
+        Some("body") => body = text(v).unwrap_or_default(),
+        Some("headers") => headers = text(v),
+        _ => {}
+    };
+    match fields {
+        Value::Map(pairs) => pairs.iter().for_each(|(k, v)| set(k, v)),
+        other => items(other)
+            .chunks_exact(2)
+            .for_each(|kv| set(&kv[0], &kv[1])),
+    }
+    let headers = headers
+        .and_then(|h| Encoded::parse_headers(&h).ok())
+        .unwrap_or_default();
+    Encoded { body, headers }
+}
+
+/// `[id, fields]` or `[id, fields, count]`; `None` for a deleted entry (nil fields).
+fn entry(v: &Value) -> Option<Entry> {
+    let parts = items(v);
+    let id = text(parts.first()?)?;
+    let fields = parts.get(1)?;
+    if matches!(fields, Value::Nil) {
+        return None;
+    }
+    let count = parts
+        .get(2)
+        .and_then(int)
+        .and_then(|c| u64::try_from(c).ok())
+        .unwrap_or(1);
+    Some(Entry {
+        id,
+        encoded: encoded(fields),
+        count,
+    })
+}
+
+/// A list of entries (`XRANGE`, the recover script).
+pub(crate) fn entries(v: &Value) -> Vec<Entry> {
+    items(v).iter().filter_map(entry).collect()
+}
+
+/// An `XREADGROUP` reply for one stream: nil, `[[key, entries]]` or a RESP3 map.
+pub(crate) fn read_reply(v: &Value) -> Vec<Entry> {
+    match v {
+        Value::Map(pairs) => pairs.first().map(|(_, e)| entries(e)).unwrap_or_default(),
+        other => items(other)
+            .first()
+            .and_then(|s| items(s).get(1))
+            .map(entries)
+            .unwrap_or_default(),
+    }
+}
+
+/// The claim script's `{cursor, entries}`.
+pub(crate) fn claim_reply(v: &Value) -> (String, Vec<Entry>) {
+    let parts = items(v);
+    let cursor = parts
+        .first()
+        .and_then(text)
+        .unwrap_or_else(|| "0-0".to_owned());
+    (cursor, parts.get(1).map(entries).unwrap_or_default())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn reads_an_xreadgroup_reply_and_skips_deleted_entries() {
+        let fields = Value::Array(vec![
+            bulk("body"),
+            bulk("{\"a\":1}"),
+            bulk("headers"),
+            bulk("{\"type\":\"t\"}"),
+        ]);
+        let reply = Value::Array(vec![Value::Array(vec![
+            bulk("s"),
+            Value::Array(vec![
+                Value::Array(vec![bulk("1-0"), fields]),
+                Value::Array(vec![bulk("2-0"), Value::Nil]),
+            ]),
+        ])]);
+        let got = read_reply(&reply);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].id, "1-0");
+        assert_eq!(got[0].count, 1);
+        assert_eq!(got[0].encoded.body, "{\"a\":1}");
+        assert_eq!(
+            got[0].encoded.headers.get("type").map(String::as_str),
+            Some("t")
+        );
+        assert!(read_reply(&Value::Nil).is_empty());
+    }
+
+    #[test]
+    fn bad_headers_give_an_empty_header_map() {
+        let fields = Value::Array(vec![
+            bulk("body"),
+            bulk("x"),
+            bulk("headers"),
+            bulk("not json"),
+        ]);
+        let e = encoded(&fields);
+        assert_eq!(e.body, "x");
+        assert!(e.headers.is_empty());
+    }
+
+    #[test]
+    fn reads_claimed_entries_with_their_delivery_count() {
+        let fields = Value::Array(vec![bulk("body"), bulk("b"), bulk("headers"), bulk("{}")]);
+        let reply = Value::Array(vec![
+            bulk("5-0"),
+            Value::Array(vec![Value::Array(vec![bulk("3-0"), fields, Value::Int(2)])]),
+        ]);
+        let (cursor, got) = claim_reply(&reply);
+        assert_eq!(cursor, "5-0");
+        assert_eq!((got[0].id.as_str(), got[0].count), ("3-0", 2));
+    }
+}

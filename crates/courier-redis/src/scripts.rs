@@ -1,0 +1,81 @@
+//! The Lua scripts: every multi-step change is one atomic server-side call.
+
+use redis::Script;
+
+/// A script with its source, run with `EVALSHA` (loaded on every new connection).
+pub(crate) struct Lua {
+    pub(crate) source: &'static str,
+    pub(crate) sha: String,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            sha: Script::new(source).get_hash().to_owned(),
+        }
+    }
+
+    /// `EVALSHA sha numkeys keys...` with the arguments still to add.
+    pub(crate) fn cmd(&self, keys: &[&str]) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys.len()).arg(keys);
+        cmd
+    }
+}
+
+/// All scripts of the transport.
+pub(crate) struct Scripts {
+    pub(crate) ack: Lua,
+    pub(crate) keepalive: Lua,
+    pub(crate) send_delayed: Lua,
+    pub(crate) promote: Lua,
+    pub(crate) retry: Lua,
+    pub(crate) claim: Lua,
+    pub(crate) recover: Lua,
+    pub(crate) count: Lua,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Self {
+            ack: Lua::new(concat!(
+                include_str!("lua/owned.lua"),
+                include_str!("lua/ack.lua")
+            )),
+            keepalive: Lua::new(concat!(
+                include_str!("lua/owned.lua"),
+                include_str!("lua/keepalive.lua")
+            )),
+            send_delayed: Lua::new(concat!(
+                include_str!("lua/delay.lua"),
+                include_str!("lua/send_delayed.lua")
+            )),
+            promote: Lua::new(concat!(
+                include_str!("lua/delay.lua"),
+                include_str!("lua/promote.lua")
+            )),
+            retry: Lua::new(concat!(
+                include_str!("lua/owned.lua"),
+                include_str!("lua/delay.lua"),
+                include_str!("lua/retry.lua")
+            )),
+            claim: Lua::new(include_str!("lua/claim.lua")),
+            recover: Lua::new(include_str!("lua/recover.lua")),
+            count: Lua::new(include_str!("lua/count.lua")),
+        }
+    }
+
+    pub(crate) fn all(&self) -> [&Lua; 8] {
+        [
+            &self.ack,
+            &self.keepalive,
+            &self.send_delayed,
+            &self.promote,
+            &self.retry,
+            &self.claim,
+            &self.recover,
+            &self.count,
+        ]
+    }
+}

@@ -1,0 +1,513 @@
+//! [`RedisTransport`]: construction, sending, acknowledging.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use courier_core::{
+    Capabilities, DelayStamp, DeliveryTagStamp, Encoded, Envelope, Listable, MessageCount,
+    MessageRegistry, Setup, Transport, TransportError, TransportErrorKind, TransportMessageIdStamp,
+    async_trait, encode,
+};
+use redis::{Client, IntoConnectionInfo, RedisError, Value};
+use tokio::time::Instant;
+
+use crate::RedisOptions;
+use crate::link::{Link, has_code, is_connection_error};
+use crate::reader::Reader;
+use crate::reply::{self, Entry};
+use crate::scripts::Scripts;
+
+/// Ids per `ack` script call (Lua's `unpack` has a limit).
+const ACK_CHUNK: usize = 1000;
+/// Attempts of an operation on the shared connection when the connection breaks.
+const ATTEMPTS: u32 = 5;
+
+/// A Redis Streams transport: one stream and consumer group per queue.
+///
+/// See the crate documentation for the data layout and the delivery guarantees.
+pub struct RedisTransport {
+    pub(crate) options: RedisOptions,
+    pub(crate) delayed_key: String,
+    pub(crate) delayed_data_key: String,
+    pub(crate) maxlen: String,
+    pub(crate) registry: Arc<MessageRegistry>,
+    pub(crate) scripts: Arc<Scripts>,
+    pub(crate) shared: Link,
+    pub(crate) reader: tokio::sync::Mutex<Reader>,
+    pub(crate) in_flight: Mutex<HashSet<String>>,
+    pub(crate) due_hint: Mutex<Option<Instant>>,
+}
+
+impl fmt::Debug for RedisTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisTransport")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How an operation names the delivery it acts on.
+struct Delivery<'a> {
+    id: &'a str,
+    count: &'a str,
+}
+
+fn delivery(envelope: &Envelope) -> Option<Delivery<'_>> {
+    let id = envelope.last::<TransportMessageIdStamp>()?.0.as_str();
+    if is_delayed_id(id) {
+        return None;
+    }
+    let count = envelope
+        .last::<DeliveryTagStamp>()
+        .map_or("", |t| t.0.as_str());
+    Some(Delivery { id, count })
+}
+
+pub(crate) fn is_delayed_id(id: &str) -> bool {
+    id.starts_with("d-")
+}
+
+/// Whether an operation may succeed on a new connection.
+pub(crate) fn is_retryable(e: &RedisError) -> bool {
+    is_connection_error(e) || has_code(e, "NOSCRIPT")
+}
+
+fn delay_ms(delay: Duration) -> u64 {
+    u64::try_from(delay.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+impl RedisTransport {
+    /// Connects to `url` (`redis://[user:password@]host[:port][/db]`, `rediss://` with the `tls`
+    /// feature) and decodes received messages with `registry`.
+    ///
+    /// # Errors
+    /// [`TransportErrorKind::Config`] for a bad URL, [`TransportErrorKind::Connection`] when the
+    /// server cannot be reached.
+    pub async fn connect(
+        url: &str,
+        options: RedisOptions,
+        registry: Arc<MessageRegistry>,
+    ) -> Result<Self, TransportError> {
+        let config_error = |e: RedisError| {
+            TransportError::new(TransportErrorKind::Config, options.name.clone())
+                .with_context("invalid Redis URL")
+                .with_source(e)
+        };
+        let mut info = url.into_connection_info().map_err(config_error)?;
+        if let Some(db) = options.db {
+            let settings = info.redis_settings().clone().set_db(db);
+            info = info.set_redis_settings(settings);
+        }
+        let client = Client::open(info).map_err(config_error)?;
+        let scripts = Arc::new(Scripts::new());
+        let shared = Link::new(
+            client.clone(),
+            Duration::from_secs(30),
+            options.consumer.clone(),
+            scripts.clone(),
+        );
+        let reader_link = Link::new(
+            client,
+            options.poll_window + Duration::from_secs(10),
+            options.consumer.clone(),
+            scripts.clone(),
+        );
+        let transport = Self {
+            delayed_key: options.delayed_key(),
+            delayed_data_key: options.delayed_data_key(),
+            maxlen: options
+                .stream_max_entries
+                .map_or_else(|| "0".to_owned(), |n| n.to_string()),
+            registry,
+            scripts,
+            shared,
+            reader: tokio::sync::Mutex::new(Reader::new(reader_link)),
+            in_flight: Mutex::new(HashSet::new()),
+            due_hint: Mutex::new(None),
+            options,
+        };
+        transport
+            .shared
+            .get()
+            .await
+            .map_err(|e| transport.error(e, "cannot connect"))?;
+        Ok(transport)
+    }
+
+    /// The options in effect.
+    #[must_use]
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    /// This transport's consumer name, also the `CLIENT SETNAME` of its connections.
+    #[must_use]
+    pub fn consumer(&self) -> &str {
+        &self.options.consumer
+    }
+
+    /// The keys this transport uses: the stream, the delayed set and the delayed data hash.
+    #[must_use]
+    pub fn keys(&self) -> [&str; 3] {
+        [
+            &self.options.stream,
+            &self.delayed_key,
+            &self.delayed_data_key,
+        ]
+    }
+
+    pub(crate) fn error(&self, e: RedisError, context: &'static str) -> TransportError {
+        let kind = if e.is_timeout() {
+            TransportErrorKind::Timeout
+        } else if is_connection_error(&e) {
+            TransportErrorKind::Connection
+        } else {
+            TransportErrorKind::Protocol
+        };
+        TransportError::new(kind, self.options.name.clone())
+            .with_context(context)
+            .with_source(e)
+    }
+
+    pub(crate) fn in_flight(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn encode(&self, envelope: &Envelope) -> Result<Encoded, TransportError> {
+        encode(envelope).map_err(|e| {
+            TransportError::new(TransportErrorKind::Encode, self.options.name.clone())
+                .with_source(e)
+        })
+    }
+
+    /// `XGROUP CREATE stream group 0 MKSTREAM`, accepting an existing group.
+    pub(crate) fn create_group_cmd(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("XGROUP");
+        cmd.arg("CREATE")
+            .arg(&self.options.stream)
+            .arg(&self.options.group)
+            .arg("0")
+            .arg("MKSTREAM");
+        cmd
+    }
+
+    pub(crate) async fn create_group(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<(), RedisError> {
+        match self.create_group_cmd().query_async::<()>(conn).await {
+            Err(e) if has_code(&e, "BUSYGROUP") => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Runs a pipeline on the shared connection, reconnecting (with backoff) and retrying when the
+    /// connection broke or the server lost the scripts, and recreating a missing group.
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, RedisError> {
+        let mut attempt = 1;
+        let mut group_created = false;
+        loop {
+            let err = match self.shared.get().await {
+                Ok((generation, mut conn)) => match pipe.query_async::<T>(&mut conn).await {
+                    Ok(value) => return Ok(value),
+                    Err(e) if has_code(&e, "NOGROUP") && !group_created => {
+                        group_created = true;
+                        self.create_group(&mut conn).await?;
+                        continue;
+                    }
+                    Err(e) => {
+                        if is_retryable(&e) {
+                            self.shared.reset(generation).await;
+                        }
+                        e
+                    }
+                },
+                Err(e) => e,
+            };
+            if attempt >= ATTEMPTS || !is_retryable(&err) {
+                return Err(err);
+            }
+            attempt += 1;
+        }
+    }
+
+    fn xadd(&self, pipe: &mut redis::Pipeline, encoded: &Encoded) {
+        let cmd = pipe.cmd("XADD").arg(&self.options.stream);
+        if let Some(n) = self.options.stream_max_entries {
+            cmd.arg("MAXLEN").arg("~").arg(n);
+        }
+        cmd.arg("*")
+            .arg("body")
+            .arg(&encoded.body)
+            .arg("headers")
+            .arg(encoded.headers_json());
+    }
+
+    fn send_delayed(
+        &self,
+        pipe: &mut redis::Pipeline,
+        encoded: &Encoded,
+        delay: Duration,
+    ) -> String {
+        let id = format!("d-{:032x}", fastrand::u128(..));
+        pipe.add_command(
+            self.scripts
+                .send_delayed
+                .cmd(&[
+                    &self.options.stream,
+                    &self.delayed_key,
+                    &self.delayed_data_key,
+                ])
+                .arg(delay_ms(delay))
+                .arg(&id)
+                .arg(format!("{}\n{}", encoded.headers_json(), encoded.body))
+                .clone(),
+        );
+        self.hint_due(delay);
+        id
+    }
+
+    fn hint_due(&self, delay: Duration) {
+        let due = Instant::now() + delay;
+        let mut hint = self
+            .due_hint
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if hint.is_none_or(|h| due < h) {
+            *hint = Some(due);
+        }
+    }
+
+    /// Adds envelopes to a pipeline; returns the ids known before sending (`Some` for delayed
+    /// entries, `None` where the server assigns the stream id).
+    fn add_sends(
+        &self,
+        pipe: &mut redis::Pipeline,
+        envelopes: &[Envelope],
+    ) -> Result<Vec<Option<String>>, TransportError> {
+        let mut ids = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            self.capabilities()
+                .check_delay(&self.options.name, envelope)?;
+            let encoded = self.encode(envelope)?;
+            match envelope
+                .last::<DelayStamp>()
+                .map(|d| d.0)
+                .filter(|d| !d.is_zero())
+            {
+                Some(delay) => ids.push(Some(self.send_delayed(pipe, &encoded, delay))),
+                None => {
+                    self.xadd(pipe, &encoded);
+                    ids.push(None);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    fn ack_pipeline(&self, deliveries: &[Delivery<'_>]) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        let delete = if self.options.delete_after_ack {
+            "1"
+        } else {
+            "0"
+        };
+        for chunk in deliveries.chunks(ACK_CHUNK) {
+            let mut cmd = self.scripts.ack.cmd(&[&self.options.stream]);
+            cmd.arg(&self.options.group)
+                .arg(&self.options.consumer)
+                .arg(delete);
+            for d in chunk {
+                cmd.arg(d.id).arg(d.count);
+            }
+            pipe.add_command(cmd).ignore();
+        }
+        pipe
+    }
+
+    async fn remove_deliveries(
+        &self,
+        envelopes: &[Envelope],
+        context: &'static str,
+    ) -> Result<(), TransportError> {
+        let deliveries: Vec<Delivery<'_>> = envelopes.iter().filter_map(delivery).collect();
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        self.query::<()>(&self.ack_pipeline(&deliveries))
+            .await
+            .map_err(|e| self.error(e, context))?;
+        let mut in_flight = self.in_flight();
+        for d in &deliveries {
+            in_flight.remove(d.id);
+        }
+        Ok(())
+    }
+
+    /// Turns read entries into envelopes, remembering them as in flight.
+    pub(crate) fn deliver(&self, entries: Vec<Entry>) -> Vec<Envelope> {
+        let mut in_flight = self.in_flight();
+        entries
+            .into_iter()
+            .map(|e| {
+                in_flight.insert(e.id.clone());
+                self.registry
+                    .decode(e.encoded)
+                    .with(TransportMessageIdStamp(e.id))
+                    .with(DeliveryTagStamp(e.count.to_string()))
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Transport for RedisTransport {
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        let mut sent = self.send_batch(vec![envelope]).await?;
+        sent.pop().ok_or_else(|| {
+            TransportError::new(TransportErrorKind::Protocol, self.options.name.clone())
+        })
+    }
+
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.read(max).await
+    }
+
+    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.remove_deliveries(std::slice::from_ref(envelope), "cannot ack")
+            .await
+    }
+
+    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.remove_deliveries(std::slice::from_ref(envelope), "cannot reject")
+            .await
+    }
+
+    async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
+        let Some(Delivery { id, count }) = delivery(&envelope) else {
+            let next = envelope.without_all::<DelayStamp>();
+            let next = if delay.is_zero() {
+                next
+            } else {
+                next.with(DelayStamp(delay))
+            };
+            return self.send(next).await.map(drop);
+        };
+        let (id, count) = (id.to_owned(), count.to_owned());
+        let next = envelope.without_all::<DelayStamp>();
+        let next = if delay.is_zero() {
+            next
+        } else {
+            next.with(DelayStamp(delay))
+        };
+        self.capabilities().check_delay(&self.options.name, &next)?;
+        let encoded = self.encode(&next)?;
+        let delayed_id = format!("d-{:032x}", fastrand::u128(..));
+        let mut cmd = self.scripts.retry.cmd(&[
+            &self.options.stream,
+            &self.delayed_key,
+            &self.delayed_data_key,
+        ]);
+        cmd.arg(&self.options.group)
+            .arg(&self.options.consumer)
+            .arg(&id)
+            .arg(&count)
+            .arg(if self.options.delete_after_ack {
+                "1"
+            } else {
+                "0"
+            })
+            .arg(delay_ms(delay))
+            .arg(&delayed_id)
+            .arg(encoded.headers_json())
+            .arg(&encoded.body)
+            .arg(&self.maxlen);
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd).ignore();
+        self.query::<()>(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot retry"))?;
+        if !delay.is_zero() {
+            self.hint_due(delay);
+        }
+        self.in_flight().remove(&id);
+        Ok(())
+    }
+
+    async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        let Some(d) = delivery(envelope) else {
+            return Ok(());
+        };
+        let mut cmd = self.scripts.keepalive.cmd(&[&self.options.stream]);
+        cmd.arg(&self.options.group)
+            .arg(&self.options.consumer)
+            .arg(d.id)
+            .arg(d.count);
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd).ignore();
+        self.query::<()>(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot keep alive"))
+    }
+
+    async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
+        if envelopes.is_empty() {
+            return Ok(envelopes);
+        }
+        let mut pipe = redis::pipe();
+        let known = self.add_sends(&mut pipe, &envelopes)?;
+        let replies: Vec<Value> = self
+            .query(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot send"))?;
+        if replies.len() != envelopes.len() {
+            return Err(TransportError::new(
+                TransportErrorKind::Protocol,
+                self.options.name.clone(),
+            )
+            .with_context("unexpected reply to XADD"));
+        }
+        envelopes
+            .into_iter()
+            .zip(known)
+            .zip(replies)
+            .map(|((envelope, known), reply)| {
+                let id = known.or_else(|| reply::text(&reply)).ok_or_else(|| {
+                    TransportError::new(TransportErrorKind::Protocol, self.options.name.clone())
+                        .with_context("XADD returned no id")
+                })?;
+                Ok(envelope.with(TransportMessageIdStamp(id)))
+            })
+            .collect()
+    }
+
+    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        self.remove_deliveries(envelopes, "cannot ack").await
+    }
+
+    fn as_setup(&self) -> Option<&dyn Setup> {
+        Some(self)
+    }
+
+    fn as_listable(&self) -> Option<&dyn Listable> {
+        Some(self)
+    }
+
+    fn as_message_count(&self) -> Option<&dyn MessageCount> {
+        Some(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+            .with_delay(None)
+            .with_blocking_get()
+            .with_redelivery()
+    }
+}
