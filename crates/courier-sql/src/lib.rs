@@ -1,1 +1,85 @@
-//! Courier sql (work in progress).
+//! Courier's SQL transport: messages as rows of one table on PostgreSQL, SQLite or
+//! MySQL / MariaDB (sqlx, runtime queries), Symfony's Doctrine transport without its known
+//! defects.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use courier_core::{Dsn, Envelope, Message, MessageRegistry, Transport};
+//! use courier_sql::SqlTransport;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Ping { n: u32 }
+//! impl Message for Ping { const NAME: &'static str = "app.ping"; }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let registry = Arc::new(MessageRegistry::new().with::<Ping>());
+//! let dsn = Dsn::parse("sqlite://courier.db?queue_name=async")?;
+//! let queue = SqlTransport::connect("async", &dsn, registry).await?;   // creates the table
+//! queue.send(Envelope::new(Ping { n: 1 })).await?;
+//! for envelope in queue.get(32).await? {                                  // claims up to 32
+//!     assert_eq!(envelope.message::<Ping>().map(|p| p.n), Some(1));
+//!     queue.ack(&envelope).await?;                                        // deletes the row
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Table and migrations
+//!
+//! One table, `courier_messages` by default: `id`, `queue_name`, `body` (the message JSON),
+//! `headers` (a JSON object of string -> string), `priority`, and `created_at`, `available_at`,
+//! `delivered_at` as epoch milliseconds **from the database clock** (one representation on every
+//! dialect), plus `delivery_id`. The DDL lives in `migrations/{postgres,sqlite,mysql}/0001_*.sql`
+//! (an ordered sqlx migration sequence). Since `table_name` is configurable, `setup()` runs that
+//! same file with `courier_messages` replaced by the configured name; that name is validated as
+//! `[A-Za-z_][A-Za-z0-9_]{0,62}` when the options are read, so nothing else can reach the SQL.
+//! `setup()` is idempotent (`IF NOT EXISTS`); `auto_setup` (default on) runs it on connect.
+//!
+//! # Behaviour
+//!
+//! - `get(max)` claims up to `max` rows in one statement or transaction: PostgreSQL
+//!   `WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED) UPDATE ... RETURNING`; MariaDB / MySQL 8
+//!   `SELECT ... FOR UPDATE SKIP LOCKED` + `UPDATE` in one READ COMMITTED transaction; SQLite one
+//!   `UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING` (it takes the write lock up front).
+//!   Order: priority descending, then `available_at`, then id. Each claim stamps a fresh random
+//!   `delivery_id`, returned as [`DeliveryTagStamp`](courier_core::DeliveryTagStamp).
+//! - A row delivered more than `redeliver_timeout` (default 1 h) ago and not acked is claimable
+//!   again; `keepalive` refreshes `delivered_at`.
+//! - `ack`/`reject` delete by id **and** delivery id: the late ack of a superseded delivery
+//!   deletes nothing (a debug log says so). `ack_batch` is one DELETE, `send_batch` one
+//!   multi-row INSERT, `retry` one UPDATE (new headers, new `available_at`, delivery cleared).
+//! - Transient errors (serialization failure, deadlock, lock timeout, `SQLITE_BUSY`, connection
+//!   loss) are retried inside the transport with capped, jittered exponential backoff.
+//! - `get` waits up to `poll_window` (default 1 s) for a message. PostgreSQL: senders
+//!   `pg_notify` the table's channel (payload: the queue), and a waiting consumer blocks on a
+//!   notification or a timer for the next `available_at`; if the listener connection drops it
+//!   polls until the listener is back. SQLite and MySQL: polling with an adaptive backoff (5 ms
+//!   doubling to 250 ms), also capped by the next `available_at`; sends from the same process
+//!   wake waiting consumers at once.
+//! - MySQL: sqlx connects with `CLIENT_FOUND_ROWS`, so affected rows are rows matched.
+//! - A `queue_name=failed` transport on the same table is a failure transport: it is
+//!   [`Listable`](courier_core::Listable) and counts exactly.
+//!
+//! # Options (DSN query)
+//!
+//! See [`SqlOptions`]: `table_name`, `queue_name`, `redeliver_timeout`, `auto_setup`,
+//! `poll_window`, `max_connections`, `min_connections`, `acquire_timeout`, `busy_timeout`
+//! (SQLite). Other query options go to the driver (`sslmode`, `application_name`, ...); unknown
+//! ones are an error naming them. The password never appears in errors or logs.
+
+mod backend;
+mod connect;
+mod error;
+mod factory;
+#[cfg(feature = "mysql")]
+mod mysql;
+mod options;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod transport;
+
+pub use factory::SqlTransportFactory;
+pub use options::{DEFAULT_TABLE, SqlOptions, is_valid_identifier};
+pub use transport::SqlTransport;

@@ -1,0 +1,169 @@
+//! The dialect seam: what [`SqlTransport`](crate::SqlTransport) asks of each database, and the
+//! row types that cross it. Each dialect renders its SQL once, with the validated table name.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+/// A message to insert.
+#[derive(Debug)]
+pub(crate) struct NewRow {
+    pub(crate) body: String,
+    pub(crate) headers: String,
+    pub(crate) priority: i16,
+    /// Milliseconds after the database's now.
+    pub(crate) delay_ms: i64,
+}
+
+/// A stored message as read back.
+#[derive(Debug)]
+pub(crate) struct StoredRow {
+    pub(crate) id: i64,
+    pub(crate) body: String,
+    pub(crate) headers: String,
+    pub(crate) priority: i16,
+    pub(crate) available_at: i64,
+}
+
+impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for StoredRow
+where
+    &'static str: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i16: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            body: row.try_get("body")?,
+            headers: row.try_get("headers")?,
+            priority: row.try_get("priority")?,
+            available_at: row.try_get("available_at")?,
+        })
+    }
+}
+
+/// Sorts claimed rows into claim order (`RETURNING` gives no order guarantee).
+pub(crate) fn sort_claimed(rows: &mut [StoredRow]) {
+    rows.sort_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then(a.available_at.cmp(&b.available_at))
+            .then(a.id.cmp(&b.id))
+    });
+}
+
+/// Wake-ups for waiting consumers: a version bumped by local sends and (PostgreSQL) by
+/// `NOTIFY`s, plus whether server push is currently live.
+#[derive(Debug)]
+pub(crate) struct Wake {
+    pub(crate) version: watch::Sender<u64>,
+    pub(crate) listening: AtomicBool,
+}
+
+impl Wake {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            version: watch::Sender::new(0),
+            listening: AtomicBool::new(false),
+        })
+    }
+
+    /// Wakes every waiting consumer of this transport.
+    pub(crate) fn bump(&self) {
+        self.version.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub(crate) fn set_listening(&self, on: bool) {
+        self.listening.store(on, Ordering::Release);
+    }
+
+    pub(crate) fn is_listening(&self) -> bool {
+        self.listening.load(Ordering::Acquire)
+    }
+}
+
+/// One database dialect. Every method is one statement or one short transaction; the caller
+/// retries transient errors.
+#[async_trait]
+pub(crate) trait Backend: Send + Sync + Debug {
+    /// Runs the messages migration (idempotent).
+    async fn setup(&self) -> Result<(), sqlx::Error>;
+    /// Inserts rows in one statement (or one transaction); returns their ids in order.
+    async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
+    /// Claims up to `max` available rows with `delivery_id`; returns them in claim order.
+    async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error>;
+    /// Milliseconds from the database's now until the next row becomes claimable (`<= 0`: one
+    /// is claimable now), `None` when the queue is empty.
+    async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error>;
+    /// Deletes rows by (id, delivery_id); returns how many went.
+    async fn delete(&self, deliveries: &[(i64, i64)]) -> Result<u64, sqlx::Error>;
+    /// Deletes one row by (id, delivery_id).
+    async fn delete_one(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error> {
+        self.delete(&[(id, delivery_id)]).await
+    }
+    /// Deletes a row of this queue by id alone.
+    async fn delete_id(&self, id: i64) -> Result<u64, sqlx::Error>;
+    /// Refreshes `delivered_at` of a live delivery.
+    async fn keepalive(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error>;
+    /// Puts a live delivery back: new headers and priority, available after `delay_ms`,
+    /// delivery cleared. One statement.
+    async fn reschedule(&self, id: i64, delivery_id: i64, row: &NewRow)
+    -> Result<u64, sqlx::Error>;
+    /// Up to `limit` rows of this queue, oldest first.
+    async fn list(&self, limit: usize) -> Result<Vec<StoredRow>, sqlx::Error>;
+    /// The row of this queue with `id`.
+    async fn find(&self, id: i64) -> Result<Option<StoredRow>, sqlx::Error>;
+    /// The number of rows of this queue.
+    async fn count(&self) -> Result<i64, sqlx::Error>;
+    /// Starts server push wake-ups if the dialect has them (idempotent).
+    fn start_listener(&self, _wake: &Arc<Wake>) {}
+    /// Server-side ids of the pool's connections, for tests that kill them.
+    fn connection_ids(&self) -> Vec<u64> {
+        Vec::new()
+    }
+}
+
+/// `DELETE ... WHERE (delivery_id = ? AND id IN (?, ...)) OR ...` for `?`-placeholder dialects,
+/// grouping the pairs by delivery id (a fetched batch shares one); returns the SQL and the
+/// values to bind in order.
+pub(crate) fn grouped_delete(table: &str, deliveries: &[(i64, i64)]) -> (String, Vec<i64>) {
+    let mut groups: Vec<(i64, Vec<i64>)> = Vec::new();
+    for &(id, delivery) in deliveries {
+        match groups.iter_mut().find(|(d, _)| *d == delivery) {
+            Some((_, ids)) => ids.push(id),
+            None => groups.push((delivery, vec![id])),
+        }
+    }
+    let mut sql = format!("DELETE FROM {table} WHERE ");
+    let mut binds = Vec::with_capacity(deliveries.len() + groups.len());
+    for (i, (delivery, ids)) in groups.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(" OR ");
+        }
+        sql.push_str("(delivery_id = ? AND id IN (");
+        sql.push_str(&vec!["?"; ids.len()].join(", "));
+        sql.push_str("))");
+        binds.push(*delivery);
+        binds.extend(ids);
+    }
+    (sql, binds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grouped_delete_groups_by_delivery() {
+        let (sql, binds) = grouped_delete("t", &[(1, 9), (2, 9), (3, 7)]);
+        assert_eq!(
+            sql,
+            "DELETE FROM t WHERE (delivery_id = ? AND id IN (?, ?)) OR (delivery_id = ? AND id IN (?))"
+        );
+        assert_eq!(binds, vec![9, 1, 2, 7, 3]);
+    }
+}

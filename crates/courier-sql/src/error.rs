@@ -1,0 +1,118 @@
+//! Classifying driver errors: which are transient (retried inside the transport with capped
+//! backoff) and which [`TransportErrorKind`] the others become.
+
+use std::future::Future;
+use std::time::Duration;
+
+use courier_core::{TransportError, TransportErrorKind};
+
+/// Database error codes worth retrying: PostgreSQL SQLSTATEs (serialization failure, deadlock,
+/// lock not available, admin shutdown / terminated backend, connection exceptions), MySQL /
+/// MariaDB SQLSTATEs (`40001` deadlock, `08S01` link failure, `70100` connection killed), and
+/// SQLite extended result codes (`SQLITE_BUSY*`, `SQLITE_LOCKED*`).
+const TRANSIENT_CODES: &[&str] = &[
+    "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "08000", "08001", "08003", "08004",
+    "08006", "08S01", "70100", "HYT00", "5", "6", "261", "262", "517", "773",
+];
+
+/// MySQL / MariaDB error numbers worth retrying (their SQLSTATE is the generic `HY000`):
+/// 1205 lock wait timeout, 1213 deadlock, 1927 connection killed, 2006 / 2013 server gone.
+#[cfg(feature = "mysql")]
+const TRANSIENT_MYSQL_NUMBERS: &[u16] = &[1205, 1213, 1927, 2006, 2013];
+
+/// The most attempts an operation gets when it keeps failing transiently.
+const MAX_ATTEMPTS: u32 = 10;
+/// The first backoff; doubled after each failure up to [`MAX_BACKOFF`], with jitter.
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+/// The longest backoff between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Whether retrying the same statement may succeed (exhaustive over what we recognise; every
+/// other error is permanent).
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            #[cfg(feature = "mysql")]
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                if TRANSIENT_MYSQL_NUMBERS.contains(&my.number()) {
+                    return true;
+                }
+            }
+            db.code()
+                .is_some_and(|c| TRANSIENT_CODES.contains(&c.as_ref()))
+        }
+        _ => false,
+    }
+}
+
+/// A transport error for a failed driver call; `context` says what was being done.
+pub(crate) fn transport_error(name: &str, context: &'static str, e: sqlx::Error) -> TransportError {
+    let kind = match &e {
+        sqlx::Error::PoolTimedOut => TransportErrorKind::Timeout,
+        sqlx::Error::Configuration(_) => TransportErrorKind::Config,
+        sqlx::Error::RowNotFound => TransportErrorKind::NotFound,
+        _ if is_transient(&e) => TransportErrorKind::Connection,
+        _ => TransportErrorKind::Protocol,
+    };
+    TransportError::new(kind, name.to_owned())
+        .with_context(context)
+        .with_source(e)
+}
+
+/// Runs `op` until it succeeds, fails permanently, or has failed transiently
+/// [`MAX_ATTEMPTS`] times, sleeping a capped, jittered exponential backoff in between.
+pub(crate) async fn retry_transient<T, F, Fut>(
+    what: &'static str,
+    mut op: F,
+) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut backoff = FIRST_BACKOFF;
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(e) if attempt < MAX_ATTEMPTS && is_transient(&e) => {
+                tracing::debug!(courier.sql.op = what, attempt, error = %e, "transient database error, retrying");
+                let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
+                tokio::time::sleep(backoff + jitter).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_are_transient_and_become_connection_errors() {
+        let e = sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset",
+        ));
+        assert!(is_transient(&e));
+        let t = transport_error("async", "claiming messages", e);
+        assert_eq!(t.kind(), TransportErrorKind::Connection);
+        assert!(t.is_transient());
+    }
+
+    #[test]
+    fn decode_errors_are_permanent() {
+        let e = sqlx::Error::ColumnNotFound("x".into());
+        assert!(!is_transient(&e));
+        assert_eq!(
+            transport_error("a", "b", e).kind(),
+            TransportErrorKind::Protocol
+        );
+    }
+}

@@ -1,0 +1,272 @@
+//! [`SqlOptions`]: what the DSN query (or code) configures, with validation.
+
+use std::time::Duration;
+
+use courier_core::{Dsn, DsnError};
+
+/// The options of a [`SqlTransport`](crate::SqlTransport).
+///
+/// From a DSN query: `table_name`, `queue_name`, `redeliver_timeout`, `auto_setup`,
+/// `poll_window`, `max_connections`, `min_connections`, `acquire_timeout`, and on SQLite
+/// `busy_timeout`. Durations are humantime strings (`250ms`, `30s`, `1h`).
+///
+/// ```
+/// use courier_core::Dsn;
+/// use courier_sql::SqlOptions;
+/// use std::time::Duration;
+///
+/// let dsn = Dsn::parse("sqlite://courier.db?queue_name=failed&redeliver_timeout=10min")?;
+/// let options = SqlOptions::from_dsn(&dsn)?;
+/// assert_eq!(options.queue(), "failed");
+/// assert_eq!(options.redelivery_window(), Duration::from_secs(600));
+///
+/// let bad = Dsn::parse("sqlite://courier.db?table_name=x;DROP%20TABLE%20users")?;
+/// let err = SqlOptions::from_dsn(&bad).unwrap_err().to_string();
+/// assert!(err.contains("invalid table_name"), "{err}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlOptions {
+    pub(crate) table_name: String,
+    pub(crate) queue_name: String,
+    pub(crate) redeliver_timeout: Duration,
+    pub(crate) auto_setup: bool,
+    pub(crate) poll_window: Duration,
+    pub(crate) max_connections: Option<u32>,
+    pub(crate) min_connections: u32,
+    pub(crate) acquire_timeout: Duration,
+    pub(crate) busy_timeout: Duration,
+}
+
+impl Default for SqlOptions {
+    fn default() -> Self {
+        Self {
+            table_name: DEFAULT_TABLE.to_owned(),
+            queue_name: "default".to_owned(),
+            redeliver_timeout: Duration::from_secs(3600),
+            auto_setup: true,
+            poll_window: Duration::from_secs(1),
+            max_connections: None,
+            min_connections: 0,
+            acquire_timeout: Duration::from_secs(30),
+            busy_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The default table name (the one written in `migrations/`).
+pub const DEFAULT_TABLE: &str = "courier_messages";
+
+/// The DSN query options Courier reads itself (the rest go to the driver).
+pub(crate) const COURIER_OPTIONS: &[&str] = &[
+    "table_name",
+    "queue_name",
+    "redeliver_timeout",
+    "auto_setup",
+    "poll_window",
+    "max_connections",
+    "min_connections",
+    "acquire_timeout",
+    "busy_timeout",
+];
+
+/// Whether `name` is a valid table name: `[A-Za-z_][A-Za-z0-9_]{0,62}`.
+#[must_use]
+pub fn is_valid_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && name.len() <= 63
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl SqlOptions {
+    /// Reads the options from a DSN query, starting from the defaults.
+    ///
+    /// # Errors
+    /// [`DsnError`] naming a bad value, e.g. a `table_name` that is not a plain identifier.
+    pub fn from_dsn(dsn: &Dsn) -> Result<Self, DsnError> {
+        let mut o = Self::default();
+        let bad = |reason: String| DsnError::new(dsn.expose(), reason);
+        if let Some(t) = dsn.option("table_name") {
+            if !is_valid_identifier(t) {
+                return Err(bad(format!(
+                    "invalid table_name `{}`: expected an identifier matching [A-Za-z_][A-Za-z0-9_]{{0,62}}",
+                    t.escape_debug()
+                )));
+            }
+            o.table_name = t.to_owned();
+        }
+        if let Some(q) = dsn.option("queue_name") {
+            if q.is_empty() || q.len() > 190 {
+                return Err(bad("invalid queue_name: expected 1 to 190 bytes".to_owned()));
+            }
+            o.queue_name = q.to_owned();
+        }
+        if let Some(t) = dsn.duration_option("redeliver_timeout")? {
+            o.redeliver_timeout = t;
+        }
+        if let Some(b) = dsn.parse_option::<bool>("auto_setup")? {
+            o.auto_setup = b;
+        }
+        if let Some(t) = dsn.duration_option("poll_window")? {
+            o.poll_window = t;
+        }
+        if let Some(n) = dsn.parse_option::<u32>("max_connections")? {
+            if n == 0 {
+                return Err(bad("max_connections must be at least 1".to_owned()));
+            }
+            o.max_connections = Some(n);
+        }
+        if let Some(n) = dsn.parse_option::<u32>("min_connections")? {
+            o.min_connections = n;
+        }
+        if let Some(t) = dsn.duration_option("acquire_timeout")? {
+            o.acquire_timeout = t;
+        }
+        if let Some(t) = dsn.duration_option("busy_timeout")? {
+            o.busy_timeout = t;
+        }
+        Ok(o)
+    }
+
+    /// Sets the table (default `courier_messages`).
+    ///
+    /// # Errors
+    /// A message naming the bad name when it is not `[A-Za-z_][A-Za-z0-9_]{0,62}`.
+    pub fn table_name(mut self, name: impl Into<String>) -> Result<Self, String> {
+        let name = name.into();
+        if !is_valid_identifier(&name) {
+            return Err(format!("invalid table_name `{}`", name.escape_debug()));
+        }
+        self.table_name = name;
+        Ok(self)
+    }
+
+    /// Sets the queue (default `default`); several queues share one table.
+    #[must_use]
+    pub fn queue_name(mut self, name: impl Into<String>) -> Self {
+        self.queue_name = name.into();
+        self
+    }
+
+    /// Sets how long a delivered, unacknowledged message waits before it is delivered again
+    /// (default 1 h).
+    #[must_use]
+    pub fn redeliver_timeout(mut self, timeout: Duration) -> Self {
+        self.redeliver_timeout = timeout;
+        self
+    }
+
+    /// Sets whether the transport creates its table on connect (default `true`).
+    #[must_use]
+    pub fn auto_setup(mut self, on: bool) -> Self {
+        self.auto_setup = on;
+        self
+    }
+
+    /// Sets how long `get` waits for a message before returning empty (default 1 s).
+    #[must_use]
+    pub fn poll_window(mut self, window: Duration) -> Self {
+        self.poll_window = window;
+        self
+    }
+
+    /// Sets the pool size (default 10 on servers, 4 on SQLite files, 1 for `:memory:`).
+    #[must_use]
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = Some(n.max(1));
+        self
+    }
+
+    /// Sets how many idle connections the pool keeps open (default 0).
+    #[must_use]
+    pub fn min_connections(mut self, n: u32) -> Self {
+        self.min_connections = n;
+        self
+    }
+
+    /// Sets how long an operation waits for a pooled connection (default 30 s).
+    #[must_use]
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Sets SQLite's busy timeout: how long a writer waits for the file lock (default 10 s).
+    #[must_use]
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// The table name.
+    #[must_use]
+    pub fn table(&self) -> &str {
+        &self.table_name
+    }
+
+    /// The queue name.
+    #[must_use]
+    pub fn queue(&self) -> &str {
+        &self.queue_name
+    }
+
+    /// The redelivery window.
+    #[must_use]
+    pub fn redelivery_window(&self) -> Duration {
+        self.redeliver_timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_validated() {
+        for ok in ["courier_messages", "_x", "A1", &"a".repeat(63)] {
+            assert!(is_valid_identifier(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a b",
+            "x;drop table y",
+            "t\"",
+            "é",
+            &"a".repeat(64),
+        ] {
+            assert!(!is_valid_identifier(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_table_name_injection_in_the_dsn_is_rejected_with_a_clear_error() {
+        let dsn = Dsn::parse(
+            "postgres://app:hunter2@db/app?table_name=messages%3B%20DROP%20TABLE%20users%3B--",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let err = SqlOptions::from_dsn(&dsn)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("invalid table_name `messages; DROP TABLE users;--`"),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn options_parse_from_the_dsn() {
+        let dsn = Dsn::parse("sqlite://x.db?queue_name=failed&redeliver_timeout=5min&auto_setup=false&poll_window=50ms")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let o = SqlOptions::from_dsn(&dsn).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.queue_name, "failed");
+        assert_eq!(o.redeliver_timeout, Duration::from_secs(300));
+        assert!(!o.auto_setup);
+        assert_eq!(o.poll_window, Duration::from_millis(50));
+        assert_eq!(o.table_name, DEFAULT_TABLE);
+    }
+}

@@ -1,0 +1,431 @@
+//! [`SqlTransport`]: the [`Transport`] contract on one table, whatever the dialect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_core::{
+    Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Encoded, Envelope, Listable, MessageCount,
+    MessageRegistry, PriorityStamp, Setup, Transport, TransportError, TransportErrorKind,
+    TransportMessageIdStamp, async_trait, encode,
+};
+use tokio::time::Instant;
+
+use crate::SqlOptions;
+use crate::backend::{Backend, NewRow, StoredRow, Wake};
+use crate::error::{retry_transient, transport_error};
+
+/// The longest pause between two polls of an idle queue when no server push is available.
+const MAX_IDLE_BACKOFF: Duration = Duration::from_millis(250);
+/// The first pause of an idle poll.
+const FIRST_IDLE_BACKOFF: Duration = Duration::from_millis(5);
+
+/// A transport storing messages as rows of one table (`courier_messages` by default) on
+/// PostgreSQL, SQLite or MySQL / MariaDB. See the [crate docs](crate) for the behaviour.
+pub struct SqlTransport {
+    name: String,
+    dsn: Dsn,
+    options: SqlOptions,
+    registry: Arc<MessageRegistry>,
+    backend: Box<dyn Backend>,
+    wake: Arc<Wake>,
+}
+
+impl std::fmt::Debug for SqlTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlTransport")
+            .field("name", &self.name)
+            .field("dsn", &self.dsn)
+            .field("table", &self.options.table_name)
+            .field("queue", &self.options.queue_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlTransport {
+    /// Connects with the options in the DSN's query (see [`SqlOptions::from_dsn`]) and, unless
+    /// `auto_setup=false`, creates the table.
+    ///
+    /// # Errors
+    /// [`TransportErrorKind::Config`] for a bad DSN or option (the password redacted), or the
+    /// connection / setup error.
+    pub async fn connect(
+        name: impl Into<String>,
+        dsn: &Dsn,
+        registry: Arc<MessageRegistry>,
+    ) -> Result<Self, TransportError> {
+        let name = name.into();
+        let options = SqlOptions::from_dsn(dsn).map_err(|e| {
+            TransportError::new(TransportErrorKind::Config, name.clone())
+                .with_context(e.to_string())
+        })?;
+        Self::connect_with(name, dsn, options, registry).await
+    }
+
+    /// Connects with explicit options (the DSN's own Courier options are ignored; the others go
+    /// to the driver).
+    ///
+    /// # Errors
+    /// As [`SqlTransport::connect`].
+    pub async fn connect_with(
+        name: impl Into<String>,
+        dsn: &Dsn,
+        options: SqlOptions,
+        registry: Arc<MessageRegistry>,
+    ) -> Result<Self, TransportError> {
+        let name = name.into();
+        let backend = crate::connect::backend(&name, dsn, &options).await?;
+        let transport = Self {
+            name,
+            dsn: dsn.clone(),
+            options,
+            registry,
+            backend,
+            wake: Wake::new(),
+        };
+        if transport.options.auto_setup {
+            transport.run_setup().await?;
+        }
+        Ok(transport)
+    }
+
+    /// The transport's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The options in effect.
+    #[must_use]
+    pub fn options(&self) -> &SqlOptions {
+        &self.options
+    }
+
+    /// Server-side ids of the connections this transport has opened (MySQL / MariaDB), so a
+    /// test can `KILL` them. Not part of the stable API.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn server_connection_ids(&self) -> Vec<u64> {
+        self.backend.connection_ids()
+    }
+
+    async fn run_setup(&self) -> Result<(), TransportError> {
+        retry_transient("setup", || self.backend.setup())
+            .await
+            .map_err(|e| self.error("creating the messages table", e))
+    }
+
+    fn error(&self, context: &'static str, e: sqlx::Error) -> TransportError {
+        transport_error(&self.name, context, e)
+    }
+
+    fn new_row(&self, envelope: &Envelope, delay: Duration) -> Result<NewRow, TransportError> {
+        let encoded = encode(envelope).map_err(|e| {
+            TransportError::new(TransportErrorKind::Encode, self.name.clone())
+                .with_context("encoding")
+                .with_source(e)
+        })?;
+        let headers = encoded.headers_json();
+        Ok(NewRow {
+            body: encoded.body,
+            headers,
+            priority: i16::from(envelope.last::<PriorityStamp>().map_or(0, |p| p.0)),
+            delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 4),
+        })
+    }
+
+    fn decode(&self, row: StoredRow) -> Envelope {
+        let headers = match Encoded::parse_headers(&row.headers) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::debug!(courier.sql.id = row.id, error = %e, "stored headers are not a JSON object");
+                Default::default()
+            }
+        };
+        self.registry
+            .decode(Encoded {
+                body: row.body,
+                headers,
+            })
+            .with(TransportMessageIdStamp(row.id.to_string()))
+    }
+
+    /// The (id, delivery id) of an envelope this transport delivered.
+    fn delivery(envelope: &Envelope) -> (Option<i64>, Option<i64>) {
+        let id = envelope
+            .last::<TransportMessageIdStamp>()
+            .and_then(|s| s.0.parse().ok());
+        let delivery = envelope
+            .last::<DeliveryTagStamp>()
+            .and_then(|s| s.0.parse().ok());
+        (id, delivery)
+    }
+
+    async fn claim_once(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        let delivery_id = fastrand::i64(1..i64::MAX);
+        let rows = retry_transient("claim", || self.backend.claim(max, delivery_id))
+            .await
+            .map_err(|e| self.error("claiming messages", e))?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                self.decode(row)
+                    .with(DeliveryTagStamp(delivery_id.to_string()))
+            })
+            .collect())
+    }
+
+    async fn remove_delivery(
+        &self,
+        envelope: &Envelope,
+        verb: &'static str,
+    ) -> Result<(), TransportError> {
+        let deleted = match Self::delivery(envelope) {
+            (Some(id), Some(delivery)) => {
+                retry_transient("delete", || self.backend.delete_one(id, delivery))
+                    .await
+                    .map_err(|e| self.error("deleting a message", e))?
+            }
+            (Some(id), None) => retry_transient("delete", || self.backend.delete_id(id))
+                .await
+                .map_err(|e| self.error("deleting a message", e))?,
+            (None, _) => {
+                tracing::debug!(courier.transport = %self.name, "{verb} of an envelope without a transport id: nothing to delete");
+                return Ok(());
+            }
+        };
+        if deleted == 0 {
+            tracing::debug!(
+                courier.transport = %self.name,
+                messaging.message.id = envelope.id().unwrap_or_default(),
+                "{verb} deleted nothing: already gone, or the delivery was superseded by a redelivery"
+            );
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Transport for SqlTransport {
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        let mut sent = self.send_batch(vec![envelope]).await?;
+        sent.pop()
+            .ok_or_else(|| TransportError::new(TransportErrorKind::Protocol, self.name.clone()))
+    }
+
+    async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
+        if envelopes.is_empty() {
+            return Ok(envelopes);
+        }
+        let caps = self.capabilities();
+        let mut rows = Vec::with_capacity(envelopes.len());
+        for envelope in &envelopes {
+            caps.check_delay(&self.name, envelope)?;
+            let delay = envelope
+                .last::<DelayStamp>()
+                .map_or(Duration::ZERO, |d| d.0);
+            rows.push(self.new_row(envelope, delay)?);
+        }
+        let ids = retry_transient("insert", || self.backend.insert(&rows))
+            .await
+            .map_err(|e| self.error("inserting messages", e))?;
+        if ids.len() != envelopes.len() {
+            return Err(
+                TransportError::new(TransportErrorKind::Protocol, self.name.clone()).with_context(
+                    format!(
+                        "inserted {} rows for {} messages",
+                        ids.len(),
+                        envelopes.len()
+                    ),
+                ),
+            );
+        }
+        self.wake.bump();
+        Ok(envelopes
+            .into_iter()
+            .zip(ids)
+            .map(|(e, id)| e.with(TransportMessageIdStamp(id.to_string())))
+            .collect())
+    }
+
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.backend.start_listener(&self.wake);
+        let deadline = Instant::now() + self.options.poll_window;
+        let mut changes = self.wake.version.subscribe();
+        let mut backoff = FIRST_IDLE_BACKOFF;
+        loop {
+            changes.borrow_and_update();
+            let claimed = self.claim_once(max).await?;
+            if !claimed.is_empty() {
+                return Ok(claimed);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(claimed);
+            }
+            let remaining = deadline - now;
+            let due = retry_transient("next due", || self.backend.next_due_in())
+                .await
+                .map_err(|e| self.error("reading the next due time", e))?;
+            let until_due =
+                due.map(|ms| Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0)));
+            let wait = if self.wake.is_listening() && until_due.is_none_or(|d| !d.is_zero()) {
+                // Server push is live: sleep until the next row is due, woken early by a NOTIFY.
+                until_due.map_or(remaining, |d| d.min(remaining))
+            } else {
+                let wait = until_due
+                    .filter(|d| !d.is_zero())
+                    .map_or(backoff, |d| d.min(backoff))
+                    .min(remaining);
+                backoff = (backoff * 2).min(MAX_IDLE_BACKOFF);
+                wait
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                _ = changes.changed() => {}
+            }
+        }
+    }
+
+    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.remove_delivery(envelope, "ack").await
+    }
+
+    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.remove_delivery(envelope, "reject").await
+    }
+
+    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        let mut pairs = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            match Self::delivery(envelope) {
+                (Some(id), Some(delivery)) => pairs.push((id, delivery)),
+                _ => self.ack(envelope).await?,
+            }
+        }
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let deleted = retry_transient("delete", || self.backend.delete(&pairs))
+            .await
+            .map_err(|e| self.error("deleting messages", e))?;
+        if deleted < pairs.len() as u64 {
+            tracing::debug!(
+                courier.transport = %self.name,
+                acked = pairs.len(),
+                deleted,
+                "some acks deleted nothing: already gone, or superseded by a redelivery"
+            );
+        }
+        Ok(())
+    }
+
+    async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
+        let (id, delivery) = Self::delivery(&envelope);
+        let next = envelope.clone().without_all::<DelayStamp>();
+        let next = if delay.is_zero() {
+            next
+        } else {
+            next.with(DelayStamp(delay))
+        };
+        let (Some(id), Some(delivery)) = (id, delivery) else {
+            // Not one of our deliveries: at least once by the provided send-then-ack.
+            self.send(next).await?;
+            return self.ack(&envelope).await;
+        };
+        let row = self.new_row(&next, delay)?;
+        let updated = retry_transient("reschedule", || self.backend.reschedule(id, delivery, &row))
+            .await
+            .map_err(|e| self.error("rescheduling a message", e))?;
+        if updated == 0 {
+            tracing::debug!(
+                courier.transport = %self.name,
+                messaging.message.id = id,
+                "retry updated nothing: the delivery was superseded by a redelivery, which now owns the message"
+            );
+        }
+        self.wake.bump();
+        Ok(())
+    }
+
+    async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        if let (Some(id), Some(delivery)) = Self::delivery(envelope) {
+            let n = retry_transient("keepalive", || self.backend.keepalive(id, delivery))
+                .await
+                .map_err(|e| self.error("refreshing a delivery", e))?;
+            if n == 0 {
+                tracing::debug!(courier.transport = %self.name, messaging.message.id = id, "keepalive of a delivery that is no longer live");
+            }
+        }
+        Ok(())
+    }
+
+    fn as_setup(&self) -> Option<&dyn Setup> {
+        Some(self)
+    }
+
+    fn as_listable(&self) -> Option<&dyn Listable> {
+        Some(self)
+    }
+
+    fn as_message_count(&self) -> Option<&dyn MessageCount> {
+        Some(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+            .with_delay(None)
+            .with_priority()
+            .with_blocking_get()
+            .with_redelivery()
+    }
+}
+
+#[async_trait]
+impl Setup for SqlTransport {
+    async fn setup(&self) -> Result<(), TransportError> {
+        self.run_setup().await
+    }
+}
+
+#[async_trait]
+impl Listable for SqlTransport {
+    async fn list(&self, limit: usize) -> Result<Vec<Envelope>, TransportError> {
+        let rows = retry_transient("list", || self.backend.list(limit))
+            .await
+            .map_err(|e| self.error("listing messages", e))?;
+        Ok(rows.into_iter().map(|r| self.decode(r)).collect())
+    }
+
+    async fn find(&self, id: &str) -> Result<Option<Envelope>, TransportError> {
+        let Ok(id) = id.parse::<i64>() else {
+            return Ok(None);
+        };
+        let row = retry_transient("find", || self.backend.find(id))
+            .await
+            .map_err(|e| self.error("finding a message", e))?;
+        Ok(row.map(|r| self.decode(r)))
+    }
+
+    async fn remove(&self, id: &str) -> Result<bool, TransportError> {
+        let Ok(id) = id.parse::<i64>() else {
+            return Ok(false);
+        };
+        let n = retry_transient("remove", || self.backend.delete_id(id))
+            .await
+            .map_err(|e| self.error("removing a message", e))?;
+        Ok(n > 0)
+    }
+}
+
+#[async_trait]
+impl MessageCount for SqlTransport {
+    async fn message_count(&self) -> Result<u64, TransportError> {
+        let n = retry_transient("count", || self.backend.count())
+            .await
+            .map_err(|e| self.error("counting messages", e))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}

@@ -1,0 +1,328 @@
+//! A conformance [`Harness`] for the SQL transport on any dialect: one unique table per
+//! transport, deliveries expired by rewriting `delivered_at`, connections killed from a separate
+//! admin connection, tables dropped when the harness goes.
+
+#![allow(dead_code, reason = "each test binary uses a different part")]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use courier_core::{Dsn, Encoded, Transport, async_trait};
+use courier_sql::SqlTransport;
+use courier_test::Harness;
+
+/// The admin connection a harness uses for what the transport must not do itself.
+pub(crate) enum Admin {
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
+}
+
+impl Admin {
+    /// Epoch ms from the database clock, as SQL.
+    fn now(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => {
+                "(CAST(strftime('%s','now') AS INTEGER) * 1000 + CAST(substr(strftime('%f','now'), 4) AS INTEGER))"
+            }
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+        }
+    }
+
+    /// Runs one statement with string binds (`?` placeholders are rewritten to `$n` on
+    /// PostgreSQL); returns rows affected.
+    pub(crate) async fn exec(&self, sql: &str, binds: &[&str]) -> u64 {
+        let run = async {
+            match self {
+                #[cfg(feature = "sqlite")]
+                Self::Sqlite(p) => {
+                    let mut q = sqlx::query(sql);
+                    for b in binds {
+                        q = q.bind(*b);
+                    }
+                    q.execute(p).await.map(|r| r.rows_affected())
+                }
+                #[cfg(feature = "postgres")]
+                Self::Postgres(p) => {
+                    let mut n = 0;
+                    let sql: String = sql
+                        .chars()
+                        .map(|c| {
+                            if c == '?' {
+                                n += 1;
+                                format!("${n}")
+                            } else {
+                                c.to_string()
+                            }
+                        })
+                        .collect();
+                    let mut q = sqlx::query(&sql);
+                    for b in binds {
+                        q = q.bind(*b);
+                    }
+                    q.execute(p).await.map(|r| r.rows_affected())
+                }
+                #[cfg(feature = "mysql")]
+                Self::MySql(p) => {
+                    let mut q = sqlx::query(sql);
+                    for b in binds {
+                        q = q.bind(*b);
+                    }
+                    q.execute(p).await.map(|r| r.rows_affected())
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .unwrap_or_else(|_| panic!("admin statement timed out: {sql}"))
+            .unwrap_or_else(|e| panic!("admin statement failed: {sql}: {e}"))
+    }
+
+    /// Counts the rows of a table.
+    pub(crate) async fn count(&self, table: &str) -> i64 {
+        let sql = format!("SELECT COUNT(*) FROM {table}");
+        let run = async {
+            match self {
+                #[cfg(feature = "sqlite")]
+                Self::Sqlite(p) => sqlx::query_scalar::<_, i64>(&sql).fetch_one(p).await,
+                #[cfg(feature = "postgres")]
+                Self::Postgres(p) => sqlx::query_scalar::<_, i64>(&sql).fetch_one(p).await,
+                #[cfg(feature = "mysql")]
+                Self::MySql(p) => sqlx::query_scalar::<_, i64>(&sql).fetch_one(p).await,
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .unwrap_or_else(|_| panic!("count timed out"))
+            .unwrap_or_else(|e| panic!("count failed: {e}"))
+    }
+}
+
+/// The harness: a base DSN (no query), extra DSN options, the admin pool, and the transports
+/// it made.
+pub(crate) struct SqlHarness {
+    pub(crate) base: String,
+    pub(crate) extra: String,
+    pub(crate) admin: Admin,
+    pub(crate) app: String,
+    pub(crate) made: Mutex<Vec<(Arc<SqlTransport>, String)>>,
+    pub(crate) dir: Option<tempfile::TempDir>,
+}
+
+impl SqlHarness {
+    /// A transport on a fresh table with extra DSN options (`&k=v...`).
+    pub(crate) async fn make(&self, options: &str) -> (Arc<SqlTransport>, String) {
+        let table = courier_test::env::unique_name("courier_t");
+        let dsn = format!(
+            "{}?table_name={table}&poll_window=200ms{}{options}",
+            self.base, self.extra
+        );
+        let dsn = Dsn::parse(&dsn).unwrap_or_else(|e| panic!("{e}"));
+        let t = tokio::time::timeout(
+            Duration::from_secs(30),
+            SqlTransport::connect("test", &dsn, courier_test::registry()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("connecting timed out"))
+        .unwrap_or_else(|e| panic!("connecting failed: {e}"));
+        let t = Arc::new(t);
+        self.made
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((t.clone(), table.clone()));
+        (t, table)
+    }
+
+    fn find(&self, transport: &Arc<dyn Transport>) -> (Arc<SqlTransport>, String) {
+        let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        let wanted = Arc::as_ptr(transport).cast::<u8>();
+        made.iter()
+            .find(|(t, _)| Arc::as_ptr(t).cast::<u8>() == wanted)
+            .cloned()
+            .unwrap_or_else(|| panic!("transport not made by this harness"))
+    }
+
+    /// Makes every live delivery of `table` claimable again.
+    pub(crate) async fn expire_table(&self, table: &str) {
+        let sql = format!(
+            "UPDATE {table} SET delivered_at = delivered_at - 864000000 WHERE delivered_at IS NOT NULL"
+        );
+        self.admin.exec(&sql, &[]).await;
+    }
+}
+
+#[async_trait]
+impl Harness for SqlHarness {
+    async fn transport(&self) -> Arc<dyn Transport> {
+        self.make("").await.0
+    }
+
+    async fn expire_deliveries(&self, transport: &Arc<dyn Transport>) {
+        let (_, table) = self.find(transport);
+        self.expire_table(&table).await;
+    }
+
+    async fn send_raw(&self, transport: &Arc<dyn Transport>, encoded: Encoded) {
+        let (t, table) = self.find(transport);
+        let now = self.admin.now();
+        let sql = format!(
+            "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at) \
+             VALUES (?, ?, ?, 0, {now}, {now})"
+        );
+        let headers = encoded.headers_json();
+        self.admin
+            .exec(&sql, &[t.options().queue(), &encoded.body, &headers])
+            .await;
+    }
+
+    async fn break_connection(&self, transport: &Arc<dyn Transport>) -> bool {
+        let (t, _) = self.find(transport);
+        let _ = &t;
+        match &self.admin {
+            #[cfg(feature = "sqlite")]
+            Admin::Sqlite(_) => false,
+            #[cfg(feature = "postgres")]
+            Admin::Postgres(_) => {
+                let killed = self
+                    .admin
+                    .exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = ?", &[&self.app])
+                    .await;
+                assert!(killed > 0, "no connection of the transport found to kill");
+                true
+            }
+            #[cfg(feature = "mysql")]
+            Admin::MySql(p) => {
+                let ids = t.server_connection_ids();
+                assert!(
+                    !ids.is_empty(),
+                    "no connection of the transport found to kill"
+                );
+                for id in ids {
+                    // A connection already closed is fine.
+                    let _ = sqlx::query(&format!("KILL {id}")).execute(p).await;
+                }
+                true
+            }
+        }
+    }
+
+    fn poll_window(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+}
+
+impl Drop for SqlHarness {
+    fn drop(&mut self) {
+        let tables: Vec<String> = self
+            .made
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .map(|(_, t)| t)
+            .collect();
+        if self.dir.is_some() || tables.is_empty() {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let admin = &self.admin;
+        tokio::task::block_in_place(|| {
+            handle.block_on(async {
+                for table in tables {
+                    admin
+                        .exec(&format!("DROP TABLE IF EXISTS {table}"), &[])
+                        .await;
+                }
+            });
+        });
+    }
+}
+
+/// A harness on a SQLite file in a fresh temp dir.
+#[cfg(feature = "sqlite")]
+pub(crate) async fn sqlite() -> SqlHarness {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("courier.db");
+    let base = format!("sqlite://{}", path.display());
+    let opts = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&base)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    SqlHarness {
+        base,
+        extra: String::new(),
+        admin: Admin::Sqlite(pool),
+        app: String::new(),
+        made: Mutex::default(),
+        dir: Some(dir),
+    }
+}
+
+/// A harness on `COURIER_TEST_POSTGRES_URL`.
+#[cfg(feature = "postgres")]
+pub(crate) async fn postgres() -> SqlHarness {
+    let url = courier_test::env::postgres_url();
+    let pool = tokio::time::timeout(
+        Duration::from_secs(30),
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&url),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("connecting to PostgreSQL timed out"))
+    .unwrap_or_else(|e| panic!("connecting to PostgreSQL failed: {e}"));
+    let app = courier_test::env::unique_name("courier_test");
+    let base = Dsn::parse(&url)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .expose_without_query()
+        .to_owned();
+    SqlHarness {
+        base,
+        extra: format!("&application_name={app}"),
+        admin: Admin::Postgres(pool),
+        app,
+        made: Mutex::default(),
+        dir: None,
+    }
+}
+
+/// A harness on `COURIER_TEST_MYSQL_URL`.
+#[cfg(feature = "mysql")]
+pub(crate) async fn mysql() -> SqlHarness {
+    let url = courier_test::env::mysql_url();
+    let pool = tokio::time::timeout(
+        Duration::from_secs(30),
+        sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(2)
+            .connect(&url),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("connecting to MariaDB timed out"))
+    .unwrap_or_else(|e| panic!("connecting to MariaDB failed: {e}"));
+    let base = Dsn::parse(&url)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .expose_without_query()
+        .to_owned();
+    SqlHarness {
+        base,
+        extra: String::new(),
+        admin: Admin::MySql(pool),
+        app: String::new(),
+        made: Mutex::default(),
+        dir: None,
+    }
+}
