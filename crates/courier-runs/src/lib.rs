@@ -1,12 +1,67 @@
-//! Durable runs (wip).
+//! Durable agent runs on top of Courier (DESIGN §5, the ADR-104 contract): a run is a row, the
+//! message [`RunAgent`] carries only its id, and **the row is the state**: a worker claims it
+//! under a lease, renews the lease at every step boundary, and on failure either requeues it
+//! with backoff or dead-letters it (`failed` + a [`TerminationReason`]); a [`Reaper`] recovers
+//! runs whose worker died.
+//!
+//! ```
+//! use courier_core::MessageBus;
+//! use courier_runs::{MemoryRunStore, RunStatus, RunStore, Runtime, ScriptedAgent};
+//! use std::sync::Arc;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let store = Arc::new(MemoryRunStore::new());
+//! let runtime = Runtime::builder(store.clone()).agent("scripted", ScriptedAgent).build();
+//! // RunAgent routed to a sync transport: each run executes in-process when dispatched.
+//! let bus = runtime
+//!     .register(MessageBus::builder().sync_transport("sync").route("courier.run_agent", ["sync"]))
+//!     .build();
+//!
+//! let id = runtime.enqueue("scripted", serde_json::json!({"steps": [{"sleep_ms": 1}, {"output": "hi"}]})).await?;
+//! let run = store.find(id).await?.expect("stored");
+//! assert_eq!(run.status, RunStatus::Completed);
+//! assert_eq!(store.events(id).await?.len(), 2);
+//! # drop(bus);
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+//!
+//! Choices where DESIGN is silent: every agent failure is `provider_failed` and the class
+//! decides whether it is retried; an agent's own stop (`max_steps`, `budget_exhausted`...) is never
+//! retried; a worker run also checks its ownership every `lease / 4` between boundaries so a hung
+//! agent is cancelled soon after a reaper gave its run away; timestamps are epoch milliseconds
+//! from the store's clock; jitter only shortens a delay.
 
+mod agent;
+mod backoff;
 mod classify;
+mod config;
+mod handler;
+mod identity;
+mod message;
+mod reaper;
+mod recovery;
+mod runtime;
+mod scripted;
 mod status;
 mod store;
 
+pub use agent::{Agent, AgentError, AgentOutcome, RunContext, RunObserver, Step, StepError};
+pub use backoff::Backoff;
 pub use classify::{FailureClass, ProviderError, classify};
+pub use config::{BackoffConfig, RunsConfig, RunsConfigError};
+pub use handler::RunAgentHandler;
+pub use identity::{new_worker_identity, worker_identity};
+pub use message::RunAgent;
+pub use reaper::{ReapOptions, ReapReport, Reaper};
+pub use runtime::{RunError, Runtime, RuntimeBuilder, RuntimeOptions};
+pub use scripted::ScriptedAgent;
 pub use status::{Outcome, RunStatus, TerminationReason, UnknownName};
 pub use store::{
     Dialect, MemoryRunStore, NewRun, Run, RunEvent, RunStore, Settlement, SqlRunStore,
     SqlRunStoreOptions, StoreError,
 };
+
+/// Re-exported for implementing [`Agent`].
+pub use async_trait::async_trait;
+/// Re-exported: the token of [`RunContext::cancellation`].
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,258 @@
+//! The [`Agent`] trait users implement, and the [`RunContext`] whose `checkpoint` is the step
+//! boundary.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::{FailureClass, ProviderError, Run, RunStatus, RunStore, StoreError, TerminationReason};
+
+/// User code a run executes. It calls [`RunContext::checkpoint`] at every step boundary, and may
+/// watch [`RunContext::cancellation`] between boundaries.
+///
+/// ```
+/// use courier_runs::{Agent, AgentError, AgentOutcome, RunContext, Step};
+///
+/// struct Summarise;
+///
+/// #[courier_runs::async_trait]
+/// impl Agent for Summarise {
+///     async fn run(&self, cx: &mut RunContext) -> Result<AgentOutcome, AgentError> {
+///         let text = cx.input()["text"].as_str().unwrap_or_default().to_owned();
+///         cx.checkpoint(Step::new("model_call", serde_json::json!({"chars": text.len()}))).await?;
+///         Ok(AgentOutcome::Completed(serde_json::json!({"summary": text.chars().take(20).collect::<String>()})))
+///     }
+/// }
+/// ```
+#[async_trait]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a Courier agent",
+    note = "implement `courier_runs::Agent` (with `#[async_trait]`) for `{Self}`"
+)]
+pub trait Agent: Send + Sync + 'static {
+    /// Executes (or resumes) the run. Errors: [`AgentError::Step`] from a checkpoint (propagate it
+    /// with `?`), [`AgentError::Provider`] for a provider failure (classified for you), or
+    /// [`AgentError::Other`] (class `unknown`, not retried).
+    async fn run(&self, cx: &mut RunContext) -> Result<AgentOutcome, AgentError>;
+}
+
+const _: () = {
+    fn assert_dyn(_: &dyn Agent) {}
+    let _ = assert_dyn;
+};
+
+/// How an agent's execution ended, when it did not fail.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum AgentOutcome {
+    /// Finished with this output.
+    Completed(serde_json::Value),
+    /// Needs an approval; resume with [`Runtime::approve`](crate::Runtime::approve).
+    AwaitingApproval,
+    /// Needs input from someone.
+    AwaitingInput,
+    /// Stopped for a reason of its own (max_steps, budget_exhausted, policy_denied,
+    /// approval_denied): the run is `failed` with that reason, never retried.
+    Stopped(TerminationReason),
+}
+
+/// One step of a run, persisted at the next sequence number.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The kind (e.g. `model_call`, `tool_call`).
+    pub kind: String,
+    /// The payload.
+    pub payload: serde_json::Value,
+}
+
+impl Step {
+    /// A step.
+    #[must_use]
+    pub fn new(kind: impl Into<String>, payload: serde_json::Value) -> Self {
+        Self {
+            kind: kind.into(),
+            payload,
+        }
+    }
+}
+
+/// A step boundary stopped the agent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    /// Another worker owns the run: stop at once, settle nothing.
+    #[error("lease lost: another worker owns the run")]
+    LeaseLost,
+    /// The run was cancelled; the step was persisted.
+    #[error("run cancelled")]
+    Cancelled,
+    /// The store failed.
+    #[error("run store failed at a step boundary")]
+    Store(#[from] StoreError),
+}
+
+/// An agent failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// A step boundary stopped it.
+    #[error(transparent)]
+    Step(#[from] StepError),
+    /// A provider failed; classified by [`classify`](crate::classify).
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// Anything else (class `unknown`).
+    #[error(transparent)]
+    Other(courier_core::BoxError),
+}
+
+impl AgentError {
+    /// Wraps any error as [`AgentError::Other`].
+    pub fn other(error: impl Into<courier_core::BoxError>) -> Self {
+        Self::Other(error.into())
+    }
+
+    /// The failure class (None for step errors, which are not failures).
+    #[must_use]
+    pub fn class(&self) -> Option<FailureClass> {
+        match self {
+            Self::Step(_) => None,
+            Self::Provider(p) => Some(p.class()),
+            Self::Other(_) => Some(FailureClass::Unknown),
+        }
+    }
+}
+
+/// Sees every step as it happens (first thing at each boundary), e.g. to stream it to a UI.
+pub trait RunObserver: Send + Sync + 'static {
+    /// A step of `run_id` reached its boundary.
+    fn on_step(&self, run_id: Uuid, step: &Step);
+}
+
+/// What a running agent gets: its run, the step boundary, the effect fence and a cancellation
+/// token.
+pub struct RunContext {
+    pub(crate) run: Run,
+    pub(crate) store: Arc<dyn RunStore>,
+    /// The worker identity for worker runs; None for interactive runs (no lease, no heartbeat).
+    pub(crate) owner: Option<String>,
+    pub(crate) lease: Duration,
+    pub(crate) observers: Arc<[Arc<dyn RunObserver>]>,
+    pub(crate) token: CancellationToken,
+    pub(crate) approved: bool,
+}
+
+impl std::fmt::Debug for RunContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunContext")
+            .field("run_id", &self.run.id)
+            .field("owner", &self.owner)
+            .field("approved", &self.approved)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunContext {
+    /// The run as it was when this execution started.
+    #[must_use]
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+
+    /// The run's input.
+    #[must_use]
+    pub fn input(&self) -> &serde_json::Value {
+        &self.run.input
+    }
+
+    /// Which execution of this run this is: 1, then 2 after one requeue, ...
+    #[must_use]
+    pub fn execution(&self) -> u32 {
+        self.run.requeue_count.saturating_add(1)
+    }
+
+    /// Whether this execution resumes an approved run.
+    #[must_use]
+    pub fn approved(&self) -> bool {
+        self.approved
+    }
+
+    /// Whether this is a worker run (under a lease) rather than an interactive one.
+    #[must_use]
+    pub fn is_worker_run(&self) -> bool {
+        self.owner.is_some()
+    }
+
+    /// Cancelled promptly when the lease is lost (or the run is cancelled at a boundary): watch it
+    /// in long awaits between checkpoints.
+    #[must_use]
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// The step boundary, in DESIGN §5's order: emit to observers -> cancellation probe
+    /// (cancelled: persist this step and stop) -> heartbeat renew (worker runs only; refused:
+    /// stop with [`StepError::LeaseLost`] without persisting) -> persist at MAX(seq)+1.
+    /// Returns the step's sequence number.
+    ///
+    /// # Errors
+    /// [`StepError`]: propagate it with `?`.
+    pub async fn checkpoint(&mut self, step: Step) -> Result<i64, StepError> {
+        for observer in self.observers.iter() {
+            observer.on_step(self.run.id, &step);
+        }
+        let status = self.store.find(self.run.id).await?.map(|r| r.status);
+        if status == Some(RunStatus::Cancelled) {
+            self.store
+                .append_event(self.run.id, &step.kind, &step.payload)
+                .await?;
+            self.token.cancel();
+            return Err(StepError::Cancelled);
+        }
+        if let Some(owner) = &self.owner {
+            if !self.store.renew(self.run.id, owner, self.lease).await? {
+                tracing::warn!(courier.run.id = %self.run.id, "lease lost at a step boundary");
+                self.token.cancel();
+                return Err(StepError::LeaseLost);
+            }
+        }
+        Ok(self
+            .store
+            .append_event(self.run.id, &step.kind, &step.payload)
+            .await?)
+    }
+
+    /// Marks a non-idempotent effect as in flight (the write fence): a failure or a stale
+    /// reclaim while it is set dead-letters the run instead of retrying it. Idempotent effects
+    /// need no mark.
+    ///
+    /// # Errors
+    /// The store failed, or the lease is lost.
+    pub async fn begin_effect(&mut self, name: &str) -> Result<(), StepError> {
+        self.set_effect(Some(name)).await
+    }
+
+    /// Clears the in-flight effect once it is known to be done.
+    ///
+    /// # Errors
+    /// The store failed, or the lease is lost.
+    pub async fn end_effect(&mut self) -> Result<(), StepError> {
+        self.set_effect(None).await
+    }
+
+    async fn set_effect(&mut self, effect: Option<&str>) -> Result<(), StepError> {
+        if self
+            .store
+            .set_pending_effect(self.run.id, self.owner.as_deref(), effect)
+            .await?
+        {
+            Ok(())
+        } else {
+            self.token.cancel();
+            Err(StepError::LeaseLost)
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! `[runs]` configuration, with humantime durations.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Backoff, ReapOptions, RuntimeOptions};
+
+/// The `[runs]` table of `courier.toml`.
+///
+/// ```
+/// use courier_runs::RunsConfig;
+/// let config: RunsConfig = toml::from_str(r#"
+///     store = "sqlite://courier.db"
+///     lease = "15min"
+///     backoff = { base = "30s", cap = "10min" }
+///     reap_every = "30s"
+/// "#).unwrap();
+/// config.validate().unwrap();
+/// assert_eq!(config.lease.as_secs(), 900);
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunsConfig {
+    /// The run store DSN (None: the CLI's default database).
+    pub store: Option<String>,
+    /// Lease of a claimed run (default 900 s).
+    #[serde(with = "human")]
+    pub lease: Duration,
+    /// Requeues allowed (default 3).
+    pub max_requeues: u32,
+    /// Requeue backoff.
+    pub backoff: BackoffConfig,
+    /// Most stale runs one reap handles (default 50).
+    pub reap_limit: usize,
+    /// Reap every this often inside `consume` (None: never).
+    #[serde(with = "human_opt")]
+    pub reap_every: Option<Duration>,
+    /// The longest an agent may go between two step boundaries (the heartbeat cadence); the
+    /// lease must be longer. None: not checked.
+    #[serde(with = "human_opt")]
+    pub step_timeout: Option<Duration>,
+}
+
+/// `backoff = { base, cap, jitter }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackoffConfig {
+    /// First delay (default 30 s).
+    #[serde(with = "human")]
+    pub base: Duration,
+    /// Longest delay (default 10 min).
+    #[serde(with = "human")]
+    pub cap: Duration,
+    /// Fraction taken off at random, 0 to 1 (default 0).
+    pub jitter: f64,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        let b = Backoff::default();
+        Self {
+            base: b.base,
+            cap: b.cap,
+            jitter: b.jitter,
+        }
+    }
+}
+
+impl Default for RunsConfig {
+    fn default() -> Self {
+        Self {
+            store: None,
+            lease: Duration::from_secs(900),
+            max_requeues: 3,
+            backoff: BackoffConfig::default(),
+            reap_limit: 50,
+            reap_every: None,
+            step_timeout: None,
+        }
+    }
+}
+
+/// A `[runs]` value is invalid; `key` names it (`runs.lease`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{key}`: {message}")]
+pub struct RunsConfigError {
+    /// The dotted key.
+    pub key: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl RunsConfig {
+    /// Checks the values together: lease > 0 and > step_timeout; reap_every <= lease and > 0;
+    /// base <= cap; jitter in [0, 1]; reap_limit > 0.
+    ///
+    /// # Errors
+    /// The first bad key.
+    pub fn validate(&self) -> Result<(), RunsConfigError> {
+        let err = |key, message: String| Err(RunsConfigError { key, message });
+        let fmt = |d: Duration| humantime::format_duration(d).to_string();
+        if self.lease.is_zero() {
+            return err("runs.lease", "must be longer than 0s".into());
+        }
+        if let Some(step) = self.step_timeout {
+            if self.lease <= step {
+                return err(
+                    "runs.lease",
+                    format!(
+                        "{} must be longer than runs.step_timeout ({})",
+                        fmt(self.lease),
+                        fmt(step)
+                    ),
+                );
+            }
+        }
+        if let Some(every) = self.reap_every {
+            if every.is_zero() {
+                return err("runs.reap_every", "must be longer than 0s".into());
+            }
+            if every > self.lease {
+                return err(
+                    "runs.reap_every",
+                    format!(
+                        "{} must not be longer than runs.lease ({})",
+                        fmt(every),
+                        fmt(self.lease)
+                    ),
+                );
+            }
+        }
+        if self.backoff.base > self.backoff.cap {
+            return err(
+                "runs.backoff.base",
+                format!(
+                    "{} must not exceed runs.backoff.cap ({})",
+                    fmt(self.backoff.base),
+                    fmt(self.backoff.cap)
+                ),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.backoff.jitter) {
+            return err(
+                "runs.backoff.jitter",
+                format!("{} is not between 0 and 1", self.backoff.jitter),
+            );
+        }
+        if self.reap_limit == 0 {
+            return err("runs.reap_limit", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The runtime options these values give.
+    #[must_use]
+    pub fn runtime_options(&self) -> RuntimeOptions {
+        RuntimeOptions {
+            lease: self.lease,
+            max_requeues: self.max_requeues,
+            backoff: Backoff {
+                base: self.backoff.base,
+                cap: self.backoff.cap,
+                jitter: self.backoff.jitter,
+            },
+            lease_check_every: Some(self.lease / 4),
+        }
+    }
+
+    /// The reap options these values give.
+    #[must_use]
+    pub fn reap_options(&self) -> ReapOptions {
+        ReapOptions {
+            limit: self.reap_limit,
+            dry_run: false,
+        }
+    }
+}
+
+mod human {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_duration(*d))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text)
+            .map_err(|e| serde::de::Error::custom(format!("`{text}`: {e}")))
+    }
+}
+
+mod human_opt {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.collect_str(&humantime::format_duration(*d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text)
+            .map(Some)
+            .map_err(|e| serde::de::Error::custom(format!("`{text}`: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RunsConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    #[test]
+    fn defaults_are_the_seeds() {
+        let c = parse("").expect("empty table");
+        assert_eq!(c, RunsConfig::default());
+        assert_eq!(c.lease, Duration::from_secs(900));
+        assert_eq!(c.max_requeues, 3);
+        assert_eq!(c.backoff.base, Duration::from_secs(30));
+        assert_eq!(c.backoff.cap, Duration::from_secs(600));
+        assert_eq!(c.reap_limit, 50);
+        c.validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn durations_are_humantime_strings() {
+        let c = parse("lease = \"2min\"\nreap_every = \"30s\"\nbackoff = { base = \"250ms\", cap = \"1h\", jitter = 0.1 }")
+            .expect("valid");
+        assert_eq!(c.lease, Duration::from_secs(120));
+        assert_eq!(c.reap_every, Some(Duration::from_secs(30)));
+        assert_eq!(c.backoff.base, Duration::from_millis(250));
+        assert!(parse("lease = 900").is_err());
+        assert!(parse("lease = \"soon\"").is_err());
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let e = parse("leese = \"1s\"")
+            .expect_err("unknown key")
+            .to_string();
+        assert!(e.contains("leese"), "{e}");
+        assert!(parse("backoff = { bse = \"1s\" }").is_err());
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let c = parse("lease = \"1min\"\nreap_every = \"2min\"").expect("parses");
+        assert_eq!(c.validate().map_err(|e| e.key), Err("runs.reap_every"));
+        let c = parse("lease = \"30s\"\nstep_timeout = \"1min\"").expect("parses");
+        let e = c.validate().expect_err("lease shorter than step timeout");
+        assert_eq!(e.key, "runs.lease");
+        assert!(e.to_string().contains("runs.lease"), "{e}");
+        let c = parse("backoff = { base = \"1h\", cap = \"1min\" }").expect("parses");
+        assert_eq!(c.validate().map_err(|e| e.key), Err("runs.backoff.base"));
+        let c = parse("backoff = { jitter = 2.0 }").expect("parses");
+        assert_eq!(c.validate().map_err(|e| e.key), Err("runs.backoff.jitter"));
+        let c = parse("reap_limit = 0").expect("parses");
+        assert_eq!(c.validate().map_err(|e| e.key), Err("runs.reap_limit"));
+    }
+}

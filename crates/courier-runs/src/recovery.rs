@@ -1,0 +1,63 @@
+//! The recovery hook (worker runs only): dead-letter, or requeue with backoff.
+
+use uuid::Uuid;
+
+use crate::runtime::{RunError, Runtime};
+use crate::{FailureClass, Outcome, Settlement, TerminationReason};
+
+/// DESIGN §5's recovery hook, in order: not retryable -> `not_retryable`; a non-idempotent effect
+/// in flight -> `not_retryable`; budget spent -> `retries_exhausted`; else owner requeue (refused:
+/// lease lost, no settle) and dispatch `RunAgent` with `DelayStamp(min(base * 2^count, cap))`,
+/// count taken before the increment. A dispatch failure after the requeue settles the queued row
+/// `failed`/`dispatch_failed`.
+pub(crate) async fn recover(
+    runtime: &Runtime,
+    run_id: Uuid,
+    reason: TerminationReason,
+    class: FailureClass,
+) -> Result<Outcome, RunError> {
+    let inner = &runtime.inner;
+    let me = inner.worker.as_str();
+    let dead = |reason: TerminationReason| {
+        (
+            Settlement::failed(reason, Some(class)),
+            Outcome::Failed {
+                reason,
+                class: Some(class),
+            },
+        )
+    };
+
+    if !(reason.is_retryable() && class.is_retryable()) {
+        let (s, o) = dead(TerminationReason::NotRetryable);
+        return runtime.settle(run_id, Some(me), s, o).await;
+    }
+    let Some(run) = inner.store.find(run_id).await? else {
+        return Ok(Outcome::LeaseLost);
+    };
+    if run.pending_effect.is_some() {
+        let (s, o) = dead(TerminationReason::NotRetryable);
+        return runtime.settle(run_id, Some(me), s, o).await;
+    }
+    if run.requeue_count >= inner.options.max_requeues {
+        let (s, o) = dead(TerminationReason::RetriesExhausted);
+        return runtime.settle(run_id, Some(me), s, o).await;
+    }
+    let delay = inner.options.backoff.delay(run.requeue_count);
+    if !inner.store.requeue_owned(run_id, me).await? {
+        return Ok(Outcome::LeaseLost);
+    }
+    tracing::info!(courier.run.id = %run_id, courier.run.error_class = %class, delay_ms = delay.as_millis() as u64, "run requeued");
+    if let Err(e) = runtime.dispatch(run_id, Some(delay)).await {
+        tracing::error!(courier.run.id = %run_id, error = %e, "dispatch after requeue failed; run dead-lettered");
+        inner
+            .store
+            .fail_queued(run_id, TerminationReason::DispatchFailed)
+            .await?;
+        return Ok(Outcome::Failed {
+            reason: TerminationReason::DispatchFailed,
+            class: Some(class),
+        });
+    }
+    Ok(Outcome::Requeued { delay })
+}

@@ -1,0 +1,601 @@
+//! The runtime: enqueue, worker runs (claim, lease, recovery), interactive runs, cancel.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_core::{BusError, BusLink, DelayStamp, Envelope, MessageBus, MessageBusBuilder};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::agent::{Agent, AgentError, AgentOutcome, RunContext, RunObserver, StepError};
+use crate::{
+    Backoff, NewRun, Outcome, Reaper, Run, RunAgent, RunAgentHandler, RunStatus, RunStore,
+    Settlement, StoreError, TerminationReason, worker_identity,
+};
+
+/// Runtime settings (see [`RunsConfig`](crate::RunsConfig) for the file form).
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    /// Lease of a claimed run, renewed at every step boundary (default 900 s).
+    pub lease: Duration,
+    /// Requeues allowed, failure retries and stale reclaims together (default 3).
+    pub max_requeues: u32,
+    /// Requeue delays.
+    pub backoff: Backoff,
+    /// How often a worker run checks, between step boundaries, that it still owns its row, so the
+    /// agent is cancelled promptly when another worker took it (default lease / 4; None: only at
+    /// boundaries).
+    pub lease_check_every: Option<Duration>,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(900),
+            max_requeues: 3,
+            backoff: Backoff::default(),
+            lease_check_every: Some(Duration::from_secs(225)),
+        }
+    }
+}
+
+/// The runtime failed (not a run outcome: those are [`Outcome`]s).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Dispatching `RunAgent` failed; the run was settled `failed`/`dispatch_failed`.
+    #[error("could not dispatch run {run_id}")]
+    Dispatch {
+        /// The run.
+        run_id: Uuid,
+        /// The bus error.
+        #[source]
+        source: BusError,
+    },
+    /// The runtime is not linked to a bus (see [`Runtime::register`]).
+    #[error("the run runtime is not linked to a message bus")]
+    NoBus,
+    /// No agent of that name is registered.
+    #[error("unknown agent `{0}`")]
+    UnknownAgent(String),
+    /// The run does not exist.
+    #[error("run {0} not found")]
+    NotFound(Uuid),
+    /// The run is not in the status the operation needs.
+    #[error("run {run_id} is {status}, not {expected}")]
+    WrongStatus {
+        /// The run.
+        run_id: Uuid,
+        /// Its status.
+        status: RunStatus,
+        /// The status needed.
+        expected: RunStatus,
+    },
+    /// An interactive run's agent failed: the failure, unchanged (the run is `failed`).
+    #[error("run {run_id} failed")]
+    Agent {
+        /// The run.
+        run_id: Uuid,
+        /// The agent's error.
+        #[source]
+        error: AgentError,
+    },
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) agents: HashMap<String, Arc<dyn Agent>>,
+    pub(crate) worker: String,
+    pub(crate) options: RuntimeOptions,
+    pub(crate) bus: BusLink,
+    pub(crate) observers: Arc<[Arc<dyn RunObserver>]>,
+}
+
+/// Runs agents durably. Cheap to clone.
+///
+/// ```
+/// use courier_runs::{MemoryRunStore, Outcome, Runtime, ScriptedAgent};
+/// use courier_core::MessageBus;
+/// use std::sync::Arc;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let runtime = Runtime::builder(Arc::new(MemoryRunStore::new())).agent("scripted", ScriptedAgent).build();
+/// let bus = runtime
+///     .register(MessageBus::builder().sync_transport("sync").route("courier.run_agent", ["sync"]))
+///     .build();
+/// let id = runtime.enqueue("scripted", serde_json::json!({"steps": [{"output": "done"}]})).await?;
+/// let run = runtime.store().find(id).await?.unwrap();
+/// assert_eq!(run.output, Some(serde_json::json!("done")));
+/// # drop(bus);
+/// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut agents: Vec<_> = self.inner.agents.keys().collect();
+        agents.sort();
+        f.debug_struct("Runtime")
+            .field("worker", &self.inner.worker)
+            .field("agents", &agents)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Runtime`].
+pub struct RuntimeBuilder {
+    store: Arc<dyn RunStore>,
+    agents: HashMap<String, Arc<dyn Agent>>,
+    worker: Option<String>,
+    options: RuntimeOptions,
+    bus: BusLink,
+    observers: Vec<Arc<dyn RunObserver>>,
+}
+
+impl RuntimeBuilder {
+    /// Registers an agent under `name`.
+    #[must_use]
+    pub fn agent(mut self, name: impl Into<String>, agent: impl Agent) -> Self {
+        self.agents.insert(name.into(), Arc::new(agent));
+        self
+    }
+
+    /// Sets the options.
+    #[must_use]
+    pub fn options(mut self, options: RuntimeOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Overrides the worker identity (tests simulating several processes; production uses
+    /// [`worker_identity`]).
+    #[must_use]
+    pub fn worker_identity(mut self, id: impl Into<String>) -> Self {
+        self.worker = Some(id.into());
+        self
+    }
+
+    /// Adds an observer of every step.
+    #[must_use]
+    pub fn observer(mut self, observer: impl RunObserver) -> Self {
+        self.observers.push(Arc::new(observer));
+        self
+    }
+
+    /// Uses an existing bus link (bound elsewhere) instead of a new one.
+    #[must_use]
+    pub fn bus_link(mut self, link: BusLink) -> Self {
+        self.bus = link;
+        self
+    }
+
+    /// Builds the runtime.
+    #[must_use]
+    pub fn build(self) -> Runtime {
+        Runtime {
+            inner: Arc::new(Inner {
+                store: self.store,
+                agents: self.agents,
+                worker: self.worker.unwrap_or_else(|| worker_identity().to_owned()),
+                options: self.options,
+                bus: self.bus,
+                observers: self.observers.into(),
+            }),
+        }
+    }
+}
+
+impl Runtime {
+    /// Starts building a runtime over `store`.
+    #[must_use]
+    pub fn builder(store: Arc<dyn RunStore>) -> RuntimeBuilder {
+        RuntimeBuilder {
+            store,
+            agents: HashMap::new(),
+            worker: None,
+            options: RuntimeOptions::default(),
+            bus: BusLink::new(),
+            observers: Vec::new(),
+        }
+    }
+
+    /// Registers the [`RunAgentHandler`] on a bus builder and links this runtime to the bus it
+    /// builds (the runtime dispatches `RunAgent` on it).
+    #[must_use]
+    pub fn register(&self, builder: MessageBusBuilder) -> MessageBusBuilder {
+        builder
+            .handler_named::<RunAgent, _>("courier.runs", RunAgentHandler::new(self.clone()))
+            .link(self.bus_link())
+    }
+
+    /// The link the runtime dispatches through; bind it with `MessageBusBuilder::link`.
+    #[must_use]
+    pub fn bus_link(&self) -> BusLink {
+        self.inner.bus.clone()
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &Arc<dyn RunStore> {
+        &self.inner.store
+    }
+
+    /// This runtime's worker identity.
+    #[must_use]
+    pub fn worker(&self) -> &str {
+        &self.inner.worker
+    }
+
+    /// The options.
+    #[must_use]
+    pub fn options(&self) -> &RuntimeOptions {
+        &self.inner.options
+    }
+
+    /// A reaper over the same store and bus.
+    #[must_use]
+    pub fn reaper(&self) -> Reaper {
+        Reaper::new(
+            self.inner.store.clone(),
+            self.inner.bus.clone(),
+            self.inner.options.max_requeues,
+        )
+    }
+
+    pub(crate) async fn dispatch(
+        &self,
+        run_id: Uuid,
+        delay: Option<Duration>,
+    ) -> Result<(), RunError> {
+        dispatch_run(&self.inner.bus, run_id, delay).await
+    }
+
+    /// Inserts a `queued` run and dispatches `RunAgent` for it. A failed dispatch settles the run
+    /// `failed`/`dispatch_failed` (no orphan) and returns the error.
+    ///
+    /// # Errors
+    /// Store failure, [`RunError::Dispatch`], [`RunError::NoBus`].
+    pub async fn enqueue(&self, agent: &str, input: serde_json::Value) -> Result<Uuid, RunError> {
+        let run = NewRun {
+            id: Uuid::new_v4(),
+            agent: agent.to_owned(),
+            input,
+        };
+        self.inner.store.insert_queued(&run).await?;
+        if let Err(e) = self.dispatch(run.id, None).await {
+            self.inner
+                .store
+                .fail_queued(run.id, TerminationReason::DispatchFailed)
+                .await?;
+            return Err(e);
+        }
+        Ok(run.id)
+    }
+
+    /// Executes a queued run as a worker: claim (lost claim: [`Outcome::NotClaimed`], nothing
+    /// runs), lease renewed at each step boundary, recovery hook on failure.
+    ///
+    /// # Errors
+    /// Only store failures; every run outcome is an [`Outcome`].
+    pub async fn run_queued(&self, run_id: Uuid) -> Result<Outcome, RunError> {
+        let span = tracing::info_span!("courier.run", courier.run.id = %run_id, courier.worker = %self.inner.worker);
+        self.run_queued_inner(run_id).instrument(span).await
+    }
+
+    async fn run_queued_inner(&self, run_id: Uuid) -> Result<Outcome, RunError> {
+        let store = &self.inner.store;
+        let me = self.inner.worker.as_str();
+        if !store.claim(run_id, me, self.inner.options.lease).await? {
+            tracing::debug!("claim lost: not claimed");
+            return Ok(Outcome::NotClaimed);
+        }
+        let Some(run) = store.find(run_id).await? else {
+            return Ok(Outcome::LeaseLost);
+        };
+        let Some(agent) = self.inner.agents.get(&run.agent).cloned() else {
+            let class = Some(crate::FailureClass::Configuration);
+            let settled = Settlement::failed(TerminationReason::NotRetryable, class);
+            return self
+                .settle(
+                    run_id,
+                    Some(me),
+                    settled,
+                    Outcome::Failed {
+                        reason: TerminationReason::NotRetryable,
+                        class,
+                    },
+                )
+                .await;
+        };
+        let owner = Some(me.to_owned());
+        match self.execute(agent, run, owner, false).await? {
+            Executed::Outcome(o) => Ok(o),
+            Executed::Failed(error) => {
+                let class = error.class().unwrap_or(crate::FailureClass::Unknown);
+                tracing::info!(error = %error, courier.run.error_class = %class, "agent failed");
+                crate::recovery::recover(self, run_id, TerminationReason::ProviderFailed, class)
+                    .await
+            }
+        }
+    }
+
+    /// Runs an agent interactively, in this task: no lease, no heartbeat, no recovery; a failure
+    /// is settled `failed`/`provider_failed` and returned unchanged in [`RunError::Agent`].
+    ///
+    /// # Errors
+    /// [`RunError::UnknownAgent`], store failures, [`RunError::Agent`].
+    pub async fn run(
+        &self,
+        agent: &str,
+        input: serde_json::Value,
+    ) -> Result<(Uuid, Outcome), RunError> {
+        let handler = self
+            .inner
+            .agents
+            .get(agent)
+            .cloned()
+            .ok_or_else(|| RunError::UnknownAgent(agent.to_owned()))?;
+        let run = self
+            .inner
+            .store
+            .insert_interactive(&NewRun {
+                id: Uuid::new_v4(),
+                agent: agent.to_owned(),
+                input,
+            })
+            .await?;
+        let id = run.id;
+        Ok((id, self.interactive(handler, run, false).await?))
+    }
+
+    /// Approves a run `waiting_for_approval` and resumes it interactively (the agent sees
+    /// [`RunContext::approved`]).
+    ///
+    /// # Errors
+    /// Not found, not waiting for approval, unknown agent, store failures, [`RunError::Agent`].
+    pub async fn approve(&self, run_id: Uuid) -> Result<Outcome, RunError> {
+        let run = self
+            .inner
+            .store
+            .find(run_id)
+            .await?
+            .ok_or(RunError::NotFound(run_id))?;
+        let agent = self
+            .inner
+            .agents
+            .get(&run.agent)
+            .cloned()
+            .ok_or_else(|| RunError::UnknownAgent(run.agent.clone()))?;
+        if !self
+            .inner
+            .store
+            .resume(run_id, RunStatus::WaitingForApproval)
+            .await?
+        {
+            let status = self
+                .inner
+                .store
+                .find(run_id)
+                .await?
+                .map_or(run.status, |r| r.status);
+            return Err(RunError::WrongStatus {
+                run_id,
+                status,
+                expected: RunStatus::WaitingForApproval,
+            });
+        }
+        let run = self
+            .inner
+            .store
+            .find(run_id)
+            .await?
+            .ok_or(RunError::NotFound(run_id))?;
+        self.interactive(agent, run, true).await
+    }
+
+    /// Cancels a run in any non-terminal status; returns false when it was already terminal.
+    /// A running agent stops at its next step boundary.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn cancel(&self, run_id: Uuid) -> Result<bool, RunError> {
+        Ok(self.inner.store.cancel(run_id).await?)
+    }
+
+    async fn interactive(
+        &self,
+        agent: Arc<dyn Agent>,
+        run: Run,
+        approved: bool,
+    ) -> Result<Outcome, RunError> {
+        let run_id = run.id;
+        match self.execute(agent, run, None, approved).await? {
+            Executed::Outcome(o) => Ok(o),
+            Executed::Failed(error) => {
+                let class = error.class();
+                let settled = Settlement::failed(TerminationReason::ProviderFailed, class);
+                self.inner.store.settle(run_id, None, &settled).await?;
+                Err(RunError::Agent { run_id, error })
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        agent: Arc<dyn Agent>,
+        run: Run,
+        owner: Option<String>,
+        approved: bool,
+    ) -> Result<Executed, RunError> {
+        let run_id = run.id;
+        let token = CancellationToken::new();
+        let mut cx = RunContext {
+            run,
+            store: self.inner.store.clone(),
+            owner: owner.clone(),
+            lease: self.inner.options.lease,
+            observers: self.inner.observers.clone(),
+            token: token.clone(),
+            approved,
+        };
+        let watch = watch_lease(
+            self.inner.store.clone(),
+            run_id,
+            owner.clone(),
+            self.inner.options.lease_check_every,
+            token.clone(),
+        );
+        let result = tokio::select! {
+            result = agent.run(&mut cx) => result,
+            () = watch => return Ok(Executed::Outcome(Outcome::LeaseLost)),
+        };
+        let owner = owner.as_deref();
+        let (settlement, outcome) = match result {
+            Ok(AgentOutcome::Completed(output)) => (
+                Settlement {
+                    status: RunStatus::Completed,
+                    reason: Some(TerminationReason::Completed),
+                    class: None,
+                    output: Some(output.clone()),
+                },
+                Outcome::Completed { output },
+            ),
+            Ok(AgentOutcome::AwaitingApproval) => (
+                Settlement {
+                    status: RunStatus::WaitingForApproval,
+                    reason: None,
+                    class: None,
+                    output: None,
+                },
+                Outcome::AwaitingApproval,
+            ),
+            Ok(AgentOutcome::AwaitingInput) => (
+                Settlement {
+                    status: RunStatus::WaitingForInput,
+                    reason: None,
+                    class: None,
+                    output: None,
+                },
+                Outcome::AwaitingInput,
+            ),
+            Ok(AgentOutcome::Stopped(reason)) => {
+                let status = match reason {
+                    TerminationReason::Completed => RunStatus::Completed,
+                    TerminationReason::Cancelled => RunStatus::Cancelled,
+                    _ => RunStatus::Failed,
+                };
+                let outcome = match status {
+                    RunStatus::Cancelled => Outcome::Cancelled,
+                    RunStatus::Completed => Outcome::Completed {
+                        output: serde_json::Value::Null,
+                    },
+                    _ => Outcome::Failed {
+                        reason,
+                        class: None,
+                    },
+                };
+                (
+                    Settlement {
+                        status,
+                        reason: Some(reason),
+                        class: None,
+                        output: None,
+                    },
+                    outcome,
+                )
+            }
+            Err(AgentError::Step(StepError::LeaseLost)) => {
+                return Ok(Executed::Outcome(Outcome::LeaseLost));
+            }
+            Err(AgentError::Step(StepError::Cancelled)) => {
+                return Ok(Executed::Outcome(Outcome::Cancelled));
+            }
+            Err(AgentError::Step(StepError::Store(e))) => return Err(e.into()),
+            Err(error) => return Ok(Executed::Failed(error)),
+        };
+        Ok(Executed::Outcome(
+            self.settle(run_id, owner, settlement, outcome).await?,
+        ))
+    }
+
+    /// Settles with the owner guard; a refused settle means the first outcome stands (cancelled)
+    /// or another worker owns the run (lease lost).
+    pub(crate) async fn settle(
+        &self,
+        run_id: Uuid,
+        owner: Option<&str>,
+        settlement: Settlement,
+        outcome: Outcome,
+    ) -> Result<Outcome, RunError> {
+        if self.inner.store.settle(run_id, owner, &settlement).await? {
+            return Ok(outcome);
+        }
+        let now = self.inner.store.find(run_id).await?;
+        Ok(match now.map(|r| r.status) {
+            Some(RunStatus::Cancelled) => Outcome::Cancelled,
+            _ => Outcome::LeaseLost,
+        })
+    }
+}
+
+pub(crate) enum Executed {
+    Outcome(Outcome),
+    Failed(AgentError),
+}
+
+pub(crate) async fn dispatch_run(
+    bus: &BusLink,
+    run_id: Uuid,
+    delay: Option<Duration>,
+) -> Result<(), RunError> {
+    let bus: MessageBus = bus.get().ok_or(RunError::NoBus)?;
+    let mut envelope = Envelope::new(RunAgent { run_id });
+    if let Some(delay) = delay {
+        envelope = envelope.with(DelayStamp(delay));
+    }
+    bus.dispatch(envelope)
+        .await
+        .map(drop)
+        .map_err(|source| RunError::Dispatch { run_id, source })
+}
+
+/// Between step boundaries, checks every `every` that the worker still owns the row; returns
+/// (after cancelling `token`) when it does not. Never returns for interactive runs.
+async fn watch_lease(
+    store: Arc<dyn RunStore>,
+    run_id: Uuid,
+    owner: Option<String>,
+    every: Option<Duration>,
+    token: CancellationToken,
+) {
+    let (Some(owner), Some(every)) = (owner, every) else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = token.cancelled() => return std::future::pending().await,
+        }
+        let Ok(run) = store.find(run_id).await else {
+            continue;
+        };
+        let held = run.as_ref().is_some_and(|r| {
+            r.status == RunStatus::Cancelled
+                || (r.status == RunStatus::Running && r.claimed_by.as_deref() == Some(&owner))
+        });
+        if !held {
+            tracing::warn!(courier.run.id = %run_id, "lease lost between step boundaries");
+            token.cancel();
+            return;
+        }
+    }
+}
