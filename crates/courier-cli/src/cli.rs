@@ -1,0 +1,258 @@
+//! The command line, declared with clap's derive API (DESIGN.md §6 is the contract).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Pluggable message transports with durable runs.
+#[derive(Debug, Parser)]
+#[command(name = "courier", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    /// Configuration file (else $COURIER_CONFIG, else ./courier.toml, else the embedded default:
+    /// SQLite `courier.db` in the working directory)
+    #[arg(long, global = true, value_name = "FILE", env = "COURIER_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    /// More output (-v: per-message logs, -vv: debug)
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub(crate) verbose: u8,
+    /// Errors only
+    #[arg(short, long, global = true)]
+    pub(crate) quiet: bool,
+    /// Output format for commands that print data
+    #[arg(long, global = true, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    /// Human tables and sentences
+    Text,
+    /// JSON, the scripting interface
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create tables / queues / streams for every transport (idempotent)
+    Setup,
+    /// Consume messages from transports (all non-failure transports when none is named)
+    Consume(ConsumeArgs),
+    /// Message counts per transport
+    Stats {
+        /// Transports to count (default: all)
+        transports: Vec<String>,
+    },
+    /// Inspect, retry or remove messages in failure transports
+    #[command(subcommand)]
+    Failed(FailedCommand),
+    /// Ask every worker of this configuration to stop after its in-flight messages
+    StopWorkers,
+    /// Durable agent runs
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Requeue or dead-letter runs whose lease expired
+    Reap(ReapArgs),
+    /// The main job on the embedded default: scripted runs, workers, a crash, the reaper
+    Demo(DemoArgs),
+    /// Send/consume benchmark through the real worker path
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ConsumeArgs {
+    /// Transports to consume, highest priority first
+    pub(crate) transports: Vec<String>,
+    /// Stop after this many messages
+    #[arg(long)]
+    pub(crate) limit: Option<u64>,
+    /// Stop after this many failed messages
+    #[arg(long)]
+    pub(crate) failure_limit: Option<u64>,
+    /// Stop after this long (e.g. 1h)
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) time_limit: Option<Duration>,
+    /// Stop when resident memory exceeds this (e.g. 256M)
+    #[arg(long, value_parser = parse_bytes)]
+    pub(crate) memory_limit: Option<u64>,
+    /// Handlers running at once
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) concurrency: u16,
+    /// Messages fetched per round trip
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) fetch_size: u16,
+    /// Idle wait where the transport cannot block
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub(crate) sleep: Duration,
+    /// Heartbeat interval for in-flight messages
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) keepalive: Option<Duration>,
+    /// How long in-flight messages may finish after SIGINT/SIGTERM
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub(crate) grace: Duration,
+    /// Run the stale-run reaper at this interval inside the worker
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) reap_every: Option<Duration>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum FailedCommand {
+    /// List failed messages, or show one
+    Show {
+        /// A message id
+        id: Option<String>,
+        /// The failure transport (default: every one configured)
+        #[arg(long)]
+        transport: Option<String>,
+        /// At most this many messages
+        #[arg(long, default_value_t = 50)]
+        max: usize,
+    },
+    /// Send failed messages back to their original transport, then remove them
+    Retry(FailedIds),
+    /// Remove failed messages for good
+    Remove(FailedIds),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FailedIds {
+    /// Message ids
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub(crate) ids: Vec<String>,
+    /// Every failed message
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// The failure transport (default: every one configured)
+    #[arg(long)]
+    pub(crate) transport: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum RunsCommand {
+    /// Create a run and queue it (prints its id)
+    Submit {
+        /// The agent's name
+        agent: String,
+        /// Input JSON, or @FILE
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// Run it here and now, in this process, instead of queueing it
+        #[arg(long)]
+        interactive: bool,
+    },
+    /// One run with its events
+    Show {
+        /// The run id
+        id: String,
+    },
+    /// Runs, newest first
+    List {
+        /// Only runs with this status
+        #[arg(long)]
+        status: Option<String>,
+        /// At most this many runs
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// The persisted steps of a run
+    Events {
+        /// The run id
+        id: String,
+    },
+    /// Cancel a run that has not finished
+    Cancel {
+        /// The run id
+        id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReapArgs {
+    /// At most this many stale runs (default: the configured reap_limit)
+    #[arg(long)]
+    pub(crate) limit: Option<usize>,
+    /// Only list what would be reaped
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Runs to submit
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) runs: u32,
+    /// Workers to run in this process
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) workers: u16,
+    /// Database file (default: courier.db in the working directory)
+    #[arg(long, value_name = "FILE")]
+    pub(crate) db: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Transport to measure (default: a fresh SQLite file in the temp directory)
+    #[arg(long)]
+    pub(crate) dsn: Option<String>,
+    /// Messages to send and consume
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub(crate) messages: u64,
+    /// Handlers running at once
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) concurrency: u16,
+    /// Message body size in bytes
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
+    pub(crate) size: u64,
+    /// Messages fetched (and sent) per round trip
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) fetch_size: u16,
+    /// Also measure the raw driver doing the same protocol work
+    #[arg(long)]
+    pub(crate) raw: bool,
+}
+
+/// `250ms`, `30s`, `10min`, `1h`.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration `{s}` ({e}); write e.g. 250ms, 30s, 10min, 1h"))
+}
+
+/// `256M`, `1G`, `512K`, `1048576` (bytes; K/M/G are powers of 1024, `MB`/`MiB` accepted).
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let err = || format!("invalid size `{s}`; write e.g. 512K, 256M, 1G or a number of bytes");
+    let n: u64 = digits.parse().map_err(|_| err())?;
+    let factor: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        _ => return Err(err()),
+    };
+    n.checked_mul(factor).ok_or_else(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_bytes("256M"), Ok(256 << 20));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert_eq!(parse_bytes("100"), Ok(100));
+        assert!(parse_bytes("12X").is_err());
+        assert!(parse_bytes("M").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,307 @@
+//! `courier consume`: run a worker until a limit, a signal or `stop-workers`.
+
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use courier_core::{CancellationToken, StopReason, WorkerError, WorkerEvent, WorkerStats};
+
+use crate::cli::ConsumeArgs;
+use crate::commands::stop;
+use crate::context::Ctx;
+use crate::error::{CliError, CliResult};
+
+/// Counters the progress line reads.
+#[derive(Debug, Default)]
+struct Counters {
+    received: AtomicU64,
+    handled: AtomicU64,
+    failed: AtomicU64,
+    retried: AtomicU64,
+    moved: AtomicU64,
+}
+
+pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
+    ctx.check_transports(&args.transports)?;
+    let transports = ctx.connect().await?;
+    #[cfg(feature = "runs")]
+    let runs = crate::runs::WorkerParts::new(ctx, &transports, args.reap_every).await?;
+    #[cfg(not(feature = "runs"))]
+    if args.reap_every.is_some() {
+        return Err(CliError::usage("`--reap-every` needs the `runs` feature"));
+    }
+    let bus = ctx.bus(&transports, |b| {
+        #[cfg(feature = "runs")]
+        let b = runs.bus_hook(b);
+        b
+    });
+    let counters = Arc::new(Counters::default());
+    let verbose = ctx.verbose >= 1;
+    let listen = counters.clone();
+    let mut builder = transports
+        .worker(bus, &args.transports)?
+        .fetch_size(usize::from(args.fetch_size))
+        .concurrency(usize::from(args.concurrency))
+        .sleep(args.sleep)
+        .keepalive(args.keepalive)
+        .grace(args.grace)
+        .listener(move |event| on_event(&listen, verbose, event));
+    if let Some(n) = args.limit {
+        builder = builder.limit(n);
+    }
+    if let Some(n) = args.failure_limit {
+        builder = builder.failure_limit(n);
+    }
+    if let Some(t) = args.time_limit {
+        builder = builder.time_limit(t);
+    }
+    if let Some(m) = args.memory_limit {
+        builder = builder.memory_limit(m);
+    }
+    let worker = builder.build();
+
+    let shutdown = CancellationToken::new();
+    let helpers = CancellationToken::new();
+    let mut tasks = vec![
+        tokio::spawn(watch_signals(
+            shutdown.clone(),
+            helpers.clone(),
+            args.grace,
+            ctx.quiet,
+        )),
+        tokio::spawn(watch_stop_file(
+            ctx.stop_file(),
+            shutdown.clone(),
+            helpers.clone(),
+        )),
+    ];
+    if !ctx.quiet && !ctx.json() {
+        let names = if args.transports.is_empty() {
+            "every transport".to_owned()
+        } else {
+            args.transports.join(", ")
+        };
+        eprintln!("Consuming {names}; stop with Ctrl-C or `courier stop-workers`.");
+        tasks.push(tokio::spawn(progress(counters.clone(), helpers.clone())));
+    }
+    #[cfg(feature = "runs")]
+    if let Some(task) = runs.spawn_reaper(helpers.clone(), ctx.quiet) {
+        tasks.push(task);
+    }
+
+    let result = worker.run(shutdown.clone()).await;
+    helpers.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let stats = result.map_err(|e| match e {
+        WorkerError::NoReceivers => {
+            CliError::usage("nothing to consume: name a transport (`courier consume async`)")
+        }
+        other => CliError::usage(other.to_string()),
+    })?;
+    report(ctx, &stats)
+}
+
+fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
+    match event {
+        WorkerEvent::Received {
+            transport,
+            message,
+            id,
+        } => {
+            c.received.fetch_add(1, Ordering::Relaxed);
+            if verbose {
+                tracing::info!(transport = %transport, message = %message, id = id.as_deref().unwrap_or("-"), "received");
+            }
+        }
+        WorkerEvent::Handled {
+            transport,
+            message,
+            id,
+            elapsed,
+        } => {
+            c.handled.fetch_add(1, Ordering::Relaxed);
+            if verbose {
+                tracing::info!(transport = %transport, message = %message, id = id.as_deref().unwrap_or("-"),
+                    elapsed_ms = elapsed.as_millis() as u64, "handled");
+            }
+        }
+        WorkerEvent::Failed {
+            transport,
+            message,
+            id,
+            error,
+            will_retry,
+        } => {
+            c.failed.fetch_add(1, Ordering::Relaxed);
+            if verbose {
+                tracing::warn!(transport = %transport, message = %message, id = id.as_deref().unwrap_or("-"),
+                    will_retry, error = %crate::error::scrub(error), "failed");
+            }
+        }
+        WorkerEvent::Retried {
+            transport,
+            id,
+            retry_count,
+            delay,
+        } => {
+            c.retried.fetch_add(1, Ordering::Relaxed);
+            if verbose {
+                tracing::info!(transport = %transport, id = id.as_deref().unwrap_or("-"), retry_count,
+                    delay = %humantime::format_duration(*delay), "retried");
+            }
+        }
+        WorkerEvent::MovedToFailureTransport {
+            transport,
+            failure_transport,
+            id,
+        } => {
+            c.moved.fetch_add(1, Ordering::Relaxed);
+            if verbose {
+                tracing::info!(transport = %transport, failure_transport = %failure_transport,
+                    id = id.as_deref().unwrap_or("-"), "moved to the failure transport");
+            }
+        }
+        WorkerEvent::TransportError { transport, error } => {
+            tracing::warn!(transport = %transport, error = %crate::error::scrub(error), "transport error");
+        }
+        WorkerEvent::LeftForRedelivery {
+            transport,
+            id,
+            reason,
+        } => {
+            tracing::warn!(transport = %transport, id = id.as_deref().unwrap_or("-"), reason = %reason, "left for redelivery");
+        }
+        _ => {}
+    }
+}
+
+async fn watch_signals(
+    shutdown: CancellationToken,
+    done: CancellationToken,
+    grace: Duration,
+    quiet: bool,
+) {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+        () = done.cancelled() => return,
+    }
+    if !quiet {
+        eprintln!(
+            "\nStopping: finishing in-flight messages (up to {}).",
+            humantime::format_duration(grace)
+        );
+    }
+    shutdown.cancel();
+}
+
+async fn watch_stop_file(
+    path: std::path::PathBuf,
+    shutdown: CancellationToken,
+    done: CancellationToken,
+) {
+    let started = stop::now_ms();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = done.cancelled() => return,
+        }
+        if stop::requested_at(&path).is_some_and(|at| at >= started) {
+            tracing::info!(file = %path.display(), "stop requested by `courier stop-workers`");
+            shutdown.cancel();
+            return;
+        }
+    }
+}
+
+/// A progress line on a terminal, a log line every 10 s otherwise.
+async fn progress(c: Arc<Counters>, done: CancellationToken) {
+    let tty = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let period = if tty {
+        Duration::from_millis(250)
+    } else {
+        Duration::from_secs(10)
+    };
+    let mut tick = tokio::time::interval(period);
+    tick.tick().await;
+    let mut last = u64::MAX;
+    loop {
+        let finished = tokio::select! {
+            _ = tick.tick() => false,
+            () = done.cancelled() => true,
+        };
+        let handled = c.handled.load(Ordering::Relaxed);
+        let failed = c.failed.load(Ordering::Relaxed);
+        let rate = handled as f64 / started.elapsed().as_secs_f64().max(0.001);
+        let line = format!(
+            "handled {handled}  failed {failed}  retried {}  to failure {}  {rate:.0}/s",
+            c.retried.load(Ordering::Relaxed),
+            c.moved.load(Ordering::Relaxed),
+        );
+        if tty {
+            eprint!("\r\x1b[2K{line}");
+            if finished {
+                eprintln!();
+            }
+            let _ = std::io::stderr().flush();
+        } else if handled + failed != last && !finished {
+            eprintln!("{line}");
+        }
+        last = handled + failed;
+        if finished {
+            return;
+        }
+    }
+}
+
+fn reason(r: Option<StopReason>) -> &'static str {
+    match r {
+        Some(StopReason::Shutdown) => "shutdown requested",
+        Some(StopReason::MessageLimit) => "message limit reached",
+        Some(StopReason::FailureLimit) => "failure limit reached",
+        Some(StopReason::TimeLimit) => "time limit reached",
+        Some(StopReason::MemoryLimit) => "memory limit reached",
+        _ => "stopped",
+    }
+}
+
+fn report(ctx: &Ctx<'_>, s: &WorkerStats) -> CliResult {
+    if ctx.json() {
+        return ctx.print_json(&serde_json::json!({
+            "received": s.received,
+            "handled": s.handled,
+            "failed": s.failed,
+            "retried": s.retried,
+            "moved_to_failure": s.moved_to_failure,
+            "left_for_redelivery": s.left_for_redelivery,
+            "stop_reason": reason(s.stop_reason),
+        }));
+    }
+    ctx.note(format!(
+        "Received {} message(s): {} handled, {} failed ({} retried, {} moved to the failure transport, {} left for redelivery); {}.",
+        s.received,
+        s.handled,
+        s.failed,
+        s.retried,
+        s.moved_to_failure,
+        s.left_for_redelivery,
+        reason(s.stop_reason)
+    ));
+    Ok(())
+}

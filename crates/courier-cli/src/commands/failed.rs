@@ -1,0 +1,239 @@
+//! `courier failed show | retry | remove`: the messages in failure transports.
+
+use std::sync::Arc;
+
+use courier_core::config::Transports;
+use courier_core::{
+    DelayStamp, DeliveryTagStamp, Envelope, ErrorDetailsStamp, Listable, ReceivedStamp,
+    RedeliveryStamp, SentToFailureTransportStamp, Transport, TransportMessageIdStamp, retry_count,
+};
+use serde::Serialize;
+
+use crate::cli::{FailedCommand, FailedIds};
+use crate::context::Ctx;
+use crate::error::{CliError, CliResult};
+use crate::table::{Table, shorten};
+use crate::time::rfc3339;
+
+/// One failed message, as `failed show --format json` prints it.
+#[derive(Debug, Serialize)]
+struct Row {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    kind: String,
+    transport: Option<String>,
+    error_class: Option<String>,
+    error: Option<String>,
+    retry_count: u32,
+    failed_at: Option<String>,
+    failure_transport: String,
+}
+
+impl Row {
+    fn new(failure_transport: &str, e: &Envelope) -> Self {
+        let details = e.last::<ErrorDetailsStamp>();
+        Self {
+            id: e.id().map(str::to_owned),
+            kind: e.message_name().to_owned(),
+            transport: e
+                .last::<SentToFailureTransportStamp>()
+                .map(|s| s.original.clone()),
+            error_class: details.map(|d| d.class.clone()),
+            error: details.map(|d| d.message.clone()),
+            retry_count: retry_count(e),
+            failed_at: e.last::<RedeliveryStamp>().map(|r| rfc3339(r.at)),
+            failure_transport: failure_transport.to_owned(),
+        }
+    }
+}
+
+pub(crate) async fn run(ctx: &Ctx<'_>, command: &FailedCommand) -> CliResult {
+    match command {
+        FailedCommand::Show { id, transport, max } => {
+            show(ctx, id.as_deref(), transport.as_deref(), *max).await
+        }
+        FailedCommand::Retry(ids) => act(ctx, ids, true).await,
+        FailedCommand::Remove(ids) => act(ctx, ids, false).await,
+    }
+}
+
+/// The failure transports to look at: the one named, else every configured one.
+fn failure_names(ctx: &Ctx<'_>, named: Option<&str>) -> CliResult<Vec<String>> {
+    if let Some(name) = named {
+        ctx.check_transports(&[name.to_owned()])?;
+        return Ok(vec![name.to_owned()]);
+    }
+    let mut names: Vec<String> = ctx
+        .config
+        .transports
+        .keys()
+        .filter_map(|n| ctx.config.failure_transport_of(n).map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return Err(CliError::usage(
+            "no failure transport is configured (set `failure_transport` on a transport)",
+        ));
+    }
+    Ok(names)
+}
+
+fn listable<'t>(transports: &'t Transports, name: &str) -> CliResult<&'t dyn Listable> {
+    let t = transports
+        .get(name)
+        .ok_or_else(|| CliError::usage(format!("unknown transport `{name}`")))?;
+    t.as_listable().ok_or_else(|| {
+        CliError::usage(format!(
+            "transport `{name}` cannot list its messages (its transport does not support browsing, e.g. AMQP); \
+             use a SQL or Redis transport as the failure transport to inspect, retry or remove failed messages"
+        ))
+    })
+}
+
+async fn show(ctx: &Ctx<'_>, id: Option<&str>, transport: Option<&str>, max: usize) -> CliResult {
+    let names = failure_names(ctx, transport)?;
+    let transports = ctx.connect().await?;
+    let mut rows = Vec::new();
+    let mut details = Vec::new();
+    for name in &names {
+        let list = listable(&transports, name)?;
+        match id {
+            Some(id) => {
+                if let Some(e) = list.find(id).await? {
+                    rows.push(Row::new(name, &e));
+                    details.push(e);
+                }
+            }
+            None => {
+                for e in list.list(max.saturating_sub(rows.len())).await? {
+                    rows.push(Row::new(name, &e));
+                }
+            }
+        }
+    }
+    if let (Some(id), true) = (id, rows.is_empty()) {
+        return Err(CliError::runtime(format!(
+            "no failed message with id `{id}` in {}",
+            names.join(", ")
+        )));
+    }
+    if ctx.json() {
+        return ctx.print_json(&rows);
+    }
+    if let (Some(row), Some(e)) = (rows.first(), details.first()) {
+        print_one(row, e);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("No failed messages in {}.", names.join(", "));
+        return Ok(());
+    }
+    let mut table = Table::new(&["ID", "TYPE", "FROM", "RETRIES", "ERROR"]).flexible(4);
+    for r in &rows {
+        table.row(vec![
+            shorten(r.id.as_deref().unwrap_or("-"), 20),
+            shorten(&r.kind, 24),
+            r.transport.clone().unwrap_or_else(|| "-".into()),
+            r.retry_count.to_string(),
+            match (&r.error_class, &r.error) {
+                (Some(c), Some(m)) => format!("{c}: {m}"),
+                _ => "-".into(),
+            },
+        ]);
+    }
+    print!("{}", table.render());
+    println!(
+        "{} failed message(s). Retry with `courier failed retry ID`, remove with `courier failed remove ID`.",
+        rows.len()
+    );
+    Ok(())
+}
+
+fn print_one(row: &Row, e: &Envelope) {
+    let field = |k: &str, v: &str| println!("{k:<14} {v}");
+    field("id", row.id.as_deref().unwrap_or("-"));
+    field("type", &row.kind);
+    field("from", row.transport.as_deref().unwrap_or("-"));
+    field("stored in", &row.failure_transport);
+    field("retries", &row.retry_count.to_string());
+    field("failed at", row.failed_at.as_deref().unwrap_or("-"));
+    if let Some(d) = e.last::<ErrorDetailsStamp>() {
+        field("error class", &d.class);
+        field("error", &d.message);
+        for cause in &d.chain {
+            field("caused by", cause);
+        }
+    }
+    let stamps: Vec<&str> = e.stamp_names().collect();
+    field("stamps", &stamps.join(", "));
+}
+
+async fn act(ctx: &Ctx<'_>, ids: &FailedIds, retry: bool) -> CliResult {
+    let names = failure_names(ctx, ids.transport.as_deref())?;
+    let transports = ctx.connect().await?;
+    let mut done = Vec::new();
+    let mut missing: Vec<String> = ids.ids.clone();
+    for name in &names {
+        let list = listable(&transports, name)?;
+        let envelopes: Vec<Envelope> = if ids.all {
+            list.list(usize::MAX).await?
+        } else {
+            let mut found = Vec::new();
+            for id in &ids.ids {
+                if let Some(e) = list.find(id).await? {
+                    missing.retain(|m| m != id);
+                    found.push(e);
+                }
+            }
+            found
+        };
+        for e in envelopes {
+            let id = e.id().unwrap_or_default().to_owned();
+            if retry {
+                let original = e
+                    .last::<SentToFailureTransportStamp>()
+                    .map(|s| s.original.clone())
+                    .ok_or_else(|| {
+                        CliError::runtime(format!(
+                            "message `{id}` does not say which transport it failed on"
+                        ))
+                    })?;
+                let target: &Arc<dyn Transport> = transports.get(&original).ok_or_else(|| {
+                    CliError::usage(format!(
+                        "message `{id}` failed on transport `{original}`, which is not configured"
+                    ))
+                })?;
+                target.send(fresh(e)).await?;
+            }
+            list.remove(&id).await?;
+            done.push(id);
+        }
+    }
+    if !missing.is_empty() && !ids.all {
+        if ctx.json() {
+            ctx.print_json(&serde_json::json!({ "done": done, "missing": missing }))?;
+        }
+        return Err(CliError::runtime(format!(
+            "no failed message with id {}",
+            missing.join(", ")
+        )));
+    }
+    if ctx.json() {
+        return ctx.print_json(&serde_json::json!({ "done": done, "missing": missing }));
+    }
+    let verb = if retry { "Retried" } else { "Removed" };
+    println!("{verb} {} failed message(s).", done.len());
+    Ok(())
+}
+
+/// The envelope as it goes back to its original transport: no failure marker, no delay, no
+/// retries counted, no ids of the failure transport (the error history stays).
+fn fresh(e: Envelope) -> Envelope {
+    e.without_all::<SentToFailureTransportStamp>()
+        .without_all::<TransportMessageIdStamp>()
+        .without_all::<DeliveryTagStamp>()
+        .without_all::<ReceivedStamp>()
+        .without_all::<DelayStamp>()
+        .without_all::<RedeliveryStamp>()
+}

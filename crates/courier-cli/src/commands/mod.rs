@@ -1,0 +1,38 @@
+//! One file per command group.
+
+pub(crate) mod bench;
+mod consume;
+#[cfg(feature = "runs")]
+pub(crate) mod demo;
+mod failed;
+#[cfg(feature = "runs")]
+mod runs;
+mod setup;
+mod stats;
+mod stop;
+
+use crate::cli::Command;
+use crate::context::Ctx;
+use crate::error::{CliError, CliResult};
+
+/// Runs a command that uses the loaded configuration.
+pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
+    match command {
+        Command::Setup => setup::run(ctx).await,
+        Command::Consume(args) => consume::run(ctx, args).await,
+        Command::Stats { transports } => stats::run(ctx, transports).await,
+        Command::Failed(cmd) => failed::run(ctx, cmd).await,
+        Command::StopWorkers => stop::run(ctx),
+        #[cfg(feature = "runs")]
+        Command::Runs(cmd) => runs::run(ctx, cmd).await,
+        #[cfg(feature = "runs")]
+        Command::Reap(args) => runs::reap(ctx, args).await,
+        #[cfg(not(feature = "runs"))]
+        Command::Runs(_) | Command::Reap(_) => {
+            Err(CliError::usage("this build has no `runs` feature"))
+        }
+        Command::Demo(_) | Command::Bench(_) => Err(CliError::runtime(
+            "internal: handled before loading the configuration",
+        )),
+    }
+}

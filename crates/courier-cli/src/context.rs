@@ -1,0 +1,160 @@
+//! What every command needs: the configuration (and where it came from), the output format, the
+//! connected transports and the bus.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use courier_core::config::{Config, Transports};
+use courier_core::{MessageBus, MessageRegistry};
+use serde::Serialize;
+
+use crate::app::App;
+use crate::cli::{Cli, Format};
+use crate::error::{CliError, CliResult, remember_secret};
+
+/// The configuration used when there is no `--config`, `COURIER_CONFIG` or `./courier.toml`:
+/// SQLite `courier.db` in the working directory.
+pub const EMBEDDED_CONFIG: &str = r#"# courier's embedded default: everything in ./courier.db
+[transports.async]
+dsn = "sqlite://courier.db"
+failure_transport = "failed"
+
+[transports.failed]
+dsn = "sqlite://courier.db?queue_name=failed"
+
+[routing]
+"courier.run_agent" = "async"
+
+[runs]
+store = "sqlite://courier.db"
+"#;
+
+/// Where the configuration came from.
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    /// A file.
+    File(PathBuf),
+    /// [`EMBEDDED_CONFIG`].
+    Embedded,
+}
+
+/// The loaded configuration and global flags.
+pub(crate) struct Ctx<'a> {
+    pub(crate) app: &'a App,
+    pub(crate) config: Config,
+    pub(crate) source: Source,
+    pub(crate) format: Format,
+    pub(crate) quiet: bool,
+    pub(crate) verbose: u8,
+}
+
+impl<'a> Ctx<'a> {
+    /// Loads the configuration named by the flags (else `./courier.toml`, else the embedded one).
+    pub(crate) fn load(app: &'a App, cli: &Cli) -> CliResult<Self> {
+        let (config, source) = match &cli.config {
+            Some(path) => (Config::load(path)?, Source::File(path.clone())),
+            None if Path::new("courier.toml").is_file() => {
+                let path = PathBuf::from("courier.toml");
+                (Config::load(&path)?, Source::File(path))
+            }
+            None => (EMBEDDED_CONFIG.parse::<Config>()?, Source::Embedded),
+        };
+        for t in config.transports.values() {
+            if let Some(p) = t.dsn.password() {
+                remember_secret(p);
+            }
+        }
+        Ok(Self {
+            app,
+            config,
+            source,
+            format: cli.format,
+            quiet: cli.quiet,
+            verbose: cli.verbose,
+        })
+    }
+
+    /// Whether JSON output was asked for.
+    pub(crate) fn json(&self) -> bool {
+        self.format == Format::Json
+    }
+
+    /// The messages the application knows (its own and the runs message).
+    pub(crate) fn registry(&self) -> MessageRegistry {
+        let mut registry = MessageRegistry::new();
+        registry.extend(&self.app.registry);
+        #[cfg(feature = "runs")]
+        crate::runs::register_messages(&mut registry);
+        registry
+    }
+
+    /// Connects every configured transport.
+    pub(crate) async fn connect(&self) -> CliResult<Transports> {
+        Ok(self
+            .config
+            .connect(&self.app.factories, Arc::new(self.registry()))
+            .await?)
+    }
+
+    /// A bus over `transports` with the application's handlers, plus `extra`.
+    pub(crate) fn bus(
+        &self,
+        transports: &Transports,
+        extra: impl FnOnce(courier_core::MessageBusBuilder) -> courier_core::MessageBusBuilder,
+    ) -> MessageBus {
+        let builder = self
+            .app
+            .apply(transports.bus_builder().registry(&self.registry()));
+        extra(builder).build()
+    }
+
+    /// Checks that every name is a configured transport.
+    pub(crate) fn check_transports(&self, names: &[String]) -> CliResult {
+        for name in names {
+            if !self.config.transports.contains_key(name) {
+                return Err(CliError::usage(format!(
+                    "unknown transport `{name}` (configured: {})",
+                    self.config
+                        .transports
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The file `stop-workers` touches and `consume` watches: next to the configuration file
+    /// (`courier.toml` -> `courier.toml.stop-workers`), or `./courier.stop-workers` for the
+    /// embedded configuration.
+    pub(crate) fn stop_file(&self) -> PathBuf {
+        match &self.source {
+            Source::File(path) => {
+                let mut name = path
+                    .file_name()
+                    .map(std::ffi::OsStr::to_os_string)
+                    .unwrap_or_default();
+                name.push(".stop-workers");
+                path.with_file_name(name)
+            }
+            Source::Embedded => PathBuf::from("courier.stop-workers"),
+        }
+    }
+
+    /// Prints a value as pretty JSON on stdout.
+    pub(crate) fn print_json(&self, value: &impl Serialize) -> CliResult {
+        let text = serde_json::to_string_pretty(value)
+            .map_err(|e| CliError::runtime(format!("cannot print JSON: {e}")))?;
+        println!("{text}");
+        Ok(())
+    }
+
+    /// Prints a line of progress or information on stderr unless `--quiet`.
+    pub(crate) fn note(&self, text: impl std::fmt::Display) {
+        if !self.quiet {
+            eprintln!("{text}");
+        }
+    }
+}

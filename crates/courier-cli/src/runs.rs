@@ -1,0 +1,1 @@
+//! Wired when courier-runs lands.

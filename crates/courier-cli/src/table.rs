@@ -1,0 +1,120 @@
+//! Plain text tables that fit an 80-column terminal.
+
+/// A table of left-aligned text columns; numbers are right-aligned.
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+    /// The column shortened (with `…`) when the table is wider than the terminal.
+    flexible: Option<usize>,
+}
+
+/// The width tables are made to fit.
+pub(crate) const WIDTH: usize = 80;
+
+impl Table {
+    /// A table with these column headers.
+    pub(crate) fn new(headers: &[&str]) -> Self {
+        Self {
+            headers: headers.iter().map(|h| (*h).to_owned()).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Shortens column `index` first when the table is too wide.
+    pub(crate) fn flexible(mut self, index: usize) -> Self {
+        self.flexible = Some(index);
+        self
+    }
+
+    /// Adds a row.
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Whether no row was added.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The table as lines of text.
+    pub(crate) fn render(&self) -> String {
+        let columns = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let total: usize = widths.iter().sum::<usize>() + 2 * columns.saturating_sub(1);
+        if let Some(f) = self.flexible.filter(|f| *f < columns) {
+            if total > WIDTH {
+                let others = total - widths[f];
+                widths[f] = WIDTH
+                    .saturating_sub(others)
+                    .max(self.headers[f].chars().count())
+                    .max(8);
+            }
+        }
+        let numeric: Vec<bool> = (0..columns)
+            .map(|i| {
+                !self.rows.is_empty()
+                    && self
+                        .rows
+                        .iter()
+                        .all(|r| r.get(i).is_some_and(|c| is_number(c)))
+            })
+            .collect();
+        let mut out = String::new();
+        let mut line = |cells: &[String]| {
+            let mut text = String::new();
+            for (i, width) in widths.iter().enumerate() {
+                let cell = cells.get(i).map_or("", String::as_str);
+                let cell = shorten(cell, *width);
+                if i > 0 {
+                    text.push_str("  ");
+                }
+                if numeric[i] {
+                    text.push_str(&format!("{cell:>width$}"));
+                } else {
+                    text.push_str(&format!("{cell:<width$}"));
+                }
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        };
+        line(&self.headers);
+        for row in &self.rows {
+            line(row);
+        }
+        out
+    }
+}
+
+fn is_number(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_digit() || c == '.' || c == ',' || c == '-')
+}
+
+/// Cuts `s` to `width` characters, ending with `…` when cut.
+pub(crate) fn shorten(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wide_tables_shrink_their_flexible_column_to_80_columns() {
+        let mut t = Table::new(&["ID", "ERROR"]).flexible(1);
+        t.row(vec!["1".into(), "x".repeat(200)]);
+        assert!(t.render().lines().all(|l| l.chars().count() <= WIDTH));
+    }
+}
