@@ -1,10 +1,11 @@
 -- Courier's message table (SqlTransport). Times are epoch milliseconds from the database clock.
 -- SqlTransport::setup runs this file with `courier_messages` replaced by the configured table name.
 -- MySQL 8 / MariaDB 10.6+ (SKIP LOCKED). The index is declared inline: MySQL has no
--- CREATE INDEX IF NOT EXISTS, and index names are per table.
+-- CREATE INDEX IF NOT EXISTS, and index names are per table. Queue names compare exactly
+-- (binary collation); body and headers use a non-binary collation so drivers read them as text.
 CREATE TABLE IF NOT EXISTS courier_messages (
     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    queue_name VARCHAR(190) NOT NULL,
+    queue_name VARCHAR(190) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     body LONGTEXT NOT NULL,
     headers LONGTEXT NOT NULL,
     priority SMALLINT NOT NULL DEFAULT 0,
@@ -15,4 +16,4 @@ CREATE TABLE IF NOT EXISTS courier_messages (
     -- Covers the claim query: WHERE queue_name = ? AND available_at <= now AND (delivered_at ...)
     -- ORDER BY priority DESC, available_at, id.
     KEY courier_claim_idx (queue_name, priority DESC, available_at, id, delivered_at)
-) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_unicode_ci;
