@@ -376,6 +376,23 @@ fn get<'r, T: sqlx::Decode<'r, sqlx::Any> + sqlx::Type<sqlx::Any>>(
         .map_err(|e| StoreError::Corrupt(format!("column `{col}`: {e}")))
 }
 
+/// A text column; MySQL reports text with a binary collation as BLOB through the `Any` driver.
+fn text_opt(row: &AnyRow, col: &str) -> Result<Option<String>, StoreError> {
+    match row.try_get::<Option<String>, _>(col) {
+        Ok(v) => Ok(v),
+        Err(_) => get::<Option<Vec<u8>>>(row, col)?
+            .map(|b| {
+                String::from_utf8(b)
+                    .map_err(|e| StoreError::Corrupt(format!("column `{col}`: {e}")))
+            })
+            .transpose(),
+    }
+}
+
+fn text(row: &AnyRow, col: &str) -> Result<String, StoreError> {
+    text_opt(row, col)?.ok_or_else(|| StoreError::Corrupt(format!("column `{col}` is null")))
+}
+
 fn parse<T: std::str::FromStr>(value: Option<String>, col: &str) -> Result<Option<T>, StoreError>
 where
     T::Err: std::fmt::Display,
@@ -393,21 +410,21 @@ fn uuid(text: &str) -> Result<Uuid, StoreError> {
 }
 
 fn decode_run(row: &AnyRow) -> Result<Run, StoreError> {
-    let status: String = get(row, "status")?;
+    let status = text(row, "status")?;
     Ok(Run {
-        id: uuid(&get::<String>(row, "id")?)?,
-        agent: get(row, "agent")?,
+        id: uuid(&text(row, "id")?)?,
+        agent: text(row, "agent")?,
         status: status
             .parse()
             .map_err(|e| StoreError::Corrupt(format!("{e}")))?,
-        input: json(&get::<String>(row, "input")?),
-        output: get::<Option<String>>(row, "output")?.as_deref().map(json),
-        error_class: parse(get(row, "error_class")?, "error_class")?,
-        termination_reason: parse(get(row, "termination_reason")?, "termination_reason")?,
-        claimed_by: get(row, "claimed_by")?,
+        input: json(&text(row, "input")?),
+        output: text_opt(row, "output")?.as_deref().map(json),
+        error_class: parse(text_opt(row, "error_class")?, "error_class")?,
+        termination_reason: parse(text_opt(row, "termination_reason")?, "termination_reason")?,
+        claimed_by: text_opt(row, "claimed_by")?,
         lease_expires: get(row, "lease_expires")?,
         requeue_count: u32::try_from(get::<i64>(row, "requeue_count")?).unwrap_or(u32::MAX),
-        pending_effect: get(row, "pending_effect")?,
+        pending_effect: text_opt(row, "pending_effect")?,
         created_at: get(row, "created_at")?,
         started_at: get(row, "started_at")?,
         finished_at: get(row, "finished_at")?,
@@ -622,24 +639,29 @@ impl RunStore for SqlRunStore {
         kind: &str,
         payload: &serde_json::Value,
     ) -> Result<i64, StoreError> {
-        let q = sqlx::query(&self.q.append_event)
-            .bind(id.to_string())
-            .bind(kind)
-            .bind(payload.to_string())
-            .bind(id.to_string());
-        if let Err(e) = q.execute(&self.pool).await {
-            if let sqlx::Error::Database(d) = &e {
-                if d.is_unique_violation() {
+        // One statement computes MAX(seq)+1 and inserts; MySQL may report a deadlock (40001)
+        // between two concurrent INSERT ... SELECT: that statement did nothing and is retried.
+        let mut attempt = 0;
+        loop {
+            let q = sqlx::query(&self.q.append_event)
+                .bind(id.to_string())
+                .bind(kind)
+                .bind(payload.to_string())
+                .bind(id.to_string());
+            match q.execute(&self.pool).await {
+                Ok(_) => return self.max_seq(id).await,
+                Err(sqlx::Error::Database(d)) if d.is_unique_violation() => {
                     let seq = self.max_seq(id).await?;
-                    return Err(StoreError::DuplicateSequence {
-                        run_id: id,
-                        seq: seq + 1,
-                    });
+                    return Err(StoreError::DuplicateSequence { run_id: id, seq });
                 }
+                Err(sqlx::Error::Database(d))
+                    if d.code().as_deref() == Some("40001") && attempt < 5 =>
+                {
+                    attempt += 1;
+                }
+                Err(e) => return Err(db("append event")(e)),
             }
-            return Err(db("append event")(e));
         }
-        self.max_seq(id).await
     }
 
     async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
@@ -651,10 +673,10 @@ impl RunStore for SqlRunStore {
         rows.iter()
             .map(|row| {
                 Ok(RunEvent {
-                    run_id: uuid(&get::<String>(row, "run_id")?)?,
+                    run_id: uuid(&text(row, "run_id")?)?,
                     seq: get(row, "seq")?,
-                    kind: get(row, "kind")?,
-                    payload: json(&get::<String>(row, "payload")?),
+                    kind: text(row, "kind")?,
+                    payload: json(&text(row, "payload")?),
                     created_at: get(row, "created_at")?,
                 })
             })

@@ -1,0 +1,627 @@
+//! Store-level rules of DESIGN §5, against the in-memory store, SQLite, PostgreSQL and MariaDB.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_runs::{
+    FailureClass, ReapOptions, RunStatus, RunStore, Settlement, StoreError, TerminationReason,
+    new_worker_identity,
+};
+use support::{Fixture, dispatched, queued_runtime, refusing_runtime};
+
+const LEASE: Duration = Duration::from_secs(900);
+
+async fn claim_exactly_once(fx: Fixture) {
+    let run = fx.queued("scripted").await;
+    let (a, b) = (new_worker_identity(), new_worker_identity());
+    let (ra, rb) = tokio::join!(
+        fx.store.claim(run.id, &a, LEASE),
+        fx.store.claim(run.id, &b, LEASE)
+    );
+    assert!(ra.unwrap() ^ rb.unwrap(), "exactly one claim wins");
+    let row = fx.run(run.id).await;
+    assert_eq!(row.status, RunStatus::Running);
+    let winner = if row.claimed_by.as_deref() == Some(a.as_str()) {
+        a
+    } else {
+        b
+    };
+    assert!(
+        !fx.store.claim(run.id, &winner, LEASE).await.unwrap(),
+        "a running run cannot be claimed again"
+    );
+    assert!(row.started_at.is_some());
+    fx.cleanup().await;
+}
+
+async fn claim_sets_a_lease_from_the_store_clock(fx: Fixture) {
+    let run = fx.queued("scripted").await;
+    let me = new_worker_identity();
+    let before = fx.store.now_ms().await.unwrap();
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    let after = fx.store.now_ms().await.unwrap();
+    let row = fx.run(run.id).await;
+    assert_eq!(row.claimed_by.as_deref(), Some(me.as_str()));
+    assert!(
+        row.lease_expires >= before + 900_000 && row.lease_expires <= after + 900_000,
+        "{row:?}"
+    );
+    fx.cleanup().await;
+}
+
+async fn renew_needs_the_owner_and_same_millisecond_renewal_still_holds(fx: Fixture) {
+    let run = fx.queued("scripted").await;
+    let me = new_worker_identity();
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    // Two renewals in a row (often in the same millisecond): both match (rows matched, not changed).
+    assert!(fx.store.renew(run.id, &me, LEASE).await.unwrap());
+    assert!(fx.store.renew(run.id, &me, LEASE).await.unwrap());
+    assert!(
+        !fx.store
+            .renew(run.id, "worker:other:1:0", LEASE)
+            .await
+            .unwrap()
+    );
+    let now = fx.store.now_ms().await.unwrap();
+    assert!(
+        fx.run(run.id).await.lease_expires > now,
+        "the renewed lease lies in the future"
+    );
+    fx.cleanup().await;
+}
+
+async fn owner_requeue_clears_claim_and_keeps_input(fx: Fixture) {
+    let run = fx.queued("scripted").await;
+    let me = new_worker_identity();
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(
+        !fx.store
+            .requeue_owned(run.id, "worker:other:1:0")
+            .await
+            .unwrap(),
+        "only the owner requeues"
+    );
+    assert!(fx.store.requeue_owned(run.id, &me).await.unwrap());
+    let row = fx.run(run.id).await;
+    assert_eq!(
+        (
+            row.status,
+            row.requeue_count,
+            row.claimed_by.clone(),
+            row.lease_expires
+        ),
+        (RunStatus::Queued, 1, None, 0)
+    );
+    assert_eq!(row.input, run.input);
+    assert!(
+        !fx.store.requeue_owned(run.id, &me).await.unwrap(),
+        "a queued run is not requeued twice"
+    );
+    fx.cleanup().await;
+}
+
+async fn stale_select_sees_only_expired_worker_leases(fx: Fixture) {
+    let me = new_worker_identity();
+    let fresh = fx.queued("scripted").await;
+    let stale = fx.queued("scripted").await;
+    let older = fx.queued("scripted").await;
+    let queued = fx.queued("scripted").await;
+    for id in [fresh.id, stale.id, older.id] {
+        assert!(fx.store.claim(id, &me, LEASE).await.unwrap());
+    }
+    fx.set_lease(stale.id, 2).await;
+    fx.set_lease(older.id, 1).await;
+    let interactive = courier_runs::NewRun {
+        id: uuid::Uuid::new_v4(),
+        agent: "scripted".into(),
+        input: serde_json::json!({}),
+    };
+    let interactive = fx.store.insert_interactive(&interactive).await.unwrap();
+    assert_eq!(
+        interactive.lease_expires, 0,
+        "an interactive run holds no lease"
+    );
+    let found: Vec<_> = fx
+        .store
+        .select_stale(50)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(
+        found,
+        [older.id, stale.id],
+        "expired leases only, oldest first"
+    );
+    assert_eq!(fx.store.select_stale(1).await.unwrap().len(), 1, "limit");
+    assert!(
+        !fx.store.requeue_stale(fresh.id).await.unwrap(),
+        "a fresh lease is never touched"
+    );
+    assert!(
+        !fx.store.requeue_stale(interactive.id).await.unwrap(),
+        "an interactive run is never touched"
+    );
+    assert!(!fx.store.requeue_stale(queued.id).await.unwrap());
+    assert!(
+        !fx.store
+            .dead_letter_stale(fresh.id, TerminationReason::RetriesExhausted)
+            .await
+            .unwrap()
+    );
+    fx.cleanup().await;
+}
+
+async fn heartbeat_between_select_and_update_wins(fx: Fixture) {
+    let me = new_worker_identity();
+    let run = fx.queued("scripted").await;
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    fx.set_lease(run.id, 1).await;
+    assert_eq!(fx.store.select_stale(50).await.unwrap().len(), 1);
+    assert!(
+        fx.store.renew(run.id, &me, LEASE).await.unwrap(),
+        "the heartbeat lands after the select"
+    );
+    assert!(
+        !fx.store.requeue_stale(run.id).await.unwrap(),
+        "staleness is re-checked inside the update"
+    );
+    assert!(
+        !fx.store
+            .dead_letter_stale(run.id, TerminationReason::RetriesExhausted)
+            .await
+            .unwrap()
+    );
+    assert_eq!(fx.run(run.id).await.status, RunStatus::Running);
+    fx.cleanup().await;
+}
+
+async fn stale_requeue_and_dead_letter(fx: Fixture) {
+    let me = new_worker_identity();
+    let a = fx.queued("scripted").await;
+    let b = fx.queued("scripted").await;
+    for id in [a.id, b.id] {
+        assert!(fx.store.claim(id, &me, LEASE).await.unwrap());
+        fx.set_lease(id, 1).await;
+    }
+    assert!(fx.store.requeue_stale(a.id).await.unwrap());
+    let row = fx.run(a.id).await;
+    assert_eq!(
+        (
+            row.status,
+            row.requeue_count,
+            row.claimed_by,
+            row.lease_expires
+        ),
+        (RunStatus::Queued, 1, None, 0)
+    );
+    assert!(
+        !fx.store.requeue_stale(a.id).await.unwrap(),
+        "a second reaper is refused"
+    );
+    assert!(
+        fx.store
+            .dead_letter_stale(b.id, TerminationReason::RetriesExhausted)
+            .await
+            .unwrap()
+    );
+    let row = fx.run(b.id).await;
+    assert_eq!(
+        (row.status, row.termination_reason),
+        (RunStatus::Failed, Some(TerminationReason::RetriesExhausted))
+    );
+    assert!(row.finished_at.is_some());
+    fx.cleanup().await;
+}
+
+async fn settle_is_owner_guarded_and_first_outcome_stands(fx: Fixture) {
+    let me = new_worker_identity();
+    let run = fx.queued("scripted").await;
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    let failed = Settlement::failed(TerminationReason::NotRetryable, Some(FailureClass::Auth));
+    assert!(
+        !fx.store
+            .settle(run.id, Some("worker:other:1:0"), &failed)
+            .await
+            .unwrap(),
+        "not the owner"
+    );
+    assert!(
+        !fx.store.settle(run.id, None, &failed).await.unwrap(),
+        "the interactive guard needs no claim"
+    );
+    let done = Settlement {
+        status: RunStatus::Completed,
+        reason: Some(TerminationReason::Completed),
+        class: None,
+        output: Some(serde_json::json!({"answer": 42, "text": "ünïcode"})),
+    };
+    assert!(fx.store.settle(run.id, Some(&me), &done).await.unwrap());
+    assert!(
+        !fx.store.settle(run.id, Some(&me), &failed).await.unwrap(),
+        "a terminal run is not settled again"
+    );
+    assert!(!fx.store.cancel(run.id).await.unwrap(), "nor cancelled");
+    let row = fx.run(run.id).await;
+    assert_eq!(row.status, RunStatus::Completed);
+    assert_eq!(row.termination_reason, Some(TerminationReason::Completed));
+    assert_eq!(row.error_class, None);
+    assert_eq!(row.output, done.output);
+    assert_eq!(row.lease_expires, 0);
+    assert!(row.finished_at.is_some());
+    fx.cleanup().await;
+}
+
+async fn cancelled_queued_run_cannot_be_claimed(fx: Fixture) {
+    let run = fx.queued("scripted").await;
+    assert!(fx.store.cancel(run.id).await.unwrap());
+    assert!(
+        !fx.store
+            .claim(run.id, &new_worker_identity(), LEASE)
+            .await
+            .unwrap()
+    );
+    let row = fx.run(run.id).await;
+    assert_eq!(
+        (row.status, row.termination_reason),
+        (RunStatus::Cancelled, Some(TerminationReason::Cancelled))
+    );
+    assert!(
+        !fx.store
+            .fail_queued(run.id, TerminationReason::DispatchFailed)
+            .await
+            .unwrap()
+    );
+    fx.cleanup().await;
+}
+
+async fn fail_queued_matches_only_the_queued_row(fx: Fixture) {
+    let me = new_worker_identity();
+    let run = fx.queued("scripted").await;
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(
+        !fx.store
+            .fail_queued(run.id, TerminationReason::DispatchFailed)
+            .await
+            .unwrap(),
+        "running: not matched"
+    );
+    assert!(fx.store.requeue_owned(run.id, &me).await.unwrap());
+    assert!(
+        fx.store
+            .fail_queued(run.id, TerminationReason::DispatchFailed)
+            .await
+            .unwrap()
+    );
+    let row = fx.run(run.id).await;
+    assert_eq!(
+        (row.status, row.termination_reason),
+        (RunStatus::Failed, Some(TerminationReason::DispatchFailed))
+    );
+    fx.cleanup().await;
+}
+
+async fn pending_effect_is_owner_guarded(fx: Fixture) {
+    let me = new_worker_identity();
+    let run = fx.queued("scripted").await;
+    assert!(
+        !fx.store
+            .set_pending_effect(run.id, Some(&me), Some("charge"))
+            .await
+            .unwrap(),
+        "not running"
+    );
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(
+        !fx.store
+            .set_pending_effect(run.id, Some("worker:other:1:0"), Some("charge"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        fx.store
+            .set_pending_effect(run.id, Some(&me), Some("charge"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        fx.run(run.id).await.pending_effect.as_deref(),
+        Some("charge")
+    );
+    assert!(
+        fx.store
+            .set_pending_effect(run.id, Some(&me), None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(fx.run(run.id).await.pending_effect, None);
+    fx.cleanup().await;
+}
+
+async fn events_continue_at_max_seq_and_never_duplicate(fx: Fixture) {
+    let run = fx.queued("scripted").await;
+    for i in 0..3 {
+        let seq = fx
+            .store
+            .append_event(run.id, "step", &serde_json::json!({"i": i}))
+            .await
+            .unwrap();
+        assert_eq!(seq, i + 1);
+    }
+    let other = fx.queued("scripted").await;
+    assert_eq!(
+        fx.store
+            .append_event(other.id, "step", &serde_json::json!(null))
+            .await
+            .unwrap(),
+        1,
+        "per run"
+    );
+    // Concurrent appends: every one gets its own sequence or fails on the UNIQUE index; never a duplicate.
+    let store = fx.store.clone();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .append_event(run.id, "step", &serde_json::json!({}))
+                    .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) | Err(StoreError::DuplicateSequence { .. }) => {}
+            Err(e) => panic!("unexpected {e}: {:?}", std::error::Error::source(&e)),
+        }
+    }
+    let events = fx.store.events(run.id).await.unwrap();
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    let expected: Vec<i64> = (1..=i64::try_from(seqs.len()).unwrap()).collect();
+    assert_eq!(seqs, expected, "gapless, ordered, unique");
+    assert_eq!(events[0].payload, serde_json::json!({"i": 0}));
+    if let Some(sql) = fx.sql() {
+        let dup = format!(
+            "INSERT INTO {} (run_id, seq, kind, payload, created_at) VALUES ('{}', 1, 'x', 'null', 0)",
+            sql.events_table(),
+            run.id
+        );
+        assert!(
+            sqlx::query(&dup).execute(sql.pool()).await.is_err(),
+            "UNIQUE (run_id, seq) holds"
+        );
+    }
+    fx.cleanup().await;
+}
+
+async fn reaper_follows_design_order(fx: Fixture) {
+    let me = new_worker_identity();
+    let (runtime, _bus, queue) = queued_runtime(fx.store.clone(), &me, Default::default());
+    let under = fx.queued("scripted").await;
+    let at_budget = fx.queued("scripted").await;
+    let fenced = fx.queued("scripted").await;
+    let fresh = fx.queued("scripted").await;
+    for id in [under.id, at_budget.id, fenced.id, fresh.id] {
+        assert!(fx.store.claim(id, &me, LEASE).await.unwrap());
+    }
+    assert!(
+        fx.store
+            .set_pending_effect(fenced.id, Some(&me), Some("charge"))
+            .await
+            .unwrap()
+    );
+    fx.set_requeue_count(at_budget.id, 3).await;
+    fx.set_requeue_count(under.id, 2).await;
+    for id in [under.id, at_budget.id, fenced.id] {
+        fx.set_lease(id, 1).await;
+    }
+    let reaper = runtime.reaper();
+    let dry = reaper
+        .reap(ReapOptions {
+            dry_run: true,
+            ..ReapOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (dry.selected, dry.requeued, dry.dead_lettered, dry.skipped),
+        (3, 1, 2, 0)
+    );
+    assert_eq!(
+        fx.run(under.id).await.status,
+        RunStatus::Running,
+        "a dry run changes nothing"
+    );
+    assert!(queue.sent().is_empty());
+
+    let report = reaper.reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(
+        report.to_string(),
+        "Reaped 3 stale run(s): 1 requeued, 2 dead-lettered, 0 skipped."
+    );
+    let row = fx.run(under.id).await;
+    assert_eq!((row.status, row.requeue_count), (RunStatus::Queued, 3));
+    assert_eq!(
+        dispatched(&queue),
+        [(under.id, None)],
+        "exactly one message, with no delay"
+    );
+    let row = fx.run(at_budget.id).await;
+    assert_eq!(
+        (row.status, row.termination_reason),
+        (RunStatus::Failed, Some(TerminationReason::RetriesExhausted))
+    );
+    let row = fx.run(fenced.id).await;
+    assert_eq!(
+        (row.status, row.termination_reason),
+        (RunStatus::Failed, Some(TerminationReason::NotRetryable))
+    );
+    assert_eq!(
+        fx.run(fresh.id).await.status,
+        RunStatus::Running,
+        "a fresh lease is never touched"
+    );
+    let again = reaper.reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(again.selected, 0);
+    fx.cleanup().await;
+}
+
+async fn reaper_dispatch_failure_settles_the_run(fx: Fixture) {
+    let me = new_worker_identity();
+    let (runtime, _bus) = refusing_runtime(fx.store.clone(), &me);
+    let run = fx.queued("scripted").await;
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    fx.set_lease(run.id, 1).await;
+    let report = runtime.reaper().reap(ReapOptions::default()).await.unwrap();
+    assert_eq!((report.requeued, report.dead_lettered), (0, 1));
+    let row = fx.run(run.id).await;
+    assert_eq!(
+        (row.status, row.termination_reason),
+        (RunStatus::Failed, Some(TerminationReason::DispatchFailed))
+    );
+    assert_eq!(
+        fx.store
+            .list(Some(RunStatus::Queued), 10)
+            .await
+            .unwrap()
+            .len(),
+        0,
+        "no orphan queued row"
+    );
+    fx.cleanup().await;
+}
+
+async fn concurrent_reapers_never_double_requeue(fx: Fixture) {
+    let me = new_worker_identity();
+    let (runtime, _bus, queue) = queued_runtime(fx.store.clone(), &me, Default::default());
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let run = fx.queued("scripted").await;
+        assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+        fx.set_lease(run.id, 1).await;
+        ids.push(run.id);
+    }
+    let (a, b) = (runtime.reaper(), runtime.reaper());
+    let (ra, rb) = tokio::join!(
+        a.reap(ReapOptions::default()),
+        b.reap(ReapOptions::default())
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(ra.requeued + rb.requeued, 10, "{ra} / {rb}");
+    assert_eq!(ra.skipped + rb.skipped, ra.selected + rb.selected - 10);
+    let mut sent: Vec<_> = dispatched(&queue).into_iter().map(|(id, _)| id).collect();
+    sent.sort();
+    ids.sort();
+    assert_eq!(sent, ids, "one message per run");
+    for id in ids {
+        assert_eq!(fx.run(id).await.requeue_count, 1);
+    }
+    fx.cleanup().await;
+}
+
+async fn list_is_newest_first_and_filters(fx: Fixture) {
+    let a = fx.queued("scripted").await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let b = fx.queued("scripted").await;
+    assert!(fx.store.cancel(a.id).await.unwrap());
+    let all: Vec<_> = fx
+        .store
+        .list(None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(all, [b.id, a.id]);
+    let cancelled: Vec<_> = fx
+        .store
+        .list(Some(RunStatus::Cancelled), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(cancelled, [a.id]);
+    fx.cleanup().await;
+}
+
+macro_rules! store_tests {
+    ($fixture:path, $ignore:tt, [$($name:ident),* $(,)?]) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = $ignore]
+            async fn $name() {
+                let fx = $fixture().await;
+                tokio::time::timeout(Duration::from_secs(60), super::$name(fx)).await.expect("test timed out");
+            }
+        )*
+    };
+    ($fixture:path, [$($name:ident),* $(,)?]) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let fx = $fixture().await;
+                tokio::time::timeout(Duration::from_secs(60), super::$name(fx)).await.expect("test timed out");
+            }
+        )*
+    };
+}
+
+macro_rules! all_store_tests {
+    ($($args:tt)*) => {
+        store_tests!($($args)* [
+            claim_exactly_once,
+            claim_sets_a_lease_from_the_store_clock,
+            renew_needs_the_owner_and_same_millisecond_renewal_still_holds,
+            owner_requeue_clears_claim_and_keeps_input,
+            stale_select_sees_only_expired_worker_leases,
+            heartbeat_between_select_and_update_wins,
+            stale_requeue_and_dead_letter,
+            settle_is_owner_guarded_and_first_outcome_stands,
+            cancelled_queued_run_cannot_be_claimed,
+            fail_queued_matches_only_the_queued_row,
+            pending_effect_is_owner_guarded,
+            events_continue_at_max_seq_and_never_duplicate,
+            reaper_follows_design_order,
+            reaper_dispatch_failure_settles_the_run,
+            concurrent_reapers_never_double_requeue,
+            list_is_newest_first_and_filters,
+        ]);
+    };
+}
+
+mod memory {
+    use super::*;
+    async fn fixture() -> Fixture {
+        support::memory()
+    }
+    all_store_tests!(fixture,);
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    all_store_tests!(support::sqlite,);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    all_store_tests!(
+        support::postgres,
+        "needs postgres: set COURIER_TEST_POSTGRES_URL",
+    );
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    all_store_tests!(support::mysql, "needs mysql: set COURIER_TEST_MYSQL_URL",);
+}
+
+#[allow(dead_code)]
+fn _unused(_: Arc<dyn RunStore>) {}

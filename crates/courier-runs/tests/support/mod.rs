@@ -1,0 +1,239 @@
+//! Shared fixtures: stores on every backend, timestamp rewrites, a transport that refuses sends.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_core::{
+    Capabilities, Envelope, InMemoryTransport, MessageBus, Transport, TransportError,
+    TransportErrorKind,
+};
+use courier_runs::{
+    MemoryRunStore, NewRun, Run, RunStore, Runtime, RuntimeOptions, SqlRunStore, SqlRunStoreOptions,
+};
+use uuid::Uuid;
+
+/// A store under test plus the means to rewrite its rows behind its back.
+pub struct Fixture {
+    pub store: Arc<dyn RunStore>,
+    backend: Backend,
+    _dir: Option<TempDir>,
+}
+
+enum Backend {
+    Memory(MemoryRunStore),
+    Sql(SqlRunStore),
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl TempDir {
+    pub fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("courier-runs-{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+}
+
+pub fn memory() -> Fixture {
+    let m = MemoryRunStore::new();
+    Fixture {
+        store: Arc::new(m.clone()),
+        backend: Backend::Memory(m),
+        _dir: None,
+    }
+}
+
+pub async fn sql(dsn: &str, dir: Option<TempDir>) -> Fixture {
+    let prefix = courier_test::env::unique_name("runs");
+    let options = SqlRunStoreOptions::default().table_prefix(&prefix);
+    let s = tokio::time::timeout(Duration::from_secs(20), SqlRunStore::connect(dsn, options))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    s.setup().await.expect("setup");
+    s.setup().await.expect("setup is idempotent");
+    Fixture {
+        store: Arc::new(s.clone()),
+        backend: Backend::Sql(s),
+        _dir: dir,
+    }
+}
+
+pub async fn sqlite() -> Fixture {
+    let dir = TempDir::new();
+    let dsn = format!("sqlite://{}?mode=rwc", dir.0.join("runs.db").display());
+    sql(&dsn, Some(dir)).await
+}
+
+pub async fn postgres() -> Fixture {
+    sql(&courier_test::env::postgres_url(), None).await
+}
+
+pub async fn mysql() -> Fixture {
+    sql(&courier_test::env::mysql_url(), None).await
+}
+
+impl Fixture {
+    pub fn sql(&self) -> Option<&SqlRunStore> {
+        match &self.backend {
+            Backend::Sql(s) => Some(s),
+            Backend::Memory(_) => None,
+        }
+    }
+
+    /// Rewrites `lease_expires` (1 = long expired).
+    pub async fn set_lease(&self, id: Uuid, lease_expires: i64) {
+        match &self.backend {
+            Backend::Memory(m) => assert!(m.rewrite(id, |r| r.lease_expires = lease_expires)),
+            Backend::Sql(s) => {
+                let sql = format!(
+                    "UPDATE {} SET lease_expires = {lease_expires} WHERE id = '{id}'",
+                    s.runs_table()
+                );
+                sqlx::query(&sql)
+                    .execute(s.pool())
+                    .await
+                    .expect("rewrite lease");
+            }
+        }
+    }
+
+    /// Moves the claim to another worker (it now owns the row).
+    pub async fn give_to(&self, id: Uuid, worker: &str) {
+        match &self.backend {
+            Backend::Memory(m) => {
+                assert!(m.rewrite(id, |r| r.claimed_by = Some(worker.to_owned())))
+            }
+            Backend::Sql(s) => {
+                let sql = format!(
+                    "UPDATE {} SET claimed_by = '{worker}' WHERE id = '{id}'",
+                    s.runs_table()
+                );
+                sqlx::query(&sql)
+                    .execute(s.pool())
+                    .await
+                    .expect("rewrite claim");
+            }
+        }
+    }
+
+    /// Sets the requeue count.
+    pub async fn set_requeue_count(&self, id: Uuid, n: u32) {
+        match &self.backend {
+            Backend::Memory(m) => assert!(m.rewrite(id, |r| r.requeue_count = n)),
+            Backend::Sql(s) => {
+                let sql = format!(
+                    "UPDATE {} SET requeue_count = {n} WHERE id = '{id}'",
+                    s.runs_table()
+                );
+                sqlx::query(&sql)
+                    .execute(s.pool())
+                    .await
+                    .expect("rewrite count");
+            }
+        }
+    }
+
+    pub async fn queued(&self, agent: &str) -> Run {
+        let run = NewRun {
+            id: Uuid::new_v4(),
+            agent: agent.into(),
+            input: serde_json::json!({"n": 1}),
+        };
+        self.store.insert_queued(&run).await.expect("insert")
+    }
+
+    pub async fn run(&self, id: Uuid) -> Run {
+        self.store.find(id).await.expect("find").expect("exists")
+    }
+
+    pub async fn cleanup(self) {
+        if let Backend::Sql(s) = &self.backend {
+            s.drop_tables().await.expect("drop tables");
+        }
+    }
+}
+
+/// A transport whose sends always fail.
+#[derive(Debug)]
+pub struct RefusingTransport;
+
+#[courier_core::async_trait]
+impl Transport for RefusingTransport {
+    async fn send(&self, _: Envelope) -> Result<Envelope, TransportError> {
+        Err(
+            TransportError::new(TransportErrorKind::Connection, "refusing")
+                .with_context("test: sends fail"),
+        )
+    }
+    async fn get(&self, _: usize) -> Result<Vec<Envelope>, TransportError> {
+        Ok(vec![])
+    }
+    async fn ack(&self, _: &Envelope) -> Result<(), TransportError> {
+        Ok(())
+    }
+    async fn reject(&self, _: &Envelope) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none().with_delay(None)
+    }
+}
+
+/// A runtime over `store` whose `RunAgent` messages go to an in-memory queue (recorded, not run).
+pub fn queued_runtime(
+    store: Arc<dyn RunStore>,
+    worker: &str,
+    options: RuntimeOptions,
+) -> (Runtime, MessageBus, InMemoryTransport) {
+    let queue = InMemoryTransport::new();
+    let runtime = Runtime::builder(store)
+        .agent("scripted", courier_runs::ScriptedAgent)
+        .worker_identity(worker)
+        .options(options)
+        .build();
+    let bus = runtime
+        .register(
+            MessageBus::builder()
+                .transport("async", Arc::new(queue.clone()))
+                .route("courier.run_agent", ["async"]),
+        )
+        .build();
+    (runtime, bus, queue)
+}
+
+/// A runtime whose dispatches all fail.
+pub fn refusing_runtime(store: Arc<dyn RunStore>, worker: &str) -> (Runtime, MessageBus) {
+    let runtime = Runtime::builder(store)
+        .agent("scripted", courier_runs::ScriptedAgent)
+        .worker_identity(worker)
+        .build();
+    let bus = runtime
+        .register(
+            MessageBus::builder()
+                .transport("refusing", Arc::new(RefusingTransport))
+                .route("courier.run_agent", ["refusing"]),
+        )
+        .build();
+    (runtime, bus)
+}
+
+/// The `RunAgent` messages sent, as (run id, delay).
+pub fn dispatched(queue: &InMemoryTransport) -> Vec<(Uuid, Option<Duration>)> {
+    queue
+        .sent()
+        .iter()
+        .map(|e| {
+            let m = e.message::<courier_runs::RunAgent>().expect("a RunAgent");
+            (m.run_id, e.last::<courier_core::DelayStamp>().map(|d| d.0))
+        })
+        .collect()
+}
