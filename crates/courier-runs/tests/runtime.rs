@@ -1,0 +1,632 @@
+//! The runtime rules of DESIGN §5 on the in-memory store with tokio's paused clock.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use courier_core::MessageBus;
+use courier_runs::{
+    Agent, AgentError, AgentOutcome, FailureClass, MemoryRunStore, Outcome, ProviderError,
+    RunContext, RunError, RunStatus, RunStore, Runtime, RuntimeOptions, ScriptedAgent, Step,
+    TerminationReason,
+};
+use serde_json::json;
+use support::{dispatched, queued_runtime, refusing_runtime};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+const A: &str = "worker:test-a:1:aaaaaaaa";
+const B: &str = "worker:test-b:2:bbbbbbbb";
+
+/// Fails with the provider error `make` builds.
+struct FailWith(fn() -> AgentError);
+
+#[courier_runs::async_trait]
+impl Agent for FailWith {
+    async fn run(&self, cx: &mut RunContext) -> Result<AgentOutcome, AgentError> {
+        cx.checkpoint(Step::new("call", json!(null))).await?;
+        Err((self.0)())
+    }
+}
+
+/// Three steps 10 s apart; after each boundary records (claimed_by, lease_expires, now).
+struct Probe(MemoryRunStore, Arc<Mutex<Vec<(Option<String>, i64, i64)>>>);
+
+#[courier_runs::async_trait]
+impl Agent for Probe {
+    async fn run(&self, cx: &mut RunContext) -> Result<AgentOutcome, AgentError> {
+        for i in 0..3 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            cx.checkpoint(Step::new("step", json!(i))).await?;
+            let row = self.0.find(cx.run().id).await.unwrap().unwrap();
+            let now = self.0.now_ms().await.unwrap();
+            self.1
+                .lock()
+                .unwrap()
+                .push((row.claimed_by, row.lease_expires, now));
+        }
+        Ok(AgentOutcome::Completed(json!("probed")))
+    }
+}
+
+/// Moves its own claim to another worker, then fails retryably.
+struct MoveLeaseThenFail(MemoryRunStore);
+
+#[courier_runs::async_trait]
+impl Agent for MoveLeaseThenFail {
+    async fn run(&self, cx: &mut RunContext) -> Result<AgentOutcome, AgentError> {
+        self.0
+            .rewrite(cx.run().id, |r| r.claimed_by = Some(B.into()));
+        Err(ProviderError::http(503).into())
+    }
+}
+
+struct StopsAtMaxSteps;
+
+#[courier_runs::async_trait]
+impl Agent for StopsAtMaxSteps {
+    async fn run(&self, _: &mut RunContext) -> Result<AgentOutcome, AgentError> {
+        Ok(AgentOutcome::Stopped(TerminationReason::MaxSteps))
+    }
+}
+
+fn runtime_with(
+    store: &MemoryRunStore,
+    worker: &str,
+    f: impl FnOnce(courier_runs::RuntimeBuilder) -> courier_runs::RuntimeBuilder,
+) -> (Runtime, MessageBus, courier_core::InMemoryTransport) {
+    let queue = courier_core::InMemoryTransport::new();
+    let runtime = f(Runtime::builder(Arc::new(store.clone()))
+        .agent("scripted", ScriptedAgent)
+        .worker_identity(worker))
+    .build();
+    let bus = runtime
+        .register(
+            MessageBus::builder()
+                .transport("async", Arc::new(queue.clone()))
+                .route("courier.run_agent", ["async"]),
+        )
+        .build();
+    (runtime, bus, queue)
+}
+
+async fn row(store: &MemoryRunStore, id: Uuid) -> courier_runs::Run {
+    store.find(id).await.unwrap().unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_workers_race_for_one_run_and_the_loser_runs_nothing() {
+    let store = MemoryRunStore::new();
+    let (a, _bus_a, queue) = queued_runtime(Arc::new(store.clone()), A, RuntimeOptions::default());
+    let (b, _bus_b, _) = queued_runtime(Arc::new(store.clone()), B, RuntimeOptions::default());
+    let id = a
+        .enqueue(
+            "scripted",
+            json!({"steps": [{"sleep_ms": 10}, {"output": "done"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(dispatched(&queue), [(id, None)]);
+    let (ra, rb) = tokio::join!(a.run_queued(id), b.run_queued(id));
+    let mut outcomes = [ra.unwrap(), rb.unwrap()];
+    outcomes.sort_by_key(|o| matches!(o, Outcome::NotClaimed));
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Completed {
+                output: json!("done")
+            },
+            Outcome::NotClaimed
+        ]
+    );
+    assert_eq!(
+        store.events(id).await.unwrap().len(),
+        2,
+        "only the winner's steps"
+    );
+    assert_eq!(
+        a.run_queued(id).await.unwrap(),
+        Outcome::NotClaimed,
+        "a stale duplicate message is harmless"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn worker_run_renews_once_per_boundary_under_its_identity() {
+    let store = MemoryRunStore::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let options = RuntimeOptions {
+        lease: Duration::from_secs(60),
+        lease_check_every: None,
+        ..RuntimeOptions::default()
+    };
+    let (rt, _bus, queue) = runtime_with(&store, A, |b| {
+        b.agent("probe", Probe(store.clone(), seen.clone()))
+            .options(options)
+    });
+    let id = rt.enqueue("probe", json!({})).await.unwrap();
+    assert_eq!(dispatched(&queue).len(), 1);
+    assert!(matches!(
+        rt.run_queued(id).await.unwrap(),
+        Outcome::Completed { .. }
+    ));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    for (claimed_by, lease_expires, now) in &seen {
+        assert_eq!(claimed_by.as_deref(), Some(A));
+        assert_eq!(
+            *lease_expires,
+            now + 60_000,
+            "renewed at this boundary, expiry in the future"
+        );
+    }
+    assert!(
+        seen[1].1 > seen[0].1 && seen[2].1 > seen[1].1,
+        "each boundary pushed the lease out"
+    );
+    let done = row(&store, id).await;
+    assert_eq!((done.status, done.lease_expires), (RunStatus::Completed, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn interactive_run_never_renews_and_holds_no_lease() {
+    let store = MemoryRunStore::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (rt, _bus, queue) = runtime_with(&store, A, |b| {
+        b.agent("probe", Probe(store.clone(), seen.clone()))
+    });
+    let (id, outcome) = rt.run("probe", json!({})).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Completed {
+            output: json!("probed")
+        }
+    );
+    for (claimed_by, lease_expires, _) in seen.lock().unwrap().iter() {
+        assert_eq!((claimed_by.as_deref(), *lease_expires), (None, 0));
+    }
+    assert_eq!(row(&store, id).await.status, RunStatus::Completed);
+    assert!(queue.sent().is_empty(), "no message for an interactive run");
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_lost_stops_without_settling_or_persisting_and_the_new_owner_continues() {
+    let store = MemoryRunStore::new();
+    let options = RuntimeOptions {
+        lease_check_every: None,
+        ..RuntimeOptions::default()
+    };
+    let (a, _bus_a, _) = runtime_with(&store, A, |b| b.options(options.clone()));
+    let (b, _bus_b, _) = runtime_with(&store, B, |b| b.options(options));
+    let steps = json!({"steps": [{"sleep_ms": 1000}, {"sleep_ms": 1000}, {"sleep_ms": 1000}]});
+    let id = a.enqueue("scripted", steps).await.unwrap();
+    let task = tokio::spawn({
+        let a = a.clone();
+        async move { a.run_queued(id).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(store.events(id).await.unwrap().len(), 1);
+    store.rewrite(id, |r| r.claimed_by = Some(B.into())); // another identity now owns the row
+    assert_eq!(task.await.unwrap().unwrap(), Outcome::LeaseLost);
+    let now = row(&store, id).await;
+    assert_eq!(
+        (
+            now.status,
+            now.claimed_by.as_deref(),
+            now.termination_reason
+        ),
+        (RunStatus::Running, Some(B), None)
+    );
+    assert_eq!(
+        store.events(id).await.unwrap().len(),
+        1,
+        "the refused boundary persisted nothing"
+    );
+
+    // The new owner executes it again (as after a requeue) and continues the stream.
+    store.rewrite(id, |r| {
+        r.status = RunStatus::Queued;
+        r.claimed_by = None;
+    });
+    assert!(matches!(
+        b.run_queued(id).await.unwrap(),
+        Outcome::Completed { .. }
+    ));
+    let seqs: Vec<i64> = store
+        .events(id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4], "MAX(seq)+1, no duplicate");
+}
+
+#[tokio::test(start_paused = true)]
+async fn hung_agent_is_cancelled_promptly_when_its_lease_is_lost() {
+    let store = MemoryRunStore::new();
+    let options = RuntimeOptions {
+        lease_check_every: Some(Duration::from_secs(1)),
+        ..RuntimeOptions::default()
+    };
+    let (a, _bus, _) = runtime_with(&store, A, |b| b.options(options));
+    let id = a
+        .enqueue(
+            "scripted",
+            json!({"steps": [{"hang_ms": 3_600_000}, {"output": "never"}]}),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let task = tokio::spawn({
+        let a = a.clone();
+        async move { a.run_queued(id).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    store.rewrite(id, |r| r.claimed_by = Some(B.into()));
+    assert_eq!(task.await.unwrap().unwrap(), Outcome::LeaseLost);
+    assert!(
+        started.elapsed() <= Duration::from_secs(3),
+        "stopped within one check interval"
+    );
+    assert!(store.events(id).await.unwrap().is_empty());
+    assert_eq!(row(&store, id).await.claimed_by.as_deref(), Some(B));
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_mid_flight_stops_at_the_next_boundary_which_is_persisted() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, _) = runtime_with(&store, A, |b| b);
+    let steps = json!({"steps": [{"sleep_ms": 1000}, {"sleep_ms": 1000}, {"sleep_ms": 1000}, {"output": "x"}]});
+    let id = rt.enqueue("scripted", steps).await.unwrap();
+    let task = tokio::spawn({
+        let rt = rt.clone();
+        async move { rt.run_queued(id).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(rt.cancel(id).await.unwrap());
+    assert_eq!(task.await.unwrap().unwrap(), Outcome::Cancelled);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        store.events(id).await.unwrap().len(),
+        2,
+        "that boundary's step persisted, nothing after"
+    );
+    let now = row(&store, id).await;
+    assert_eq!(
+        (now.status, now.termination_reason),
+        (RunStatus::Cancelled, Some(TerminationReason::Cancelled))
+    );
+    assert!(!rt.cancel(id).await.unwrap(), "already terminal");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_queued_run_is_not_claimed() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, _) = runtime_with(&store, A, |b| b);
+    let id = rt
+        .enqueue("scripted", json!({"steps": [{"output": 1}]}))
+        .await
+        .unwrap();
+    assert!(rt.cancel(id).await.unwrap());
+    assert_eq!(rt.run_queued(id).await.unwrap(), Outcome::NotClaimed);
+    assert!(store.events(id).await.unwrap().is_empty());
+}
+
+fn server_503() -> AgentError {
+    ProviderError::http(503).into()
+}
+fn connection() -> AgentError {
+    ProviderError::Connection(None).into()
+}
+fn rate_limited() -> AgentError {
+    ProviderError::http(429).into()
+}
+fn chain_ending_in_503() -> AgentError {
+    ProviderError::FallbackChainExhausted(vec![ProviderError::http(401), ProviderError::http(503)])
+        .into()
+}
+fn unauthorized() -> AgentError {
+    ProviderError::http(401).into()
+}
+fn bad_request() -> AgentError {
+    ProviderError::http(400).into()
+}
+fn misconfigured() -> AgentError {
+    ProviderError::Configuration("no api key".into()).into()
+}
+fn unknown() -> AgentError {
+    AgentError::other(std::io::Error::other("boom"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn retryable_failures_requeue_with_doubling_delays_then_exhaust() {
+    let cases: [(fn() -> AgentError, FailureClass); 4] = [
+        (server_503, FailureClass::ServerError),
+        (connection, FailureClass::Connection),
+        (rate_limited, FailureClass::RateLimit),
+        (chain_ending_in_503, FailureClass::ServerError),
+    ];
+    for (make, class) in cases {
+        let store = MemoryRunStore::new();
+        let (rt, _bus, queue) = runtime_with(&store, A, |b| b.agent("failing", FailWith(make)));
+        let id = rt.enqueue("failing", json!({})).await.unwrap();
+        for (n, secs) in [30, 60, 120].into_iter().enumerate() {
+            let delay = Duration::from_secs(secs);
+            assert_eq!(
+                rt.run_queued(id).await.unwrap(),
+                Outcome::Requeued { delay },
+                "{class}"
+            );
+            let now = row(&store, id).await;
+            assert_eq!(
+                (now.status, now.requeue_count),
+                (RunStatus::Queued, u32::try_from(n).unwrap() + 1)
+            );
+            assert_eq!(now.claimed_by, None);
+            let sent = dispatched(&queue);
+            assert_eq!(sent.len(), n + 2, "exactly one RunAgent per requeue");
+            assert_eq!(sent.last(), Some(&(id, Some(delay))));
+        }
+        let outcome = rt.run_queued(id).await.unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Failed {
+                reason: TerminationReason::RetriesExhausted,
+                class: Some(class)
+            }
+        );
+        let now = row(&store, id).await;
+        assert_eq!(
+            (now.status, now.termination_reason),
+            (RunStatus::Failed, Some(TerminationReason::RetriesExhausted))
+        );
+        assert_eq!(now.error_class, Some(class));
+        assert_eq!(
+            dispatched(&queue).len(),
+            4,
+            "no message after the dead letter"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_retryable_failures_dead_letter_at_once() {
+    let cases: [(fn() -> AgentError, FailureClass); 4] = [
+        (unauthorized, FailureClass::Auth),
+        (bad_request, FailureClass::ClientError),
+        (misconfigured, FailureClass::Configuration),
+        (unknown, FailureClass::Unknown),
+    ];
+    for (make, class) in cases {
+        let store = MemoryRunStore::new();
+        let (rt, _bus, queue) = runtime_with(&store, A, |b| b.agent("failing", FailWith(make)));
+        let id = rt.enqueue("failing", json!({})).await.unwrap();
+        let outcome = rt.run_queued(id).await.unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Failed {
+                reason: TerminationReason::NotRetryable,
+                class: Some(class)
+            }
+        );
+        let now = row(&store, id).await;
+        assert_eq!(
+            (now.status, now.requeue_count, now.error_class),
+            (RunStatus::Failed, 0, Some(class))
+        );
+        assert_eq!(dispatched(&queue).len(), 1, "never requeued");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn agent_stop_reasons_are_never_retried() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, queue) = runtime_with(&store, A, |b| b.agent("stops", StopsAtMaxSteps));
+    let id = rt.enqueue("stops", json!({})).await.unwrap();
+    let outcome = rt.run_queued(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Failed {
+            reason: TerminationReason::MaxSteps,
+            class: None
+        }
+    );
+    assert!(!TerminationReason::MaxSteps.is_retryable());
+    assert_eq!(dispatched(&queue).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requeue_refused_because_the_lease_moved_is_lease_lost() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, queue) = runtime_with(&store, A, |b| {
+        b.agent("mover", MoveLeaseThenFail(store.clone()))
+    });
+    let id = rt.enqueue("mover", json!({})).await.unwrap();
+    assert_eq!(rt.run_queued(id).await.unwrap(), Outcome::LeaseLost);
+    let now = row(&store, id).await;
+    assert_eq!(
+        (now.status, now.claimed_by.as_deref(), now.requeue_count),
+        (RunStatus::Running, Some(B), 0)
+    );
+    assert_eq!(now.termination_reason, None, "no settle");
+    assert_eq!(dispatched(&queue).len(), 1, "no dispatch");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pending_non_idempotent_effect_is_never_requeued() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, queue) = runtime_with(&store, A, |b| b);
+    let fenced = rt
+        .enqueue(
+            "scripted",
+            json!({"steps": [{"effect": "non_idempotent"}, {"fail": "server_error"}]}),
+        )
+        .await
+        .unwrap();
+    let outcome = rt.run_queued(fenced).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Failed {
+            reason: TerminationReason::NotRetryable,
+            class: Some(FailureClass::ServerError)
+        }
+    );
+    let idempotent = rt
+        .enqueue(
+            "scripted",
+            json!({"steps": [{"effect": "idempotent"}, {"fail": "server_error"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.run_queued(idempotent).await.unwrap(),
+        Outcome::Requeued {
+            delay: Duration::from_secs(30)
+        }
+    );
+    assert_eq!(dispatched(&queue).len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn enqueue_dispatch_failure_settles_the_run_and_returns_the_error() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus) = refusing_runtime(Arc::new(store.clone()), A);
+    let err = rt.enqueue("scripted", json!({})).await.unwrap_err();
+    let RunError::Dispatch { run_id, .. } = err else {
+        panic!("expected a dispatch error, got {err}")
+    };
+    let now = row(&store, run_id).await;
+    assert_eq!(
+        (now.status, now.termination_reason),
+        (RunStatus::Failed, Some(TerminationReason::DispatchFailed))
+    );
+    assert!(!TerminationReason::DispatchFailed.is_retryable());
+}
+
+#[tokio::test(start_paused = true)]
+async fn dispatch_failure_after_a_requeue_settles_the_queued_row() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus) = refusing_runtime(Arc::new(store.clone()), A);
+    let run = courier_runs::NewRun {
+        id: Uuid::new_v4(),
+        agent: "scripted".into(),
+        input: json!({"steps": [{"fail": "server_error"}]}),
+    };
+    store.insert_queued(&run).await.unwrap();
+    let outcome = rt.run_queued(run.id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Failed {
+            reason: TerminationReason::DispatchFailed,
+            class: Some(FailureClass::ServerError)
+        }
+    );
+    let now = row(&store, run.id).await;
+    assert_eq!(
+        (now.status, now.termination_reason),
+        (RunStatus::Failed, Some(TerminationReason::DispatchFailed))
+    );
+    assert_eq!(
+        now.requeue_count, 1,
+        "it had been requeued; no orphan queued row is left"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn interactive_failure_surfaces_unchanged_without_recovery() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, queue) = runtime_with(&store, A, |b| b.agent("failing", FailWith(server_503)));
+    let err = rt.run("failing", json!({})).await.unwrap_err();
+    let RunError::Agent {
+        run_id,
+        error: AgentError::Provider(ProviderError::Http { status: 503 }),
+    } = err
+    else {
+        panic!("expected the provider error unchanged, got {err:?}")
+    };
+    let now = row(&store, run_id).await;
+    assert_eq!(
+        (now.status, now.termination_reason),
+        (RunStatus::Failed, Some(TerminationReason::ProviderFailed))
+    );
+    assert_eq!(
+        (now.requeue_count, now.lease_expires, now.claimed_by),
+        (0, 0, None)
+    );
+    assert!(queue.sent().is_empty(), "no recovery for interactive runs");
+}
+
+#[tokio::test(start_paused = true)]
+async fn approval_pauses_and_approve_resumes_interactively() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, _) = runtime_with(&store, A, |b| b);
+    let (id, outcome) = rt
+        .run(
+            "scripted",
+            json!({"steps": [{"await_approval": true}, {"output": "ok"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::AwaitingApproval);
+    assert_eq!(row(&store, id).await.status, RunStatus::WaitingForApproval);
+    assert_eq!(
+        rt.approve(id).await.unwrap(),
+        Outcome::Completed {
+            output: json!("ok")
+        }
+    );
+    assert!(matches!(
+        rt.approve(id).await,
+        Err(RunError::WrongStatus { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_agent_is_dead_lettered_as_configuration() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, _) = runtime_with(&store, A, |b| b);
+    let id = rt.enqueue("nobody", json!({})).await.unwrap();
+    let outcome = rt.run_queued(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Failed {
+            reason: TerminationReason::NotRetryable,
+            class: Some(FailureClass::Configuration)
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn handler_never_fails_for_a_run_outcome_and_duplicates_are_harmless() {
+    let store = MemoryRunStore::new();
+    let runtime = Runtime::builder(Arc::new(store.clone()))
+        .agent("failing", FailWith(unauthorized))
+        .worker_identity(A)
+        .build();
+    // RunAgent not routed: the bus handles it in-process with the RunAgentHandler.
+    let bus = runtime.register(MessageBus::builder()).build();
+    let run = courier_runs::NewRun {
+        id: Uuid::new_v4(),
+        agent: "failing".into(),
+        input: json!({}),
+    };
+    store.insert_queued(&run).await.unwrap();
+    bus.dispatch(courier_runs::RunAgent { run_id: run.id })
+        .await
+        .expect("a failed run is not a handler error");
+    bus.dispatch(courier_runs::RunAgent { run_id: run.id })
+        .await
+        .expect("a duplicate is harmless");
+    bus.dispatch(courier_runs::RunAgent {
+        run_id: Uuid::new_v4(),
+    })
+    .await
+    .expect("an unknown run is harmless");
+    assert_eq!(
+        row(&store, run.id).await.termination_reason,
+        Some(TerminationReason::NotRetryable)
+    );
+}
