@@ -52,7 +52,7 @@ async fn consume(
         for envelope in batch {
             let s = seq(&envelope);
             // Even consumers reject every 10th message; odd ones ack everything.
-            let reject = me % 2 == 0 && s % 10 == 0;
+            let reject = me.is_multiple_of(2) && s.is_multiple_of(10);
             lock(&tally).seen.entry(s).or_default().push((me, !reject));
             if reject {
                 ok(h, "reject (concurrent consumer)", t.reject(&envelope)).await;
