@@ -10,15 +10,16 @@
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::time::Duration;
 
-use courier_core::TransportError;
+use courier_core::{TransportError, TransportErrorKind};
 use futures_util::future::FutureExt;
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use lapin::Channel;
 use lapin::message::Delivery;
+use lapin::options::BasicCancelOptions;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions, QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{FieldTable, ShortString};
 use tokio::time::Instant;
 
 use crate::link::{Link, amqp_error};
@@ -28,6 +29,8 @@ type Item = (usize, Option<lapin::Result<Delivery>>);
 struct Feed {
     generation: u64,
     channel: Channel,
+    /// The consumer tags, one per queue.
+    tags: Vec<ShortString>,
     stream: SelectAll<BoxStream<'static, Item>>,
     /// Deliveries pulled off the stream by `message_count` but not yet handed out.
     buffer: VecDeque<(usize, Delivery)>,
@@ -83,6 +86,70 @@ fn step(item: Option<Item>) -> Step {
     }
 }
 
+type Streams = (SelectAll<BoxStream<'static, Item>>, Vec<ShortString>);
+
+/// `basic.consume` on every queue of the transport; each stream ends with a `(queue, None)`
+/// marker when its consumer is cancelled.
+async fn consume_all(link: &Link, channel: &Channel) -> Result<Streams, TransportError> {
+    let name = link.name();
+    let mut streams = SelectAll::new();
+    let mut tags = Vec::new();
+    for (i, q) in link.options.queues.iter().enumerate() {
+        let consumer = channel
+            .basic_consume(
+                q.name.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| {
+                amqp_error(
+                    name,
+                    format!("cannot consume queue `{}`", q.name).as_str(),
+                    e,
+                )
+            })?;
+        tags.push(consumer.tag());
+        let s: BoxStream<'static, Item> = consumer
+            .map(move |r| (i, Some(r)))
+            .chain(stream::once(async move { (i, None) }))
+            .boxed();
+        streams.push(s);
+    }
+    Ok((streams, tags))
+}
+
+/// Cancels the consumers and moves every delivery they got into the buffer: afterwards the
+/// broker pushes nothing more, so ready counts and local counts do not overlap.
+async fn quiesce(link: &Link, feed: &mut Feed) -> Result<(), TransportError> {
+    let name = link.name();
+    for tag in &feed.tags {
+        feed.channel
+            .basic_cancel(tag.clone(), BasicCancelOptions::default())
+            .await
+            .map_err(|e| amqp_error(name, "basic.cancel failed", e))?;
+    }
+    let deadline = Instant::now() + link.options.confirm_timeout;
+    let mut ended = 0;
+    while ended < feed.tags.len() {
+        let next = tokio::time::timeout_at(deadline, feed.stream.next()).await;
+        match next {
+            Ok(Some((i, Some(Ok(d))))) => feed.buffer.push_back((i, d)),
+            Ok(Some((_, None))) => ended += 1,
+            Ok(None) => break,
+            Ok(Some((_, Some(Err(e))))) => return Err(amqp_error(name, "consumer failed", e)),
+            Err(_) => {
+                return Err(
+                    TransportError::new(TransportErrorKind::Timeout, name.to_owned())
+                        .with_context("consumer cancel did not complete"),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Inbox {
     async fn open(&self, link: &Link) -> Result<Feed, TransportError> {
         let name = link.name();
@@ -97,32 +164,9 @@ impl Inbox {
                 .basic_qos(link.options.prefetch, BasicQosOptions::default())
                 .await
                 .map_err(|e| amqp_error(name, "basic.qos failed", e))?;
-            let mut streams = SelectAll::new();
-            for (i, q) in link.options.queues.iter().enumerate() {
-                let consumer = channel
-                    .basic_consume(
-                        q.name.as_str().into(),
-                        "".into(),
-                        BasicConsumeOptions::default(),
-                        FieldTable::default(),
-                    )
-                    .await
-                    .map_err(|e| {
-                        amqp_error(
-                            name,
-                            format!("cannot consume queue `{}`", q.name).as_str(),
-                            e,
-                        )
-                    })?;
-                let s: BoxStream<'static, Item> = consumer
-                    .map(move |r| (i, Some(r)))
-                    .chain(stream::once(async move { (i, None) }))
-                    .boxed();
-                streams.push(s);
-            }
-            Ok::<_, TransportError>(streams)
+            consume_all(link, &channel).await
         };
-        let streams = match opened.await {
+        let (streams, tags) = match opened.await {
             Ok(s) => s,
             Err(e) => {
                 let _ = channel.close(200, "consume failed".into()).await;
@@ -140,6 +184,7 @@ impl Inbox {
         Ok(Feed {
             generation,
             channel,
+            tags,
             stream: streams,
             buffer: VecDeque::new(),
         })
@@ -337,31 +382,31 @@ impl Inbox {
         self.forget(&mut guard, true).await;
     }
 
-    /// Ready messages (passive declare) plus those delivered to this consumer and not settled.
+    /// Ready messages (passive declares on the queues and on the delay bucket queues this
+    /// process declared) plus those delivered to this consumer and not settled. The consumers
+    /// are paused (cancelled, then consumed again) while counting so nothing is counted twice.
     pub(crate) async fn message_count(&self, link: &Link) -> Result<u64, TransportError> {
         let name = link.name();
         let mut guard = self.feed.lock().await;
-        let existing = guard
-            .as_ref()
-            .map(|f| f.channel.clone())
-            .filter(|c| c.status().connected());
-        let (channel, temporary) = match existing {
-            Some(c) => (c, false),
-            None => {
-                let session = link.session().await?;
-                let ch = session
-                    .connection
-                    .create_channel()
-                    .await
-                    .map_err(|e| amqp_error(name, "cannot open a channel", e))?;
-                (ch, true)
+        if let Some(feed) = guard.as_mut() {
+            if let Err(e) = quiesce(link, feed).await {
+                tracing::warn!(error = %e, "amqp consumer lost while counting");
+                self.forget(&mut guard, true).await;
             }
-        };
+        }
+        let session = link.session().await?;
+        let channel = session
+            .connection
+            .create_channel()
+            .await
+            .map_err(|e| amqp_error(name, "cannot open a channel", e))?;
+        let mut queues: Vec<String> = link.options.queues.iter().map(|q| q.name.clone()).collect();
+        queues.extend(link.known_delay_queues());
         let mut total: u64 = 0;
-        for q in &link.options.queues {
+        for q in &queues {
             let declared = channel
                 .queue_declare(
-                    q.name.as_str().into(),
+                    q.as_str().into(),
                     QueueDeclareOptions {
                         passive: true,
                         ..QueueDeclareOptions::default()
@@ -372,40 +417,29 @@ impl Inbox {
             match declared {
                 Ok(info) => total += u64::from(info.message_count()),
                 Err(e) => {
-                    if temporary {
-                        let _ = channel.close(200, "count done".into()).await;
-                    } else {
-                        self.forget(&mut guard, false).await;
-                    }
                     return Err(amqp_error(
                         name,
-                        format!("cannot count queue `{}`", q.name).as_str(),
+                        format!("cannot count queue `{q}`").as_str(),
                         e,
                     ));
                 }
             }
         }
-        if temporary {
-            let _ = channel.close(200, "count done".into()).await;
-        }
-        let mut broken = false;
+        let _ = channel.close(200, "count done".into()).await;
         if let Some(feed) = guard.as_mut() {
-            while let Some(item) = feed.stream.next().now_or_never() {
-                match step(item) {
-                    Step::Got(i, d) => feed.buffer.push_back((i, d)),
-                    Step::Broken => {
-                        broken = true;
-                        break;
-                    }
+            total += feed.buffer.len() as u64;
+            match consume_all(link, &feed.channel).await {
+                Ok((stream, tags)) => {
+                    feed.stream = stream;
+                    feed.tags = tags;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "amqp consumer lost while counting");
+                    self.forget(&mut guard, true).await;
                 }
             }
-            total += feed.buffer.len() as u64;
         }
-        if broken {
-            self.forget(&mut guard, false).await;
-        } else {
-            total += self.live.lock().await.outstanding.len() as u64;
-        }
+        total += self.live.lock().await.outstanding.len() as u64;
         Ok(total)
     }
 }

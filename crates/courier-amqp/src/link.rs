@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use courier_core::{TransportError, TransportErrorKind};
 use lapin::options::{
-    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -43,6 +44,8 @@ pub(crate) struct Link {
     name: String,
     pub(crate) options: AmqpOptions,
     state: tokio::sync::Mutex<State>,
+    /// Every delay bucket queue declared by this process (for [`Link::delete_topology`]).
+    delay_queues: Mutex<HashSet<(DelayRoute, u64)>>,
 }
 
 impl std::fmt::Debug for Link {
@@ -75,6 +78,7 @@ impl Link {
                 failures: 0,
                 next_attempt: None,
             }),
+            delay_queues: Mutex::new(HashSet::new()),
         }
     }
 
@@ -352,6 +356,63 @@ impl Link {
         if let Ok(mut set) = session.delay_queues.lock() {
             set.insert((route, bucket));
         }
+        if let Ok(mut set) = self.delay_queues.lock() {
+            set.insert((route, bucket));
+        }
+        Ok(())
+    }
+
+    /// The delay bucket queues this process declared.
+    pub(crate) fn known_delay_queues(&self) -> Vec<String> {
+        let set = self
+            .delay_queues
+            .lock()
+            .map(|s| s.iter().copied().collect::<Vec<_>>())
+            .unwrap_or_default();
+        set.into_iter()
+            .map(|(route, bucket)| route.queue_name(&self.options.exchange, bucket))
+            .collect()
+    }
+
+    /// Deletes the queues, the delay bucket queues this process declared, and both exchanges.
+    pub(crate) async fn delete_topology(&self) -> Result<(), TransportError> {
+        let session = self.session().await?;
+        let o = &self.options;
+        let ch = session
+            .connection
+            .create_channel()
+            .await
+            .map_err(|e| amqp_error(&self.name, "cannot open a channel", e))?;
+        let delays: Vec<(DelayRoute, u64)> = self
+            .delay_queues
+            .lock()
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        let mut queues: Vec<String> = o.queues.iter().map(|q| q.name.clone()).collect();
+        queues.extend(
+            delays
+                .into_iter()
+                .map(|(route, bucket)| route.queue_name(&o.exchange, bucket)),
+        );
+        for q in queues {
+            ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .map_err(|e| {
+                    amqp_error(&self.name, format!("cannot delete queue `{q}`").as_str(), e)
+                })?;
+        }
+        for ex in [delay_exchange(&o.exchange), o.exchange.clone()] {
+            ch.exchange_delete(ex.as_str().into(), ExchangeDeleteOptions::default())
+                .await
+                .map_err(|e| {
+                    amqp_error(
+                        &self.name,
+                        format!("cannot delete exchange `{ex}`").as_str(),
+                        e,
+                    )
+                })?;
+        }
+        let _ = ch.close(200, "teardown done".into()).await;
         Ok(())
     }
 

@@ -113,6 +113,17 @@ impl AmqpTransport {
         self.inbox.close().await;
     }
 
+    /// Deletes what this transport declared: its queues (with their messages), the delay bucket
+    /// queues this process declared, the delay exchange and the exchange. For tests and
+    /// teardown; the next operation re-declares them when `auto_setup` is on.
+    ///
+    /// # Errors
+    /// A connection or protocol error.
+    pub async fn delete_topology(&self) -> Result<(), TransportError> {
+        self.inbox.close().await;
+        self.link.delete_topology().await
+    }
+
     /// Closes the consumer and the connection (a later call reconnects).
     pub async fn close(&self) {
         self.inbox.close().await;
