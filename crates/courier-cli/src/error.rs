@@ -121,15 +121,3 @@ pub(crate) fn scrub(text: &str) -> String {
 
 /// `Result` of a command.
 pub(crate) type CliResult<T = ()> = Result<T, CliError>;
-
-/// Turns any error into a runtime [`CliError`] with some context.
-pub(crate) trait Context<T> {
-    /// Adds `what` in front of the error.
-    fn context_runtime(self, what: impl fmt::Display) -> CliResult<T>;
-}
-
-impl<T, E: std::error::Error + 'static> Context<T> for Result<T, E> {
-    fn context_runtime(self, what: impl fmt::Display) -> CliResult<T> {
-        self.map_err(|e| CliError::runtime(format!("{what}: {}", chain(&e))))
-    }
-}

@@ -1,1 +1,207 @@
-//! Wired when courier-runs lands.
+//! Wiring of `courier-runs`: the `[runs]` table, the run store, the runtime with the app's agents.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_core::config::Transports;
+use courier_core::{CancellationToken, MessageBusBuilder, MessageRegistry};
+use courier_runs::{
+    Agent, AgentError, AgentOutcome, RunAgent, RunContext, RunStore, RunsConfig, Runtime,
+    ScriptedAgent, SqlRunStore, SqlRunStoreOptions, async_trait,
+};
+
+use crate::context::Ctx;
+use crate::error::{CliError, CliResult, chain, remember_secret};
+
+/// The run store used when `[runs] store` is not set.
+pub(crate) const DEFAULT_STORE: &str = "sqlite://courier.db";
+
+/// The agents an app registered, by name.
+#[derive(Clone, Default)]
+pub(crate) struct Agents(Vec<(String, Arc<dyn Agent>)>);
+
+impl Agents {
+    /// The built-in `scripted` agent.
+    pub(crate) fn with_builtin() -> Self {
+        let mut agents = Self::default();
+        agents.insert("scripted", Arc::new(ScriptedAgent));
+        agents
+    }
+
+    /// Adds or replaces an agent.
+    pub(crate) fn insert(&mut self, name: &str, agent: Arc<dyn Agent>) {
+        self.0.retain(|(n, _)| n != name);
+        self.0.push((name.to_owned(), agent));
+    }
+
+    /// Whether an agent of that name exists.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, _)| n == name)
+    }
+
+    /// The names, for error messages.
+    pub(crate) fn names(&self) -> String {
+        self.0
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// An agent shared between runtimes.
+struct Shared(Arc<dyn Agent>);
+
+#[async_trait]
+impl Agent for Shared {
+    async fn run(&self, cx: &mut RunContext) -> Result<AgentOutcome, AgentError> {
+        self.0.run(cx).await
+    }
+}
+
+/// Registers the runs messages for decoding.
+pub(crate) fn register_messages(registry: &mut MessageRegistry) {
+    registry.register::<RunAgent>();
+}
+
+/// The validated `[runs]` table (defaults when absent).
+pub(crate) fn settings(ctx: &Ctx<'_>) -> CliResult<RunsConfig> {
+    let config: RunsConfig = match &ctx.config.runs {
+        Some(table) => table.clone().try_into().map_err(|e: toml::de::Error| {
+            CliError::usage(format!("[runs]: {}", e.message().trim_end()))
+        })?,
+        None => RunsConfig::default(),
+    };
+    config
+        .validate()
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    Ok(config)
+}
+
+/// The store DSN as sqlx wants it: SQLite files are created when missing.
+pub(crate) fn store_dsn(configured: Option<&str>) -> String {
+    let dsn = configured.unwrap_or(DEFAULT_STORE);
+    if let Ok(parsed) = courier_core::Dsn::parse(dsn) {
+        if let Some(p) = parsed.password() {
+            remember_secret(p);
+        }
+    }
+    if dsn.starts_with("sqlite:") && !dsn.contains("mode=") {
+        let sep = if dsn.contains('?') { '&' } else { '?' };
+        return format!("{dsn}{sep}mode=rwc");
+    }
+    dsn.to_owned()
+}
+
+/// Connects the run store and creates its tables if missing.
+pub(crate) async fn open_store(config: &RunsConfig) -> CliResult<Arc<dyn RunStore>> {
+    let dsn = store_dsn(config.store.as_deref());
+    let shown = courier_core::redact(&dsn);
+    let store = SqlRunStore::connect(&dsn, SqlRunStoreOptions::default())
+        .await
+        .map_err(|e| match e {
+            courier_runs::StoreError::UnsupportedDsn(_) => CliError::usage(format!(
+                "runs.store: unsupported run store DSN `{shown}` (sqlite://, postgres://, mysql://)"
+            )),
+            other => CliError::runtime(format!(
+                "cannot open the run store `{shown}`: {}",
+                chain(&other)
+            )),
+        })?;
+    store.setup().await.map_err(|e| {
+        CliError::runtime(format!(
+            "cannot set up the run store `{shown}`: {}",
+            chain(&e)
+        ))
+    })?;
+    Ok(Arc::new(store))
+}
+
+/// A runtime over `store` with the app's agents and the `[runs]` options.
+pub(crate) fn runtime(ctx: &Ctx<'_>, config: &RunsConfig, store: Arc<dyn RunStore>) -> Runtime {
+    build_runtime(&ctx.app.agents, config, store)
+}
+
+/// A runtime over `store` with these agents.
+pub(crate) fn build_runtime(
+    agents: &Agents,
+    config: &RunsConfig,
+    store: Arc<dyn RunStore>,
+) -> Runtime {
+    let mut builder = Runtime::builder(store).options(config.runtime_options());
+    for (name, agent) in &agents.0 {
+        builder = builder.agent(name.clone(), Shared(agent.clone()));
+    }
+    builder.build()
+}
+
+/// `courier setup`'s part: the run store's tables. Returns the store shown redacted.
+pub(crate) async fn setup(ctx: &Ctx<'_>) -> CliResult<Option<String>> {
+    let config = settings(ctx)?;
+    open_store(&config).await?;
+    Ok(Some(courier_core::redact(
+        config.store.as_deref().unwrap_or(DEFAULT_STORE),
+    )))
+}
+
+/// What `consume` adds for runs: the `RunAgent` handler and the reaper.
+pub(crate) struct WorkerParts {
+    runtime: Runtime,
+    config: RunsConfig,
+    reap_every: Option<Duration>,
+}
+
+impl WorkerParts {
+    /// The runtime for a worker over the configured store.
+    pub(crate) async fn new(
+        ctx: &Ctx<'_>,
+        _transports: &Transports,
+        reap_every: Option<Duration>,
+    ) -> CliResult<Self> {
+        let config = settings(ctx)?;
+        if let Some(every) = reap_every {
+            if every.is_zero() {
+                return Err(CliError::usage("--reap-every: must be longer than 0s"));
+            }
+        }
+        let store = open_store(&config).await?;
+        let runtime = runtime(ctx, &config, store);
+        let reap_every = reap_every.or(config.reap_every);
+        Ok(Self {
+            runtime,
+            config,
+            reap_every,
+        })
+    }
+
+    /// Registers the `RunAgent` handler and links the runtime to the bus.
+    pub(crate) fn bus_hook(&self, builder: MessageBusBuilder) -> MessageBusBuilder {
+        self.runtime.register(builder)
+    }
+
+    /// Starts the reaper when `--reap-every` or `[runs] reap_every` asks for it.
+    pub(crate) fn spawn_reaper(
+        &self,
+        done: CancellationToken,
+        quiet: bool,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let every = self.reap_every?;
+        let reaper = self.runtime.reaper();
+        let options = self.config.reap_options();
+        Some(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = done.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                match reaper.reap(options).await {
+                    Ok(report) if report.selected > 0 && !quiet => eprintln!("{report}"),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %crate::error::scrub(&chain(&e)), "reap failed")
+                    }
+                }
+            }
+        }))
+    }
+}

@@ -32,11 +32,6 @@ impl Table {
         self.rows.push(cells);
     }
 
-    /// Whether no row was added.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
-
     /// The table as lines of text.
     pub(crate) fn render(&self) -> String {
         let columns = self.headers.len();

@@ -1,1 +1,1 @@
-//! Wired when courier-runs lands.
+//! demo (wip)

@@ -2,8 +2,6 @@
 
 pub(crate) mod bench;
 mod consume;
-#[cfg(feature = "runs")]
-pub(crate) mod demo;
 mod failed;
 #[cfg(feature = "runs")]
 mod runs;

@@ -1,1 +1,306 @@
-//! Wired when courier-runs lands.
+//! `courier runs submit|show|list|events|cancel` and `courier reap`.
+
+use std::sync::Arc;
+
+use courier_runs::{
+    ReapOptions, Run, RunError, RunEvent, RunStatus, RunStore, RunsConfig, Runtime,
+};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::cli::{ReapArgs, RunsCommand};
+use crate::context::Ctx;
+use crate::error::{CliError, CliResult, chain};
+use crate::runs::{open_store, runtime, settings};
+use crate::table::{Table, shorten};
+use crate::time::rfc3339_ms;
+
+pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
+    let config = settings(ctx)?;
+    match command {
+        RunsCommand::Submit {
+            agent,
+            input,
+            interactive,
+        } => {
+            let input = parse_input(input)?;
+            if !ctx.app.agents.contains(agent) {
+                return Err(CliError::usage(format!(
+                    "unknown agent `{agent}` (known: {})",
+                    ctx.app.agents.names()
+                )));
+            }
+            submit(ctx, &config, agent, input, *interactive).await
+        }
+        RunsCommand::Show { id } => {
+            let id = parse_id(id)?;
+            let store = open_store(&config).await?;
+            let run = find(&store, id).await?;
+            let events = store.events(id).await.map_err(runtime_error)?;
+            show(ctx, &run, &events)
+        }
+        RunsCommand::List { status, limit } => {
+            let status = status
+                .as_deref()
+                .map(|s| {
+                    s.parse::<RunStatus>()
+                        .map_err(|e| CliError::usage(format!("--status: {e}")))
+                })
+                .transpose()?;
+            let store = open_store(&config).await?;
+            let runs = store.list(status, *limit).await.map_err(runtime_error)?;
+            list(ctx, &runs)
+        }
+        RunsCommand::Events { id } => {
+            let id = parse_id(id)?;
+            let store = open_store(&config).await?;
+            find(&store, id).await?;
+            let events = store.events(id).await.map_err(runtime_error)?;
+            if ctx.json() {
+                return ctx.print_json(&events.iter().map(event_json).collect::<Vec<_>>());
+            }
+            print!("{}", events_table(&events));
+            Ok(())
+        }
+        RunsCommand::Cancel { id } => {
+            let id = parse_id(id)?;
+            let store = open_store(&config).await?;
+            let cancelled = store.cancel(id).await.map_err(runtime_error)?;
+            let run = find(&store, id).await?;
+            if ctx.json() {
+                ctx.print_json(
+                    &json!({ "id": id, "cancelled": cancelled, "status": run.status.as_str() }),
+                )?;
+            } else if cancelled {
+                println!("Cancelled run {id}.");
+            }
+            if !cancelled {
+                return Err(CliError::runtime(format!(
+                    "run {id} is already {}; nothing to cancel",
+                    run.status
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `--input JSON` or `--input @FILE`.
+fn parse_input(input: &str) -> CliResult<Value> {
+    let (text, from) = match input.strip_prefix('@') {
+        Some(path) => (
+            std::fs::read_to_string(path)
+                .map_err(|e| CliError::usage(format!("--input: cannot read `{path}`: {e}")))?,
+            format!(" in `{path}`"),
+        ),
+        None => (input.to_owned(), String::new()),
+    };
+    serde_json::from_str(&text)
+        .map_err(|e| CliError::usage(format!("--input: invalid JSON{from}: {e}")))
+}
+
+fn parse_id(id: &str) -> CliResult<Uuid> {
+    Uuid::parse_str(id)
+        .map_err(|_| CliError::usage(format!("invalid run id `{id}` (expected a UUID)")))
+}
+
+fn runtime_error(e: impl std::error::Error + 'static) -> CliError {
+    CliError::runtime(chain(&e))
+}
+
+async fn find(store: &Arc<dyn RunStore>, id: Uuid) -> CliResult<Run> {
+    store
+        .find(id)
+        .await
+        .map_err(runtime_error)?
+        .ok_or_else(|| CliError::runtime(format!("run {id} not found")))
+}
+
+async fn submit(
+    ctx: &Ctx<'_>,
+    config: &RunsConfig,
+    agent: &str,
+    input: Value,
+    interactive: bool,
+) -> CliResult {
+    let store = open_store(config).await?;
+    let runtime: Runtime = runtime(ctx, config, store.clone());
+    if interactive {
+        let (id, result) = match runtime.run(agent, input).await {
+            Ok((id, outcome)) => (id, Ok(outcome)),
+            Err(RunError::Agent { run_id, error }) => (run_id, Err(chain(&error))),
+            Err(e) => return Err(runtime_error(e)),
+        };
+        let run = find(&store, id).await?;
+        if ctx.json() {
+            ctx.print_json(&json!({ "id": id, "status": run.status.as_str() }))?;
+        } else {
+            println!("{id}");
+            ctx.note(format!("Run {id} is {}.", run.status));
+        }
+        return result
+            .map(|_| ())
+            .map_err(|e| CliError::runtime(format!("run {id} failed: {e}")));
+    }
+    let transports = ctx.connect().await?;
+    let _bus = ctx.bus(&transports, |b| runtime.register(b));
+    let id = runtime.enqueue(agent, input).await.map_err(|e| match e {
+        RunError::Dispatch { run_id, source } => CliError::runtime(format!(
+            "could not queue run {run_id} (is `courier.run_agent` routed to a transport?): {}",
+            chain(&source)
+        )),
+        other => runtime_error(other),
+    })?;
+    if ctx.json() {
+        return ctx.print_json(&json!({ "id": id }));
+    }
+    println!("{id}");
+    Ok(())
+}
+
+fn ms(v: Option<i64>) -> Value {
+    v.map_or(Value::Null, |t| Value::String(rfc3339_ms(t)))
+}
+
+/// A run as `runs show` / `runs list` print it (absent values are null).
+pub(crate) fn run_json(r: &Run) -> Value {
+    json!({
+        "id": r.id,
+        "agent": r.agent,
+        "status": r.status.as_str(),
+        "termination_reason": r.termination_reason.map(|t| t.as_str()),
+        "requeue_count": r.requeue_count,
+        "claimed_by": r.claimed_by,
+        "lease_expires": r.lease_expires,
+        "error_class": r.error_class.map(|c| c.as_str()),
+        "output": r.output,
+        "input": r.input,
+        "pending_effect": r.pending_effect,
+        "created_at": rfc3339_ms(r.created_at),
+        "started_at": ms(r.started_at),
+        "finished_at": ms(r.finished_at),
+        "updated_at": rfc3339_ms(r.updated_at),
+    })
+}
+
+fn event_json(e: &RunEvent) -> Value {
+    json!({ "seq": e.seq, "kind": e.kind, "payload": e.payload, "created_at": rfc3339_ms(e.created_at) })
+}
+
+fn show(ctx: &Ctx<'_>, run: &Run, events: &[RunEvent]) -> CliResult {
+    if ctx.json() {
+        let mut value = run_json(run);
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "events".into(),
+                Value::Array(events.iter().map(event_json).collect()),
+            );
+        }
+        return ctx.print_json(&value);
+    }
+    let field = |k: &str, v: String| println!("{k:<19} {v}");
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    field("id", run.id.to_string());
+    field("agent", run.agent.clone());
+    field("status", run.status.to_string());
+    field(
+        "termination reason",
+        opt(run.termination_reason.map(|t| t.to_string())),
+    );
+    field("error class", opt(run.error_class.map(|c| c.to_string())));
+    field("requeues", run.requeue_count.to_string());
+    field("claimed by", opt(run.claimed_by.clone()));
+    field(
+        "lease expires",
+        if run.lease_expires > 0 {
+            rfc3339_ms(run.lease_expires)
+        } else {
+            "-".into()
+        },
+    );
+    field("created", rfc3339_ms(run.created_at));
+    field("started", opt(run.started_at.map(rfc3339_ms)));
+    field("finished", opt(run.finished_at.map(rfc3339_ms)));
+    field(
+        "output",
+        opt(run.output.as_ref().map(|o| shorten(&o.to_string(), 58))),
+    );
+    if !events.is_empty() {
+        println!();
+        print!("{}", events_table(events));
+    }
+    Ok(())
+}
+
+fn events_table(events: &[RunEvent]) -> String {
+    let mut table = Table::new(&["SEQ", "KIND", "AT", "PAYLOAD"]).flexible(3);
+    for e in events {
+        table.row(vec![
+            e.seq.to_string(),
+            e.kind.clone(),
+            rfc3339_ms(e.created_at),
+            e.payload.to_string(),
+        ]);
+    }
+    table.render()
+}
+
+fn list(ctx: &Ctx<'_>, runs: &[Run]) -> CliResult {
+    if ctx.json() {
+        return ctx.print_json(&runs.iter().map(run_json).collect::<Vec<_>>());
+    }
+    if runs.is_empty() {
+        println!("No runs.");
+        return Ok(());
+    }
+    let mut table =
+        Table::new(&["ID", "AGENT", "STATUS", "REQUEUES", "REASON", "CREATED"]).flexible(1);
+    for r in runs {
+        table.row(vec![
+            r.id.to_string(),
+            r.agent.clone(),
+            r.status.to_string(),
+            r.requeue_count.to_string(),
+            r.termination_reason
+                .map_or_else(|| "-".into(), |t| t.to_string()),
+            rfc3339_ms(r.created_at).chars().skip(11).take(8).collect(),
+        ]);
+    }
+    print!("{}", table.render());
+    Ok(())
+}
+
+pub(crate) async fn reap(ctx: &Ctx<'_>, args: &ReapArgs) -> CliResult {
+    let config = settings(ctx)?;
+    if args.limit == Some(0) {
+        return Err(CliError::usage("--limit: must be at least 1"));
+    }
+    let store = open_store(&config).await?;
+    let runtime = runtime(ctx, &config, store);
+    let transports = ctx.connect().await?;
+    let _bus = ctx.bus(&transports, |b| runtime.register(b));
+    let options = ReapOptions {
+        limit: args.limit.unwrap_or(config.reap_limit),
+        dry_run: args.dry_run,
+    };
+    let report = runtime
+        .reaper()
+        .reap(options)
+        .await
+        .map_err(runtime_error)?;
+    if ctx.json() {
+        return ctx.print_json(&json!({
+            "selected": report.selected,
+            "requeued": report.requeued,
+            "dead_lettered": report.dead_lettered,
+            "skipped": report.skipped,
+            "dry_run": args.dry_run,
+        }));
+    }
+    if args.dry_run {
+        println!("Dry run, nothing changed. {report}");
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}
