@@ -20,8 +20,9 @@ use std::time::Duration;
 /// The longest delay honoured (30 days; the bucket stays below AMQP's 32-bit TTL limit).
 pub const MAX_DELAY: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// The header that routes a delayed message to its bucket queue (removed on receive).
-pub(crate) const DELAY_HEADER: &str = "x-courier-delay";
+/// The header that routes a delayed message to its bucket queue (removed on receive). It must
+/// not start with `x-`: headers exchanges ignore such headers when matching.
+pub(crate) const DELAY_HEADER: &str = "courier-delay-bucket";
 
 const SERIES: [u64; 13] = [
     100, 125, 150, 175, 200, 250, 300, 350, 400, 500, 600, 700, 800,
