@@ -102,4 +102,10 @@ pub trait Harness: Send + Sync {
     fn operation_timeout(&self) -> Duration {
         Duration::from_secs(10)
     }
+
+    /// How long the transport may take to recover after [`Harness::break_connection`]
+    /// (operations failing with transient errors are retried until then). Default 30 s.
+    fn reconnect_timeout(&self) -> Duration {
+        Duration::from_secs(30)
+    }
 }

@@ -3,13 +3,14 @@
 //! and must pass on the same transport without the fault. Without this, a case that asserts
 //! nothing would pass every transport.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use courier_core::{
     Capabilities, DelayStamp, DeliveryTagStamp, Encoded, Envelope, InMemoryOptions,
-    InMemoryTransport, Listable, MessageCount, Transport, TransportError, TransportMessageIdStamp,
-    async_trait, encode,
+    InMemoryTransport, Listable, MessageCount, Transport, TransportError, TransportErrorKind,
+    TransportMessageIdStamp, async_trait, encode,
 };
 use courier_test::{Harness, conformance};
 
@@ -41,6 +42,10 @@ enum Fault {
     Duplicates,
     /// `get` fails on an undecodable message.
     GetFailsOnUndecodable,
+    /// After a connection break, the next three operations fail with a transient error.
+    FlakyAfterBreak,
+    /// A connection break loses every stored message.
+    LosesOnBreak,
 }
 
 #[derive(Debug)]
@@ -48,9 +53,27 @@ struct Faulty {
     inner: InMemoryTransport,
     fault: Fault,
     registry: Arc<courier_core::MessageRegistry>,
+    /// Operations left to fail with a connection error.
+    failing: AtomicUsize,
 }
 
 impl Faulty {
+    fn transient(&self) -> Result<(), TransportError> {
+        let left = self.failing.load(Ordering::SeqCst);
+        if left > 0
+            && self
+                .failing
+                .compare_exchange(left, left - 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            return Err(TransportError::new(
+                TransportErrorKind::Connection,
+                "faulty",
+            ));
+        }
+        Ok(())
+    }
+
     fn reencode_without(&self, envelope: Envelope, header: &str) -> Envelope {
         let Ok(mut wire) = encode(&envelope) else {
             return envelope;
@@ -70,6 +93,7 @@ impl Faulty {
 #[async_trait]
 impl Transport for Faulty {
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        self.transient()?;
         match self.fault {
             Fault::IgnoresDelay | Fault::AcceptsDelayWithoutCapability => {
                 let id = self
@@ -92,6 +116,7 @@ impl Transport for Faulty {
         if self.fault == Fault::Hangs {
             std::future::pending::<()>().await;
         }
+        self.transient()?;
         let mut got = self.inner.get(max).await?;
         match self.fault {
             Fault::DropsHeader(header) => {
@@ -107,10 +132,7 @@ impl Transport for Faulty {
                 }
             }
             Fault::GetFailsOnUndecodable if got.iter().any(|e| e.decode_error().is_some()) => {
-                return Err(TransportError::new(
-                    courier_core::TransportErrorKind::Protocol,
-                    "faulty",
-                ));
+                return Err(TransportError::new(TransportErrorKind::Protocol, "faulty"));
             }
             _ => {}
         }
@@ -118,6 +140,7 @@ impl Transport for Faulty {
     }
 
     async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.transient()?;
         if self.fault == Fault::AcksByIdOnly {
             if let Some(id) = envelope.id() {
                 self.inner.remove(id).await?;
@@ -142,10 +165,7 @@ impl Transport for Faulty {
         if self.fault == Fault::AckBatchFailsOnAcked {
             for e in envelopes {
                 if self.inner.find(e.id().unwrap_or_default()).await?.is_none() {
-                    return Err(TransportError::new(
-                        courier_core::TransportErrorKind::NotFound,
-                        "faulty",
-                    ));
+                    return Err(TransportError::new(TransportErrorKind::NotFound, "faulty"));
                 }
             }
         }
@@ -177,6 +197,17 @@ struct FaultyHarness {
     created: Mutex<Vec<Arc<Faulty>>>,
 }
 
+impl FaultyHarness {
+    fn concrete(&self, transport: &Arc<dyn Transport>) -> Arc<Faulty> {
+        let wanted = Arc::as_ptr(transport).cast::<()>();
+        let created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
+        let found = created
+            .iter()
+            .find(|c| Arc::as_ptr(c).cast::<()>() == wanted);
+        Arc::clone(found.expect("created by this harness"))
+    }
+}
+
 #[async_trait]
 impl Harness for FaultyHarness {
     async fn transport(&self) -> Arc<dyn Transport> {
@@ -189,6 +220,7 @@ impl Harness for FaultyHarness {
             inner,
             fault: self.fault,
             registry,
+            failing: AtomicUsize::new(0),
         });
         self.created
             .lock()
@@ -202,13 +234,17 @@ impl Harness for FaultyHarness {
     }
 
     async fn send_raw(&self, transport: &Arc<dyn Transport>, encoded: Encoded) {
-        let wanted = Arc::as_ptr(transport).cast::<()>();
-        let created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
-        let t = created
-            .iter()
-            .find(|c| Arc::as_ptr(c).cast::<()>() == wanted)
-            .expect("created by this harness");
-        t.inner.send_raw(encoded);
+        self.concrete(transport).inner.send_raw(encoded);
+    }
+
+    async fn break_connection(&self, transport: &Arc<dyn Transport>) -> bool {
+        let t = self.concrete(transport);
+        match self.fault {
+            Fault::FlakyAfterBreak => t.failing.store(3, Ordering::SeqCst),
+            Fault::LosesOnBreak => t.inner.reset(),
+            _ => {}
+        }
+        true
     }
 
     fn poll_window(&self) -> Duration {
@@ -217,6 +253,10 @@ impl Harness for FaultyHarness {
 
     fn operation_timeout(&self) -> Duration {
         Duration::from_secs(1)
+    }
+
+    fn reconnect_timeout(&self) -> Duration {
+        Duration::from_secs(2)
     }
 }
 
@@ -386,4 +426,20 @@ async fn decode_case_catches_get_failing_on_an_undecodable_message() {
         "`get` failed",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_loss_case_rides_out_transient_errors_and_catches_loss() {
+    assert_eq!(
+        run(case!(connection_loss), Fault::FlakyAfterBreak).await,
+        None,
+        "transient errors must be retried"
+    );
+    let msg = run(case!(connection_loss), Fault::LosesOnBreak)
+        .await
+        .expect("must fail");
+    assert!(
+        msg.contains("messages lost across the connection loss: [0, 1, 2, 3, 4]"),
+        "{msg}"
+    );
 }

@@ -7,11 +7,8 @@ use std::time::Duration;
 use courier_core::{Envelope, Transport, TransportError};
 use tokio::time::{Instant, sleep};
 
-use super::support::{bounded, describe, expect_count, message, ok, seq};
+use super::support::{bounded, describe, expect_count, idle, message, ok, seq};
 use crate::Harness;
-
-/// How long the transport may take to reconnect after the break.
-const RECONNECT_WITHIN: Duration = Duration::from_secs(30);
 
 /// Retries a transport operation while it fails with a transient error, until `deadline`.
 async fn transient_retry<T, F, Fut>(h: &dyn Harness, what: &str, deadline: Instant, mut op: F) -> T
@@ -35,8 +32,9 @@ where
 
 /// Five messages are sent, the harness breaks the transport's server connections
 /// (`Harness::break_connection`), five more are sent (retrying transient errors for up to
-/// 30 s); then a consumer calling `get` (retrying transient errors) receives all ten, each at
-/// least once, and acks them: none is lost, and the transport ends empty.
+/// `Harness::reconnect_timeout`); then a consumer calling `get` (retrying transient errors)
+/// receives all ten, each at least once, and acks them: none is lost, and the transport ends
+/// empty.
 ///
 /// For in-process transports (`break_connection` returns `false`) there is no connection to
 /// lose and the case asserts nothing more.
@@ -48,15 +46,18 @@ pub async fn connection_loss(h: &dyn Harness) {
     if !h.break_connection(&t).await {
         return; // in-process transport: nothing to break
     }
-    let deadline = Instant::now() + RECONNECT_WITHIN;
+    let deadline = Instant::now() + h.reconnect_timeout();
     for s in 5..10 {
         transient_retry(h, "send (after the break)", deadline, || t.send(message(s))).await;
     }
     let mut seen = BTreeSet::new();
-    let deadline = Instant::now() + RECONNECT_WITHIN;
+    let deadline = Instant::now() + h.reconnect_timeout();
     while seen.len() < 10 && Instant::now() < deadline {
         let got: Vec<Envelope> =
             transient_retry(h, "get (after the break)", deadline, || t.get(10)).await;
+        if got.is_empty() {
+            idle().await;
+        }
         for e in got {
             let s = seq(&e);
             transient_retry(h, "ack (after the break)", deadline, || t.ack(&e)).await;

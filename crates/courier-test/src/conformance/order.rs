@@ -3,7 +3,7 @@
 use courier_core::PriorityStamp;
 
 use super::support::{
-    ack_all, expect_count, id, message, ok, receive_window, receive_within, send_seqs, seqs,
+    ack_all, expect_count, id, idle, message, ok, receive_window, receive_within, send_seqs, seqs,
 };
 use crate::Harness;
 
@@ -22,6 +22,9 @@ pub async fn fifo_for_equal_priority(h: &dyn Harness) {
             "get({want}) returned {} envelopes",
             batch.len()
         );
+        if batch.is_empty() {
+            idle().await;
+        }
         got.extend(batch);
     }
     assert_eq!(

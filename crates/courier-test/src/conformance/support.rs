@@ -140,9 +140,18 @@ pub async fn receive_within(
             "get({want}) returned {} envelopes, more than asked",
             batch.len()
         );
+        if batch.is_empty() {
+            idle().await;
+        }
         got.extend(batch);
     }
     got
+}
+
+/// A short pause after an empty `get`, so polling a transport whose `get` returns at once does
+/// not spin the CPU.
+pub async fn idle() {
+    tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 /// How long [`receive`] waits for messages that are already available.
