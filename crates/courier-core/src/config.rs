@@ -229,7 +229,7 @@ impl Config {
     /// [`ConfigError`] naming the key, variable or transport at fault.
     pub fn parse_with(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let text = interpolate(text, lookup)?;
-        let config: Config = toml::from_str(&text).map_err(|e| ConfigError::new(e.to_string().trim_end().to_owned()))?;
+        let config: Config = toml::from_str(&text).map_err(|e| toml_error(&text, &e))?;
         config.validate()?;
         Ok(config)
     }
@@ -341,6 +341,21 @@ impl Config {
             map.insert(name.clone(), factories.create(ctx).await?);
         }
         Ok(Transports { config: self.clone(), transports: map, link })
+    }
+}
+
+/// Describes a TOML error by line and key, never quoting the line itself (it may hold a password).
+fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    let message = e.message().trim_end();
+    let Some(span) = e.span() else { return ConfigError::new(message.to_owned()) };
+    let before = &text[..span.start.min(text.len())];
+    let line_no = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let key = line.split_once('=').map(|(k, _)| k.trim()).filter(|k| !k.is_empty() && !k.starts_with('['));
+    match key {
+        Some(key) => ConfigError::new(format!("line {line_no}, key `{key}`: {message}")),
+        None => ConfigError::new(format!("line {line_no}: {message}")),
     }
 }
 
@@ -457,7 +472,7 @@ mod tests {
         let err = parse("[transports.a]\ndsn = \"sync://\"\nretry = { delay = \"soon\" }").err().unwrap_or_default();
         assert!(err.contains("invalid duration `soon`"), "{err}");
         let err = parse("[transports.a]\ndsn = \"postgres://u:hunter2@h:x/db\"").err().unwrap_or_default();
-        assert!(err.contains("invalid port") && err.contains("dsn"), "{err}");
+        assert!(err.contains("invalid port") && err.contains("key `dsn`"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
     }
 

@@ -82,7 +82,7 @@ impl fmt::Debug for Slot {
 ///     .with(PriorityStamp(9));
 /// assert_eq!(envelope.last::<PriorityStamp>(), Some(&PriorityStamp(9)));
 /// assert_eq!(envelope.all::<PriorityStamp>().count(), 2);
-/// assert!(envelope.without_all::<PriorityStamp>().last::<PriorityStamp>().is_none());
+/// assert!(envelope.clone().without_all::<PriorityStamp>().last::<PriorityStamp>().is_none());
 /// assert_eq!(envelope.message_name(), "app.ping");
 /// ```
 ///

@@ -77,6 +77,8 @@ struct State {
     next_delivery: u64,
     entries: HashMap<u64, Entry>,
     ready: BTreeSet<Key>,
+    /// Live deliveries by deadline, so expiry is found without scanning every entry.
+    deliveries: BTreeSet<(Instant, u64)>,
     sent: Vec<Envelope>,
     acked: Vec<Envelope>,
     rejected: Vec<Envelope>,
@@ -213,7 +215,9 @@ impl InMemoryTransport {
         if !live {
             return None;
         }
-        st.entries.remove(&id);
+        if let Some((_, deadline)) = st.entries.remove(&id).and_then(|e| e.delivery) {
+            st.deliveries.remove(&(deadline, id));
+        }
         Some(envelope.clone())
     }
 }
@@ -242,13 +246,11 @@ impl Transport for InMemoryTransport {
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
         let now = Instant::now();
         let mut st = self.lock();
-        let expired: Vec<u64> = st
-            .entries
-            .iter()
-            .filter(|(_, e)| e.delivery.is_some_and(|(_, deadline)| deadline <= now))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in expired {
+        while let Some(&(deadline, id)) = st.deliveries.first() {
+            if deadline > now {
+                break;
+            }
+            st.deliveries.pop_first();
             if let Some(e) = st.entries.get_mut(&id) {
                 e.delivery = None;
                 let key = e.key;
@@ -265,6 +267,7 @@ impl Transport for InMemoryTransport {
             let Some(entry) = st.entries.get_mut(&key.2) else { continue };
             entry.delivery = Some((tag, deadline));
             let env = self.materialize(&entry.stored);
+            st.deliveries.insert((deadline, key.2));
             out.push(env.with(TransportMessageIdStamp(key.2.to_string())).with(DeliveryTagStamp(tag.to_string())));
         }
         Ok(out)
@@ -288,12 +291,12 @@ impl Transport for InMemoryTransport {
         let Some((id, tag)) = Self::delivery_of(envelope) else { return Ok(()) };
         let deadline = Instant::now() + self.options.redeliver_timeout;
         let mut st = self.lock();
-        if let Some(e) = st.entries.get_mut(&id) {
-            if let Some((d, _)) = e.delivery {
-                if d == tag {
-                    e.delivery = Some((d, deadline));
-                }
-            }
+        let Some(e) = st.entries.get_mut(&id) else { return Ok(()) };
+        let Some((d, old)) = e.delivery else { return Ok(()) };
+        if d == tag {
+            e.delivery = Some((d, deadline));
+            st.deliveries.remove(&(old, id));
+            st.deliveries.insert((deadline, id));
         }
         Ok(())
     }
@@ -356,6 +359,9 @@ impl Listable for InMemoryTransport {
         match st.entries.remove(&num) {
             Some(e) => {
                 st.ready.remove(&e.key);
+                if let Some((_, deadline)) = e.delivery {
+                    st.deliveries.remove(&(deadline, num));
+                }
                 Ok(true)
             }
             None => Ok(false),

@@ -1,0 +1,365 @@
+//! Redis Streams: the raw `redis` driver doing the protocol by hand vs `RedisTransport`, same N,
+//! same message, same ack pattern, in one process and one run.
+//!
+//! - produce, one at a time: `XADD` per message vs `send`
+//! - produce, batch 64: 64 pipelined `XADD`s vs `send_batch(64)`
+//! - consume, one at a time: `XREADGROUP COUNT 1` + pipelined `XACK`/`XDEL` vs `get(1)` + `ack`
+//! - consume, batch 64: `XREADGROUP COUNT 64` + one `XACK` and one `XDEL` with 64 ids vs
+//!   `get(64)` + `ack_batch`
+//!
+//! `COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379 COURIER_BENCH_N=2000 cargo bench --bench redis --features redis`
+//! prints criterion's figures, then each pattern's messages/s and the courier / raw ratio.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use courier::{Envelope, Message, MessageRegistry, Transport, encode};
+use courier_redis::{RedisOptions, RedisTransport};
+use criterion::{Criterion, Throughput, criterion_group};
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+use serde::{Deserialize, Serialize};
+use tokio::runtime::Runtime;
+
+#[derive(Serialize, Deserialize)]
+struct Payload {
+    seq: u64,
+    text: String,
+}
+
+impl Message for Payload {
+    const NAME: &'static str = "bench.payload";
+}
+
+const GROUP: &str = "courier";
+
+fn n() -> u64 {
+    std::env::var("COURIER_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
+fn message(seq: u64) -> Envelope {
+    // ~200 bytes on the wire, like ../shared/BASELINES.md
+    Envelope::new(Payload {
+        seq,
+        text: "x".repeat(120),
+    })
+}
+
+/// messages/s per (pattern, side), best of the measured iterations.
+static RATES: Mutex<Vec<(String, &'static str, f64)>> = Mutex::new(Vec::new());
+
+fn record(pattern: &str, side: &'static str, n: u64, elapsed: Duration) {
+    let rate = n as f64 / elapsed.as_secs_f64();
+    let mut rates = RATES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match rates
+        .iter_mut()
+        .find(|(p, s, _)| p == pattern && *s == side)
+    {
+        Some(entry) => entry.2 = entry.2.max(rate),
+        None => rates.push((pattern.to_owned(), side, rate)),
+    }
+}
+
+struct Bench {
+    rt: Runtime,
+    conn: MultiplexedConnection,
+    raw_stream: String,
+    transport: RedisTransport,
+    fields: (String, String),
+}
+
+impl Bench {
+    fn new() -> Self {
+        let url = std::env::var("COURIER_TEST_REDIS_URL")
+            .expect("set COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let suffix = format!("{:08x}", fastrand_u32());
+        let raw_stream = format!("courier_bench_raw_{suffix}");
+        let (conn, transport) = rt.block_on(async {
+            let client = redis::Client::open(url.as_str()).expect("redis url");
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
+            let _: () = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&raw_stream)
+                .arg(GROUP)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query_async(&mut conn)
+                .await
+                .expect("XGROUP CREATE");
+            let registry = Arc::new(MessageRegistry::new().with::<Payload>());
+            let options = RedisOptions::default().stream(format!("courier_bench_courier_{suffix}"));
+            let transport = RedisTransport::connect(&url, options, registry)
+                .await
+                .expect("transport");
+            transport
+                .as_setup()
+                .expect("setup")
+                .setup()
+                .await
+                .expect("setup");
+            (conn, transport)
+        });
+        let encoded = encode(&message(0)).expect("encode");
+        let fields = (encoded.body.clone(), encoded.headers_json());
+        Self {
+            rt,
+            conn,
+            raw_stream,
+            transport,
+            fields,
+        }
+    }
+
+    fn xadd(&self, pipe: &mut redis::Pipeline, stream: &str) {
+        pipe.cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("body")
+            .arg(&self.fields.0)
+            .arg("headers")
+            .arg(&self.fields.1);
+    }
+
+    /// Fills a stream with `n` messages (pipelined, not measured).
+    async fn fill(&self, stream: &str, n: u64) {
+        let mut conn = self.conn.clone();
+        for chunk in 0..n.div_ceil(1000) {
+            let mut pipe = redis::pipe();
+            for _ in 0..(n - chunk * 1000).min(1000) {
+                self.xadd(&mut pipe, stream);
+                pipe.ignore();
+            }
+            let _: () = pipe.query_async(&mut conn).await.expect("fill");
+        }
+    }
+
+    async fn clear(&self, stream: &str) {
+        let mut conn = self.conn.clone();
+        let _: () = redis::cmd("XTRIM")
+            .arg(stream)
+            .arg("MAXLEN")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .expect("XTRIM");
+    }
+
+    async fn raw_produce(&self, n: u64, batch: u64) -> Duration {
+        let mut conn = self.conn.clone();
+        let start = Instant::now();
+        let mut sent = 0;
+        while sent < n {
+            let k = batch.min(n - sent);
+            let mut pipe = redis::pipe();
+            for _ in 0..k {
+                self.xadd(&mut pipe, &self.raw_stream);
+            }
+            let ids: Vec<String> = pipe.query_async(&mut conn).await.expect("XADD");
+            assert_eq!(ids.len() as u64, k);
+            sent += k;
+        }
+        let elapsed = start.elapsed();
+        self.clear(&self.raw_stream).await;
+        elapsed
+    }
+
+    async fn courier_produce(&self, n: u64, batch: u64) -> Duration {
+        let start = Instant::now();
+        let mut sent = 0;
+        while sent < n {
+            let k = batch.min(n - sent);
+            if k == 1 {
+                self.transport.send(message(sent)).await.expect("send");
+            } else {
+                let out = self
+                    .transport
+                    .send_batch((sent..sent + k).map(message).collect())
+                    .await
+                    .expect("send_batch");
+                assert_eq!(out.len() as u64, k);
+            }
+            sent += k;
+        }
+        let elapsed = start.elapsed();
+        self.clear(&self.transport.options().stream).await;
+        elapsed
+    }
+
+    async fn raw_consume(&self, n: u64, count: u64) -> Duration {
+        self.fill(&self.raw_stream, n).await;
+        let mut conn = self.conn.clone();
+        let start = Instant::now();
+        let mut done = 0;
+        while done < n {
+            let reply: Value = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg("raw")
+                .arg("COUNT")
+                .arg(count)
+                .arg("BLOCK")
+                .arg(1000)
+                .arg("STREAMS")
+                .arg(&self.raw_stream)
+                .arg(">")
+                .query_async(&mut conn)
+                .await
+                .expect("XREADGROUP");
+            let ids = entry_ids(&reply);
+            assert!(!ids.is_empty(), "raw consumer starved");
+            let mut pipe = redis::pipe();
+            pipe.cmd("XACK")
+                .arg(&self.raw_stream)
+                .arg(GROUP)
+                .arg(&ids)
+                .ignore();
+            pipe.cmd("XDEL").arg(&self.raw_stream).arg(&ids).ignore();
+            let _: () = pipe.query_async(&mut conn).await.expect("XACK+XDEL");
+            done += ids.len() as u64;
+        }
+        start.elapsed()
+    }
+
+    async fn courier_consume(&self, n: u64, count: u64) -> Duration {
+        self.fill(&self.transport.options().stream, n).await;
+        let start = Instant::now();
+        let mut done = 0;
+        while done < n {
+            let got = self.transport.get(count as usize).await.expect("get");
+            assert!(!got.is_empty(), "courier consumer starved");
+            if got.len() == 1 {
+                self.transport.ack(&got[0]).await.expect("ack");
+            } else {
+                self.transport.ack_batch(&got).await.expect("ack_batch");
+            }
+            done += got.len() as u64;
+        }
+        start.elapsed()
+    }
+
+    fn cleanup(&self) {
+        self.rt.block_on(async {
+            let mut conn = self.conn.clone();
+            let mut keys = vec![self.raw_stream.clone()];
+            keys.extend(self.transport.keys().iter().map(|k| (*k).to_owned()));
+            let _: () = redis::cmd("DEL")
+                .arg(keys)
+                .query_async(&mut conn)
+                .await
+                .expect("DEL");
+        });
+    }
+}
+
+fn entry_ids(reply: &Value) -> Vec<String> {
+    let Value::Array(streams) = reply else {
+        return Vec::new();
+    };
+    let Some(Value::Array(stream)) = streams.first() else {
+        return Vec::new();
+    };
+    let Some(Value::Array(entries)) = stream.get(1) else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Value::Array(parts) => match parts.first() {
+                Some(Value::BulkString(id)) => Some(String::from_utf8_lossy(id).into_owned()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn fastrand_u32() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    nanos ^ std::process::id().rotate_left(16)
+}
+
+fn redis_streams(c: &mut Criterion) {
+    let bench = Bench::new();
+    let n = n();
+    for (pattern, batch) in [
+        ("produce_1", 1),
+        ("produce_64", 64),
+        ("consume_1", 1),
+        ("consume_64", 64),
+    ] {
+        let mut group = c.benchmark_group(format!("redis/{pattern}"));
+        group
+            .throughput(Throughput::Elements(n))
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(500));
+        for side in ["raw", "courier"] {
+            group.bench_function(side, |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let elapsed = bench.rt.block_on(async {
+                            match (pattern.starts_with("produce"), side) {
+                                (true, "raw") => bench.raw_produce(n, batch).await,
+                                (true, _) => bench.courier_produce(n, batch).await,
+                                (false, "raw") => bench.raw_consume(n, batch).await,
+                                (false, _) => bench.courier_consume(n, batch).await,
+                            }
+                        });
+                        record(pattern, side, n, elapsed);
+                        total += elapsed;
+                    }
+                    // criterion's throughput is per iteration of N messages
+                    total
+                });
+            });
+        }
+        group.finish();
+    }
+    bench.cleanup();
+}
+
+criterion_group!(benches, redis_streams);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let rates = RATES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    println!(
+        "\nN = {} messages of ~200 bytes, best iteration, messages/s:",
+        n()
+    );
+    println!(
+        "{:<12} {:>12} {:>12} {:>8}",
+        "pattern", "raw", "courier", "ratio"
+    );
+    for pattern in ["produce_1", "produce_64", "consume_1", "consume_64"] {
+        let rate = |side: &str| {
+            rates
+                .iter()
+                .find(|(p, s, _)| p == pattern && *s == side)
+                .map(|r| r.2)
+        };
+        if let (Some(raw), Some(courier)) = (rate("raw"), rate("courier")) {
+            println!(
+                "{pattern:<12} {raw:>12.0} {courier:>12.0} {:>7.2}x",
+                courier / raw
+            );
+        }
+    }
+}
