@@ -212,12 +212,12 @@ impl RunContext {
             self.token.cancel();
             return Err(StepError::Cancelled);
         }
-        if let Some(owner) = &self.owner {
-            if !self.store.renew(self.run.id, owner, self.lease).await? {
-                tracing::warn!(courier.run.id = %self.run.id, "lease lost at a step boundary");
-                self.token.cancel();
-                return Err(StepError::LeaseLost);
-            }
+        if let Some(owner) = &self.owner
+            && !self.store.renew(self.run.id, owner, self.lease).await?
+        {
+            tracing::warn!(courier.run.id = %self.run.id, "lease lost at a step boundary");
+            self.token.cancel();
+            return Err(StepError::LeaseLost);
         }
         Ok(self
             .store

@@ -103,17 +103,17 @@ impl RunsConfig {
         if self.lease.is_zero() {
             return err("runs.lease", "must be longer than 0s".into());
         }
-        if let Some(step) = self.step_timeout {
-            if self.lease <= step {
-                return err(
-                    "runs.lease",
-                    format!(
-                        "{} must be longer than runs.step_timeout ({})",
-                        fmt(self.lease),
-                        fmt(step)
-                    ),
-                );
-            }
+        if let Some(step) = self.step_timeout
+            && self.lease <= step
+        {
+            return err(
+                "runs.lease",
+                format!(
+                    "{} must be longer than runs.step_timeout ({})",
+                    fmt(self.lease),
+                    fmt(step)
+                ),
+            );
         }
         if let Some(every) = self.reap_every {
             if every.is_zero() {

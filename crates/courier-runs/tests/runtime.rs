@@ -32,7 +32,10 @@ impl Agent for FailWith {
 }
 
 /// Three steps 10 s apart; after each boundary records (claimed_by, lease_expires, now).
-struct Probe(MemoryRunStore, Arc<Mutex<Vec<(Option<String>, i64, i64)>>>);
+/// (claimed_by, lease_expires, now) after each boundary.
+type Seen = Arc<Mutex<Vec<(Option<String>, i64, i64)>>>;
+
+struct Probe(MemoryRunStore, Seen);
 
 #[courier_runs::async_trait]
 impl Agent for Probe {
