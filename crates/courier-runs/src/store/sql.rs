@@ -289,11 +289,18 @@ impl SqlRunStore {
                 return Err(StoreError::Corrupt(format!("invalid table name `{name}`")));
             }
         }
+        // Like the CLI's default `sqlite://courier.db`: create the file when it is missing.
+        let dsn = if dialect == Dialect::Sqlite && !dsn.contains("mode=") {
+            let sep = if dsn.contains('?') { '&' } else { '?' };
+            format!("{dsn}{sep}mode=rwc")
+        } else {
+            dsn.to_owned()
+        };
         sqlx::any::install_default_drivers();
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(dsn)
+            .connect(&dsn)
             .await
             .map_err(db("connect"))?;
         let q = std::sync::Arc::new(Queries::new(
