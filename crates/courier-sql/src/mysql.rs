@@ -49,6 +49,8 @@ impl MySqlBackend {
         let connection_ids: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
         let ids = connection_ids.clone();
         let pool = MySqlPoolOptions::new()
+            // No ping per acquire: a dead connection fails the statement, which is retried.
+            .test_before_acquire(false)
             .max_connections(o.max_connections.unwrap_or(10))
             .min_connections(o.min_connections)
             .acquire_timeout(o.acquire_timeout)

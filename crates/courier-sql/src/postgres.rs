@@ -44,6 +44,8 @@ impl PgBackend {
     pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Self, sqlx::Error> {
         let connect = PgConnectOptions::from_str(url)?;
         let pool = PgPoolOptions::new()
+            // No ping per acquire: a dead connection fails the statement, which is retried.
+            .test_before_acquire(false)
             .max_connections(o.max_connections.unwrap_or(10))
             .min_connections(o.min_connections)
             .acquire_timeout(o.acquire_timeout)

@@ -47,6 +47,7 @@ impl SqliteBackend {
             .busy_timeout(o.busy_timeout);
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
         let mut pool = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .acquire_timeout(o.acquire_timeout)
             .min_connections(o.min_connections);
         pool = if in_memory {

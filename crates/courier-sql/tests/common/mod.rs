@@ -140,6 +140,23 @@ impl SqlHarness {
         (t, table)
     }
 
+    /// Another transport (own pool) on an existing table.
+    pub(crate) async fn reuse(&self, table: &str) -> Arc<SqlTransport> {
+        let dsn = format!(
+            "{}?table_name={table}&poll_window=200ms{}",
+            self.base, self.extra
+        );
+        let dsn = Dsn::parse(&dsn).unwrap_or_else(|e| panic!("{e}"));
+        let t = tokio::time::timeout(
+            Duration::from_secs(30),
+            SqlTransport::connect("test", &dsn, courier_test::registry()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("connecting timed out"))
+        .unwrap_or_else(|e| panic!("connecting failed: {e}"));
+        Arc::new(t)
+    }
+
     fn find(&self, transport: &Arc<dyn Transport>) -> (Arc<SqlTransport>, String) {
         let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         let wanted = Arc::as_ptr(transport).cast::<u8>();
