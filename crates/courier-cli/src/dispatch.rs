@@ -60,7 +60,10 @@ fn execute(app: &App, cli: Cli) -> CliResult {
         // `bench` and `demo` make their own configuration; every other command loads one.
         match cli.command {
             Command::Bench(ref args) => commands::bench::run(app, &cli, args).await,
-            Command::Demo(_) => Err(CliError::usage("`demo` is not built yet")),
+            #[cfg(feature = "runs")]
+            Command::Demo(ref args) => commands::demo::run(app, &cli, args).await,
+            #[cfg(not(feature = "runs"))]
+            Command::Demo(_) => Err(CliError::usage("`demo` needs the `runs` feature")),
             ref command => {
                 let ctx = Ctx::load(app, &cli)?;
                 commands::run(&ctx, command).await

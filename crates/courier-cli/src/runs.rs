@@ -128,7 +128,20 @@ pub(crate) fn build_runtime(
     config: &RunsConfig,
     store: Arc<dyn RunStore>,
 ) -> Runtime {
+    build_runtime_as(agents, config, store, None)
+}
+
+/// A runtime with these agents and, for simulated processes, a worker identity of its own.
+pub(crate) fn build_runtime_as(
+    agents: &Agents,
+    config: &RunsConfig,
+    store: Arc<dyn RunStore>,
+    identity: Option<String>,
+) -> Runtime {
     let mut builder = Runtime::builder(store).options(config.runtime_options());
+    if let Some(id) = identity {
+        builder = builder.worker_identity(id);
+    }
     for (name, agent) in &agents.0 {
         builder = builder.agent(name.clone(), Shared(agent.clone()));
     }

@@ -2,6 +2,8 @@
 
 pub(crate) mod bench;
 mod consume;
+#[cfg(feature = "runs")]
+pub(crate) mod demo;
 mod failed;
 #[cfg(feature = "runs")]
 mod runs;
