@@ -1,5 +1,6 @@
 //! The shared conformance suite (`courier_test::conformance`) on [`InMemoryTransport`] in
-//! serialize mode, so every message really goes through the wire format.
+//! serialize mode, so every message really goes through the wire format, and again (module
+//! `values`) in its default mode, storing envelopes as values.
 //!
 //! Redelivery: each transport gets a short `redeliver_timeout` ([`REDELIVER`]) and
 //! `expire_deliveries` sleeps just past it. (tokio's paused clock would be instant, but it
@@ -17,6 +18,8 @@ const REDELIVER: Duration = Duration::from_millis(1000);
 
 #[derive(Default)]
 struct MemoryHarness {
+    /// Encode on send and decode on get (the default test mode), or store envelopes as values.
+    values: bool,
     /// Every transport handed out, kept concrete for `send_raw`.
     created: Mutex<Vec<Arc<InMemoryTransport>>>,
 }
@@ -36,7 +39,7 @@ impl MemoryHarness {
 impl Harness for MemoryHarness {
     async fn transport(&self) -> Arc<dyn Transport> {
         let options = InMemoryOptions::default()
-            .serialize(true)
+            .serialize(!self.values)
             .redeliver_timeout(REDELIVER);
         let transport = Arc::new(InMemoryTransport::with_options(
             options,
@@ -68,3 +71,17 @@ async fn harness() -> MemoryHarness {
 }
 
 courier_test::conformance_suite!(harness);
+
+/// The same suite with envelopes stored as values (`serialize(false)`, the default mode).
+mod values {
+    use super::MemoryHarness;
+
+    async fn harness() -> MemoryHarness {
+        MemoryHarness {
+            values: true,
+            ..MemoryHarness::default()
+        }
+    }
+
+    courier_test::conformance_suite!(harness);
+}
