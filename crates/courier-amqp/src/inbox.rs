@@ -242,8 +242,15 @@ impl Inbox {
                 }
             }
             let mut broken = false;
+            let mut yielded = false;
             while out.len() < max {
                 match feed.stream.next().now_or_never() {
+                    // Deliveries arrive in bursts from lapin's I/O task: give it one turn
+                    // before settling for a partial batch.
+                    None if !yielded && !out.is_empty() => {
+                        yielded = true;
+                        tokio::task::yield_now().await;
+                    }
                     None => break,
                     Some(item) => match step(item) {
                         Step::Got(i, d) => out.push((i, d)),

@@ -95,12 +95,34 @@ impl Link {
     /// makes one attempt bounded by the connect timeout: it never hangs.
     pub(crate) async fn session(&self) -> Result<Session, TransportError> {
         let mut state = self.state.lock().await;
-        if let Some(s) = &state.session {
+        if let Some(s) = &mut state.session {
             if s.alive() {
                 return Ok(s.clone());
             }
-            tracing::warn!(messaging.destination.name = %self.name, "amqp connection lost; reconnecting");
-            state.session = None;
+            if s.connection.status().connected() {
+                // Only the publishing channel died (e.g. the broker refused a publish): reopen it.
+                let reopened = tokio::time::timeout(
+                    self.options.connect_timeout,
+                    self.open_publisher(&s.connection),
+                )
+                .await;
+                match reopened {
+                    Ok(Ok(publisher)) => {
+                        s.publisher = publisher;
+                        return Ok(s.clone());
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "amqp publishing channel could not be reopened")
+                    }
+                    Err(_) => {
+                        tracing::warn!("amqp publishing channel could not be reopened in time")
+                    }
+                }
+            }
+            if state.session.as_ref().is_some_and(|s| !s.alive()) {
+                tracing::warn!(messaging.destination.name = %self.name, "amqp connection lost; reconnecting");
+                state.session = None;
+            }
         }
         if let Some(at) = state.next_attempt {
             let now = Instant::now();
@@ -155,7 +177,11 @@ impl Link {
     /// Drops the session (after an error that shows it is dead).
     pub(crate) async fn invalidate(&self) {
         let mut state = self.state.lock().await;
-        if state.session.as_ref().is_some_and(|s| !s.alive()) {
+        if state
+            .session
+            .as_ref()
+            .is_some_and(|s| !s.connection.status().connected())
+        {
             state.session = None;
         }
     }
@@ -166,14 +192,7 @@ impl Link {
         let connection = Connection::connect(&self.uri, props)
             .await
             .map_err(|e| amqp_error(&self.name, "cannot connect to the broker", e))?;
-        let publisher = connection
-            .create_channel()
-            .await
-            .map_err(|e| amqp_error(&self.name, "cannot open the publishing channel", e))?;
-        publisher
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| amqp_error(&self.name, "cannot enable publisher confirms", e))?;
+        let publisher = self.open_publisher(&connection).await?;
         let session = Session {
             connection: Arc::new(connection),
             publisher,
@@ -184,6 +203,18 @@ impl Link {
         }
         tracing::debug!(messaging.destination.name = %self.name, "amqp connected");
         Ok(session)
+    }
+
+    async fn open_publisher(&self, connection: &Connection) -> Result<Channel, TransportError> {
+        let publisher = connection
+            .create_channel()
+            .await
+            .map_err(|e| amqp_error(&self.name, "cannot open the publishing channel", e))?;
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| amqp_error(&self.name, "cannot enable publisher confirms", e))?;
+        Ok(publisher)
     }
 
     /// Declares the exchange, the queues and their bindings, and the delay exchange, on a

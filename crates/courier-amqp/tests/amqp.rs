@@ -268,3 +268,52 @@ async fn a_dsn_configured_quorum_transport_round_trips() {
         0
     );
 }
+
+/// Without `auto_setup` a send to a missing exchange fails (the broker closes the publishing
+/// channel); after `setup` the same transport sends again (the channel is reopened).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+async fn a_refused_publish_reopens_the_publishing_channel() {
+    let h = AmqpHarness::new();
+    let name = AmqpHarness::unique("courier_amqp_nosetup");
+    let t = Arc::new(AmqpTransport::new(
+        name.clone(),
+        h.url.clone(),
+        AmqpOptions::new(&name).auto_setup(false),
+        courier_test::registry(),
+    ));
+    let err = timeout(OP, t.send(message(1)))
+        .await
+        .expect("no hang")
+        .unwrap_err();
+    assert!(!err.to_string().is_empty());
+    op("setup", t.as_setup().unwrap().setup()).await;
+    op("send after setup", t.send(message(2))).await;
+    let got = op("get", t.get(5)).await;
+    assert_eq!(got.iter().map(seq).collect::<Vec<_>>(), vec![2]);
+    op("ack", t.ack(&got[0])).await;
+    op("teardown", t.delete_topology()).await;
+}
+
+/// An unroutable message (a direct exchange with no queue bound for the key) is an error, not
+/// a silent loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+async fn an_unroutable_message_is_an_error_not_a_loss() {
+    let h = AmqpHarness::new();
+    let name = AmqpHarness::unique("courier_amqp_unroutable");
+    let t = h
+        .make(
+            AmqpOptions::new(&name)
+                .exchange(&name, courier_amqp::ExchangeType::Direct)
+                .queues([QueueOptions::new(&name).binding_key("bound")])
+                .routing_key("nobody"),
+        )
+        .await;
+    let err = timeout(OP, t.send(message(1)))
+        .await
+        .expect("no hang")
+        .unwrap_err();
+    assert_eq!(err.kind(), TransportErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains("unroutable"), "{err}");
+}
