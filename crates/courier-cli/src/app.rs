@@ -65,7 +65,7 @@ impl App {
         #[allow(unused_mut, reason = "no transport feature enabled")]
         let mut factories = TransportRegistry::new();
         #[cfg(feature = "sql")]
-        factories.register(Arc::new(courier_sql::SqlTransportFactory::default()));
+        factories.register(Arc::new(courier_sql::SqlTransportFactory));
         #[cfg(feature = "redis")]
         factories.register(Arc::new(courier_redis::RedisTransportFactory::default()));
         #[cfg(feature = "amqp")]

@@ -81,10 +81,10 @@ pub(crate) fn settings(ctx: &Ctx<'_>) -> CliResult<RunsConfig> {
 /// The store DSN as sqlx wants it: SQLite files are created when missing.
 pub(crate) fn store_dsn(configured: Option<&str>) -> String {
     let dsn = configured.unwrap_or(DEFAULT_STORE);
-    if let Ok(parsed) = courier_core::Dsn::parse(dsn) {
-        if let Some(p) = parsed.password() {
-            remember_secret(p);
-        }
+    if let Ok(parsed) = courier_core::Dsn::parse(dsn)
+        && let Some(p) = parsed.password()
+    {
+        remember_secret(p);
     }
     if dsn.starts_with("sqlite:") && !dsn.contains("mode=") {
         let sep = if dsn.contains('?') { '&' } else { '?' };
@@ -172,10 +172,8 @@ impl WorkerParts {
         reap_every: Option<Duration>,
     ) -> CliResult<Self> {
         let config = settings(ctx)?;
-        if let Some(every) = reap_every {
-            if every.is_zero() {
-                return Err(CliError::usage("--reap-every: must be longer than 0s"));
-            }
+        if reap_every.is_some_and(|every| every.is_zero()) {
+            return Err(CliError::usage("--reap-every: must be longer than 0s"));
         }
         let store = open_store(&config).await?;
         let runtime = runtime(ctx, &config, store);

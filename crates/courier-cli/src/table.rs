@@ -42,14 +42,14 @@ impl Table {
             }
         }
         let total: usize = widths.iter().sum::<usize>() + 2 * columns.saturating_sub(1);
-        if let Some(f) = self.flexible.filter(|f| *f < columns) {
-            if total > WIDTH {
-                let others = total - widths[f];
-                widths[f] = WIDTH
-                    .saturating_sub(others)
-                    .max(self.headers[f].chars().count())
-                    .max(8);
-            }
+        if let Some(f) = self.flexible.filter(|f| *f < columns)
+            && total > WIDTH
+        {
+            let others = total - widths[f];
+            widths[f] = WIDTH
+                .saturating_sub(others)
+                .max(self.headers[f].chars().count())
+                .max(8);
         }
         let numeric: Vec<bool> = (0..columns)
             .map(|i| {

@@ -153,7 +153,7 @@ pub(crate) async fn run(app: &App, cli: &Cli, args: &DemoArgs) -> CliResult {
     }
     if text {
         eprintln!(
-            "Submitted {} runs to {db_text}; starting {} workers.",
+            "Submitted {} runs to {db_text}; starting {} worker(s).",
             ids.len(),
             args.workers
         );
@@ -161,24 +161,23 @@ pub(crate) async fn run(app: &App, cli: &Cli, args: &DemoArgs) -> CliResult {
 
     // Workers.
     let stop = CancellationToken::new();
-    let mut workers: Vec<WorkerSlot> = (0..args.workers)
-        .map(|_| {
-            let identity = new_worker_identity();
-            let rt = runtime_for(Some(identity.clone()));
-            let worker = Worker::builder(bus_for(&rt))
-                .receiver("demo", queue.clone())
-                .failure_transport("demo_failed", failed.clone())
-                .fetch_size(1)
-                .sleep(Duration::from_millis(10))
-                .ack_linger(Duration::ZERO)
-                .build();
-            let stop = stop.clone();
-            let task = tokio::spawn(async move {
-                let _ = worker.run(stop).await;
-            });
-            WorkerSlot { identity, task }
-        })
-        .collect();
+    let start_worker = || {
+        let identity = new_worker_identity();
+        let rt = runtime_for(Some(identity.clone()));
+        let worker = Worker::builder(bus_for(&rt))
+            .receiver("demo", queue.clone())
+            .failure_transport("demo_failed", failed.clone())
+            .fetch_size(1)
+            .sleep(Duration::from_millis(10))
+            .ack_linger(Duration::ZERO)
+            .build();
+        let stop = stop.clone();
+        let task = tokio::spawn(async move {
+            let _ = worker.run(stop).await;
+        });
+        WorkerSlot { identity, task }
+    };
+    let mut workers: Vec<WorkerSlot> = (0..args.workers).map(|_| start_worker()).collect();
 
     // Kill the worker running the first run, expire its lease, reap.
     let victim = ids[0];
@@ -189,33 +188,33 @@ pub(crate) async fn run(app: &App, cli: &Cli, args: &DemoArgs) -> CliResult {
     let tty = std::io::stderr().is_terminal();
     let mut last_progress = Instant::now();
     loop {
-        if killed == 0 {
-            if let Some(run) = store
+        if killed == 0
+            && let Some(run) = store
                 .find(victim)
                 .await
                 .map_err(|e| CliError::runtime(chain(&e)))?
-            {
-                let stepped = !store
-                    .events(victim)
-                    .await
-                    .map_err(|e| CliError::runtime(chain(&e)))?
-                    .is_empty();
-                if run.status == RunStatus::Running && stepped {
-                    if let Some(slot) = workers
-                        .iter()
-                        .find(|w| Some(&w.identity) == run.claimed_by.as_ref())
-                    {
-                        slot.task.abort();
-                        killed += 1;
-                        expire_lease(&raw_store, victim).await?;
-                        if text {
-                            eprintln!(
-                                "Killed worker {} in the middle of run {victim}; its lease was expired.",
-                                slot.identity
-                            );
-                        }
-                    }
-                }
+            && run.status == RunStatus::Running
+            && !store
+                .events(victim)
+                .await
+                .map_err(|e| CliError::runtime(chain(&e)))?
+                .is_empty()
+            && let Some(i) = workers
+                .iter()
+                .position(|w| Some(&w.identity) == run.claimed_by.as_ref())
+        {
+            let slot = workers.swap_remove(i);
+            slot.task.abort();
+            let _ = slot.task.await;
+            killed += 1;
+            expire_lease(&raw_store, victim).await?;
+            workers.push(start_worker());
+            if text {
+                eprintln!(
+                    "Killed worker {} in the middle of run {victim} and started a replacement; \
+                     the run's lease was expired.",
+                    slot.identity
+                );
             }
         }
         let report = reaper
@@ -369,7 +368,7 @@ async fn summarise(
 fn render(s: &Summary, db: &str) -> String {
     let mut out = String::new();
     let mut line =
-        |label: &str, value: String| out.push_str(&format!("  {label:<44}{value:>12}\n"));
+        |label: &str, value: String| out.push_str(&format!("  {label:<48}{value:>10}\n"));
     line("runs submitted", s.runs.to_string());
     line("completed", s.completed.to_string());
     line("  on the first try", s.completed_first_try.to_string());

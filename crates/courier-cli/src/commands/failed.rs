@@ -144,7 +144,7 @@ async fn show(ctx: &Ctx<'_>, id: Option<&str>, transport: Option<&str>, max: usi
     }
     print!("{}", table.render());
     println!(
-        "{} failed message(s). Retry with `courier failed retry ID`, remove with `courier failed remove ID`.",
+        "{} failed message(s); details: `courier failed show ID`.",
         rows.len()
     );
     Ok(())

@@ -1,0 +1,161 @@
+//! Bad input: a clear message naming the flag, key or DSN, exit 1 or 2, never a panic, never a
+//! password.
+
+mod common;
+
+use common::Env;
+
+#[test]
+fn an_unknown_flag_is_a_usage_error() {
+    let env = Env::empty();
+    let err = env
+        .run(&["consume", "--fetchsize", "3"])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("--fetchsize"), "{err}");
+    env.run(&["frobnicate"]).fails(2);
+    env.run(&[]).fails(2);
+}
+
+#[test]
+fn an_unknown_transport_name_is_named() {
+    let env = Env::with_config();
+    let err = env
+        .run(&["consume", "nope", "--limit", "1"])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("nope") && err.contains("async"), "{err}");
+    env.run(&["stats", "nope"]).fails(2);
+    env.run(&["failed", "show", "--transport", "nope"]).fails(2);
+}
+
+#[test]
+fn malformed_input_json_is_rejected() {
+    let env = Env::with_config();
+    let err = env
+        .run(&["runs", "submit", "scripted", "--input", r#"{"steps":"#])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("--input"), "{err}");
+    env.run(&["runs", "submit", "scripted", "--input", "@missing.json"])
+        .fails(2);
+    let err = env
+        .run(&["runs", "submit", "nobody", "--input", "{}"])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("nobody") && err.contains("scripted"), "{err}");
+}
+
+#[test]
+fn bad_values_name_their_flag() {
+    let env = Env::with_config();
+    assert!(
+        env.run(&["consume", "--time-limit", "soon"])
+            .fails(2)
+            .contains("soon")
+    );
+    assert!(
+        env.run(&["consume", "--memory-limit", "12X"])
+            .fails(2)
+            .contains("12X")
+    );
+    env.run(&["consume", "--concurrency", "0"]).fails(2);
+    assert!(
+        env.run(&["runs", "list", "--status", "sleeping"])
+            .fails(2)
+            .contains("--status")
+    );
+    assert!(
+        env.run(&["runs", "show", "not-a-uuid"])
+            .fails(2)
+            .contains("not-a-uuid")
+    );
+    env.run(&["runs", "show", "6f1c1c1e-0000-4000-8000-000000000000"])
+        .fails(1);
+    env.run(&["reap", "--limit", "0"]).fails(2);
+}
+
+#[test]
+fn an_unreadable_config_is_named() {
+    let env = Env::empty();
+    let err = env
+        .run(&["--config", "missing.toml", "stats"])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("missing.toml"), "{err}");
+    std::fs::create_dir(env.path("dir.toml")).expect("dir");
+    env.run(&["--config", "dir.toml", "stats"]).fails(2);
+    let via_env = env
+        .command(&["stats"])
+        .env("COURIER_CONFIG", "absent.toml")
+        .output()
+        .expect("run");
+    assert_eq!(via_env.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&via_env.stderr).contains("absent.toml"));
+}
+
+#[test]
+fn a_config_with_an_unknown_key_is_named() {
+    let env = Env::empty();
+    env.write("bad.toml", "[transports.async]\ndns = \"sqlite://x.db\"\n");
+    assert!(
+        env.run(&["--config", "bad.toml", "stats"])
+            .fails(2)
+            .contains("dns")
+    );
+    env.write(
+        "runs.toml",
+        "[transports.async]\ndsn = \"sqlite://x.db\"\n[runs]\nleese = \"1s\"\n",
+    );
+    assert!(
+        env.run(&["--config", "runs.toml", "runs", "list"])
+            .fails(2)
+            .contains("leese")
+    );
+    env.write(
+        "var.toml",
+        "[transports.async]\ndsn = \"${COURIER_TEST_UNSET_VAR}\"\n",
+    );
+    assert!(
+        env.run(&["--config", "var.toml", "stats"])
+            .fails(2)
+            .contains("COURIER_TEST_UNSET_VAR")
+    );
+    env.write("empty.toml", "");
+    assert!(
+        env.run(&["--config", "empty.toml", "consume", "--limit", "1"])
+            .fails(2)
+            .contains("transport")
+    );
+}
+
+#[test]
+fn a_server_that_is_down_gives_a_clear_error_without_the_password() {
+    let env = Env::empty();
+    for dsn in [
+        "postgres://app:hunter2secret@127.0.0.1:1/app",
+        "redis://:hunter2secret@127.0.0.1:1",
+    ] {
+        env.write(
+            "down.toml",
+            &format!("[transports.async]\ndsn = \"{dsn}\"\n"),
+        );
+        let out = env.run(&["--config", "down.toml", "stats"]);
+        assert!(out.code == 1 || out.code == 2, "{out:?}");
+        out.fails(out.code);
+        assert!(
+            !out.stderr.contains("hunter2secret") && !out.stdout.contains("hunter2secret"),
+            "{out:?}"
+        );
+        assert!(
+            out.stderr.contains("async"),
+            "names the transport: {}",
+            out.stderr
+        );
+        let bench = env.run(&["bench", "--dsn", dsn, "--messages", "10"]);
+        assert!(bench.code == 1 || bench.code == 2, "{bench:?}");
+        assert!(!bench.stderr.contains("hunter2secret"), "{bench:?}");
+    }
+    let bad = env.run(&["bench", "--dsn", "not a dsn"]);
+    bad.fails(2);
+}

@@ -1,0 +1,218 @@
+//! Drives the real `courier` binary in a temporary directory.
+
+#![allow(dead_code, reason = "each test file uses a part")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A configuration with short backoffs, everything in `courier.db`.
+pub(crate) const CONFIG: &str = r#"
+[transports.async]
+dsn = "sqlite://courier.db"
+failure_transport = "failed"
+retry = { max_retries = 1, delay = "50ms" }
+
+[transports.failed]
+dsn = "sqlite://courier.db?queue_name=failed"
+
+[routing]
+"courier.run_agent" = "async"
+
+[runs]
+store = "sqlite://courier.db"
+backoff = { base = "50ms", cap = "200ms" }
+"#;
+
+/// A temporary working directory with the binary.
+pub(crate) struct Env {
+    pub(crate) dir: tempfile::TempDir,
+}
+
+/// What a command printed and how it exited.
+#[derive(Debug)]
+pub(crate) struct Run {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+}
+
+impl Run {
+    fn from(output: Output) -> Self {
+        Self {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Asserts exit 0 and returns stdout.
+    #[track_caller]
+    pub(crate) fn ok(&self) -> &str {
+        assert_eq!(
+            self.code, 0,
+            "expected success\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        &self.stdout
+    }
+
+    /// Stdout parsed as JSON (asserting exit 0).
+    #[track_caller]
+    pub(crate) fn json(&self) -> serde_json::Value {
+        let out = self.ok();
+        serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+    }
+
+    /// Asserts a failure with `code`, a message on stderr and no panic.
+    #[track_caller]
+    pub(crate) fn fails(&self, code: i32) -> &str {
+        assert_eq!(
+            self.code, code,
+            "stdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        assert!(!self.stderr.contains("panicked"), "panic: {}", self.stderr);
+        assert!(!self.stderr.trim().is_empty(), "no error message");
+        &self.stderr
+    }
+}
+
+impl Env {
+    /// An empty directory (the embedded configuration applies).
+    pub(crate) fn empty() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    /// A directory with [`CONFIG`] as `courier.toml`.
+    pub(crate) fn with_config() -> Self {
+        let env = Self::empty();
+        env.write("courier.toml", CONFIG);
+        env
+    }
+
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub(crate) fn write(&self, name: &str, text: &str) {
+        std::fs::write(self.path(name), text).expect("write file");
+    }
+
+    /// The command, in this directory, without inherited configuration.
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_courier-cli"));
+        c.args(args)
+            .current_dir(self.dir.path())
+            .env_remove("COURIER_CONFIG")
+            .env_remove("COURIER_DSN")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Runs to completion (at most 60 s).
+    pub(crate) fn run(&self, args: &[&str]) -> Run {
+        let child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        wait(child, Duration::from_secs(60))
+    }
+
+    /// Starts in the background.
+    pub(crate) fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    }
+
+    /// Submits a scripted run and returns its id.
+    pub(crate) fn submit(&self, input: &str) -> String {
+        let out = self
+            .run(&[
+                "runs", "submit", "scripted", "--input", input, "--format", "json",
+            ])
+            .json();
+        out["id"].as_str().expect("id").to_owned()
+    }
+
+    /// `runs show ID --format json`.
+    pub(crate) fn show(&self, id: &str) -> serde_json::Value {
+        self.run(&["runs", "show", id, "--format", "json"]).json()
+    }
+
+    /// Executes SQL on `courier.db`.
+    pub(crate) fn sql(&self, statement: &str) {
+        let db = self.path("courier.db");
+        block_on(async move {
+            use sqlx::ConnectOptions;
+            let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&db)
+                .busy_timeout(Duration::from_secs(10))
+                .connect()
+                .await
+                .expect("open courier.db");
+            sqlx::query(statement)
+                .execute(&mut conn)
+                .await
+                .expect("sql");
+        });
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Waits for a child with a deadline, killing it past the deadline.
+pub(crate) fn wait(mut child: Child, timeout: Duration) -> Run {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait().expect("try_wait") {
+            Some(_) => return Run::from(child.wait_with_output().expect("output")),
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("output");
+                panic!(
+                    "timed out after {timeout:?}\nstderr: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Polls `f` every 50 ms until it returns true or 30 s passed.
+#[track_caller]
+pub(crate) fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+/// Sends a signal with `kill`.
+pub(crate) fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name} failed");
+}
