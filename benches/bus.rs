@@ -17,10 +17,15 @@ impl Message for Ping {
 }
 
 fn dispatch(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-    let bus = MessageBus::builder().handler_fn("noop", |_: Arc<Ping>| ready(Ok::<(), HandlerError>(()))).build();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let bus = MessageBus::builder()
+        .handler_fn("noop", |_: Arc<Ping>| ready(Ok::<(), HandlerError>(())))
+        .build();
     c.bench_function("bus/dispatch_to_one_sync_handler", |b| {
-        b.to_async(&rt).iter(|| async { bus.dispatch(Ping(1)).await.expect("dispatch") });
+        b.to_async(&rt)
+            .iter(|| async { bus.dispatch(Ping(1)).await.expect("dispatch") });
     });
 }
 

@@ -1,2 +1,83 @@
-//! Courier facade.
+//! # Courier
+//!
+//! Message transports for Rust in the spirit of Symfony Messenger, with a durable run layer on
+//! top. Dispatch typed messages on a [`MessageBus`]; route them to transports chosen by a DSN
+//! (`sync://`, `in-memory://`, `sqlite://`, `postgres://`, `mysql://`, `redis://`, `amqp://`);
+//! consume them with a [`Worker`] that retries with backoff, moves what keeps failing to a
+//! failure transport, and shuts down gracefully. Unit-test with the in-memory or sync transport.
+//!
+//! ```
+//! use courier::{CancellationToken, HandlerError, InMemoryTransport, Message, MessageBus, Worker};
+//! use serde::{Deserialize, Serialize};
+//! use std::sync::Arc;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct SendInvoice { invoice_id: u64 }
+//!
+//! impl Message for SendInvoice {
+//!     const NAME: &'static str = "billing.send_invoice"; // the stable wire name
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let queue = Arc::new(InMemoryTransport::new());
+//! let bus = MessageBus::builder()
+//!     .transport("async", queue.clone())
+//!     .route("billing.*", ["async"])
+//!     .handler_fn("send_invoice", |m: Arc<SendInvoice>| async move {
+//!         println!("sending invoice {}", m.invoice_id);
+//!         Ok::<(), HandlerError>(())
+//!     })
+//!     .build();
+//!
+//! bus.dispatch(SendInvoice { invoice_id: 42 }).await?;
+//! let stats = Worker::builder(bus).receiver("async", queue).limit(1).build()
+//!     .run(CancellationToken::new()).await?;
+//! assert_eq!(stats.handled, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+//!
+//! ## Crate features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `sql` + `sqlite` (default) | [`sql::SqlTransport`] on SQLite, the embedded default |
+//! | `postgres`, `mysql` | the SQL transport on PostgreSQL and MySQL / MariaDB |
+//! | `redis` | `redis::RedisTransport` (Redis Streams) |
+//! | `amqp` | `amqp::AmqpTransport` (RabbitMQ) |
+//! | `runs` (default) | [`runs`]: durable runs under a lease, heartbeat, reaper, retry per failure class |
+//! | `cli` (default) | [`cli`]: the `courier` command line as a library |
+//! | `full` | everything |
+
 pub use courier_core::*;
+
+#[cfg(feature = "amqp")]
+pub use courier_amqp as amqp;
+#[cfg(feature = "cli")]
+pub use courier_cli as cli;
+#[cfg(feature = "redis")]
+pub use courier_redis as redis;
+#[cfg(feature = "runs")]
+pub use courier_runs as runs;
+#[cfg(feature = "sql")]
+pub use courier_sql as sql;
+
+/// A [`TransportRegistry`] with every transport this build enables: `sync://`, `in-memory://`
+/// and, by feature, the SQL, Redis and AMQP schemes.
+#[must_use]
+pub fn transport_registry() -> TransportRegistry {
+    #[allow(unused_mut, reason = "mutated only when a transport feature is on")]
+    let mut registry = TransportRegistry::new();
+    #[cfg(feature = "sql")]
+    registry.register(std::sync::Arc::new(
+        courier_sql::SqlTransportFactory::default(),
+    ));
+    #[cfg(feature = "redis")]
+    registry.register(std::sync::Arc::new(
+        courier_redis::RedisTransportFactory::default(),
+    ));
+    #[cfg(feature = "amqp")]
+    registry.register(std::sync::Arc::new(
+        courier_amqp::AmqpTransportFactory::default(),
+    ));
+    registry
+}

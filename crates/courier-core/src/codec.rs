@@ -60,7 +60,10 @@ impl Encoded {
     /// A wire message with this body and no headers yet.
     #[must_use]
     pub fn new(body: impl Into<String>) -> Self {
-        Self { body: body.into(), headers: BTreeMap::new() }
+        Self {
+            body: body.into(),
+            headers: BTreeMap::new(),
+        }
     }
 
     /// Adds a header.
@@ -170,7 +173,9 @@ impl fmt::Debug for MessageRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut names: Vec<_> = self.decoders.keys().collect();
         names.sort();
-        f.debug_struct("MessageRegistry").field("messages", &names).finish()
+        f.debug_struct("MessageRegistry")
+            .field("messages", &names)
+            .finish()
     }
 }
 
@@ -196,7 +201,8 @@ impl MessageRegistry {
 
     /// Adds every message of `other`.
     pub fn extend(&mut self, other: &MessageRegistry) {
-        self.decoders.extend(other.decoders.iter().map(|(k, v)| (*k, *v)));
+        self.decoders
+            .extend(other.decoders.iter().map(|(k, v)| (*k, *v)));
     }
 
     /// Whether a message is registered under `name`.
@@ -222,17 +228,27 @@ impl MessageRegistry {
         let Encoded { body, mut headers } = encoded;
         let mut stamps = Vec::new();
         let mut stamp_error = None;
-        let stamp_keys: Vec<String> =
-            headers.keys().filter(|k| k.starts_with(STAMP_HEADER_PREFIX)).cloned().collect();
+        let stamp_keys: Vec<String> = headers
+            .keys()
+            .filter(|k| k.starts_with(STAMP_HEADER_PREFIX))
+            .cloned()
+            .collect();
         for key in stamp_keys {
-            let Some(value) = headers.remove(&key) else { continue };
+            let Some(value) = headers.remove(&key) else {
+                continue;
+            };
             let name = &key[STAMP_HEADER_PREFIX.len()..];
             match serde_json::from_str::<Vec<Box<RawValue>>>(&value) {
-                Ok(items) => {
-                    stamps.extend(items.into_iter().map(|json| Slot::Raw(Arc::new(RawSlot::new(name, json)))))
-                }
+                Ok(items) => stamps.extend(
+                    items
+                        .into_iter()
+                        .map(|json| Slot::Raw(Arc::new(RawSlot::new(name, json)))),
+                ),
                 Err(source) => {
-                    stamp_error.get_or_insert(DecodeError::InvalidStampHeader { header: key.clone(), source });
+                    stamp_error.get_or_insert(DecodeError::InvalidStampHeader {
+                        header: key.clone(),
+                        source,
+                    });
                 }
             }
         }
@@ -241,14 +257,24 @@ impl MessageRegistry {
         let extra_headers = (!headers.is_empty()).then(|| Arc::new(headers));
         let error = match (&name, stamp_error) {
             (_, Some(e)) => Err(e),
-            (None, None) => Err(DecodeError::MissingHeader { header: TYPE_HEADER }),
-            (Some(_), None) if content_type.as_deref().is_some_and(|c| !c.starts_with(JSON_CONTENT_TYPE)) => {
-                Err(DecodeError::UnsupportedContentType { content_type: content_type.unwrap_or_default() })
+            (None, None) => Err(DecodeError::MissingHeader {
+                header: TYPE_HEADER,
+            }),
+            (Some(_), None)
+                if content_type
+                    .as_deref()
+                    .is_some_and(|c| !c.starts_with(JSON_CONTENT_TYPE)) =>
+            {
+                Err(DecodeError::UnsupportedContentType {
+                    content_type: content_type.unwrap_or_default(),
+                })
             }
             (Some(n), None) => match self.decoders.get(n.as_str()) {
                 None => Err(DecodeError::UnknownType { name: n.clone() }),
-                Some(decode) => decode(&body)
-                    .map_err(|source| DecodeError::InvalidBody { name: n.clone(), source }),
+                Some(decode) => decode(&body).map_err(|source| DecodeError::InvalidBody {
+                    name: n.clone(),
+                    source,
+                }),
             },
         };
         let payload = match error {
@@ -263,7 +289,11 @@ impl MessageRegistry {
                 error: Arc::new(error),
             },
         };
-        Envelope { payload, stamps, extra_headers }
+        Envelope {
+            payload,
+            stamps,
+            extra_headers,
+        }
     }
 }
 
@@ -275,14 +305,29 @@ use crate::Envelope;
 /// [`EncodeError`] if the message does not serialize.
 pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
     let (name, body) = match &envelope.payload {
-        Payload::Typed { name, body: Some(body), .. } => (Some(name), body.to_string()),
-        Payload::Typed { name, message, body: None } => (
+        Payload::Typed {
+            name,
+            body: Some(body),
+            ..
+        } => (Some(name), body.to_string()),
+        Payload::Typed {
+            name,
+            message,
+            body: None,
+        } => (
             Some(name),
-            message.encode().map_err(|source| EncodeError { name: name.to_string(), source })?,
+            message.encode().map_err(|source| EncodeError {
+                name: name.to_string(),
+                source,
+            })?,
         ),
         Payload::Undecodable { name, body, .. } => (name.as_ref(), body.to_string()),
     };
-    let mut headers = envelope.extra_headers.as_deref().cloned().unwrap_or_default();
+    let mut headers = envelope
+        .extra_headers
+        .as_deref()
+        .cloned()
+        .unwrap_or_default();
     if let Some(name) = name {
         headers.insert(TYPE_HEADER.to_owned(), name.to_string());
     }
@@ -293,7 +338,10 @@ pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
             Slot::Typed(s) if s.sendable() => (
                 s.name(),
                 s.to_json()
-                    .map_err(|source| EncodeError { name: format!("stamp {}", s.name()), source })?
+                    .map_err(|source| EncodeError {
+                        name: format!("stamp {}", s.name()),
+                        source,
+                    })?
                     .to_string(),
             ),
             Slot::Typed(_) => continue,
@@ -302,7 +350,10 @@ pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
         groups.entry(stamp_name).or_default().push(json);
     }
     for (stamp_name, items) in groups {
-        headers.insert(format!("{STAMP_HEADER_PREFIX}{stamp_name}"), format!("[{}]", items.join(",")));
+        headers.insert(
+            format!("{STAMP_HEADER_PREFIX}{stamp_name}"),
+            format!("[{}]", items.join(",")),
+        );
     }
     Ok(Encoded { body, headers })
 }
@@ -335,30 +386,52 @@ mod tests {
             .header("x-trace", "abc");
         let env = registry().decode(wire);
         assert!(env.decode_error().is_none(), "{:?}", env.decode_error());
-        assert_eq!(env.message::<Greet>(), Some(&Greet { who: "wörld".into() }));
-        assert_eq!(env.last::<DelayStamp>(), Some(&DelayStamp(Duration::from_millis(250))));
-        assert_eq!(env.extra_headers().and_then(|h| h.get("x-trace")).map(String::as_str), Some("abc"));
+        assert_eq!(
+            env.message::<Greet>(),
+            Some(&Greet {
+                who: "wörld".into()
+            })
+        );
+        assert_eq!(
+            env.last::<DelayStamp>(),
+            Some(&DelayStamp(Duration::from_millis(250)))
+        );
+        assert_eq!(
+            env.extra_headers()
+                .and_then(|h| h.get("x-trace"))
+                .map(String::as_str),
+            Some("abc")
+        );
     }
 
     #[test]
     fn encode_writes_sendable_stamps_as_json_lists_and_drops_local_ones() {
         let env = Envelope::new(Greet { who: "a".into() })
-            .with(HandledStamp { handler: "h1".into() })
-            .with(HandledStamp { handler: "h2".into() })
+            .with(HandledStamp {
+                handler: "h1".into(),
+            })
+            .with(HandledStamp {
+                handler: "h2".into(),
+            })
             .with(ReceivedStamp("async".into()));
         let wire = encode(&env).unwrap_or_default();
         assert_eq!(wire.body, r#"{"who":"a"}"#);
         assert_eq!(wire.headers["type"], "test.greet");
         assert_eq!(wire.headers["content-type"], "application/json");
-        assert_eq!(wire.headers["x-courier-stamp-handled"], r#"[{"handler":"h1"},{"handler":"h2"}]"#);
+        assert_eq!(
+            wire.headers["x-courier-stamp-handled"],
+            r#"[{"handler":"h1"},{"handler":"h2"}]"#
+        );
         assert!(!wire.headers.contains_key("x-courier-stamp-received"));
     }
 
     #[test]
     fn decode_then_encode_is_byte_for_byte() {
-        let env = Envelope::new(Greet { who: "ünïcode ✓".into() })
-            .with(ErrorDetailsStamp::new("c", "m", vec!["x".into()]))
-            .with(DelayStamp(Duration::from_millis(7)));
+        let env = Envelope::new(Greet {
+            who: "ünïcode ✓".into(),
+        })
+        .with(ErrorDetailsStamp::new("c", "m", vec!["x".into()]))
+        .with(DelayStamp(Duration::from_millis(7)));
         let first = encode(&env).unwrap_or_default();
         let again = encode(&registry().decode(first.clone())).unwrap_or_default();
         assert_eq!(first, again);
@@ -367,7 +440,10 @@ mod tests {
     #[test]
     fn unknown_type_is_a_decode_error_naming_the_type() {
         let env = registry().decode(Encoded::new("{}").header("type", "nope.nope"));
-        let err = env.decode_error().map(ToString::to_string).unwrap_or_default();
+        let err = env
+            .decode_error()
+            .map(ToString::to_string)
+            .unwrap_or_default();
         assert!(err.contains("unknown message type `nope.nope`"), "{err}");
         assert_eq!(env.message_name(), "nope.nope");
     }
@@ -375,20 +451,31 @@ mod tests {
     #[test]
     fn bad_json_is_a_decode_error_naming_the_type() {
         let env = registry().decode(Encoded::new("{not json").header("type", "test.greet"));
-        assert!(matches!(env.decode_error(), Some(DecodeError::InvalidBody { name, .. }) if name == "test.greet"));
+        assert!(
+            matches!(env.decode_error(), Some(DecodeError::InvalidBody { name, .. }) if name == "test.greet")
+        );
     }
 
     #[test]
     fn missing_type_header_is_a_decode_error() {
         let env = registry().decode(Encoded::new(r#"{"who":"a"}"#));
-        assert!(matches!(env.decode_error(), Some(DecodeError::MissingHeader { header: "type" })));
+        assert!(matches!(
+            env.decode_error(),
+            Some(DecodeError::MissingHeader { header: "type" })
+        ));
     }
 
     #[test]
     fn a_malformed_stamp_header_is_a_decode_error_naming_the_header() {
-        let env = registry()
-            .decode(Encoded::new(r#"{"who":"a"}"#).header("type", "test.greet").header("x-courier-stamp-delay", "5"));
-        let err = env.decode_error().map(ToString::to_string).unwrap_or_default();
+        let env = registry().decode(
+            Encoded::new(r#"{"who":"a"}"#)
+                .header("type", "test.greet")
+                .header("x-courier-stamp-delay", "5"),
+        );
+        let err = env
+            .decode_error()
+            .map(ToString::to_string)
+            .unwrap_or_default();
         assert!(err.contains("x-courier-stamp-delay"), "{err}");
     }
 

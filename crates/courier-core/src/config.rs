@@ -36,8 +36,8 @@ use serde::{Deserialize, Deserializer};
 
 use crate::retry::MultiplierRetryStrategy;
 use crate::{
-    BusLink, Dsn, FactoryContext, MessageBus, MessageBusBuilder, MessageRegistry, Router, Transport, TransportError,
-    TransportRegistry, Worker, WorkerBuilder,
+    BusLink, Dsn, FactoryContext, MessageBus, MessageBusBuilder, MessageRegistry, Router,
+    Transport, TransportError, TransportRegistry, Worker, WorkerBuilder,
 };
 
 /// A configuration error, naming the file, key or variable at fault.
@@ -53,7 +53,10 @@ impl ConfigError {
     /// An error with this message.
     #[must_use]
     pub fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into(), source: None }
+        Self {
+            message: message.into(),
+            source: None,
+        }
     }
 
     fn with_source(mut self, source: impl Into<crate::BoxError>) -> Self {
@@ -121,7 +124,13 @@ pub struct RetryConfig {
 
 impl Default for RetryConfig {
     fn default() -> Self {
-        Self { max_retries: 3, delay: Duration::from_secs(1), multiplier: 2.0, max_delay: None, jitter: 0.1 }
+        Self {
+            max_retries: 3,
+            delay: Duration::from_secs(1),
+            multiplier: 2.0,
+            max_delay: None,
+            jitter: 0.1,
+        }
     }
 }
 
@@ -170,8 +179,11 @@ fn de_dsn<'de, D: Deserializer<'de>>(d: D) -> Result<Dsn, D::Error> {
 /// The deserializer's error naming the bad value.
 pub fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
-    humantime::parse_duration(&s)
-        .map_err(|e| serde::de::Error::custom(format!("invalid duration `{s}` ({e}); write e.g. \"250ms\", \"30s\", \"10min\"")))
+    humantime::parse_duration(&s).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "invalid duration `{s}` ({e}); write e.g. \"250ms\", \"30s\", \"10min\""
+        ))
+    })
 }
 
 /// Parses an optional humantime duration, for serde.
@@ -186,13 +198,18 @@ pub fn de_opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duratio
 ///
 /// # Errors
 /// [`ConfigError`] naming an unset variable without a default, or an unclosed `${`.
-pub fn interpolate(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+pub fn interpolate(
+    text: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<String, ConfigError> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after.find('}').ok_or_else(|| ConfigError::new("unclosed `${` in configuration"))?;
+        let end = after
+            .find('}')
+            .ok_or_else(|| ConfigError::new("unclosed `${` in configuration"))?;
         let expr = &after[..end];
         let (var, default) = match expr.split_once(":-") {
             Some((v, d)) => (v, Some(d)),
@@ -227,7 +244,10 @@ impl Config {
     ///
     /// # Errors
     /// [`ConfigError`] naming the key, variable or transport at fault.
-    pub fn parse_with(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    pub fn parse_with(
+        text: &str,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let text = interpolate(text, lookup)?;
         let config: Config = toml::from_str(&text).map_err(|e| toml_error(&text, &e))?;
         config.validate()?;
@@ -240,10 +260,15 @@ impl Config {
     /// [`ConfigError`] naming the file and what is wrong.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::new(format!("cannot read configuration `{}`: {e}", path.display())).with_source(e)
+            ConfigError::new(format!(
+                "cannot read configuration `{}`: {e}",
+                path.display()
+            ))
+            .with_source(e)
         })?;
-        text.parse()
-            .map_err(|e: ConfigError| ConfigError::new(format!("configuration `{}`: {}", path.display(), e.message)))
+        text.parse().map_err(|e: ConfigError| {
+            ConfigError::new(format!("configuration `{}`: {}", path.display(), e.message))
+        })
     }
 
     /// Checks that routing and failure transports name configured transports.
@@ -252,7 +277,13 @@ impl Config {
     /// [`ConfigError`] naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let known = |name: &str| self.transports.contains_key(name);
-        let list = || self.transports.keys().cloned().collect::<Vec<_>>().join(", ");
+        let list = || {
+            self.transports
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         for (pattern, target) in &self.routing {
             for name in target.names() {
                 if !known(&name) {
@@ -263,10 +294,13 @@ impl Config {
                 }
             }
         }
-        if let Some(f) = &self.failure_transport {
-            if !known(f) {
-                return Err(ConfigError::new(format!("failure_transport: unknown transport `{f}` (configured: {})", list())));
-            }
+        if let Some(f) = &self.failure_transport
+            && !known(f)
+        {
+            return Err(ConfigError::new(format!(
+                "failure_transport: unknown transport `{f}` (configured: {})",
+                list()
+            )));
         }
         for (name, t) in &self.transports {
             if let Some(f) = &t.failure_transport {
@@ -277,7 +311,9 @@ impl Config {
                     )));
                 }
                 if f == name {
-                    return Err(ConfigError::new(format!("transports.{name}.failure_transport: a transport cannot be its own failure transport")));
+                    return Err(ConfigError::new(format!(
+                        "transports.{name}.failure_transport: a transport cannot be its own failure transport"
+                    )));
                 }
             }
             for (key, value) in &t.options {
@@ -317,7 +353,11 @@ impl Config {
     /// The failure transport of a transport (its own, else the global one).
     #[must_use]
     pub fn failure_transport_of(&self, name: &str) -> Option<&str> {
-        self.transports.get(name)?.failure_transport.as_deref().or(self.failure_transport.as_deref())
+        self.transports
+            .get(name)?
+            .failure_transport
+            .as_deref()
+            .or(self.failure_transport.as_deref())
     }
 
     /// Connects every transport through `factories`.
@@ -340,19 +380,28 @@ impl Config {
                 .failure_transport(self.failure_transport_of(name).map(str::to_owned));
             map.insert(name.clone(), factories.create(ctx).await?);
         }
-        Ok(Transports { config: self.clone(), transports: map, link })
+        Ok(Transports {
+            config: self.clone(),
+            transports: map,
+            link,
+        })
     }
 }
 
 /// Describes a TOML error by line and key, never quoting the line itself (it may hold a password).
 fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
     let message = e.message().trim_end();
-    let Some(span) = e.span() else { return ConfigError::new(message.to_owned()) };
+    let Some(span) = e.span() else {
+        return ConfigError::new(message.to_owned());
+    };
     let before = &text[..span.start.min(text.len())];
     let line_no = before.matches('\n').count() + 1;
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
     let line = text[line_start..].lines().next().unwrap_or("");
-    let key = line.split_once('=').map(|(k, _)| k.trim()).filter(|k| !k.is_empty() && !k.starts_with('['));
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim())
+        .filter(|k| !k.is_empty() && !k.starts_with('['));
     match key {
         Some(key) => ConfigError::new(format!("line {line_no}, key `{key}`: {message}")),
         None => ConfigError::new(format!("line {line_no}: {message}")),
@@ -394,7 +443,9 @@ impl Transports {
     /// add handlers and build.
     #[must_use]
     pub fn bus_builder(&self) -> MessageBusBuilder {
-        let mut builder = MessageBus::builder().router(self.config.router()).link(self.link.clone());
+        let mut builder = MessageBus::builder()
+            .router(self.config.router())
+            .link(self.link.clone());
         for (name, t) in &self.transports {
             builder = builder.transport(name.clone(), t.clone());
         }
@@ -406,7 +457,11 @@ impl Transports {
     ///
     /// # Errors
     /// [`ConfigError`] naming an unknown transport.
-    pub fn worker(&self, bus: MessageBus, receivers: &[String]) -> Result<WorkerBuilder, ConfigError> {
+    pub fn worker(
+        &self,
+        bus: MessageBus,
+        receivers: &[String],
+    ) -> Result<WorkerBuilder, ConfigError> {
         let names: Vec<String> = if receivers.is_empty() {
             let failure: Vec<&str> = self
                 .config
@@ -414,7 +469,11 @@ impl Transports {
                 .keys()
                 .filter_map(|n| self.config.failure_transport_of(n))
                 .collect();
-            self.transports.keys().filter(|n| !failure.contains(&n.as_str())).cloned().collect()
+            self.transports
+                .keys()
+                .filter(|n| !failure.contains(&n.as_str()))
+                .cloned()
+                .collect()
         } else {
             receivers.to_vec()
         };
@@ -423,15 +482,26 @@ impl Transports {
             let transport = self.transports.get(&name).ok_or_else(|| {
                 ConfigError::new(format!(
                     "unknown transport `{name}` (configured: {})",
-                    self.transports.keys().cloned().collect::<Vec<_>>().join(", ")
+                    self.transports
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ))
             })?;
-            let retry = self.config.transports.get(&name).map(|t| t.retry.strategy()).unwrap_or_default();
-            builder = builder.receiver(name.clone(), transport.clone()).retry_strategy(Arc::new(retry));
-            if let Some(f) = self.config.failure_transport_of(&name) {
-                if let Some(ft) = self.transports.get(f) {
-                    builder = builder.failure_transport(f.to_owned(), ft.clone());
-                }
+            let retry = self
+                .config
+                .transports
+                .get(&name)
+                .map(|t| t.retry.strategy())
+                .unwrap_or_default();
+            builder = builder
+                .receiver(name.clone(), transport.clone())
+                .retry_strategy(Arc::new(retry));
+            if let Some(f) = self.config.failure_transport_of(&name)
+                && let Some(ft) = self.transports.get(f)
+            {
+                builder = builder.failure_transport(f.to_owned(), ft.clone());
             }
         }
         Ok(builder)
@@ -443,45 +513,71 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Config, String> {
-        Config::parse_with(text, |k| (k == "SET").then(|| "in-memory://".to_owned())).map_err(|e| e.to_string())
+        Config::parse_with(text, |k| (k == "SET").then(|| "in-memory://".to_owned()))
+            .map_err(|e| e.to_string())
     }
 
     #[test]
     fn interpolation_uses_the_variable_then_the_default() {
-        let c = parse("[transports.a]\ndsn = \"${SET}\"\n[transports.b]\ndsn = \"${UNSET:-sync://}\"").unwrap_or_default();
+        let c =
+            parse("[transports.a]\ndsn = \"${SET}\"\n[transports.b]\ndsn = \"${UNSET:-sync://}\"")
+                .unwrap_or_default();
         assert_eq!(c.transports["a"].dsn.scheme(), "in-memory");
         assert_eq!(c.transports["b"].dsn.scheme(), "sync");
     }
 
     #[test]
     fn an_unset_variable_without_default_is_named() {
-        let err = parse("[transports.a]\ndsn = \"${NOPE}\"").err().unwrap_or_default();
+        let err = parse("[transports.a]\ndsn = \"${NOPE}\"")
+            .err()
+            .unwrap_or_default();
         assert!(err.contains("`NOPE` is not set"), "{err}");
     }
 
     #[test]
     fn unknown_keys_are_named_with_their_place() {
-        let err = parse("[transports.a]\ndsn = \"sync://\"\nretry = { max_retry = 3 }").err().unwrap_or_default();
+        let err = parse("[transports.a]\ndsn = \"sync://\"\nretry = { max_retry = 3 }")
+            .err()
+            .unwrap_or_default();
         assert!(err.contains("unknown field `max_retry`"), "{err}");
-        let err = parse("[transport.a]\ndsn = \"sync://\"").err().unwrap_or_default();
+        let err = parse("[transport.a]\ndsn = \"sync://\"")
+            .err()
+            .unwrap_or_default();
         assert!(err.contains("unknown field `transport`"), "{err}");
     }
 
     #[test]
     fn bad_durations_and_dsns_are_named() {
-        let err = parse("[transports.a]\ndsn = \"sync://\"\nretry = { delay = \"soon\" }").err().unwrap_or_default();
+        let err = parse("[transports.a]\ndsn = \"sync://\"\nretry = { delay = \"soon\" }")
+            .err()
+            .unwrap_or_default();
         assert!(err.contains("invalid duration `soon`"), "{err}");
-        let err = parse("[transports.a]\ndsn = \"postgres://u:hunter2@h:x/db\"").err().unwrap_or_default();
-        assert!(err.contains("invalid port") && err.contains("key `dsn`"), "{err}");
+        let err = parse("[transports.a]\ndsn = \"postgres://u:hunter2@h:x/db\"")
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.contains("invalid port") && err.contains("key `dsn`"),
+            "{err}"
+        );
         assert!(!err.contains("hunter2"), "{err}");
     }
 
     #[test]
     fn routing_and_failure_transports_must_exist() {
-        let err = parse("[transports.a]\ndsn = \"sync://\"\n[routing]\n\"x.*\" = \"b\"").err().unwrap_or_default();
-        assert!(err.contains("routing.\"x.*\": unknown transport `b`"), "{err}");
-        let err = parse("[transports.a]\ndsn = \"sync://\"\nfailure_transport = \"f\"").err().unwrap_or_default();
-        assert!(err.contains("transports.a.failure_transport: unknown transport `f`"), "{err}");
+        let err = parse("[transports.a]\ndsn = \"sync://\"\n[routing]\n\"x.*\" = \"b\"")
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.contains("routing.\"x.*\": unknown transport `b`"),
+            "{err}"
+        );
+        let err = parse("[transports.a]\ndsn = \"sync://\"\nfailure_transport = \"f\"")
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.contains("transports.a.failure_transport: unknown transport `f`"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -498,7 +594,12 @@ mod tests {
     fn options_override_the_dsn_query() {
         let c = parse("[transports.a]\ndsn = \"in-memory://?redeliver_timeout=1s\"\noptions = { redeliver_timeout = \"5s\", serialize = true }")
             .unwrap_or_default();
-        let dsn = c.effective_dsn("a").map(|d| (d.option("redeliver_timeout").map(str::to_owned), d.option("serialize").map(str::to_owned)));
+        let dsn = c.effective_dsn("a").map(|d| {
+            (
+                d.option("redeliver_timeout").map(str::to_owned),
+                d.option("serialize").map(str::to_owned),
+            )
+        });
         assert_eq!(dsn, Some((Some("5s".into()), Some("true".into()))));
     }
 }

@@ -41,14 +41,19 @@ impl DsnError {
     /// An error about `raw` (redacted here) for `reason`.
     #[must_use]
     pub fn new(raw: &str, reason: impl Into<String>) -> Self {
-        Self { dsn: redact(raw), reason: reason.into() }
+        Self {
+            dsn: redact(raw),
+            reason: reason.into(),
+        }
     }
 }
 
 /// Redacts the password of anything that looks like a DSN (best effort, for error messages).
 #[must_use]
 pub fn redact(raw: &str) -> String {
-    let Some(scheme_end) = raw.find("://") else { return raw.to_owned() };
+    let Some(scheme_end) = raw.find("://") else {
+        return raw.to_owned();
+    };
     let rest = &raw[scheme_end + 3..];
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..authority_end];
@@ -65,11 +70,15 @@ pub fn redact(raw: &str) -> String {
 
 fn is_secret_key(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    ["password", "pass", "secret", "token"].iter().any(|s| key.contains(s))
+    ["password", "pass", "secret", "token"]
+        .iter()
+        .any(|s| key.contains(s))
 }
 
 fn redact_query_secrets(s: &str) -> String {
-    let Some(q) = s.find('?') else { return s.to_owned() };
+    let Some(q) = s.find('?') else {
+        return s.to_owned();
+    };
     let (head, query) = s.split_at(q + 1);
     let parts: Vec<String> = query
         .split('&')
@@ -88,8 +97,11 @@ fn percent_decode(raw: &str, s: &str) -> Result<String, DsnError> {
     while i < bytes.len() {
         match bytes[i] {
             b'%' => {
-                let hex = s.get(i + 1..i + 3).ok_or_else(|| DsnError::new(raw, "truncated percent-escape"))?;
-                let b = u8::from_str_radix(hex, 16).map_err(|_| DsnError::new(raw, "invalid percent-escape"))?;
+                let hex = s
+                    .get(i + 1..i + 3)
+                    .ok_or_else(|| DsnError::new(raw, "truncated percent-escape"))?;
+                let b = u8::from_str_radix(hex, 16)
+                    .map_err(|_| DsnError::new(raw, "invalid percent-escape"))?;
                 out.push(b);
                 i += 3;
             }
@@ -111,11 +123,13 @@ impl std::str::FromStr for Dsn {
 
     fn from_str(raw: &str) -> Result<Self, Self::Err> {
         let raw = raw.trim();
-        let (scheme, rest) = raw
-            .split_once(':')
-            .ok_or_else(|| DsnError::new(raw, "missing scheme (expected e.g. `sqlite://courier.db`)"))?;
+        let (scheme, rest) = raw.split_once(':').ok_or_else(|| {
+            DsnError::new(raw, "missing scheme (expected e.g. `sqlite://courier.db`)")
+        })?;
         if scheme.is_empty()
-            || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            || !scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
         {
             return Err(DsnError::new(raw, "invalid scheme"));
         }
@@ -146,7 +160,9 @@ impl std::str::FromStr for Dsn {
                     if p.is_empty() {
                         (h, None)
                     } else {
-                        let p: u16 = p.parse().map_err(|_| DsnError::new(raw, format!("invalid port `{p}`")))?;
+                        let p: u16 = p
+                            .parse()
+                            .map_err(|_| DsnError::new(raw, format!("invalid port `{p}`")))?;
                         (h, Some(p))
                     }
                 }
@@ -226,7 +242,11 @@ impl Dsn {
     /// The value of a query option (the last one when repeated).
     #[must_use]
     pub fn option(&self, key: &str) -> Option<&str> {
-        self.options.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.options
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// All query options in order.
@@ -262,7 +282,11 @@ impl Dsn {
     /// # Errors
     /// [`DsnError`] naming the option and listing the known ones.
     pub fn check_options(&self, known: &[&str]) -> Result<(), DsnError> {
-        match self.options.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+        match self
+            .options
+            .iter()
+            .find(|(k, _)| !known.contains(&k.as_str()))
+        {
             Some((k, _)) => Err(DsnError::new(
                 &self.raw,
                 format!("unknown option `{k}` (known: {})", known.join(", ")),
@@ -277,7 +301,11 @@ impl Dsn {
     /// [`DsnError`] naming the option and its bad value.
     pub fn parse_option<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>, DsnError> {
         self.option(key)
-            .map(|v| v.parse::<T>().map_err(|_| DsnError::new(&self.raw, format!("invalid value `{v}` for option `{key}`"))))
+            .map(|v| {
+                v.parse::<T>().map_err(|_| {
+                    DsnError::new(&self.raw, format!("invalid value `{v}` for option `{key}`"))
+                })
+            })
             .transpose()
     }
 
@@ -289,7 +317,10 @@ impl Dsn {
         self.option(key)
             .map(|v| {
                 humantime::parse_duration(v).map_err(|e| {
-                    DsnError::new(&self.raw, format!("invalid duration `{v}` for option `{key}`: {e}"))
+                    DsnError::new(
+                        &self.raw,
+                        format!("invalid duration `{v}` for option `{key}`: {e}"),
+                    )
                 })
             })
             .transpose()
@@ -334,7 +365,9 @@ mod tests {
 
     #[test]
     fn an_invalid_dsn_error_is_redacted() {
-        let err = Dsn::parse("postgres://app:hunter2@db:notaport/app").err().map(|e| e.to_string());
+        let err = Dsn::parse("postgres://app:hunter2@db:notaport/app")
+            .err()
+            .map(|e| e.to_string());
         let err = err.unwrap_or_default();
         assert!(err.contains("invalid port `notaport`"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
@@ -343,7 +376,16 @@ mod tests {
     #[test]
     fn parts_and_options_parse() {
         let d = dsn("mysql://root@127.0.0.1:3306/test?table_name=jobs&queue_name=a%20b");
-        assert_eq!((d.scheme(), d.user(), d.host(), d.port(), d.path()), ("mysql", Some("root"), Some("127.0.0.1"), Some(3306), "/test"));
+        assert_eq!(
+            (d.scheme(), d.user(), d.host(), d.port(), d.path()),
+            (
+                "mysql",
+                Some("root"),
+                Some("127.0.0.1"),
+                Some(3306),
+                "/test"
+            )
+        );
         assert_eq!(d.option("queue_name"), Some("a b"));
         assert_eq!(d.expose_without_query(), "mysql://root@127.0.0.1:3306/test");
     }
@@ -358,7 +400,10 @@ mod tests {
 
     #[test]
     fn unknown_options_are_named() {
-        let err = dsn("in-memory://?colour=red").check_options(&["redeliver_timeout"]).err().map(|e| e.to_string());
+        let err = dsn("in-memory://?colour=red")
+            .check_options(&["redeliver_timeout"])
+            .err()
+            .map(|e| e.to_string());
         assert!(err.unwrap_or_default().contains("unknown option `colour`"));
     }
 

@@ -26,7 +26,11 @@ pub(crate) struct RawSlot {
 
 impl RawSlot {
     pub(crate) fn new(name: &str, json: Box<RawValue>) -> Self {
-        Self { name: name.into(), json, decoded: OnceLock::new() }
+        Self {
+            name: name.into(),
+            json,
+            decoded: OnceLock::new(),
+        }
     }
 }
 
@@ -44,7 +48,9 @@ impl Slot {
             Slot::Raw(r) if &*r.name == S::NAME => r
                 .decoded
                 .get_or_init(|| {
-                    serde_json::from_str::<S>(r.json.get()).ok().map(|s| Arc::new(s) as Arc<dyn AnyStamp>)
+                    serde_json::from_str::<S>(r.json.get())
+                        .ok()
+                        .map(|s| Arc::new(s) as Arc<dyn AnyStamp>)
                 })
                 .as_ref()
                 .and_then(|s| s.as_any().downcast_ref::<S>()),
@@ -104,7 +110,11 @@ impl Envelope {
     /// Wraps a shared message without stamps.
     pub fn from_arc<M: Message>(message: Arc<M>) -> Self {
         Self {
-            payload: Payload::Typed { name: Arc::from(M::NAME), message, body: None },
+            payload: Payload::Typed {
+                name: Arc::from(M::NAME),
+                message,
+                body: None,
+            },
             stamps: Vec::new(),
             extra_headers: None,
         }
@@ -236,7 +246,10 @@ mod tests {
 
     #[test]
     fn debug_shows_name_and_stamps_but_never_the_body() {
-        let env = Envelope::new(Secret { password: "hunter2".into() }).with(ReceivedStamp("async".into()));
+        let env = Envelope::new(Secret {
+            password: "hunter2".into(),
+        })
+        .with(ReceivedStamp("async".into()));
         let s = format!("{env:?}");
         assert!(s.contains("test.secret") && s.contains("async"), "{s}");
         assert!(!s.contains("hunter2"), "{s}");
@@ -244,20 +257,34 @@ mod tests {
 
     #[test]
     fn typed_access_reads_the_message_and_stamps() {
-        let env = Envelope::new(Secret { password: "x".into() }).with(DelayStamp(Duration::from_secs(1)));
-        assert_eq!(env.message::<Secret>().map(|m| m.password.as_str()), Some("x"));
-        assert_eq!(env.message_arc::<Secret>().map(|m| m.password.clone()), Some("x".to_string()));
+        let env = Envelope::new(Secret {
+            password: "x".into(),
+        })
+        .with(DelayStamp(Duration::from_secs(1)));
+        assert_eq!(
+            env.message::<Secret>().map(|m| m.password.as_str()),
+            Some("x")
+        );
+        assert_eq!(
+            env.message_arc::<Secret>().map(|m| m.password.clone()),
+            Some("x".to_string())
+        );
         assert!(env.has::<DelayStamp>());
         assert!(!env.has::<ReceivedStamp>());
     }
 
     #[test]
     fn error_details_stamps_are_bounded_to_first_and_last_ten() {
-        let mut env = Envelope::new(Secret { password: "x".into() });
+        let mut env = Envelope::new(Secret {
+            password: "x".into(),
+        });
         for i in 0..30 {
             env = env.with_error_details(ErrorDetailsStamp::new("c", format!("e{i}"), vec![]));
         }
-        let msgs: Vec<&str> = env.all::<ErrorDetailsStamp>().map(|d| d.message.as_str()).collect();
+        let msgs: Vec<&str> = env
+            .all::<ErrorDetailsStamp>()
+            .map(|d| d.message.as_str())
+            .collect();
         assert_eq!(msgs.len(), 11);
         assert_eq!(msgs[0], "e0");
         assert_eq!(msgs[1], "e20");

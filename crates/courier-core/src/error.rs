@@ -93,7 +93,12 @@ impl TransportError {
     /// An error of `kind` on the named transport.
     #[must_use]
     pub fn new(kind: TransportErrorKind, transport: impl Into<Cow<'static, str>>) -> Self {
-        Self { kind, transport: transport.into(), context: None, source: None }
+        Self {
+            kind,
+            transport: transport.into(),
+            context: None,
+            source: None,
+        }
     }
 
     /// Adds a short description of what was being done.
@@ -147,7 +152,9 @@ impl fmt::Display for TransportError {
 
 impl std::error::Error for TransportError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -196,7 +203,10 @@ impl HandlerError {
     /// A recoverable error from a message, retried after `retry_after` when given.
     #[must_use]
     pub fn recoverable(msg: impl fmt::Display, retry_after: Option<Duration>) -> Self {
-        Self::Recoverable { source: msg.to_string().into(), retry_after }
+        Self::Recoverable {
+            source: msg.to_string().into(),
+            retry_after,
+        }
     }
 
     /// A plain error from a message.
@@ -209,7 +219,9 @@ impl HandlerError {
     #[must_use]
     pub fn source_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         match self {
-            Self::Unrecoverable(e) | Self::Recoverable { source: e, .. } | Self::Other(e) => e.as_ref(),
+            Self::Unrecoverable(e) | Self::Recoverable { source: e, .. } | Self::Other(e) => {
+                e.as_ref()
+            }
         }
     }
 
@@ -228,7 +240,10 @@ impl fmt::Debug for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Unrecoverable(e) => f.debug_tuple("Unrecoverable").field(e).finish(),
-            Self::Recoverable { source, retry_after } => f
+            Self::Recoverable {
+                source,
+                retry_after,
+            } => f
                 .debug_struct("Recoverable")
                 .field("source", source)
                 .field("retry_after", retry_after)
@@ -274,10 +289,16 @@ impl<T, E: Into<BoxError>> HandlerResultExt<T> for Result<T, E> {
         self.map_err(|e| HandlerError::Unrecoverable(e.into()))
     }
     fn recoverable(self) -> Result<T, HandlerError> {
-        self.map_err(|e| HandlerError::Recoverable { source: e.into(), retry_after: None })
+        self.map_err(|e| HandlerError::Recoverable {
+            source: e.into(),
+            retry_after: None,
+        })
     }
     fn retry_after(self, delay: Duration) -> Result<T, HandlerError> {
-        self.map_err(|e| HandlerError::Recoverable { source: e.into(), retry_after: Some(delay) })
+        self.map_err(|e| HandlerError::Recoverable {
+            source: e.into(),
+            retry_after: Some(delay),
+        })
     }
 }
 
@@ -335,7 +356,10 @@ pub enum BusError {
 }
 
 fn first_failure(failures: &[HandlerFailure]) -> String {
-    failures.first().map(|f| format!("`{}`: {}", f.handler, f.error)).unwrap_or_default()
+    failures
+        .first()
+        .map(|f| format!("`{}`: {}", f.handler, f.error))
+        .unwrap_or_default()
 }
 
 impl BusError {
@@ -344,7 +368,9 @@ impl BusError {
     #[must_use]
     pub fn class(&self) -> &'static str {
         match self {
-            Self::HandlerFailed { failures, .. } => failures.first().map_or("error", |f| f.error.class()),
+            Self::HandlerFailed { failures, .. } => {
+                failures.first().map_or("error", |f| f.error.class())
+            }
             Self::NoHandler { .. } => "no_handler",
             Self::Undecodable(_) => "decode",
             Self::Send { .. } | Self::UnknownTransport { .. } => "send",

@@ -50,22 +50,30 @@ mod stamp;
 mod transport;
 pub mod worker;
 
-pub use bus::{BusLink, DEFAULT_BUS, Handler, MessageBus, MessageBusBuilder, Middleware, Next, Router, with_trace_context};
+pub use bus::{
+    BusLink, DEFAULT_BUS, Handler, MessageBus, MessageBusBuilder, Middleware, Next, Router,
+    with_trace_context,
+};
 pub use codec::{
-    CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded, JSON_CONTENT_TYPE, MessageRegistry, STAMP_HEADER_PREFIX,
-    TYPE_HEADER, encode,
+    CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded, JSON_CONTENT_TYPE, MessageRegistry,
+    STAMP_HEADER_PREFIX, TYPE_HEADER, encode,
 };
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;
-pub use error::{BoxError, BusError, HandlerError, HandlerFailure, HandlerResultExt, TransportError, TransportErrorKind};
+pub use error::{
+    BoxError, BusError, HandlerError, HandlerFailure, HandlerResultExt, TransportError,
+    TransportErrorKind,
+};
 pub use message::Message;
 pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
 pub use stamp::*;
 pub use transport::{
-    Capabilities, FactoryContext, InMemoryOptions, InMemoryTransport, Listable, MessageCount, Setup, SyncTransport,
-    Transport, TransportFactory, TransportRegistry, retry_count,
+    Capabilities, FactoryContext, InMemoryOptions, InMemoryTransport, Listable, MessageCount,
+    Setup, SyncTransport, Transport, TransportFactory, TransportRegistry, retry_count,
 };
-pub use worker::{CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats};
+pub use worker::{
+    CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats,
+};
 
 /// Re-exported for implementing [`Transport`], [`Handler`] and [`Middleware`].
 pub use async_trait::async_trait;

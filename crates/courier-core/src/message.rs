@@ -72,7 +72,11 @@ impl fmt::Debug for Payload {
         match self {
             Payload::Typed { name, .. } => write!(f, "{name}"),
             Payload::Undecodable { name, error, .. } => {
-                write!(f, "undecodable {:?} ({error})", name.as_deref().unwrap_or("?"))
+                write!(
+                    f,
+                    "undecodable {:?} ({error})",
+                    name.as_deref().unwrap_or("?")
+                )
             }
         }
     }

@@ -63,24 +63,33 @@ impl RetryDecision {
 /// the message cannot be handled at all (no handler, undecodable), it is rejected; otherwise the
 /// strategy decides.
 #[must_use]
-pub fn decide(strategy: &dyn RetryStrategy, envelope: &Envelope, error: &BusError) -> RetryDecision {
+pub fn decide(
+    strategy: &dyn RetryStrategy,
+    envelope: &Envelope,
+    error: &BusError,
+) -> RetryDecision {
     let failures = error.handler_failures();
     if failures.is_empty() {
         return match error {
-            BusError::NoHandler { .. } | BusError::Undecodable(_) | BusError::UnknownTransport { .. } => {
-                RetryDecision::Reject
+            BusError::NoHandler { .. }
+            | BusError::Undecodable(_)
+            | BusError::UnknownTransport { .. } => RetryDecision::Reject,
+            _ if strategy.is_retryable(envelope, None) => {
+                RetryDecision::Retry(strategy.waiting_time(envelope, None))
             }
-            _ if strategy.is_retryable(envelope, None) => RetryDecision::Retry(strategy.waiting_time(envelope, None)),
             _ => RetryDecision::Reject,
         };
     }
     for f in failures {
         if let HandlerError::Recoverable { retry_after, .. } = &f.error {
-            let delay = retry_after.unwrap_or_else(|| strategy.waiting_time(envelope, Some(&f.error)));
+            let delay =
+                retry_after.unwrap_or_else(|| strategy.waiting_time(envelope, Some(&f.error)));
             return RetryDecision::Retry(delay);
         }
     }
-    let deciding = failures.iter().find(|f| !matches!(f.error, HandlerError::Unrecoverable(_)));
+    let deciding = failures
+        .iter()
+        .find(|f| !matches!(f.error, HandlerError::Unrecoverable(_)));
     match deciding {
         None => RetryDecision::Reject,
         Some(f) if strategy.is_retryable(envelope, Some(&f.error)) => {
@@ -118,7 +127,13 @@ pub struct MultiplierRetryStrategy {
 
 impl Default for MultiplierRetryStrategy {
     fn default() -> Self {
-        Self { max_retries: 3, delay: Duration::from_secs(1), multiplier: 2.0, max_delay: None, jitter: 0.1 }
+        Self {
+            max_retries: 3,
+            delay: Duration::from_secs(1),
+            multiplier: 2.0,
+            max_delay: None,
+            jitter: 0.1,
+        }
     }
 }
 

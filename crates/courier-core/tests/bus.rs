@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use courier_core::{
-    BusError, BusNameStamp, DispatchAfterCurrentBusStamp, Envelope, HandledStamp, HandlerError, InMemoryTransport,
-    Message, MessageBus, Middleware, MultiplierRetryStrategy, Next, ReceivedStamp, SentStamp,
-    SentToFailureTransportStamp, TransportNamesStamp, async_trait,
+    BusError, BusNameStamp, DispatchAfterCurrentBusStamp, Envelope, HandledStamp, HandlerError,
+    InMemoryTransport, Message, MessageBus, Middleware, MultiplierRetryStrategy, Next,
+    ReceivedStamp, SentStamp, SentToFailureTransportStamp, TransportNamesStamp, async_trait,
 };
 use serde::{Deserialize, Serialize};
 
@@ -28,7 +28,9 @@ fn counter() -> Arc<AtomicUsize> {
     Arc::new(AtomicUsize::new(0))
 }
 
-fn counting(c: &Arc<AtomicUsize>) -> impl Fn(Arc<Order>) -> Ready<Result<(), HandlerError>> + Send + Sync + 'static {
+fn counting(
+    c: &Arc<AtomicUsize>,
+) -> impl Fn(Arc<Order>) -> Ready<Result<(), HandlerError>> + Send + Sync + 'static {
     let c = c.clone();
     move |_| {
         c.fetch_add(1, Ordering::SeqCst);
@@ -39,12 +41,21 @@ fn counting(c: &Arc<AtomicUsize>) -> impl Fn(Arc<Order>) -> Ready<Result<(), Han
 #[tokio::test]
 async fn an_unrouted_message_runs_every_handler() {
     let (a, b) = (counter(), counter());
-    let bus = MessageBus::builder().handler_fn("a", counting(&a)).handler_fn("b", counting(&b)).build();
+    let bus = MessageBus::builder()
+        .handler_fn("a", counting(&a))
+        .handler_fn("b", counting(&b))
+        .build();
     let env = bus.dispatch(Order(1)).await.unwrap();
     assert_eq!((a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)), (1, 1));
-    let handled: Vec<&str> = env.all::<HandledStamp>().map(|h| h.handler.as_str()).collect();
+    let handled: Vec<&str> = env
+        .all::<HandledStamp>()
+        .map(|h| h.handler.as_str())
+        .collect();
     assert_eq!(handled, ["a", "b"]);
-    assert_eq!(env.last::<BusNameStamp>().map(|b| b.0.as_str()), Some("default"));
+    assert_eq!(
+        env.last::<BusNameStamp>().map(|b| b.0.as_str()),
+        Some("default")
+    );
 }
 
 #[tokio::test]
@@ -60,7 +71,10 @@ async fn a_routed_message_is_sent_to_every_transport_and_not_handled() {
     let env = bus.dispatch(Order(1)).await.unwrap();
     assert_eq!((q1.sent().len(), q2.sent().len()), (1, 1));
     assert_eq!(a.load(Ordering::SeqCst), 0);
-    let sent: Vec<&str> = env.all::<SentStamp>().map(|s| s.transport.as_str()).collect();
+    let sent: Vec<&str> = env
+        .all::<SentStamp>()
+        .map(|s| s.transport.as_str())
+        .collect();
     assert_eq!(sent, ["q1", "q2"]);
 }
 
@@ -73,7 +87,9 @@ async fn a_received_message_is_handled_never_sent_again() {
         .route("*", ["q"])
         .handler_fn("a", counting(&a))
         .build();
-    bus.dispatch(Envelope::new(Order(1)).with(ReceivedStamp("q".into()))).await.unwrap();
+    bus.dispatch(Envelope::new(Order(1)).with(ReceivedStamp("q".into())))
+        .await
+        .unwrap();
     assert_eq!(q.sent().len(), 0);
     assert_eq!(a.load(Ordering::SeqCst), 1);
 }
@@ -86,10 +102,18 @@ async fn transport_names_stamp_overrides_routing() {
         .transport("q2", Arc::new(q2.clone()))
         .route("shop.*", ["q1"])
         .build();
-    bus.dispatch(Envelope::new(Order(1)).with(TransportNamesStamp(vec!["q2".into()]))).await.unwrap();
+    bus.dispatch(Envelope::new(Order(1)).with(TransportNamesStamp(vec!["q2".into()])))
+        .await
+        .unwrap();
     assert_eq!((q1.sent().len(), q2.sent().len()), (0, 1));
-    let err = bus.dispatch(Envelope::new(Order(1)).with(TransportNamesStamp(vec!["nope".into()]))).await.unwrap_err();
-    assert!(matches!(err, BusError::UnknownTransport { ref transport, .. } if transport == "nope"), "{err}");
+    let err = bus
+        .dispatch(Envelope::new(Order(1)).with(TransportNamesStamp(vec!["nope".into()])))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BusError::UnknownTransport { ref transport, .. } if transport == "nope"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -101,19 +125,31 @@ async fn handler_failures_are_collected_and_handled_stamps_make_a_retry_skip_suc
         .handler_fn("ok", counting(&ok))
         .handler_fn("flaky", move |_: Arc<Order>| {
             let n = f.fetch_add(1, Ordering::SeqCst);
-            async move { if n == 0 { Err(HandlerError::msg("first time fails")) } else { Ok(()) } }
+            async move {
+                if n == 0 {
+                    Err(HandlerError::msg("first time fails"))
+                } else {
+                    Ok(())
+                }
+            }
         })
-        .handler_fn("broken", |_: Arc<Order>| async { Err::<(), _>(HandlerError::unrecoverable("always")) })
+        .handler_fn("broken", |_: Arc<Order>| async {
+            Err::<(), _>(HandlerError::unrecoverable("always"))
+        })
         .build();
     let err = bus.dispatch(Order(1)).await.unwrap_err();
-    let BusError::HandlerFailed { envelope, failures } = err else { panic!("expected HandlerFailed") };
+    let BusError::HandlerFailed { envelope, failures } = err else {
+        panic!("expected HandlerFailed")
+    };
     let names: Vec<&str> = failures.iter().map(|f| f.handler.as_str()).collect();
     assert_eq!(names, ["flaky", "broken"]);
     // Retry with the returned envelope: `ok` must not run again.
     let err = bus.dispatch(*envelope).await.unwrap_err();
     assert_eq!(ok.load(Ordering::SeqCst), 1);
     assert_eq!(fails.load(Ordering::SeqCst), 2);
-    let BusError::HandlerFailed { failures, .. } = err else { panic!("expected HandlerFailed") };
+    let BusError::HandlerFailed { failures, .. } = err else {
+        panic!("expected HandlerFailed")
+    };
     assert_eq!(failures.len(), 1);
     assert_eq!(failures[0].handler, "broken");
 }
@@ -122,7 +158,10 @@ async fn handler_failures_are_collected_and_handled_stamps_make_a_retry_skip_suc
 async fn no_handler_is_an_error_naming_the_message() {
     let bus = MessageBus::builder().build();
     let err = bus.dispatch(Order(1)).await.unwrap_err();
-    assert_eq!(err.to_string(), "no handler and no transport for message `shop.order`");
+    assert_eq!(
+        err.to_string(),
+        "no handler and no transport for message `shop.order`"
+    );
 }
 
 struct Record(&'static str, Arc<Mutex<Vec<String>>>);
@@ -150,14 +189,29 @@ async fn user_middleware_runs_in_list_order_around_the_handler() {
         })
         .build();
     bus.dispatch(Order(1)).await.unwrap();
-    assert_eq!(*log.lock().unwrap(), ["first in", "second in", "handler", "second out", "first out"]);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "first in",
+            "second in",
+            "handler",
+            "second out",
+            "first out"
+        ]
+    );
 }
 
 #[tokio::test]
 async fn several_named_buses_stamp_their_name() {
-    let commands = MessageBus::builder().name("command.bus").handler_fn("a", counting(&counter())).build();
+    let commands = MessageBus::builder()
+        .name("command.bus")
+        .handler_fn("a", counting(&counter()))
+        .build();
     let env = commands.dispatch(Order(1)).await.unwrap();
-    assert_eq!(env.last::<BusNameStamp>().map(|b| b.0.as_str()), Some("command.bus"));
+    assert_eq!(
+        env.last::<BusNameStamp>().map(|b| b.0.as_str()),
+        Some("command.bus")
+    );
 }
 
 #[tokio::test]
@@ -174,9 +228,15 @@ async fn dispatch_after_current_bus_waits_for_success_and_is_dropped_on_failure(
             let (log, link) = (l1.clone(), link2.clone());
             async move {
                 let bus = link.get().unwrap();
-                bus.dispatch(Envelope::new(Mail(o.0)).with(DispatchAfterCurrentBusStamp)).await.unwrap();
-                log.lock().unwrap().push(format!("order {} handled, mail queued: {}", o.0, !bus.transport("mail").is_none()));
-                if o.0 == 2 { Err(HandlerError::msg("order failed")) } else { Ok(()) }
+                bus.dispatch(Envelope::new(Mail(o.0)).with(DispatchAfterCurrentBusStamp))
+                    .await
+                    .unwrap();
+                log.lock().unwrap().push(format!("order {} handled", o.0));
+                if o.0 == 2 {
+                    Err(HandlerError::msg("order failed"))
+                } else {
+                    Ok(())
+                }
             }
         })
         .handler_fn("after", move |_: Arc<Order>| {
@@ -201,13 +261,21 @@ async fn a_message_from_the_failure_transport_is_treated_as_received_from_its_or
     #[async_trait]
     impl Middleware for Capture {
         async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
-            *self.0.lock().unwrap() = envelope.last::<ReceivedStamp>().map(|r| r.0.clone()).unwrap_or_default();
+            *self.0.lock().unwrap() = envelope
+                .last::<ReceivedStamp>()
+                .map(|r| r.0.clone())
+                .unwrap_or_default();
             next.run(envelope).await
         }
     }
-    let bus = MessageBus::builder().middleware(Capture(s)).handler_fn("a", counting(&counter())).build();
+    let bus = MessageBus::builder()
+        .middleware(Capture(s))
+        .handler_fn("a", counting(&counter()))
+        .build();
     let env = Envelope::new(Order(1))
-        .with(SentToFailureTransportStamp { original: "async".into() })
+        .with(SentToFailureTransportStamp {
+            original: "async".into(),
+        })
         .with(ReceivedStamp("failed".into()));
     bus.dispatch(env).await.unwrap();
     assert_eq!(*seen.lock().unwrap(), "async");
@@ -216,8 +284,14 @@ async fn a_message_from_the_failure_transport_is_treated_as_received_from_its_or
 #[tokio::test]
 async fn sync_transport_handles_on_dispatch_and_ignores_delay() {
     let a = counter();
-    let bus = MessageBus::builder().sync_transport("sync").route("*", ["sync"]).handler_fn("a", counting(&a)).build();
-    let env = Envelope::new(Order(1)).with(courier_core::DelayStamp(std::time::Duration::from_secs(3600)));
+    let bus = MessageBus::builder()
+        .sync_transport("sync")
+        .route("*", ["sync"])
+        .handler_fn("a", counting(&a))
+        .build();
+    let env = Envelope::new(Order(1)).with(courier_core::DelayStamp(
+        std::time::Duration::from_secs(3600),
+    ));
     bus.dispatch(env).await.unwrap();
     assert_eq!(a.load(Ordering::SeqCst), 1);
 }
@@ -245,7 +319,12 @@ async fn sync_transport_retries_in_process_then_uses_the_failure_transport() {
     assert_eq!(calls.load(Ordering::SeqCst), 3, "1 try + 2 retries");
     let moved = failed.sent();
     assert_eq!(moved.len(), 1);
-    assert_eq!(moved[0].last::<SentToFailureTransportStamp>().map(|s| s.original.as_str()), Some("sync"));
+    assert_eq!(
+        moved[0]
+            .last::<SentToFailureTransportStamp>()
+            .map(|s| s.original.as_str()),
+        Some("sync")
+    );
     assert_eq!(moved[0].all::<courier_core::ErrorDetailsStamp>().count(), 3);
 }
 
@@ -254,11 +333,18 @@ async fn sync_transport_without_failure_transport_returns_the_error() {
     let bus = MessageBus::builder()
         .sync_transport("sync")
         .route("*", ["sync"])
-        .handler_fn("h", |_: Arc<Order>| async { Err::<(), _>(HandlerError::unrecoverable("bad order")) })
+        .handler_fn("h", |_: Arc<Order>| async {
+            Err::<(), _>(HandlerError::unrecoverable("bad order"))
+        })
         .build();
     let err = bus.dispatch(Order(1)).await.unwrap_err();
     assert_eq!(err.handler_failures().len(), 1);
-    assert!(err.handler_failures()[0].error.to_string().contains("bad order"));
+    assert!(
+        err.handler_failures()[0]
+            .error
+            .to_string()
+            .contains("bad order")
+    );
     let transport = bus.transport("sync").unwrap();
     assert!(transport.get(10).await.unwrap().is_empty());
 }

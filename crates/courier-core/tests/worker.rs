@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use courier_core::{
-    CancellationToken, Capabilities, Encoded, Envelope, ErrorDetailsStamp, HandlerError, InMemoryTransport, Message,
-    MessageBus, MessageCount, MultiplierRetryStrategy, RedeliveryStamp, SentToFailureTransportStamp, StopReason,
-    Transport, TransportError, TransportErrorKind, Worker, WorkerEvent, async_trait,
+    CancellationToken, Capabilities, Encoded, Envelope, ErrorDetailsStamp, HandlerError,
+    InMemoryTransport, Message, MessageBus, MessageCount, MultiplierRetryStrategy, RedeliveryStamp,
+    SentToFailureTransportStamp, StopReason, Transport, TransportError, TransportErrorKind, Worker,
+    WorkerEvent, async_trait,
 };
 use serde::{Deserialize, Serialize};
 
@@ -26,10 +27,15 @@ async fn queue_with(n: u32) -> Arc<InMemoryTransport> {
     q
 }
 
-fn events() -> (Arc<Mutex<Vec<WorkerEvent>>>, impl Fn(&WorkerEvent) + Send + Sync + 'static) {
+fn events() -> (
+    Arc<Mutex<Vec<WorkerEvent>>>,
+    impl Fn(&WorkerEvent) + Send + Sync + 'static,
+) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let l = log.clone();
-    (log, move |e: &WorkerEvent| l.lock().unwrap().push(e.clone()))
+    (log, move |e: &WorkerEvent| {
+        l.lock().unwrap().push(e.clone())
+    })
 }
 
 fn retry_delays(log: &Mutex<Vec<WorkerEvent>>) -> Vec<Duration> {
@@ -52,7 +58,9 @@ async fn retries_back_off_1s_2s_4s_then_go_to_the_failure_transport() {
     let q = queue_with(1).await;
     let failed = Arc::new(InMemoryTransport::new());
     let bus = MessageBus::builder()
-        .handler_fn("h", |_: Arc<Job>| async { Err::<(), _>(HandlerError::msg("service down")) })
+        .handler_fn("h", |_: Arc<Job>| async {
+            Err::<(), _>(HandlerError::msg("service down"))
+        })
         .build();
     let (log, listener) = events();
     let started = tokio::time::Instant::now();
@@ -70,16 +78,37 @@ async fn retries_back_off_1s_2s_4s_then_go_to_the_failure_transport() {
     assert_eq!(delays.len(), 3, "{delays:?}");
     for (d, expected) in delays.iter().zip([1.0, 2.0, 4.0]) {
         let s = d.as_secs_f64();
-        assert!((expected * 0.9..=expected * 1.1).contains(&s), "delay {s}s, expected {expected}s +-10%");
+        assert!(
+            (expected * 0.9..=expected * 1.1).contains(&s),
+            "delay {s}s, expected {expected}s +-10%"
+        );
     }
-    assert!(started.elapsed() >= Duration::from_secs_f64(0.9 + 1.8 + 3.6), "delays were waited");
-    assert_eq!((stats.failed, stats.retried, stats.moved_to_failure), (4, 3, 1));
+    assert!(
+        started.elapsed() >= Duration::from_secs_f64(0.9 + 1.8 + 3.6),
+        "delays were waited"
+    );
+    assert_eq!(
+        (stats.failed, stats.retried, stats.moved_to_failure),
+        (4, 3, 1)
+    );
     let moved = failed.sent();
     assert_eq!(moved.len(), 1);
-    assert_eq!(moved[0].last::<SentToFailureTransportStamp>().unwrap().original, "async");
+    assert_eq!(
+        moved[0]
+            .last::<SentToFailureTransportStamp>()
+            .unwrap()
+            .original,
+        "async"
+    );
     assert_eq!(moved[0].last::<RedeliveryStamp>().unwrap().retry_count, 3);
     assert_eq!(moved[0].all::<ErrorDetailsStamp>().count(), 4);
-    assert!(moved[0].last::<ErrorDetailsStamp>().unwrap().message.contains("service down"));
+    assert!(
+        moved[0]
+            .last::<ErrorDetailsStamp>()
+            .unwrap()
+            .message
+            .contains("service down")
+    );
     assert_eq!(count(&q).await, 0, "original acked after the move");
     assert_eq!(stats.stop_reason, Some(StopReason::FailureLimit));
 }
@@ -94,7 +123,10 @@ async fn recoverable_errors_retry_after_their_delay_even_past_max_retries() {
             let n = c.fetch_add(1, Ordering::SeqCst);
             async move {
                 if n < 2 {
-                    Err(HandlerError::recoverable("rate limited", Some(Duration::from_secs(7))))
+                    Err(HandlerError::recoverable(
+                        "rate limited",
+                        Some(Duration::from_secs(7)),
+                    ))
                 } else {
                     Ok(())
                 }
@@ -112,7 +144,10 @@ async fn recoverable_errors_retry_after_their_delay_even_past_max_retries() {
         .run(CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(retry_delays(&log), [Duration::from_secs(7), Duration::from_secs(7)]);
+    assert_eq!(
+        retry_delays(&log),
+        [Duration::from_secs(7), Duration::from_secs(7)]
+    );
     assert_eq!(stats.handled, 1);
     assert_eq!(count(&q).await, 0);
 }
@@ -122,7 +157,9 @@ async fn unrecoverable_errors_go_straight_to_the_failure_transport() {
     let q = queue_with(1).await;
     let failed = Arc::new(InMemoryTransport::new());
     let bus = MessageBus::builder()
-        .handler_fn("h", |_: Arc<Job>| async { Err::<(), _>(HandlerError::unrecoverable("invalid card")) })
+        .handler_fn("h", |_: Arc<Job>| async {
+            Err::<(), _>(HandlerError::unrecoverable("invalid card"))
+        })
         .build();
     let (log, listener) = events();
     let stats = Worker::builder(bus)
@@ -136,7 +173,10 @@ async fn unrecoverable_errors_go_straight_to_the_failure_transport() {
         .unwrap();
     assert!(retry_delays(&log).is_empty());
     assert_eq!(failed.sent().len(), 1);
-    assert_eq!(failed.sent()[0].last::<ErrorDetailsStamp>().unwrap().class, "unrecoverable");
+    assert_eq!(
+        failed.sent()[0].last::<ErrorDetailsStamp>().unwrap().class,
+        "unrecoverable"
+    );
     assert_eq!((stats.failed, stats.moved_to_failure), (1, 1));
     assert_eq!(count(&q).await, 0);
 }
@@ -147,7 +187,10 @@ struct Broken;
 #[async_trait]
 impl Transport for Broken {
     async fn send(&self, _: Envelope) -> Result<Envelope, TransportError> {
-        Err(TransportError::new(TransportErrorKind::Connection, "failed").with_context("server gone"))
+        Err(
+            TransportError::new(TransportErrorKind::Connection, "failed")
+                .with_context("server gone"),
+        )
     }
     async fn get(&self, _: usize) -> Result<Vec<Envelope>, TransportError> {
         Ok(vec![])
@@ -167,7 +210,9 @@ impl Transport for Broken {
 async fn a_failing_failure_transport_leaves_the_original_unacked() {
     let q = queue_with(1).await;
     let bus = MessageBus::builder()
-        .handler_fn("h", |_: Arc<Job>| async { Err::<(), _>(HandlerError::unrecoverable("nope")) })
+        .handler_fn("h", |_: Arc<Job>| async {
+            Err::<(), _>(HandlerError::unrecoverable("nope"))
+        })
         .build();
     let stats = Worker::builder(bus)
         .receiver("async", q.clone())
@@ -186,9 +231,17 @@ async fn a_failing_failure_transport_leaves_the_original_unacked() {
 async fn without_a_failure_transport_a_failed_message_stays_for_redelivery() {
     let q = queue_with(1).await;
     let bus = MessageBus::builder()
-        .handler_fn("h", |_: Arc<Job>| async { Err::<(), _>(HandlerError::unrecoverable("nope")) })
+        .handler_fn("h", |_: Arc<Job>| async {
+            Err::<(), _>(HandlerError::unrecoverable("nope"))
+        })
         .build();
-    let stats = Worker::builder(bus).receiver("async", q.clone()).limit(1).build().run(CancellationToken::new()).await.unwrap();
+    let stats = Worker::builder(bus)
+        .receiver("async", q.clone())
+        .limit(1)
+        .build()
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!(stats.left_for_redelivery, 1);
     assert_eq!(count(&q).await, 1);
 }
@@ -196,19 +249,33 @@ async fn without_a_failure_transport_a_failed_message_stays_for_redelivery() {
 #[tokio::test(start_paused = true)]
 async fn limit_stops_after_the_current_message_and_leaves_the_rest_available() {
     let q = queue_with(5).await;
-    let bus = MessageBus::builder().handler_fn("h", |_: Arc<Job>| async { Ok::<(), HandlerError>(()) }).build();
-    let stats = Worker::builder(bus).receiver("async", q.clone()).limit(2).build().run(CancellationToken::new()).await.unwrap();
+    let bus = MessageBus::builder()
+        .handler_fn("h", |_: Arc<Job>| async { Ok::<(), HandlerError>(()) })
+        .build();
+    let stats = Worker::builder(bus)
+        .receiver("async", q.clone())
+        .limit(2)
+        .build()
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!((stats.received, stats.handled), (2, 2));
     assert_eq!(stats.stop_reason, Some(StopReason::MessageLimit));
     assert_eq!(count(&q).await, 3);
-    assert_eq!(q.get(10).await.unwrap().len(), 3, "the rest can be received at once");
+    assert_eq!(
+        q.get(10).await.unwrap().len(),
+        3,
+        "the rest can be received at once"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn failure_limit_stops_after_the_current_message() {
     let q = queue_with(5).await;
     let bus = MessageBus::builder()
-        .handler_fn("h", |_: Arc<Job>| async { Err::<(), _>(HandlerError::unrecoverable("x")) })
+        .handler_fn("h", |_: Arc<Job>| async {
+            Err::<(), _>(HandlerError::unrecoverable("x"))
+        })
         .build();
     let stats = Worker::builder(bus)
         .receiver("async", q.clone())
@@ -239,7 +306,10 @@ async fn time_limit_stops_after_the_current_message() {
         .run(CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(stats.handled, 2, "the message running at 15 s finishes, no other starts");
+    assert_eq!(
+        stats.handled, 2,
+        "the message running at 15 s finishes, no other starts"
+    );
     assert_eq!(stats.stop_reason, Some(StopReason::TimeLimit));
     assert_eq!(q.get(10).await.unwrap().len(), 3);
 }
@@ -273,7 +343,10 @@ async fn concurrency_four_runs_four_handlers_at_once_and_never_more() {
         .unwrap();
     assert_eq!(stats.handled, 12);
     assert_eq!(peak.load(Ordering::SeqCst), 4);
-    assert!(started.elapsed() < Duration::from_secs(4), "12 x 1 s at 4 at once takes ~3 s");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "12 x 1 s at 4 at once takes ~3 s"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -293,8 +366,18 @@ async fn shutdown_waits_for_a_slow_handler_and_acks_it() {
     let stats = run.await.unwrap().unwrap();
     assert_eq!(stats.handled, 1);
     assert_eq!(stats.stop_reason, Some(StopReason::Shutdown));
-    assert_eq!(q.acked()[0].message::<Job>().unwrap().0, 0, "the in-flight message was acked");
-    let rest: Vec<u32> = q.get(10).await.unwrap().iter().map(|e| e.message::<Job>().unwrap().0).collect();
+    assert_eq!(
+        q.acked()[0].message::<Job>().unwrap().0,
+        0,
+        "the in-flight message was acked"
+    );
+    let rest: Vec<u32> = q
+        .get(10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.message::<Job>().unwrap().0)
+        .collect();
     assert_eq!(rest, [1, 2], "the others were put back at once");
 }
 
@@ -308,7 +391,10 @@ async fn shutdown_past_the_grace_period_leaves_the_message_for_redelivery() {
         })
         .build();
     let token = CancellationToken::new();
-    let worker = Worker::builder(bus).receiver("async", q.clone()).grace(Duration::from_secs(2)).build();
+    let worker = Worker::builder(bus)
+        .receiver("async", q.clone())
+        .grace(Duration::from_secs(2))
+        .build();
     let run = tokio::spawn(worker.run(token.clone()));
     tokio::time::sleep(Duration::from_millis(100)).await;
     token.cancel();
@@ -330,7 +416,13 @@ async fn a_retried_message_reruns_only_the_handler_that_failed() {
         })
         .handler_fn("flaky", move |_: Arc<Job>| {
             let n = f.fetch_add(1, Ordering::SeqCst);
-            async move { if n == 0 { Err(HandlerError::msg("once")) } else { Ok(()) } }
+            async move {
+                if n == 0 {
+                    Err(HandlerError::msg("once"))
+                } else {
+                    Ok(())
+                }
+            }
         })
         .build();
     let stats = Worker::builder(bus)
@@ -341,7 +433,10 @@ async fn a_retried_message_reruns_only_the_handler_that_failed() {
         .run(CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!((good.load(Ordering::SeqCst), flaky.load(Ordering::SeqCst)), (1, 2));
+    assert_eq!(
+        (good.load(Ordering::SeqCst), flaky.load(Ordering::SeqCst)),
+        (1, 2)
+    );
     assert_eq!((stats.retried, stats.handled), (1, 1));
 }
 
@@ -350,7 +445,9 @@ async fn an_undecodable_message_goes_to_the_failure_transport() {
     let q = Arc::new(InMemoryTransport::new());
     q.send_raw(Encoded::new("{broken").header("type", "test.job"));
     let failed = Arc::new(InMemoryTransport::new());
-    let bus = MessageBus::builder().handler_fn("h", |_: Arc<Job>| async { Ok::<(), HandlerError>(()) }).build();
+    let bus = MessageBus::builder()
+        .handler_fn("h", |_: Arc<Job>| async { Ok::<(), HandlerError>(()) })
+        .build();
     let stats = Worker::builder(bus)
         .receiver("async", q.clone())
         .failure_transport("failed", failed.clone())
@@ -361,8 +458,15 @@ async fn an_undecodable_message_goes_to_the_failure_transport() {
         .unwrap();
     assert_eq!(stats.moved_to_failure, 1);
     let moved = failed.sent();
-    assert_eq!(moved[0].last::<ErrorDetailsStamp>().unwrap().class, "decode");
-    assert_eq!(courier_core::encode(&moved[0]).unwrap().body, "{broken", "raw body kept");
+    assert_eq!(
+        moved[0].last::<ErrorDetailsStamp>().unwrap().class,
+        "decode"
+    );
+    assert_eq!(
+        courier_core::encode(&moved[0]).unwrap().body,
+        "{broken",
+        "raw body kept"
+    );
     assert_eq!(count(&q).await, 0);
 }
 
@@ -397,7 +501,9 @@ impl Transport for CountAcks {
 async fn acks_of_a_fetched_batch_are_flushed_together() {
     let q = queue_with(64).await;
     let counted = Arc::new(CountAcks(q.clone(), AtomicUsize::new(0)));
-    let bus = MessageBus::builder().handler_fn("h", |_: Arc<Job>| async { Ok::<(), HandlerError>(()) }).build();
+    let bus = MessageBus::builder()
+        .handler_fn("h", |_: Arc<Job>| async { Ok::<(), HandlerError>(()) })
+        .build();
     let stats = Worker::builder(bus)
         .receiver("async", counted.clone())
         .fetch_size(32)
@@ -408,7 +514,11 @@ async fn acks_of_a_fetched_batch_are_flushed_together() {
         .unwrap();
     assert_eq!(stats.handled, 64);
     assert_eq!(q.acked().len(), 64);
-    assert_eq!(counted.1.load(Ordering::SeqCst), 2, "one ack_batch per fetched batch of 32");
+    assert_eq!(
+        counted.1.load(Ordering::SeqCst),
+        2,
+        "one ack_batch per fetched batch of 32"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -61,7 +61,6 @@ pub use round_trip::{
     UNICODE_TEXT, fully_stamped, large_body_round_trip, raw_message_round_trip, round_trip,
 };
 
-#[allow(unused_imports, reason = "used by the doc links above")]
 use crate::Harness;
 
 /// Expands to one `#[tokio::test]` per conformance case for a harness constructor
@@ -69,9 +68,17 @@ use crate::Harness;
 #[macro_export]
 macro_rules! conformance_suite {
     ($make:path $(, ignore = $reason:literal)?) => {
-        $crate::__conformance_cases!(
-            $make,
-            [$($reason)?],
+        $crate::__with_cases!(__conformance_cases!($make, [$($reason)?]));
+    };
+}
+
+/// Calls `$callback!(args..., every case name)`: the one list of cases.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_cases {
+    ($callback:ident!($($args:tt)*)) => {
+        $crate::$callback! {
+            $($args)*,
             // 1. round trip
             round_trip,
             large_body_round_trip,
@@ -109,8 +116,26 @@ macro_rules! conformance_suite {
             // batch equivalence
             send_batch_and_ack_batch_behave_like_loops,
             ack_batch_with_already_acked_envelopes_acks_the_rest,
-        );
+        }
     };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __run_cases {
+    ($h:expr, $($case:ident),* $(,)?) => {
+        $(
+            println!("conformance: {}", stringify!($case));
+            $crate::conformance::$case($h).await;
+        )*
+    };
+}
+
+/// Runs every case in sequence against one harness, printing each case's name: for examples
+/// and ad-hoc checks (tests should prefer [`conformance_suite!`](crate::conformance_suite), one
+/// test per case).
+pub async fn run_all(h: &dyn Harness) {
+    crate::__with_cases!(__run_cases!(h));
 }
 
 #[doc(hidden)]

@@ -52,7 +52,10 @@ pub(crate) struct Typed<M, H> {
 
 impl<M, H> Typed<M, H> {
     pub(crate) fn new(handler: H) -> Self {
-        Self { handler, _message: PhantomData }
+        Self {
+            handler,
+            _message: PhantomData,
+        }
     }
 }
 
@@ -60,7 +63,11 @@ impl<M, H> Typed<M, H> {
 impl<M: Message, H: Handler<M>> ErasedHandler for Typed<M, H> {
     async fn call(&self, envelope: &Envelope) -> Result<(), HandlerError> {
         let message = envelope.message::<M>().ok_or_else(|| {
-            HandlerError::unrecoverable(format!("envelope holds `{}`, not `{}`", envelope.message_name(), M::NAME))
+            HandlerError::unrecoverable(format!(
+                "envelope holds `{}`, not `{}`",
+                envelope.message_name(),
+                M::NAME
+            ))
         })?;
         self.handler.handle(message, envelope).await
     }
@@ -77,9 +84,9 @@ where
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
     async fn handle(&self, _message: &M, envelope: &Envelope) -> Result<(), HandlerError> {
-        let message = envelope
-            .message_arc::<M>()
-            .ok_or_else(|| HandlerError::unrecoverable(format!("envelope does not hold `{}`", M::NAME)))?;
+        let message = envelope.message_arc::<M>().ok_or_else(|| {
+            HandlerError::unrecoverable(format!("envelope does not hold `{}`", M::NAME))
+        })?;
         (self.0)(message).await
     }
 }

@@ -52,7 +52,17 @@ impl Next<'_> {
     /// Whatever the rest of the chain returns.
     pub async fn run(self, envelope: Envelope) -> Result<Envelope, BusError> {
         match self.chain.split_first() {
-            Some((first, rest)) => first.handle(envelope, Next { chain: rest, bus: self.bus }).await,
+            Some((first, rest)) => {
+                first
+                    .handle(
+                        envelope,
+                        Next {
+                            chain: rest,
+                            bus: self.bus,
+                        },
+                    )
+                    .await
+            }
             None => Ok(envelope),
         }
     }
@@ -71,7 +81,10 @@ tokio::task_local! {
 
 /// Runs `fut` with `trace` as the current trace context: envelopes dispatched inside it without a
 /// [`TraceContextStamp`] get this one (the worker wraps each handled message in it).
-pub async fn with_trace_context<F: std::future::Future>(trace: Option<TraceContextStamp>, fut: F) -> F::Output {
+pub async fn with_trace_context<F: std::future::Future>(
+    trace: Option<TraceContextStamp>,
+    fut: F,
+) -> F::Output {
     TRACE.scope(trace, fut).await
 }
 
@@ -84,10 +97,10 @@ impl Middleware for BusNameMiddleware {
         if !envelope.has::<BusNameStamp>() {
             envelope = envelope.with(BusNameStamp(next.bus.name().to_owned()));
         }
-        if !envelope.has::<TraceContextStamp>() {
-            if let Ok(Some(trace)) = TRACE.try_with(Clone::clone) {
-                envelope = envelope.with(trace);
-            }
+        if !envelope.has::<TraceContextStamp>()
+            && let Ok(Some(trace)) = TRACE.try_with(Clone::clone)
+        {
+            envelope = envelope.with(trace);
         }
         next.run(envelope).await
     }
@@ -111,7 +124,10 @@ impl Middleware for DispatchAfterCurrentBusMiddleware {
         let (result, deferred) = DEFERRED
             .scope(RefCell::new(Vec::new()), async {
                 let result = next.run(envelope).await;
-                (result, DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut())))
+                (
+                    result,
+                    DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut())),
+                )
             })
             .await;
         let envelope = result?;
@@ -128,7 +144,10 @@ pub(crate) struct FailedMessageProcessingMiddleware;
 #[async_trait]
 impl Middleware for FailedMessageProcessingMiddleware {
     async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
-        let envelope = match (envelope.last::<SentToFailureTransportStamp>(), envelope.has::<ReceivedStamp>()) {
+        let envelope = match (
+            envelope.last::<SentToFailureTransportStamp>(),
+            envelope.has::<ReceivedStamp>(),
+        ) {
             (Some(failed), true) => {
                 let original = ReceivedStamp(failed.original.clone());
                 envelope.with(original)
@@ -159,14 +178,21 @@ impl Middleware for SendMiddleware {
         let outgoing = envelope.without_all::<TransportNamesStamp>();
         let mut result = outgoing.clone();
         for name in names {
-            let transport = bus.transport(&name).ok_or_else(|| BusError::UnknownTransport {
-                transport: name.clone(),
-                name: outgoing.message_name().to_owned(),
-            })?;
+            let transport = bus
+                .transport(&name)
+                .ok_or_else(|| BusError::UnknownTransport {
+                    transport: name.clone(),
+                    name: outgoing.message_name().to_owned(),
+                })?;
             let sent = transport
-                .send(outgoing.clone().with(SentStamp { transport: name.clone() }))
+                .send(outgoing.clone().with(SentStamp {
+                    transport: name.clone(),
+                }))
                 .await
-                .map_err(|source| BusError::Send { name: outgoing.message_name().to_owned(), source })?;
+                .map_err(|source| BusError::Send {
+                    name: outgoing.message_name().to_owned(),
+                    source,
+                })?;
             result = result.with(SentStamp { transport: name });
             if let Some(id) = sent.last::<crate::TransportMessageIdStamp>() {
                 result = result.with(id.clone());
@@ -185,22 +211,42 @@ impl Middleware for HandleMiddleware {
         if let Some(crate::message::Payload::Undecodable { error, .. }) = Some(&envelope.payload) {
             return Err(BusError::Undecodable(Arc::clone(error)));
         }
-        let handlers = next.bus.inner.handlers.get(envelope.message_name()).map_or(&[][..], Vec::as_slice);
+        let handlers = next
+            .bus
+            .inner
+            .handlers
+            .get(envelope.message_name())
+            .map_or(&[][..], Vec::as_slice);
         if handlers.is_empty() {
-            return Err(BusError::NoHandler { name: envelope.message_name().to_owned() });
+            return Err(BusError::NoHandler {
+                name: envelope.message_name().to_owned(),
+            });
         }
         let mut failures = Vec::new();
         for entry in handlers {
-            if envelope.all::<HandledStamp>().any(|h| *h.handler == *entry.name) {
+            if envelope
+                .all::<HandledStamp>()
+                .any(|h| *h.handler == *entry.name)
+            {
                 continue;
             }
             match entry.handler.call(&envelope).await {
-                Ok(()) => envelope = envelope.with(HandledStamp { handler: entry.name.to_string() }),
-                Err(error) => failures.push(HandlerFailure { handler: entry.name.to_string(), error }),
+                Ok(()) => {
+                    envelope = envelope.with(HandledStamp {
+                        handler: entry.name.to_string(),
+                    })
+                }
+                Err(error) => failures.push(HandlerFailure {
+                    handler: entry.name.to_string(),
+                    error,
+                }),
             }
         }
         if !failures.is_empty() {
-            return Err(BusError::HandlerFailed { envelope: Box::new(envelope), failures });
+            return Err(BusError::HandlerFailed {
+                envelope: Box::new(envelope),
+                failures,
+            });
         }
         next.run(envelope).await
     }

@@ -15,8 +15,8 @@ pub use routing::Router;
 
 use handler::{ErasedHandler, FnHandler, HandlerEntry, Typed};
 use middleware::{
-    BusNameMiddleware, DispatchAfterCurrentBusMiddleware, FailedMessageProcessingMiddleware, HandleMiddleware,
-    SendMiddleware,
+    BusNameMiddleware, DispatchAfterCurrentBusMiddleware, FailedMessageProcessingMiddleware,
+    HandleMiddleware, SendMiddleware,
 };
 
 use crate::{BusError, Envelope, HandlerError, Message, MessageRegistry, Transport};
@@ -91,7 +91,12 @@ impl MessageBus {
     /// # Errors
     /// [`BusError`]: no handler, handler failures (all of them, in one error), send failures.
     pub async fn dispatch(&self, message: impl Into<Envelope>) -> Result<Envelope, BusError> {
-        Next { chain: &self.inner.chain, bus: self }.run(message.into()).await
+        Next {
+            chain: &self.inner.chain,
+            bus: self,
+        }
+        .run(message.into())
+        .await
     }
 
     /// The bus's name.
@@ -143,7 +148,11 @@ pub struct BusLink(Arc<OnceLock<Weak<BusInner>>>);
 
 impl fmt::Debug for BusLink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.get().is_some() { "BusLink(bound)" } else { "BusLink(unbound)" })
+        f.write_str(if self.get().is_some() {
+            "BusLink(bound)"
+        } else {
+            "BusLink(unbound)"
+        })
     }
 }
 
@@ -162,7 +171,10 @@ impl BusLink {
     /// The bus, if bound and still alive.
     #[must_use]
     pub fn get(&self) -> Option<MessageBus> {
-        self.0.get().and_then(Weak::upgrade).map(|inner| MessageBus { inner })
+        self.0
+            .get()
+            .and_then(Weak::upgrade)
+            .map(|inner| MessageBus { inner })
     }
 }
 
@@ -196,13 +208,20 @@ impl MessageBusBuilder {
     /// Registers a named handler for `M`. The name goes into
     /// [`HandledStamp`](crate::HandledStamp): keep it stable across deployments.
     #[must_use]
-    pub fn handler_named<M: Message, H: Handler<M>>(mut self, name: impl Into<String>, handler: H) -> Self {
+    pub fn handler_named<M: Message, H: Handler<M>>(
+        mut self,
+        name: impl Into<String>,
+        handler: H,
+    ) -> Self {
         self.registry.register::<M>();
         let entry = HandlerEntry {
             name: Arc::from(name.into()),
             handler: Arc::new(Typed::<M, H>::new(handler)) as Arc<dyn ErasedHandler>,
         };
-        self.handlers.entry(M::NAME.to_owned()).or_default().push(entry);
+        self.handlers
+            .entry(M::NAME.to_owned())
+            .or_default()
+            .push(entry);
         self
     }
 

@@ -50,7 +50,8 @@ impl Router {
         } else if let Some(prefix) = pattern.strip_suffix('*') {
             self.prefixes.retain(|(p, _)| p != prefix);
             self.prefixes.push((prefix.to_owned(), transports));
-            self.prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+            self.prefixes
+                .sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         } else {
             self.exact.insert(pattern.to_owned(), transports);
         }

@@ -80,7 +80,10 @@ impl RedeliveryStamp {
     /// A stamp for the given retry, dated now.
     #[must_use]
     pub fn new(retry_count: u32) -> Self {
-        Self { retry_count, at: SystemTime::now() }
+        Self {
+            retry_count,
+            at: SystemTime::now(),
+        }
     }
 }
 
@@ -117,7 +120,11 @@ impl ErrorDetailsStamp {
             .into_iter()
             .map(|s| truncate(s, Self::MAX_TEXT))
             .collect();
-        Self { class: class.into(), message: truncate(message.into(), Self::MAX_TEXT), chain }
+        Self {
+            class: class.into(),
+            message: truncate(message.into(), Self::MAX_TEXT),
+            chain,
+        }
     }
 
     /// Details from an error and its `source()` chain.
@@ -293,7 +300,8 @@ mod tests {
 
     #[test]
     fn delay_stamp_travels_as_milliseconds() {
-        let json = serde_json::to_string(&DelayStamp(Duration::from_millis(1500))).unwrap_or_default();
+        let json =
+            serde_json::to_string(&DelayStamp(Duration::from_millis(1500))).unwrap_or_default();
         assert_eq!(json, "1500");
     }
 }

@@ -72,8 +72,11 @@ impl FactoryContext {
     /// A configuration error about this transport's DSN.
     #[must_use]
     pub fn config_error(&self, reason: impl Into<String>) -> TransportError {
-        TransportError::new(TransportErrorKind::Config, self.name.clone())
-            .with_context(format!("DSN `{}`: {}", self.dsn, reason.into()))
+        TransportError::new(TransportErrorKind::Config, self.name.clone()).with_context(format!(
+            "DSN `{}`: {}",
+            self.dsn,
+            reason.into()
+        ))
     }
 }
 
@@ -110,7 +113,9 @@ pub struct TransportRegistry {
 
 impl std::fmt::Debug for TransportRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TransportRegistry").field("schemes", &self.factories.keys()).finish()
+        f.debug_struct("TransportRegistry")
+            .field("schemes", &self.factories.keys())
+            .finish()
     }
 }
 
@@ -124,7 +129,9 @@ impl TransportRegistry {
     /// A registry with `sync://` and `in-memory://`.
     #[must_use]
     pub fn new() -> Self {
-        let mut r = Self { factories: BTreeMap::new() };
+        let mut r = Self {
+            factories: BTreeMap::new(),
+        };
         r.register(Arc::new(SyncFactory));
         r.register(Arc::new(InMemoryFactory));
         r
@@ -178,7 +185,9 @@ impl TransportFactory for SyncFactory {
     }
 
     async fn create(&self, ctx: FactoryContext) -> Result<Arc<dyn Transport>, TransportError> {
-        ctx.dsn.check_options(&[]).map_err(|e| ctx.config_error(e.reason))?;
+        ctx.dsn
+            .check_options(&[])
+            .map_err(|e| ctx.config_error(e.reason))?;
         Ok(Arc::new(
             SyncTransport::new(ctx.name.clone(), ctx.bus.clone())
                 .retry_strategy(ctx.retry.clone())
@@ -197,14 +206,24 @@ impl TransportFactory for InMemoryFactory {
 
     async fn create(&self, ctx: FactoryContext) -> Result<Arc<dyn Transport>, TransportError> {
         let dsn = &ctx.dsn;
-        dsn.check_options(&["redeliver_timeout", "serialize"]).map_err(|e| ctx.config_error(e.reason))?;
+        dsn.check_options(&["redeliver_timeout", "serialize"])
+            .map_err(|e| ctx.config_error(e.reason))?;
         let mut options = InMemoryOptions::default().name(ctx.name.clone());
-        if let Some(t) = dsn.duration_option("redeliver_timeout").map_err(|e| ctx.config_error(e.reason))? {
+        if let Some(t) = dsn
+            .duration_option("redeliver_timeout")
+            .map_err(|e| ctx.config_error(e.reason))?
+        {
             options = options.redeliver_timeout(t);
         }
-        if let Some(s) = dsn.parse_option::<bool>("serialize").map_err(|e| ctx.config_error(e.reason))? {
+        if let Some(s) = dsn
+            .parse_option::<bool>("serialize")
+            .map_err(|e| ctx.config_error(e.reason))?
+        {
             options = options.serialize(s);
         }
-        Ok(Arc::new(InMemoryTransport::with_options(options, ctx.registry.clone())))
+        Ok(Arc::new(InMemoryTransport::with_options(
+            options,
+            ctx.registry.clone(),
+        )))
     }
 }

@@ -12,8 +12,8 @@ use tokio::time::Instant;
 use super::{Capabilities, Listable, MessageCount, Setup, Transport};
 use crate::envelope::Slot;
 use crate::{
-    DelayStamp, DeliveryTagStamp, Encoded, Envelope, MessageRegistry, PriorityStamp, TransportError,
-    TransportErrorKind, TransportMessageIdStamp,
+    DelayStamp, DeliveryTagStamp, Encoded, Envelope, MessageRegistry, PriorityStamp,
+    TransportError, TransportErrorKind, TransportMessageIdStamp,
 };
 
 /// Options of [`InMemoryTransport`] (DSN query: `in-memory://?redeliver_timeout=30s&serialize=true`).
@@ -31,7 +31,11 @@ pub struct InMemoryOptions {
 
 impl Default for InMemoryOptions {
     fn default() -> Self {
-        Self { name: "in-memory".into(), redeliver_timeout: Duration::from_secs(3600), serialize: false }
+        Self {
+            name: "in-memory".into(),
+            redeliver_timeout: Duration::from_secs(3600),
+            serialize: false,
+        }
     }
 }
 
@@ -116,7 +120,9 @@ pub struct InMemoryTransport {
 
 impl fmt::Debug for InMemoryTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InMemoryTransport").field("options", &self.options).finish_non_exhaustive()
+        f.debug_struct("InMemoryTransport")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
     }
 }
 
@@ -137,11 +143,17 @@ impl InMemoryTransport {
     /// [`InMemoryTransport::send_raw`].
     #[must_use]
     pub fn with_options(options: InMemoryOptions, registry: Arc<MessageRegistry>) -> Self {
-        Self { options: Arc::new(options), registry, state: Arc::default() }
+        Self {
+            options: Arc::new(options),
+            registry,
+            state: Arc::default(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Every envelope sent, in order (with its id).
@@ -179,7 +191,14 @@ impl InMemoryTransport {
         let id = st.next_id;
         let key = (Reverse(priority), Instant::now() + delay, id);
         st.ready.insert(key);
-        st.entries.insert(id, Entry { stored, key, delivery: None });
+        st.entries.insert(
+            id,
+            Entry {
+                stored,
+                key,
+                delivery: None,
+            },
+        );
         id
     }
 
@@ -211,7 +230,11 @@ impl InMemoryTransport {
     fn remove_delivery(&self, envelope: &Envelope) -> Option<Envelope> {
         let (id, tag) = Self::delivery_of(envelope)?;
         let mut st = self.lock();
-        let live = st.entries.get(&id).and_then(|e| e.delivery).is_some_and(|(d, _)| d == tag);
+        let live = st
+            .entries
+            .get(&id)
+            .and_then(|e| e.delivery)
+            .is_some_and(|(d, _)| d == tag);
         if !live {
             return None;
         }
@@ -225,8 +248,11 @@ impl InMemoryTransport {
 #[async_trait]
 impl Transport for InMemoryTransport {
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
-        self.capabilities().check_delay(&self.options.name, &envelope)?;
-        let delay = envelope.last::<DelayStamp>().map_or(Duration::ZERO, |d| d.0);
+        self.capabilities()
+            .check_delay(&self.options.name, &envelope)?;
+        let delay = envelope
+            .last::<DelayStamp>()
+            .map_or(Duration::ZERO, |d| d.0);
         let priority = envelope.last::<PriorityStamp>().map_or(0, |p| p.0);
         let stored = if self.options.serialize {
             Stored::Wire(
@@ -257,18 +283,29 @@ impl Transport for InMemoryTransport {
                 st.ready.insert(key);
             }
         }
-        let due: Vec<Key> = st.ready.iter().filter(|k| k.1 <= now).take(max).copied().collect();
+        let due: Vec<Key> = st
+            .ready
+            .iter()
+            .filter(|k| k.1 <= now)
+            .take(max)
+            .copied()
+            .collect();
         let mut out = Vec::with_capacity(due.len());
         for key in due {
             st.ready.remove(&key);
             st.next_delivery += 1;
             let tag = st.next_delivery;
             let deadline = now + self.options.redeliver_timeout;
-            let Some(entry) = st.entries.get_mut(&key.2) else { continue };
+            let Some(entry) = st.entries.get_mut(&key.2) else {
+                continue;
+            };
             entry.delivery = Some((tag, deadline));
             let env = self.materialize(&entry.stored);
             st.deliveries.insert((deadline, key.2));
-            out.push(env.with(TransportMessageIdStamp(key.2.to_string())).with(DeliveryTagStamp(tag.to_string())));
+            out.push(
+                env.with(TransportMessageIdStamp(key.2.to_string()))
+                    .with(DeliveryTagStamp(tag.to_string())),
+            );
         }
         Ok(out)
     }
@@ -288,11 +325,17 @@ impl Transport for InMemoryTransport {
     }
 
     async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        let Some((id, tag)) = Self::delivery_of(envelope) else { return Ok(()) };
+        let Some((id, tag)) = Self::delivery_of(envelope) else {
+            return Ok(());
+        };
         let deadline = Instant::now() + self.options.redeliver_timeout;
         let mut st = self.lock();
-        let Some(e) = st.entries.get_mut(&id) else { return Ok(()) };
-        let Some((d, old)) = e.delivery else { return Ok(()) };
+        let Some(e) = st.entries.get_mut(&id) else {
+            return Ok(());
+        };
+        let Some((d, old)) = e.delivery else {
+            return Ok(());
+        };
         if d == tag {
             e.delivery = Some((d, deadline));
             st.deliveries.remove(&(old, id));
@@ -314,7 +357,10 @@ impl Transport for InMemoryTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::none().with_delay(None).with_priority().with_redelivery()
+        Capabilities::none()
+            .with_delay(None)
+            .with_priority()
+            .with_redelivery()
     }
 }
 
@@ -342,19 +388,29 @@ impl Listable for InMemoryTransport {
             .into_iter()
             .take(limit)
             .filter_map(|id| {
-                st.entries.get(&id).map(|e| self.materialize(&e.stored).with(TransportMessageIdStamp(id.to_string())))
+                st.entries.get(&id).map(|e| {
+                    self.materialize(&e.stored)
+                        .with(TransportMessageIdStamp(id.to_string()))
+                })
             })
             .collect())
     }
 
     async fn find(&self, id: &str) -> Result<Option<Envelope>, TransportError> {
-        let Ok(num) = id.parse::<u64>() else { return Ok(None) };
+        let Ok(num) = id.parse::<u64>() else {
+            return Ok(None);
+        };
         let st = self.lock();
-        Ok(st.entries.get(&num).map(|e| self.materialize(&e.stored).with(TransportMessageIdStamp(id.to_owned()))))
+        Ok(st.entries.get(&num).map(|e| {
+            self.materialize(&e.stored)
+                .with(TransportMessageIdStamp(id.to_owned()))
+        }))
     }
 
     async fn remove(&self, id: &str) -> Result<bool, TransportError> {
-        let Ok(num) = id.parse::<u64>() else { return Ok(false) };
+        let Ok(num) = id.parse::<u64>() else {
+            return Ok(false);
+        };
         let mut st = self.lock();
         match st.entries.remove(&num) {
             Some(e) => {

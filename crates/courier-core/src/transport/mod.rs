@@ -40,7 +40,13 @@ impl Capabilities {
     /// No optional ability.
     #[must_use]
     pub const fn none() -> Self {
-        Self { delay: false, max_delay: None, priority: false, blocking_get: false, redelivery: false }
+        Self {
+            delay: false,
+            max_delay: None,
+            priority: false,
+            blocking_get: false,
+            redelivery: false,
+        }
     }
 
     /// Sets [`Capabilities::delay`].
@@ -77,17 +83,26 @@ impl Capabilities {
     /// # Errors
     /// [`TransportErrorKind::Unsupported`] naming the delay and the limit.
     pub fn check_delay(&self, transport: &str, envelope: &Envelope) -> Result<(), TransportError> {
-        let Some(DelayStamp(delay)) = envelope.last::<DelayStamp>() else { return Ok(()) };
+        let Some(DelayStamp(delay)) = envelope.last::<DelayStamp>() else {
+            return Ok(());
+        };
         if delay.is_zero() {
             return Ok(());
         }
         if !self.delay {
-            return Err(TransportError::new(TransportErrorKind::Unsupported, transport.to_owned())
-                .with_context(format!("this transport cannot delay messages (DelayStamp of {delay:?})")));
+            return Err(
+                TransportError::new(TransportErrorKind::Unsupported, transport.to_owned())
+                    .with_context(format!(
+                        "this transport cannot delay messages (DelayStamp of {delay:?})"
+                    )),
+            );
         }
         match self.max_delay {
-            Some(max) if *delay > max => Err(TransportError::new(TransportErrorKind::Unsupported, transport.to_owned())
-                .with_context(format!("delay of {delay:?} exceeds the maximum of {max:?}"))),
+            Some(max) if *delay > max => Err(TransportError::new(
+                TransportErrorKind::Unsupported,
+                transport.to_owned(),
+            )
+            .with_context(format!("delay of {delay:?} exceeds the maximum of {max:?}"))),
             _ => Ok(()),
         }
     }
@@ -127,7 +142,11 @@ pub trait Transport: Send + Sync + Debug {
     async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
         let old = envelope.clone();
         let next = envelope.without_all::<DelayStamp>();
-        let next = if delay.is_zero() { next } else { next.with(DelayStamp(delay)) };
+        let next = if delay.is_zero() {
+            next
+        } else {
+            next.with(DelayStamp(delay))
+        };
         self.send(next).await?;
         self.ack(&old).await
     }
@@ -211,5 +230,7 @@ const _: () = {
 /// The retry count an envelope carries (0 when it was never retried).
 #[must_use]
 pub fn retry_count(envelope: &Envelope) -> u32 {
-    envelope.last::<RedeliveryStamp>().map_or(0, |s| s.retry_count)
+    envelope
+        .last::<RedeliveryStamp>()
+        .map_or(0, |s| s.retry_count)
 }

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use super::{Capabilities, Transport};
 use crate::retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy, decide};
 use crate::{
-    BusError, BusLink, Envelope, ErrorDetailsStamp, ReceivedStamp, RedeliveryStamp, SentToFailureTransportStamp,
-    TransportError, TransportErrorKind,
+    BusError, BusLink, Envelope, ErrorDetailsStamp, ReceivedStamp, RedeliveryStamp,
+    SentToFailureTransportStamp, TransportError, TransportErrorKind,
 };
 
 /// A transport that handles each message on the bus as soon as it is sent (Symfony's
@@ -63,10 +63,10 @@ impl SyncTransport {
 #[async_trait]
 impl Transport for SyncTransport {
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
-        let bus = self
-            .bus
-            .get()
-            .ok_or_else(|| self.error(TransportErrorKind::Config).with_context("not bound to a bus"))?;
+        let bus = self.bus.get().ok_or_else(|| {
+            self.error(TransportErrorKind::Config)
+                .with_context("not bound to a bus")
+        })?;
         let mut current = envelope.with(ReceivedStamp(self.name.clone()));
         let mut retries = 0u32;
         loop {
@@ -83,7 +83,9 @@ impl Transport for SyncTransport {
             match decision {
                 RetryDecision::Retry(_) => {
                     retries += 1;
-                    current = after.with_error_details(details).with(RedeliveryStamp::new(retries));
+                    current = after
+                        .with_error_details(details)
+                        .with(RedeliveryStamp::new(retries));
                 }
                 RetryDecision::Reject => {
                     let Some(failure) = &self.failure_transport else {
@@ -95,7 +97,9 @@ impl Transport for SyncTransport {
                     })?;
                     let moved = after
                         .with_error_details(details)
-                        .with(SentToFailureTransportStamp { original: self.name.clone() })
+                        .with(SentToFailureTransportStamp {
+                            original: self.name.clone(),
+                        })
                         .without_all::<ReceivedStamp>();
                     return target.send(moved).await;
                 }
@@ -116,7 +120,9 @@ impl Transport for SyncTransport {
     }
 
     async fn retry(&self, envelope: Envelope, _delay: Duration) -> Result<(), TransportError> {
-        self.send(envelope.without_all::<ReceivedStamp>()).await.map(drop)
+        self.send(envelope.without_all::<ReceivedStamp>())
+            .await
+            .map(drop)
     }
 
     fn capabilities(&self) -> Capabilities {

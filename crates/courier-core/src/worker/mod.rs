@@ -66,7 +66,10 @@ pub struct Worker {
 impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
-            .field("receivers", &self.receivers.iter().map(|r| &r.name).collect::<Vec<_>>())
+            .field(
+                "receivers",
+                &self.receivers.iter().map(|r| &r.name).collect::<Vec<_>>(),
+            )
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -152,7 +155,11 @@ impl WorkerBuilder {
 
     /// Sets the failure transport of the receiver added last.
     #[must_use]
-    pub fn failure_transport(mut self, name: impl Into<String>, transport: Arc<dyn Transport>) -> Self {
+    pub fn failure_transport(
+        mut self,
+        name: impl Into<String>,
+        transport: Arc<dyn Transport>,
+    ) -> Self {
         if let Some(r) = self.worker.receivers.last_mut() {
             r.failure = Some((name.into(), transport));
         }
@@ -161,7 +168,11 @@ impl WorkerBuilder {
 
     /// Sets the failure transport of every receiver that has none of its own.
     #[must_use]
-    pub fn global_failure_transport(mut self, name: impl Into<String>, transport: Arc<dyn Transport>) -> Self {
+    pub fn global_failure_transport(
+        mut self,
+        name: impl Into<String>,
+        transport: Arc<dyn Transport>,
+    ) -> Self {
         self.global_failure = Some((name.into(), transport));
         self
     }
@@ -263,7 +274,10 @@ impl WorkerBuilder {
             }
         }
         let default = self.worker.default_bus.clone();
-        self.worker.buses.entry(default.name().to_owned()).or_insert(default);
+        self.worker
+            .buses
+            .entry(default.name().to_owned())
+            .or_insert(default);
         self.worker
     }
 }

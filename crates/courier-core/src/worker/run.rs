@@ -14,8 +14,8 @@ use tracing::Instrument;
 use super::{Receiver, StopReason, Worker, WorkerError, WorkerEvent, WorkerStats};
 use crate::retry::{RetryDecision, decide};
 use crate::{
-    BusError, BusNameStamp, Envelope, ErrorDetailsStamp, ReceivedStamp, RedeliveryStamp, SentToFailureTransportStamp,
-    TraceContextStamp, retry_count, with_trace_context,
+    BusError, BusNameStamp, Envelope, ErrorDetailsStamp, ReceivedStamp, RedeliveryStamp,
+    SentToFailureTransportStamp, TraceContextStamp, retry_count, with_trace_context,
 };
 
 /// What became of one message.
@@ -54,8 +54,13 @@ impl Worker {
             error_backoff: Duration::ZERO,
             stop: None,
         };
-        self.emit(&WorkerEvent::Started { transports: self.receivers.iter().map(|r| r.name.clone()).collect() });
-        let all_block = self.receivers.iter().all(|r| r.transport.capabilities().blocking_get);
+        self.emit(&WorkerEvent::Started {
+            transports: self.receivers.iter().map(|r| r.name.clone()).collect(),
+        });
+        let all_block = self
+            .receivers
+            .iter()
+            .all(|r| r.transport.capabilities().blocking_get);
         'outer: while state.stop.is_none() {
             if shutdown.is_cancelled() {
                 state.stop = Some(StopReason::Shutdown);
@@ -64,9 +69,8 @@ impl Worker {
             let mut got_any = false;
             for receiver in &self.receivers {
                 let want = match self.options.limit {
-                    Some(limit) => {
-                        usize::try_from(limit.saturating_sub(state.stats.received)).unwrap_or(usize::MAX)
-                    }
+                    Some(limit) => usize::try_from(limit.saturating_sub(state.stats.received))
+                        .unwrap_or(usize::MAX),
                     None => usize::MAX,
                 }
                 .min(self.options.fetch_size);
@@ -88,13 +92,18 @@ impl Worker {
                     Ok(batch) => {
                         state.error_backoff = Duration::ZERO;
                         got_any = true;
-                        self.process_batch(receiver, batch, &shutdown, &mut state).await;
+                        self.process_batch(receiver, batch, &shutdown, &mut state)
+                            .await;
                         break;
                     }
                     Err(e) => {
                         tracing::warn!(messaging.destination.name = %receiver.name, error = %e, "get failed");
-                        self.emit(&WorkerEvent::TransportError { transport: receiver.name.clone(), error: e.to_string() });
-                        state.error_backoff = (state.error_backoff * 2).clamp(Duration::from_millis(100), MAX_ERROR_BACKOFF);
+                        self.emit(&WorkerEvent::TransportError {
+                            transport: receiver.name.clone(),
+                            error: e.to_string(),
+                        });
+                        state.error_backoff = (state.error_backoff * 2)
+                            .clamp(Duration::from_millis(100), MAX_ERROR_BACKOFF);
                         tokio::select! {
                             () = tokio::time::sleep(state.error_backoff) => {}
                             () = shutdown.cancelled() => {}
@@ -106,7 +115,7 @@ impl Worker {
                 state.stop = self.limit_reached(&state);
             }
             if !got_any && state.stop.is_none() {
-                self.emit(&WorkerEvent::Idle);
+                self.emit_with(|| WorkerEvent::Idle);
                 if !all_block {
                     tokio::select! {
                         () = tokio::time::sleep(self.options.sleep) => {}
@@ -128,6 +137,13 @@ impl Worker {
         }
     }
 
+    /// Emits an event built only when someone listens (events allocate; the hot path must not).
+    fn emit_with(&self, event: impl FnOnce() -> WorkerEvent) {
+        if !self.listeners.is_empty() {
+            self.emit(&event());
+        }
+    }
+
     fn limit_reached(&self, state: &RunState) -> Option<StopReason> {
         let o = &self.options;
         if o.limit.is_some_and(|l| state.stats.received >= l) {
@@ -139,7 +155,9 @@ impl Worker {
         if o.time_limit.is_some_and(|t| state.started.elapsed() >= t) {
             return Some(StopReason::TimeLimit);
         }
-        if o.memory_limit.is_some_and(|m| resident_memory().is_some_and(|rss| rss > m)) {
+        if o.memory_limit
+            .is_some_and(|m| resident_memory().is_some_and(|rss| rss > m))
+        {
             return Some(StopReason::MemoryLimit);
         }
         None
@@ -160,13 +178,20 @@ impl Worker {
         let mut linger: Option<Instant> = None;
         let mut grace: Option<Instant> = None;
         let far = Duration::from_secs(86_400 * 365);
-        let mut keepalive = self.options.keepalive.map(|i| tokio::time::interval_at(Instant::now() + i, i));
+        let mut keepalive = self
+            .options
+            .keepalive
+            .map(|i| tokio::time::interval_at(Instant::now() + i, i));
         loop {
             while state.stop.is_none() && inflight.len() < self.options.concurrency {
-                let Some((idx, envelope)) = queue.pop_front() else { break };
+                let Some((idx, envelope)) = queue.pop_front() else {
+                    break;
+                };
                 state.stats.received += 1;
                 live[idx] = Some(envelope.clone());
-                inflight.push(Box::pin(async move { (idx, self.process(receiver, envelope).await) }));
+                inflight.push(Box::pin(async move {
+                    (idx, self.process(receiver, envelope).await)
+                }));
             }
             if inflight.is_empty() {
                 break;
@@ -210,7 +235,7 @@ impl Worker {
                     tracing::warn!(abandoned, "grace period over: leaving in-flight messages for redelivery");
                     state.stats.left_for_redelivery += abandoned;
                     for envelope in live.iter().flatten() {
-                        self.emit(&WorkerEvent::LeftForRedelivery {
+                        self.emit_with(|| WorkerEvent::LeftForRedelivery {
                             transport: receiver.name.clone(),
                             id: envelope.id().map(str::to_owned),
                             reason: "grace period over".into(),
@@ -239,14 +264,22 @@ impl Worker {
         }
     }
 
-    async fn flush_acks(&self, receiver: &Receiver, pending: &mut Vec<Envelope>, state: &mut RunState) {
+    async fn flush_acks(
+        &self,
+        receiver: &Receiver,
+        pending: &mut Vec<Envelope>,
+        state: &mut RunState,
+    ) {
         if pending.is_empty() {
             return;
         }
         let batch = std::mem::take(pending);
         if let Err(e) = receiver.transport.ack_batch(&batch).await {
             tracing::warn!(messaging.destination.name = %receiver.name, error = %e, count = batch.len(), "ack failed; the messages will be redelivered");
-            self.emit(&WorkerEvent::TransportError { transport: receiver.name.clone(), error: e.to_string() });
+            self.emit(&WorkerEvent::TransportError {
+                transport: receiver.name.clone(),
+                error: e.to_string(),
+            });
             state.stats.left_for_redelivery += batch.len() as u64;
         }
     }
@@ -260,24 +293,43 @@ impl Worker {
             messaging.message.id = id.as_deref().unwrap_or(""),
             messaging.message.type = envelope.message_name(),
         );
-        self.process_inner(receiver, envelope.with(ReceivedStamp(receiver.name.clone())), id).instrument(span).await
+        self.process_inner(
+            receiver,
+            envelope.with(ReceivedStamp(receiver.name.clone())),
+            id,
+        )
+        .instrument(span)
+        .await
     }
 
-    async fn process_inner(&self, receiver: &Receiver, envelope: Envelope, id: Option<String>) -> Done {
-        let name = envelope.message_name().to_owned();
-        self.emit(&WorkerEvent::Received { transport: receiver.name.clone(), message: name.clone(), id: id.clone() });
+    async fn process_inner(
+        &self,
+        receiver: &Receiver,
+        envelope: Envelope,
+        id: Option<String>,
+    ) -> Done {
+        self.emit_with(|| WorkerEvent::Received {
+            transport: receiver.name.clone(),
+            message: envelope.message_name().to_owned(),
+            id: id.clone(),
+        });
         if let Some(error) = envelope.decode_error() {
             let details = ErrorDetailsStamp::from_error("decode", error);
             tracing::warn!(error = %error, "message does not decode");
-            self.emit(&WorkerEvent::Failed {
+            self.emit_with(|| WorkerEvent::Failed {
                 transport: receiver.name.clone(),
-                message: name,
+                message: envelope.message_name().to_owned(),
                 id: id.clone(),
                 error: error.to_string(),
                 will_retry: false,
             });
-            let outcome = self.move_to_failure(receiver, envelope.clone(), envelope, details, id).await;
-            return Done { outcome, failed: true };
+            let outcome = self
+                .move_to_failure(receiver, envelope.clone(), envelope, details, id)
+                .await;
+            return Done {
+                outcome,
+                failed: true,
+            };
         }
         let bus = envelope
             .last::<BusNameStamp>()
@@ -287,46 +339,64 @@ impl Worker {
         let started = Instant::now();
         let err = match with_trace_context(trace, bus.dispatch(envelope.clone())).await {
             Ok(_) => {
-                self.emit(&WorkerEvent::Handled {
+                self.emit_with(|| WorkerEvent::Handled {
                     transport: receiver.name.clone(),
-                    message: name,
+                    message: envelope.message_name().to_owned(),
                     id,
                     elapsed: started.elapsed(),
                 });
-                return Done { outcome: Outcome::Ack(envelope), failed: false };
+                return Done {
+                    outcome: Outcome::Ack(envelope),
+                    failed: false,
+                };
             }
             Err(e) => e,
         };
         let decision = decide(&*receiver.retry, &envelope, &err);
         let will_retry = matches!(decision, RetryDecision::Retry(_));
         tracing::warn!(error = %err, will_retry, "handling failed");
-        self.emit(&WorkerEvent::Failed {
+        self.emit_with(|| WorkerEvent::Failed {
             transport: receiver.name.clone(),
-            message: name,
+            message: envelope.message_name().to_owned(),
             id: id.clone(),
             error: err.to_string(),
             will_retry,
         });
         let details = ErrorDetailsStamp::from_error(err.class(), &err);
         let after = match err {
-            BusError::HandlerFailed { envelope: handled, .. } => *handled,
+            BusError::HandlerFailed {
+                envelope: handled, ..
+            } => *handled,
             _ => envelope.clone(),
         };
         let outcome = match decision {
             RetryDecision::Retry(delay) => {
                 let count = retry_count(&envelope) + 1;
-                let next = after.with_error_details(details).with(RedeliveryStamp::new(count));
+                let next = after
+                    .with_error_details(details)
+                    .with(RedeliveryStamp::new(count));
                 match receiver.transport.retry(next, delay).await {
                     Ok(()) => {
-                        self.emit(&WorkerEvent::Retried { transport: receiver.name.clone(), id, retry_count: count, delay });
+                        self.emit_with(|| WorkerEvent::Retried {
+                            transport: receiver.name.clone(),
+                            id,
+                            retry_count: count,
+                            delay,
+                        });
                         Outcome::Retried
                     }
                     Err(e) => self.left(receiver, id, format!("retry failed: {e}")),
                 }
             }
-            RetryDecision::Reject => self.move_to_failure(receiver, envelope, after, details, id).await,
+            RetryDecision::Reject => {
+                self.move_to_failure(receiver, envelope, after, details, id)
+                    .await
+            }
         };
-        Done { outcome, failed: true }
+        Done {
+            outcome,
+            failed: true,
+        }
     }
 
     async fn move_to_failure(
@@ -338,28 +408,42 @@ impl Worker {
         id: Option<String>,
     ) -> Outcome {
         let Some((failure_name, failure)) = &receiver.failure else {
-            return self.left(receiver, id, "failed and no failure transport is configured".into());
+            return self.left(
+                receiver,
+                id,
+                "failed and no failure transport is configured".into(),
+            );
         };
         let moved = after
             .with_error_details(details)
-            .with(SentToFailureTransportStamp { original: receiver.name.clone() })
+            .with(SentToFailureTransportStamp {
+                original: receiver.name.clone(),
+            })
             .without_all::<crate::DelayStamp>();
         match failure.send(moved).await {
             Ok(_) => {
-                self.emit(&WorkerEvent::MovedToFailureTransport {
+                self.emit_with(|| WorkerEvent::MovedToFailureTransport {
                     transport: receiver.name.clone(),
                     failure_transport: failure_name.clone(),
                     id,
                 });
                 Outcome::Moved(original)
             }
-            Err(e) => self.left(receiver, id, format!("could not move to failure transport `{failure_name}`: {e}")),
+            Err(e) => self.left(
+                receiver,
+                id,
+                format!("could not move to failure transport `{failure_name}`: {e}"),
+            ),
         }
     }
 
     fn left(&self, receiver: &Receiver, id: Option<String>, reason: String) -> Outcome {
         tracing::warn!(messaging.destination.name = %receiver.name, reason = %reason, "message left for redelivery");
-        self.emit(&WorkerEvent::LeftForRedelivery { transport: receiver.name.clone(), id, reason });
+        self.emit_with(|| WorkerEvent::LeftForRedelivery {
+            transport: receiver.name.clone(),
+            id,
+            reason,
+        });
         Outcome::Left
     }
 }
