@@ -70,19 +70,17 @@ pub(crate) struct Inbox {
     live: tokio::sync::Mutex<Live>,
 }
 
-enum Step {
-    Got(usize, Delivery),
-    Broken,
-}
+/// One step of a consumer stream: a delivery, or `None` when the consumer failed or was cancelled.
+type Step = Option<(usize, Delivery)>;
 
 fn step(item: Option<Item>) -> Step {
     match item {
-        Some((i, Some(Ok(d)))) => Step::Got(i, d),
+        Some((i, Some(Ok(d)))) => Some((i, d)),
         Some((_, Some(Err(e)))) => {
             tracing::warn!(error = %e, "amqp consumer failed");
-            Step::Broken
+            None
         }
-        Some((_, None)) | None => Step::Broken,
+        Some((_, None)) | None => None,
     }
 }
 
@@ -253,8 +251,8 @@ impl Inbox {
                     }
                     None => break,
                     Some(item) => match step(item) {
-                        Step::Got(i, d) => out.push((i, d)),
-                        Step::Broken => {
+                        Some((i, d)) => out.push((i, d)),
+                        None => {
                             broken = true;
                             break;
                         }
@@ -269,11 +267,11 @@ impl Inbox {
                 match tokio::time::timeout(deadline - now, feed.stream.next()).await {
                     Err(_) => return Ok(Vec::new()),
                     Ok(item) => match step(item) {
-                        Step::Got(i, d) => {
+                        Some((i, d)) => {
                             out.push((i, d));
                             continue; // drain what else is ready
                         }
-                        Step::Broken => broken = true,
+                        None => broken = true,
                     },
                 }
             }
@@ -319,6 +317,14 @@ impl Inbox {
         let Some(channel) = live.channel.clone() else {
             return Ok(());
         };
+        if !channel.status().connected() {
+            // The channel died: the broker has requeued its deliveries and will deliver them
+            // again, so there is nothing left to settle.
+            tracing::debug!(messaging.destination.name = %name, "amqp channel closed; deliveries already requeued");
+            live.channel = None;
+            live.outstanding.clear();
+            return Ok(());
+        }
         let generation = live.generation;
         let mut mine = BTreeSet::new();
         for &(g, tag) in tags {
@@ -379,6 +385,11 @@ impl Inbox {
             Ok(())
         }
         .await;
+        if result.is_err() {
+            // The frame could not be sent: the channel is gone and its deliveries come back.
+            live.channel = None;
+            live.outstanding.clear();
+        }
         drop(live);
         result
     }
@@ -395,11 +406,11 @@ impl Inbox {
     pub(crate) async fn message_count(&self, link: &Link) -> Result<u64, TransportError> {
         let name = link.name();
         let mut guard = self.feed.lock().await;
-        if let Some(feed) = guard.as_mut() {
-            if let Err(e) = quiesce(link, feed).await {
-                tracing::warn!(error = %e, "amqp consumer lost while counting");
-                self.forget(&mut guard, true).await;
-            }
+        if let Some(feed) = guard.as_mut()
+            && let Err(e) = quiesce(link, feed).await
+        {
+            tracing::warn!(error = %e, "amqp consumer lost while counting");
+            self.forget(&mut guard, true).await;
         }
         let session = link.session().await?;
         let channel = session

@@ -26,6 +26,16 @@ async fn op<T, E: std::fmt::Debug>(what: &str, fut: impl Future<Output = Result<
     }
 }
 
+/// Gets until `n` envelopes came (a `get` returns what was pushed so far) or 5 s passed.
+async fn recv(t: &dyn Transport, n: usize) -> Vec<Envelope> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < n && Instant::now() < deadline {
+        got.extend(op("get", t.get(n - got.len())).await);
+    }
+    got
+}
+
 fn message(seq: u64) -> Envelope {
     Envelope::new(TestMessage::new(seq))
 }
@@ -146,7 +156,7 @@ async fn a_retry_reaches_only_the_queue_that_failed() {
 
     op("send", producer.send(message(1))).await;
     op("send", producer.send(message(2))).await;
-    let got_a = op("get a", a.get(10)).await;
+    let got_a = recv(a.as_ref(), 2).await;
     assert_eq!(got_a.iter().map(seq).collect::<Vec<_>>(), vec![1, 2]);
     op("retry now", a.retry(got_a[0].clone(), Duration::ZERO)).await;
     op(
@@ -155,17 +165,13 @@ async fn a_retry_reaches_only_the_queue_that_failed() {
     )
     .await;
 
-    let mut again = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while again.len() < 2 && Instant::now() < deadline {
-        again.extend(op("get a again", a.get(10)).await);
-    }
+    let again = recv(a.as_ref(), 2).await;
     let mut seqs: Vec<u64> = again.iter().map(seq).collect();
     seqs.sort_unstable();
     assert_eq!(seqs, vec![1, 2], "both retries come back to `a`");
     op("ack a", a.ack_batch(&again)).await;
 
-    let got_b = op("get b", b.get(10)).await;
+    let got_b = recv(b.as_ref(), 2).await;
     assert_eq!(
         got_b.iter().map(seq).collect::<Vec<_>>(),
         vec![1, 2],
@@ -316,4 +322,49 @@ async fn an_unroutable_message_is_an_error_not_a_loss() {
         .unwrap_err();
     assert_eq!(err.kind(), TransportErrorKind::NotFound, "{err}");
     assert!(err.to_string().contains("unroutable"), "{err}");
+}
+
+/// The broker closes the transport's connection while a delivery is unacked: the stale ack
+/// is harmless, the consumer resumes on a new connection and gets the message again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+async fn after_a_broker_side_close_the_consumer_resumes_and_unacked_comes_back() {
+    let h = AmqpHarness::new();
+    let name = AmqpHarness::unique("courier_amqp_kill");
+    let t = h.make(AmqpHarness::options(&name)).await;
+    op("send", t.send(message(1))).await;
+    let first = op("get", t.get(5)).await;
+    assert_eq!(first.iter().map(seq).collect::<Vec<_>>(), vec![1]);
+    let n = tokio::task::spawn_blocking({
+        let name = name.clone();
+        move || AmqpHarness::kill_connections(&name)
+    })
+    .await
+    .unwrap();
+    assert!(n > 0);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The stale ack settles nothing (the broker already requeued the delivery).
+    let _ = timeout(OP, t.ack(&first[0])).await.expect("no hang");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut again = Vec::new();
+    while again.is_empty() && Instant::now() < deadline {
+        match timeout(OP, t.get(5)).await.expect("no hang") {
+            Ok(got) => again = got,
+            Err(e) => assert!(e.is_transient(), "{e}"),
+        }
+    }
+    assert_eq!(
+        again.iter().map(seq).collect::<Vec<_>>(),
+        vec![1],
+        "the unacked message comes back"
+    );
+    assert_ne!(
+        again[0].last::<courier_core::DeliveryTagStamp>(),
+        first[0].last::<courier_core::DeliveryTagStamp>()
+    );
+    op("ack", t.ack(&again[0])).await;
+    assert_eq!(
+        op("count", t.as_message_count().unwrap().message_count()).await,
+        0
+    );
 }

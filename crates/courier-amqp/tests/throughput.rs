@@ -22,7 +22,10 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
-const N: usize = 4000;
+/// Messages per run: fewer one at a time (each waits for an fsync'd confirm).
+fn n_for(batch: usize) -> usize {
+    if batch == 1 { 500 } else { 6400 }
+}
 
 fn body() -> String {
     "x".repeat(160)
@@ -34,6 +37,7 @@ fn rate(n: usize, d: Duration) -> f64 {
 
 /// (produce/s, consume+ack/s) with raw lapin.
 async fn raw(url: &str, batch: usize) -> (f64, f64) {
+    let n_total = n_for(batch);
     let conn = Connection::connect(url, ConnectionProperties::default())
         .await
         .unwrap();
@@ -54,7 +58,7 @@ async fn raw(url: &str, batch: usize) -> (f64, f64) {
         .with_delivery_mode(2)
         .with_content_type("application/json".into());
     let start = Instant::now();
-    for chunk in (0..N).collect::<Vec<_>>().chunks(batch) {
+    for chunk in (0..n_total).collect::<Vec<_>>().chunks(batch) {
         let mut confirms = Vec::new();
         for _ in chunk {
             confirms.push(
@@ -73,7 +77,7 @@ async fn raw(url: &str, batch: usize) -> (f64, f64) {
             assert!(c.await.unwrap().is_ack());
         }
     }
-    let produce = rate(N, start.elapsed());
+    let produce = rate(n_total, start.elapsed());
     let cch = conn.create_channel().await.unwrap();
     cch.basic_qos(u16::try_from(batch).unwrap(), BasicQosOptions::default())
         .await
@@ -89,10 +93,10 @@ async fn raw(url: &str, batch: usize) -> (f64, f64) {
         .await
         .unwrap();
     let mut n = 0;
-    while n < N {
+    while n < n_total {
         let d = consumer.next().await.unwrap().unwrap();
         n += 1;
-        if n % batch == 0 || n == N {
+        if n % batch == 0 || n == n_total {
             cch.basic_ack(
                 d.delivery_tag,
                 BasicAckOptions {
@@ -103,7 +107,7 @@ async fn raw(url: &str, batch: usize) -> (f64, f64) {
             .unwrap();
         }
     }
-    let consume = rate(N, start.elapsed());
+    let consume = rate(n_total, start.elapsed());
     ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())
         .await
         .unwrap();
@@ -113,6 +117,7 @@ async fn raw(url: &str, batch: usize) -> (f64, f64) {
 
 /// (produce/s, consume+ack/s) through `AmqpTransport`.
 async fn courier(h: &AmqpHarness, batch: usize) -> (f64, f64) {
+    let n_total = n_for(batch);
     let name = AmqpHarness::unique("courier_amqp_tp");
     let options = AmqpOptions::new(&name)
         .queues([QueueOptions::new(&name)])
@@ -121,7 +126,7 @@ async fn courier(h: &AmqpHarness, batch: usize) -> (f64, f64) {
     let t = h.make(options).await;
     let text = body();
     let start = Instant::now();
-    for chunk in (0..N as u64).collect::<Vec<_>>().chunks(batch) {
+    for chunk in (0..n_total as u64).collect::<Vec<_>>().chunks(batch) {
         let envelopes: Vec<Envelope> = chunk
             .iter()
             .map(|&s| {
@@ -139,10 +144,10 @@ async fn courier(h: &AmqpHarness, batch: usize) -> (f64, f64) {
             t.send_batch(envelopes).await.unwrap();
         }
     }
-    let produce = rate(N, start.elapsed());
+    let produce = rate(n_total, start.elapsed());
     let start = Instant::now();
     let mut n = 0;
-    while n < N {
+    while n < n_total {
         let got = t.get(batch).await.unwrap();
         n += got.len();
         if batch == 1 {
@@ -153,7 +158,7 @@ async fn courier(h: &AmqpHarness, batch: usize) -> (f64, f64) {
             t.ack_batch(&got).await.unwrap();
         }
     }
-    let consume = rate(N, start.elapsed());
+    let consume = rate(n_total, start.elapsed());
     (produce, consume)
 }
 
@@ -165,8 +170,9 @@ async fn throughput_raw_lapin_vs_transport() {
         let (rp, rc) = raw(&h.url, batch).await;
         let (cp, cc) = courier(&h, batch).await;
         eprintln!(
-            "N={N} batch/prefetch {batch:>2}: raw produce {rp:>8.0}/s consume+ack {rc:>8.0}/s | courier produce \
+            "N={} batch/prefetch {batch:>2}: raw produce {rp:>8.0}/s consume+ack {rc:>8.0}/s | courier produce \
              {cp:>8.0}/s consume+ack {cc:>8.0}/s | ratio produce {:.2} consume {:.2}",
+            n_for(batch),
             cp / rp,
             cc / rc
         );
