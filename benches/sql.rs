@@ -36,11 +36,13 @@ impl Message for BenchMessage {
 }
 
 fn message(seq: u64) -> BenchMessage {
-    BenchMessage { seq, text: "x".repeat(180) }
+    BenchMessage {
+        seq,
+        text: "x".repeat(180),
+    }
 }
 
-const SQLITE_NOW: &str =
-    "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";
+const SQLITE_NOW: &str = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";
 const PG_NOW: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 
 /// Produce and consume seconds per (config, implementation), summed over iterations.
@@ -77,7 +79,9 @@ impl RawQueue {
             left -= k;
             match &self.pool {
                 Raw::Sqlite(p) => {
-                    let values = vec![format!("('default', ?, ?, 0, {SQLITE_NOW}, {SQLITE_NOW})"); k].join(", ");
+                    let values =
+                        vec![format!("('default', ?, ?, 0, {SQLITE_NOW}, {SQLITE_NOW})"); k]
+                            .join(", ");
                     let sql = format!(
                         "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) VALUES {values}"
                     );
@@ -94,7 +98,12 @@ impl RawQueue {
                     );
                     let bodies = vec![self.body.as_str(); k];
                     let headers = vec![self.headers.as_str(); k];
-                    sqlx::query(&sql).bind(bodies).bind(headers).execute(p).await.expect("insert");
+                    sqlx::query(&sql)
+                        .bind(bodies)
+                        .bind(headers)
+                        .execute(p)
+                        .await
+                        .expect("insert");
                 }
             }
         }
@@ -113,8 +122,12 @@ impl RawQueue {
                          AND (delivered_at IS NULL OR delivered_at < {SQLITE_NOW} - 3600000) \
                          ORDER BY priority DESC, available_at, id LIMIT ?2) RETURNING id, body, headers"
                     );
-                    let rows: Vec<(i64, String, String)> =
-                        sqlx::query_as(&sql).bind(delivery).bind(fetch as i64).fetch_all(p).await.expect("claim");
+                    let rows: Vec<(i64, String, String)> = sqlx::query_as(&sql)
+                        .bind(delivery)
+                        .bind(fetch as i64)
+                        .fetch_all(p)
+                        .await
+                        .expect("claim");
                     rows.into_iter().map(|r| r.0).collect()
                 }
                 Raw::Postgres(p) => {
@@ -125,8 +138,12 @@ impl RawQueue {
                          UPDATE {t} SET delivered_at = {PG_NOW}, delivery_id = $2 FROM picked WHERE {t}.id = picked.id \
                          RETURNING {t}.id, {t}.body, {t}.headers"
                     );
-                    let rows: Vec<(i64, String, String)> =
-                        sqlx::query_as(&sql).bind(fetch as i64).bind(delivery).fetch_all(p).await.expect("claim");
+                    let rows: Vec<(i64, String, String)> = sqlx::query_as(&sql)
+                        .bind(fetch as i64)
+                        .bind(delivery)
+                        .fetch_all(p)
+                        .await
+                        .expect("claim");
                     rows.into_iter().map(|r| r.0).collect()
                 }
             };
@@ -146,10 +163,21 @@ impl RawQueue {
                 Raw::Postgres(p) => {
                     if ids.len() == 1 {
                         let sql = format!("DELETE FROM {t} WHERE id = $1 AND delivery_id = $2");
-                        sqlx::query(&sql).bind(ids[0]).bind(delivery).execute(p).await.expect("delete");
+                        sqlx::query(&sql)
+                            .bind(ids[0])
+                            .bind(delivery)
+                            .execute(p)
+                            .await
+                            .expect("delete");
                     } else {
-                        let sql = format!("DELETE FROM {t} WHERE delivery_id = $1 AND id = ANY($2)");
-                        sqlx::query(&sql).bind(delivery).bind(ids).execute(p).await.expect("delete");
+                        let sql =
+                            format!("DELETE FROM {t} WHERE delivery_id = $1 AND id = ANY($2)");
+                        sqlx::query(&sql)
+                            .bind(delivery)
+                            .bind(ids)
+                            .execute(p)
+                            .await
+                            .expect("delete");
                     }
                 }
             }
@@ -166,7 +194,9 @@ async fn courier_produce(t: &SqlTransport, n: u64, fetch: usize) {
         let mut i = 0;
         while i < n {
             let k = (n - i).min(fetch as u64);
-            t.send_batch((i..i + k).map(|s| Envelope::new(message(s))).collect()).await.expect("send_batch");
+            t.send_batch((i..i + k).map(|s| Envelope::new(message(s))).collect())
+                .await
+                .expect("send_batch");
             i += k;
         }
     }
@@ -202,17 +232,31 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, b: &Backend, n
         let courier_table = format!("bench_courier_{suffix}");
         let raw_table = format!("bench_raw_{suffix}");
         let (courier, raw) = rt.block_on(async {
-            let dsn = Dsn::parse(&format!("{}?table_name={courier_table}&poll_window=50ms", b.base)).expect("dsn");
-            let courier = SqlTransport::connect("bench", &dsn, registry.clone()).await.expect("connect");
+            let dsn = Dsn::parse(&format!(
+                "{}?table_name={courier_table}&poll_window=50ms",
+                b.base
+            ))
+            .expect("dsn");
+            let courier = SqlTransport::connect("bench", &dsn, registry.clone())
+                .await
+                .expect("connect");
             // The raw table: same schema, created by the same setup.
             let dsn = Dsn::parse(&format!("{}?table_name={raw_table}", b.base)).expect("dsn");
-            drop(SqlTransport::connect("setup", &dsn, registry.clone()).await.expect("setup"));
+            drop(
+                SqlTransport::connect("setup", &dsn, registry.clone())
+                    .await
+                    .expect("setup"),
+            );
             let pool = match &b.raw {
                 Raw::Sqlite(p) => Raw::Sqlite(p.clone()),
                 Raw::Postgres(p) => Raw::Postgres(p.clone()),
             };
-            let raw =
-                RawQueue { pool, table: raw_table.clone(), body: encoded.body.clone(), headers: encoded.headers_json() };
+            let raw = RawQueue {
+                pool,
+                table: raw_table.clone(),
+                body: encoded.body.clone(),
+                headers: encoded.headers_json(),
+            };
             (courier, raw)
         });
         let mut group = c.benchmark_group(format!("sql/{config}"));
@@ -269,12 +313,20 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, b: &Backend, n
 
 fn print_ratios() {
     let totals = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
-    let configs: Vec<&String> =
-        totals.keys().map(|(c, _)| c).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-    println!("\nconfig                  raw produce  courier produce  ratio | raw consume  courier consume  ratio  (msg/s)");
+    let configs: Vec<&String> = totals
+        .keys()
+        .map(|(c, _)| c)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    println!(
+        "\nconfig                  raw produce  courier produce  ratio | raw consume  courier consume  ratio  (msg/s)"
+    );
     for config in configs {
         let rate = |which: &'static str| {
-            totals.get(&(config.clone(), which)).map(|(p, c, n)| (*n as f64 / p, *n as f64 / c))
+            totals
+                .get(&(config.clone(), which))
+                .map(|(p, c, n)| (*n as f64 / p, *n as f64 / c))
         };
         if let (Some(raw), Some(courier)) = (rate("raw"), rate("courier")) {
             println!(
@@ -291,8 +343,15 @@ fn print_ratios() {
 }
 
 fn main() {
-    let n: u64 = std::env::var("COURIER_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let n: u64 = std::env::var("COURIER_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let mut c = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
@@ -316,7 +375,16 @@ fn main() {
             .await
             .expect("sqlite pool")
     });
-    bench_backend(&mut c, &rt, &Backend { label: "sqlite", base, raw: Raw::Sqlite(pool) }, n);
+    bench_backend(
+        &mut c,
+        &rt,
+        &Backend {
+            label: "sqlite",
+            base,
+            raw: Raw::Sqlite(pool),
+        },
+        n,
+    );
 
     match std::env::var("COURIER_TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => {
@@ -328,9 +396,20 @@ fn main() {
                     .await
                     .expect("postgres pool")
             });
-            bench_backend(&mut c, &rt, &Backend { label: "postgres", base: url, raw: Raw::Postgres(pool) }, n);
+            bench_backend(
+                &mut c,
+                &rt,
+                &Backend {
+                    label: "postgres",
+                    base: url,
+                    raw: Raw::Postgres(pool),
+                },
+                n,
+            );
         }
-        _ => println!("note: COURIER_TEST_POSTGRES_URL is not set; skipping the PostgreSQL benches"),
+        _ => {
+            println!("note: COURIER_TEST_POSTGRES_URL is not set; skipping the PostgreSQL benches")
+        }
     }
 
     c.final_summary();

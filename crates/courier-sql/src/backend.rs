@@ -77,6 +77,7 @@ impl Wake {
         self.version.send_modify(|v| *v = v.wrapping_add(1));
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code, reason = "only PostgreSQL has server push"))]
     pub(crate) fn set_listening(&self, on: bool) {
         self.listening.store(on, Ordering::Release);
     }

@@ -28,6 +28,7 @@ pub(crate) struct SqliteBackend {
     table: String,
     queue: String,
     redeliver_ms: i64,
+    insert_one_sql: String,
     claim_sql: String,
     next_due_sql: String,
     keepalive_sql: String,
@@ -66,6 +67,10 @@ impl SqliteBackend {
             table: t.clone(),
             queue: o.queue_name.clone(),
             redeliver_ms: i64::try_from(o.redeliver_timeout.as_millis()).unwrap_or(i64::MAX),
+            insert_one_sql: format!(
+                "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) \
+                 VALUES (?, ?, ?, ?, {NOW}, {NOW} + ?)"
+            ),
             claim_sql: format!(
                 "UPDATE {t} SET delivered_at = {NOW}, delivery_id = ?1 WHERE id IN (\
                  SELECT id FROM {t} WHERE queue_name = ?2 AND available_at <= {NOW} \
@@ -113,24 +118,37 @@ impl Backend for SqliteBackend {
     }
 
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        if let [r] = rows {
+            // One row: no RETURNING round through the row stream, just the rowid.
+            let done = sqlx::query(&self.insert_one_sql)
+                .bind(&self.queue)
+                .bind(&r.body)
+                .bind(&r.headers)
+                .bind(r.priority)
+                .bind(r.delay_ms)
+                .execute(&self.pool)
+                .await?;
+            return Ok(vec![done.last_insert_rowid()]);
+        }
         let mut ids = Vec::with_capacity(rows.len());
+        // One statement is atomic by itself; several go in one transaction.
+        let mut tx = if rows.len() > CHUNK { Some(self.pool.begin().await?) } else { None };
         for chunk in rows.chunks(CHUNK) {
             let sql = self.insert_sql(chunk.len());
             let mut q = sqlx::query_scalar::<_, i64>(&sql);
             for r in chunk {
-                q = q
-                    .bind(&self.queue)
-                    .bind(&r.body)
-                    .bind(&r.headers)
-                    .bind(r.priority)
-                    .bind(r.delay_ms);
+                q = q.bind(&self.queue).bind(&r.body).bind(&r.headers).bind(r.priority).bind(r.delay_ms);
             }
-            let mut got = q.fetch_all(&mut *tx).await?;
-            got.sort_unstable();
-            ids.extend(got);
+            match tx.as_mut() {
+                Some(tx) => ids.extend(q.fetch_all(&mut **tx).await?),
+                None => ids.extend(q.fetch_all(&self.pool).await?),
+            }
         }
-        tx.commit().await?;
+        if let Some(tx) = tx {
+            tx.commit().await?;
+        }
+        // AUTOINCREMENT ids grow in insertion order.
+        ids.sort_unstable();
         Ok(ids)
     }
 
