@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use courier::{Envelope, Message, MessageRegistry, Transport, encode};
 use courier_redis::{RedisOptions, RedisTransport};
-use criterion::{Criterion, Throughput, criterion_group};
+use criterion::{Criterion, Throughput};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
@@ -332,11 +332,10 @@ fn redis_streams(c: &mut Criterion) {
     bench.cleanup();
 }
 
-criterion_group!(benches, redis_streams);
-
 fn main() {
-    benches();
-    Criterion::default().configure_from_args().final_summary();
+    let mut criterion = Criterion::default().configure_from_args();
+    redis_streams(&mut criterion);
+    criterion.final_summary();
     let rates = RATES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -36,8 +36,10 @@
 //!
 //! - `get(max)` sends the promotion script and `XREADGROUP ... COUNT max BLOCK <poll window>` in
 //!   **one pipeline** on a connection of its own (blocking reads never stall sends and acks on
-//!   the shared connection), so promoting delayed entries costs no extra round trip. A consumer
-//!   that knows of a delayed entry blocks only until it is due.
+//!   the shared connection), so promoting delayed entries costs no extra round trip. It
+//!   promotes when a known delayed entry is due, and otherwise at most every 100 ms, so a
+//!   delayed message is delivered at most one poll window after it is due. A consumer that
+//!   knows of a delayed entry blocks only until it is due.
 //! - Every `claim_interval`, `get` claims up to `max` deliveries idle longer than
 //!   `redeliver_timeout` (`XAUTOCLAIM` with a cursor, not one at a time) and removes consumers
 //!   with nothing pending that have been idle for 10 minutes (or `redeliver_timeout`, if longer).
@@ -45,11 +47,19 @@
 //!   entries that are not in flight in this process (a restart with a fixed `consumer`, or a
 //!   reply lost with a broken connection), so nothing waits for `redeliver_timeout` needlessly.
 //! - Each envelope carries `TransportMessageIdStamp(entry id)` and `DeliveryTagStamp(delivery
-//!   count)`. `ack`, `reject`, `keepalive` and `retry` act only when the entry is still pending
-//!   **for this consumer with this delivery count** (checked with `XPENDING` inside the same Lua
-//!   script). The late ack of a superseded delivery, one that `XAUTOCLAIM` gave to another
-//!   consumer, or back to this one with a higher count, is therefore a no-op and never deletes
-//!   or acks the new delivery. Acking an already-acked entry is a success.
+//!   count)`. `ack`, `reject`, `keepalive` and `retry` act only on a delivery this consumer
+//!   still owns **with this delivery count**, so the late ack of a superseded delivery (one that
+//!   `XAUTOCLAIM` gave to another consumer, or back to this one with a higher count) is a no-op
+//!   and never acks or deletes the new delivery; acking an already-acked entry is a success.
+//!   Ownership is proven one of two ways, both in the same single round trip:
+//!   - *by time* (the fast path, plain `XACK` + `XDEL` like a hand-written consumer): the
+//!     envelope is this process's live delivery (same count) and was delivered or kept alive
+//!     less than `redeliver_timeout / 2` ago, timed from before the request that delivered it.
+//!     `XAUTOCLAIM` needs the full `redeliver_timeout` of server-side idle time, which starts
+//!     after that moment, so nobody can have claimed it yet. (Rewriting idle times by hand with
+//!     `XCLAIM ... IDLE` from outside breaks this premise.)
+//!   - *by the server* otherwise: a Lua script reads the entry's owner and delivery count with
+//!     `XPENDING` and acks only a match.
 //! - `ack` / `reject` are `XACK` + `XDEL` (with `delete_after_ack`, the default) in one script
 //!   call, one round trip; `ack_batch` is one `XACK` and one `XDEL` with all ids. `send_batch`
 //!   pipelines its `XADD`s. `keepalive` is `XCLAIM ... JUSTID` (resets the idle time without

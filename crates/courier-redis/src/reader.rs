@@ -14,6 +14,10 @@ use crate::transport::is_retryable;
 
 /// Due delayed entries moved to the stream per promotion.
 const PROMOTE_LIMIT: usize = 1000;
+/// Without a known due entry, delayed entries are promoted at least this often (and before
+/// every blocking read that follows a quieter period), so a busy consumer does not pay for the
+/// promotion script on every `get`.
+const PROMOTE_EVERY: Duration = Duration::from_millis(100);
 /// Consumers with nothing pending are removed after being idle this long (at least).
 const REAP_IDLE: Duration = Duration::from_secs(600);
 
@@ -26,6 +30,7 @@ pub(crate) struct Reader {
     cursor: String,
     next_claim: Instant,
     next_due: Option<Instant>,
+    next_promote: Instant,
     failures: u32,
 }
 
@@ -39,6 +44,7 @@ impl Reader {
             cursor: "0-0".to_owned(),
             next_claim: Instant::now(),
             next_due: None,
+            next_promote: Instant::now(),
             failures: 0,
         }
     }
@@ -56,10 +62,11 @@ impl RedisTransport {
         let deadline = Instant::now() + self.options.poll_window;
         let mut reader = self.reader.lock().await;
         loop {
+            let requested_at = Instant::now();
             let error = match self.read_once(&mut reader, max, deadline).await {
                 Ok(entries) if !entries.is_empty() => {
                     reader.failures = 0;
-                    return Ok(self.deliver(entries));
+                    return Ok(self.deliver(entries, requested_at));
                 }
                 Ok(_) => {
                     reader.failures = 0;
@@ -111,7 +118,7 @@ impl RedisTransport {
             reader.group_ready = true;
         }
         if reader.recover {
-            let skip: Vec<String> = self.in_flight().iter().cloned().collect();
+            let skip: Vec<String> = self.in_flight().keys().cloned().collect();
             let mut cmd = self.scripts.recover.cmd(&[stream]);
             cmd.arg(&self.options.group)
                 .arg(&self.options.consumer)
@@ -155,15 +162,18 @@ impl RedisTransport {
         if let Some(due) = next_due {
             wait = wait.min(due.saturating_duration_since(now));
         }
+        let promote = now >= reader.next_promote || next_due.is_some_and(|due| due <= now);
         let mut pipe = redis::pipe();
-        pipe.add_command(
-            self.scripts
-                .promote
-                .cmd(&[stream, &self.delayed_key, &self.delayed_data_key])
-                .arg(&self.maxlen)
-                .arg(PROMOTE_LIMIT)
-                .clone(),
-        );
+        if promote {
+            pipe.add_command(
+                self.scripts
+                    .promote
+                    .cmd(&[stream, &self.delayed_key, &self.delayed_data_key])
+                    .arg(&self.maxlen)
+                    .arg(PROMOTE_LIMIT)
+                    .clone(),
+            );
+        }
         let read = pipe
             .cmd("XREADGROUP")
             .arg("GROUP")
@@ -175,10 +185,18 @@ impl RedisTransport {
             read.arg("BLOCK").arg(block);
         }
         read.arg("STREAMS").arg(stream).arg(">");
-        let (next_wait, replied): (i64, Value) = pipe.query_async(&mut conn).await?;
-        reader.next_due = u64::try_from(next_wait)
-            .ok()
-            .map(|ms| now + Duration::from_millis(ms));
+        let replied = if promote {
+            let (next_wait, replied): (i64, Value) = pipe.query_async(&mut conn).await?;
+            reader.next_due = u64::try_from(next_wait)
+                .ok()
+                .map(|ms| now + Duration::from_millis(ms));
+            reader.next_promote = now + PROMOTE_EVERY;
+            replied
+        } else {
+            reader.next_due = next_due;
+            let (replied,): (Value,) = pipe.query_async(&mut conn).await?;
+            replied
+        };
         Ok(reply::read_reply(&replied))
     }
 }

@@ -1,6 +1,6 @@
 //! [`RedisTransport`]: construction, sending, acknowledging.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -36,7 +36,9 @@ pub struct RedisTransport {
     pub(crate) scripts: Arc<Scripts>,
     pub(crate) shared: Link,
     pub(crate) reader: tokio::sync::Mutex<Reader>,
-    pub(crate) in_flight: Mutex<HashSet<String>>,
+    /// Deliveries handed out and not yet acked: entry id -> (delivery count, local time before
+    /// the request that delivered or last kept it alive).
+    pub(crate) in_flight: Mutex<HashMap<String, (u64, Instant)>>,
     pub(crate) due_hint: Mutex<Option<Instant>>,
 }
 
@@ -124,7 +126,7 @@ impl RedisTransport {
             scripts,
             shared,
             reader: tokio::sync::Mutex::new(Reader::new(reader_link)),
-            in_flight: Mutex::new(HashSet::new()),
+            in_flight: Mutex::new(HashMap::new()),
             due_hint: Mutex::new(None),
             options,
         };
@@ -171,7 +173,7 @@ impl RedisTransport {
             .with_source(e)
     }
 
-    pub(crate) fn in_flight(&self) -> MutexGuard<'_, HashSet<String>> {
+    pub(crate) fn in_flight(&self) -> MutexGuard<'_, HashMap<String, (u64, Instant)>> {
         self.in_flight
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -312,14 +314,46 @@ impl RedisTransport {
         Ok(ids)
     }
 
+    /// Whether a delivery is certainly still ours: it is this process's live delivery (same
+    /// count) and it was delivered or kept alive less than half the redelivery window ago, so
+    /// `XAUTOCLAIM` (which needs the full window of server-side idle time, counted from a moment
+    /// after our local timestamp) cannot have handed it to anyone yet.
+    fn is_fresh(&self, in_flight: &HashMap<String, (u64, Instant)>, d: &Delivery<'_>) -> bool {
+        in_flight.get(d.id).is_some_and(|(count, at)| {
+            d.count.parse() == Ok(*count) && at.elapsed() < self.options.redeliver_timeout / 2
+        })
+    }
+
+    /// Acks (and deletes) deliveries in one round trip: fresh ones with plain `XACK` + `XDEL`,
+    /// the others through the ack script, which checks ownership on the server.
     fn ack_pipeline(&self, deliveries: &[Delivery<'_>]) -> redis::Pipeline {
+        let (fresh, checked): (Vec<&Delivery<'_>>, Vec<&Delivery<'_>>) = {
+            let in_flight = self.in_flight();
+            deliveries
+                .iter()
+                .partition(|d| self.is_fresh(&in_flight, d))
+        };
         let mut pipe = redis::pipe();
+        for chunk in fresh.chunks(ACK_CHUNK) {
+            let ids: Vec<&str> = chunk.iter().map(|d| d.id).collect();
+            pipe.cmd("XACK")
+                .arg(&self.options.stream)
+                .arg(&self.options.group)
+                .arg(&ids)
+                .ignore();
+            if self.options.delete_after_ack {
+                pipe.cmd("XDEL")
+                    .arg(&self.options.stream)
+                    .arg(&ids)
+                    .ignore();
+            }
+        }
         let delete = if self.options.delete_after_ack {
             "1"
         } else {
             "0"
         };
-        for chunk in deliveries.chunks(ACK_CHUNK) {
+        for chunk in checked.chunks(ACK_CHUNK) {
             let mut cmd = self.scripts.ack.cmd(&[&self.options.stream]);
             cmd.arg(&self.options.group)
                 .arg(&self.options.consumer)
@@ -351,13 +385,14 @@ impl RedisTransport {
         Ok(())
     }
 
-    /// Turns read entries into envelopes, remembering them as in flight.
-    pub(crate) fn deliver(&self, entries: Vec<Entry>) -> Vec<Envelope> {
+    /// Turns read entries into envelopes, remembering them as in flight since `requested_at`
+    /// (a local time before the request that delivered them).
+    pub(crate) fn deliver(&self, entries: Vec<Entry>, requested_at: Instant) -> Vec<Envelope> {
         let mut in_flight = self.in_flight();
         entries
             .into_iter()
             .map(|e| {
-                in_flight.insert(e.id.clone());
+                in_flight.insert(e.id.clone(), (e.count, requested_at));
                 self.registry
                     .decode(e.encoded)
                     .with(TransportMessageIdStamp(e.id))
@@ -451,10 +486,20 @@ impl Transport for RedisTransport {
             .arg(d.id)
             .arg(d.count);
         let mut pipe = redis::pipe();
-        pipe.add_command(cmd).ignore();
-        self.query::<()>(&pipe)
+        pipe.add_command(cmd);
+        let requested_at = Instant::now();
+        let (kept,): (u64,) = self
+            .query(&pipe)
             .await
-            .map_err(|e| self.error(e, "cannot keep alive"))
+            .map_err(|e| self.error(e, "cannot keep alive"))?;
+        if kept == 1 {
+            if let Some(entry) = self.in_flight().get_mut(d.id) {
+                if d.count.parse() == Ok(entry.0) {
+                    entry.1 = requested_at;
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
