@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use courier_core::MessageBus;
 use courier_runs::{
-    Agent, AgentError, AgentOutcome, FailureClass, MemoryRunStore, Outcome, ProviderError,
-    RunContext, RunError, RunStatus, RunStore, Runtime, RuntimeOptions, ScriptedAgent, Step,
-    TerminationReason,
+    Agent, AgentError, AgentOutcome, FailureClass, MemoryRunStore, NewRun, Outcome, ProviderError,
+    ReapOptions, Run, RunContext, RunError, RunEvent, RunStatus, RunStore, Runtime, RuntimeOptions,
+    ScriptedAgent, Settlement, Step, StoreError, TerminationReason,
 };
 use serde_json::json;
 use support::{dispatched, queued_runtime, refusing_runtime};
@@ -632,4 +632,154 @@ async fn handler_never_fails_for_a_run_outcome_and_duplicates_are_harmless() {
         row(&store, run.id).await.termination_reason,
         Some(TerminationReason::NotRetryable)
     );
+}
+
+/// A store where a heartbeat lands right after the reaper's SELECT.
+#[derive(Debug)]
+struct HeartbeatAfterSelect(MemoryRunStore);
+
+#[courier_runs::async_trait]
+impl RunStore for HeartbeatAfterSelect {
+    async fn setup(&self) -> Result<(), StoreError> {
+        self.0.setup().await
+    }
+    async fn now_ms(&self) -> Result<i64, StoreError> {
+        self.0.now_ms().await
+    }
+    async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
+        self.0.insert_queued(run).await
+    }
+    async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
+        self.0.insert_interactive(run).await
+    }
+    async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
+        self.0.find(id).await
+    }
+    async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError> {
+        self.0.list(status, limit).await
+    }
+    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        self.0.claim(id, worker, lease).await
+    }
+    async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        self.0.renew(id, worker, lease).await
+    }
+    async fn requeue_owned(&self, id: Uuid, worker: &str) -> Result<bool, StoreError> {
+        self.0.requeue_owned(id, worker).await
+    }
+    async fn select_stale(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
+        let runs = self.0.select_stale(limit).await?;
+        for run in &runs {
+            let owner = run.claimed_by.as_deref().unwrap_or_default();
+            assert!(
+                self.0
+                    .renew(run.id, owner, Duration::from_secs(900))
+                    .await?
+            );
+        }
+        Ok(runs)
+    }
+    async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.0.requeue_stale(id).await
+    }
+    async fn dead_letter_stale(
+        &self,
+        id: Uuid,
+        reason: TerminationReason,
+    ) -> Result<bool, StoreError> {
+        self.0.dead_letter_stale(id, reason).await
+    }
+    async fn settle(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        s: &Settlement,
+    ) -> Result<bool, StoreError> {
+        self.0.settle(id, owner, s).await
+    }
+    async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
+        self.0.fail_queued(id, reason).await
+    }
+    async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError> {
+        self.0.resume(id, from).await
+    }
+    async fn cancel(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.0.cancel(id).await
+    }
+    async fn set_pending_effect(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        effect: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.0.set_pending_effect(id, owner, effect).await
+    }
+    async fn append_event(
+        &self,
+        id: Uuid,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<i64, StoreError> {
+        self.0.append_event(id, kind, payload).await
+    }
+    async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
+        self.0.events(id).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn reaper_counts_a_run_whose_heartbeat_won_as_skipped() {
+    let memory = MemoryRunStore::new();
+    let store = Arc::new(HeartbeatAfterSelect(memory.clone()));
+    let (rt, _bus, queue) = queued_runtime(store.clone(), A, RuntimeOptions::default());
+    let run = NewRun {
+        id: Uuid::new_v4(),
+        agent: "scripted".into(),
+        input: json!({}),
+    };
+    memory.insert_queued(&run).await.unwrap();
+    assert!(
+        memory
+            .claim(run.id, A, Duration::from_secs(900))
+            .await
+            .unwrap()
+    );
+    memory.rewrite(run.id, |r| r.lease_expires = 1);
+    let report = rt.reaper().reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(
+        report.to_string(),
+        "Reaped 1 stale run(s): 0 requeued, 0 dead-lettered, 1 skipped."
+    );
+    assert_eq!(row(&memory, run.id).await.status, RunStatus::Running);
+    assert!(queue.sent().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reaper_runs_every_interval_until_shutdown() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, queue) = runtime_with(&store, A, |b| b);
+    let id = rt.enqueue("scripted", json!({})).await.unwrap();
+    assert!(store.claim(id, A, Duration::from_secs(900)).await.unwrap());
+    store.rewrite(id, |r| r.lease_expires = 1);
+    let shutdown = courier_runs::CancellationToken::new();
+    let task = tokio::spawn({
+        let reaper = rt.reaper();
+        let shutdown = shutdown.clone();
+        async move {
+            reaper
+                .run_every(Duration::from_secs(30), ReapOptions::default(), shutdown)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert_eq!(
+        row(&store, id).await.status,
+        RunStatus::Running,
+        "not before the first interval"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(row(&store, id).await.status, RunStatus::Queued);
+    assert_eq!(dispatched(&queue).last(), Some(&(id, None)));
+    shutdown.cancel();
+    task.await.unwrap();
 }

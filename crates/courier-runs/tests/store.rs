@@ -549,6 +549,23 @@ async fn list_is_newest_first_and_filters(fx: Fixture) {
     fx.cleanup().await;
 }
 
+async fn stale_select_uses_the_status_lease_index(fx: Fixture) {
+    let Some(sql) = fx.sql() else {
+        return fx.cleanup().await;
+    };
+    let plan = sql.explain_stale(50).await.unwrap().join("\n");
+    let index = format!("{}_status_lease_idx", sql.runs_table());
+    if sql.dialect() == courier_runs::Dialect::Sqlite {
+        assert!(
+            plan.contains(&index),
+            "the stale select must use the index:\n{plan}"
+        );
+    } else {
+        println!("plan on a near-empty table:\n{plan}");
+    }
+    fx.cleanup().await;
+}
+
 macro_rules! store_tests {
     ($fixture:path, $ignore:tt, [$($name:ident),* $(,)?]) => {
         $(
@@ -590,6 +607,7 @@ macro_rules! all_store_tests {
             reaper_dispatch_failure_settles_the_run,
             concurrent_reapers_never_double_requeue,
             list_is_newest_first_and_filters,
+            stale_select_uses_the_status_lease_index,
         ]);
     };
 }

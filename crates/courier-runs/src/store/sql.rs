@@ -346,6 +346,62 @@ impl SqlRunStore {
         &self.q.select_stale
     }
 
+    /// Runs one statement on the store's pool (maintenance, tests, benches); returns the rows
+    /// affected.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn execute(&self, sql: &str) -> Result<u64, StoreError> {
+        let done = sqlx::query(sql)
+            .execute(&self.pool)
+            .await
+            .map_err(db("execute"))?;
+        Ok(done.rows_affected())
+    }
+
+    /// The database's plan for the reaper's stale select (`EXPLAIN QUERY PLAN` on SQLite,
+    /// `EXPLAIN` elsewhere), one line per plan row: it should name the
+    /// `(status, lease_expires)` index.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn explain_stale(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        let prefix = if self.dialect == Dialect::Sqlite {
+            "EXPLAIN QUERY PLAN "
+        } else {
+            "EXPLAIN "
+        };
+        let sql = format!("{prefix}{}", self.q.select_stale);
+        let rows = sqlx::query(&sql)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("explain"))?;
+        let line = |row: &AnyRow| -> String {
+            match self.dialect {
+                Dialect::Sqlite => text_opt(row, "detail").ok().flatten().unwrap_or_default(),
+                Dialect::Postgres => text_opt(row, "QUERY PLAN")
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default(),
+                Dialect::Mysql => ["table", "type", "key", "rows", "Extra"]
+                    .iter()
+                    .map(|c| {
+                        let v = text_opt(row, c).ok().flatten().or_else(|| {
+                            row.try_get::<Option<i64>, _>(*c)
+                                .ok()
+                                .flatten()
+                                .map(|n| n.to_string())
+                        });
+                        format!("{c}={}", v.unwrap_or_else(|| "NULL".into()))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            }
+        };
+        Ok(rows.iter().map(line).collect())
+    }
+
     /// Drops both tables (tests).
     ///
     /// # Errors
