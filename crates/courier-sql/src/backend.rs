@@ -77,7 +77,10 @@ impl Wake {
         self.version.send_modify(|v| *v = v.wrapping_add(1));
     }
 
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code, reason = "only PostgreSQL has server push"))]
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "only PostgreSQL has server push")
+    )]
     pub(crate) fn set_listening(&self, on: bool) {
         self.listening.store(on, Ordering::Release);
     }
@@ -131,6 +134,7 @@ pub(crate) trait Backend: Send + Sync + Debug {
 /// `DELETE ... WHERE (delivery_id = ? AND id IN (?, ...)) OR ...` for `?`-placeholder dialects,
 /// grouping the pairs by delivery id (a fetched batch shares one); returns the SQL and the
 /// values to bind in order.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn grouped_delete(table: &str, deliveries: &[(i64, i64)]) -> (String, Vec<i64>) {
     let mut groups: Vec<(i64, Vec<i64>)> = Vec::new();
     for &(id, delivery) in deliveries {
@@ -159,6 +163,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     fn grouped_delete_groups_by_delivery() {
         let (sql, binds) = grouped_delete("t", &[(1, 9), (2, 9), (3, 7)]);
         assert_eq!(

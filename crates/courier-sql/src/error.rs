@@ -38,10 +38,10 @@ pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => {
             #[cfg(feature = "mysql")]
-            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                if TRANSIENT_MYSQL_NUMBERS.contains(&my.number()) {
-                    return true;
-                }
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                && TRANSIENT_MYSQL_NUMBERS.contains(&my.number())
+            {
+                return true;
             }
             db.code()
                 .is_some_and(|c| TRANSIENT_CODES.contains(&c.as_ref()))

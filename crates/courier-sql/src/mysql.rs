@@ -14,7 +14,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Executor, Row};
 
 use crate::SqlOptions;
-use crate::backend::{Backend, NewRow, StoredRow, grouped_delete};
+use crate::backend::{Backend, NewRow, StoredRow, grouped_delete, sort_claimed};
 
 /// The migration, the source of truth for the schema.
 const MIGRATION: &str = include_str!("../../../migrations/mysql/0001_courier_messages.sql");
@@ -162,7 +162,7 @@ impl Backend for MySqlBackend {
 
     async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let rows: Vec<StoredRow> = sqlx::query_as(&self.select_claim_sql)
+        let mut rows: Vec<StoredRow> = sqlx::query_as(&self.select_claim_sql)
             .bind(&self.queue)
             .bind(self.redeliver_ms)
             .bind(i64::try_from(max).unwrap_or(i64::MAX))
@@ -183,6 +183,7 @@ impl Backend for MySqlBackend {
         }
         q.execute(&mut *tx).await?;
         tx.commit().await?;
+        sort_claimed(&mut rows);
         Ok(rows)
     }
 

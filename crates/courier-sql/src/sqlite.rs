@@ -132,12 +132,21 @@ impl Backend for SqliteBackend {
         }
         let mut ids = Vec::with_capacity(rows.len());
         // One statement is atomic by itself; several go in one transaction.
-        let mut tx = if rows.len() > CHUNK { Some(self.pool.begin().await?) } else { None };
+        let mut tx = if rows.len() > CHUNK {
+            Some(self.pool.begin().await?)
+        } else {
+            None
+        };
         for chunk in rows.chunks(CHUNK) {
             let sql = self.insert_sql(chunk.len());
             let mut q = sqlx::query_scalar::<_, i64>(&sql);
             for r in chunk {
-                q = q.bind(&self.queue).bind(&r.body).bind(&r.headers).bind(r.priority).bind(r.delay_ms);
+                q = q
+                    .bind(&self.queue)
+                    .bind(&r.body)
+                    .bind(&r.headers)
+                    .bind(r.priority)
+                    .bind(r.delay_ms);
             }
             match tx.as_mut() {
                 Some(tx) => ids.extend(q.fetch_all(&mut **tx).await?),

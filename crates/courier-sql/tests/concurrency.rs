@@ -96,12 +96,14 @@ async fn four_consumers_handle_every_message_once(h: &common::SqlHarness, separa
     for t in tasks {
         per_consumer.push(t.await.unwrap());
     }
-    let l = ledger.lock().unwrap();
-    assert_eq!(l.handled.len() as u64, TOTAL, "every message handled");
-    assert!(
-        l.handled.values().all(|&n| n == 1),
-        "a message was handled twice"
-    );
+    {
+        let l = ledger.lock().unwrap();
+        assert_eq!(l.handled.len() as u64, TOTAL, "every message handled");
+        assert!(
+            l.handled.values().all(|&n| n == 1),
+            "a message was handled twice"
+        );
+    }
     assert_eq!(per_consumer.iter().sum::<u64>(), TOTAL);
     assert_eq!(h.admin.count(&table).await, 0, "table empty at the end");
     println!(

@@ -18,8 +18,8 @@ const SAMPLES: usize = 20;
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 async fn an_idle_postgres_consumer_is_woken_by_notify_within_50ms_p50() {
     let h = common::postgres().await;
-    let (consumer, _) = h.make("&poll_window=5s").await;
-    let producer = h.reuse(&h.made.lock().unwrap()[0].1.clone()).await;
+    let (consumer, table) = h.make("&poll_window=5s").await;
+    let producer = h.reuse(&table).await;
     // Let the listener come up (the first get starts it).
     let _ = tokio::time::timeout(Duration::from_secs(10), consumer.get(1))
         .await
