@@ -109,6 +109,12 @@ fn valid_identifier(name: &str) -> bool {
         && !name.starts_with(|c: char| c.is_ascii_digit())
 }
 
+const SQLITE_PRAGMAS: [&str; 3] = [
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA busy_timeout = 5000",
+];
+
 const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
     lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at";
 const NON_TERMINAL: &str = "('queued', 'running', 'waiting_for_approval', 'waiting_for_input')";
@@ -149,7 +155,16 @@ impl Queries {
                 .replace("{nonterminal}", NON_TERMINAL)
                 .replace("{now}", dialect.now_ms_sql())
                 .replace("{runs}", runs)
-                .replace("{events}", events);
+                .replace("{events}", events)
+                // MySQL has no INSERT ... RETURNING: it reads MAX(seq) back instead.
+                .replace(
+                    "{returning}",
+                    if dialect == Dialect::Mysql {
+                        ""
+                    } else {
+                        " RETURNING seq"
+                    },
+                );
             if dialect == Dialect::Postgres {
                 numbered(&sql)
             } else {
@@ -226,7 +241,7 @@ impl Queries {
             ),
             append_event: render(
                 "INSERT INTO {events} (run_id, seq, kind, payload, created_at) \
-                 SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, {now} FROM {events} WHERE run_id = ?",
+                 SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, {now} FROM {events} WHERE run_id = ?{returning}",
             ),
             max_seq: render("SELECT COALESCE(MAX(seq), 0) AS seq FROM {events} WHERE run_id = ?"),
             events: render(
@@ -297,9 +312,22 @@ impl SqlRunStore {
             dsn.to_owned()
         };
         sqlx::any::install_default_drivers();
+        let sqlite = dialect == Dialect::Sqlite;
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if sqlite {
+                        // WAL with synchronous=NORMAL: one fsync per checkpoint instead of
+                        // several per commit; readers never block the writer.
+                        for pragma in SQLITE_PRAGMAS {
+                            sqlx::query(pragma).execute(&mut *conn).await?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
             .connect(&dsn)
             .await
             .map_err(db("connect"))?;
@@ -711,8 +739,14 @@ impl RunStore for SqlRunStore {
                 .bind(kind)
                 .bind(payload.to_string())
                 .bind(id.to_string());
-            match q.execute(&self.pool).await {
-                Ok(_) => return self.max_seq(id).await,
+            let done = if self.dialect == Dialect::Mysql {
+                q.execute(&self.pool).await.map(|_| None)
+            } else {
+                q.fetch_one(&self.pool).await.map(Some)
+            };
+            match done {
+                Ok(Some(row)) => return get(&row, "seq"),
+                Ok(None) => return self.max_seq(id).await,
                 Err(sqlx::Error::Database(d)) if d.is_unique_violation() => {
                     let seq = self.max_seq(id).await?;
                     return Err(StoreError::DuplicateSequence { run_id: id, seq });
