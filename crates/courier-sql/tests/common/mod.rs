@@ -142,8 +142,13 @@ impl SqlHarness {
 
     /// Another transport (own pool) on an existing table.
     pub(crate) async fn reuse(&self, table: &str) -> Arc<SqlTransport> {
+        self.reuse_with(table, "").await
+    }
+
+    /// Another transport on an existing table, with extra DSN options (`&k=v...`).
+    pub(crate) async fn reuse_with(&self, table: &str, options: &str) -> Arc<SqlTransport> {
         let dsn = format!(
-            "{}?table_name={table}&poll_window=200ms{}",
+            "{}?table_name={table}&poll_window=200ms{}{options}",
             self.base, self.extra
         );
         let dsn = Dsn::parse(&dsn).unwrap_or_else(|e| panic!("{e}"));

@@ -1,0 +1,160 @@
+//! SQL-specific behaviour the conformance suite cannot see: delays stored in database-clock
+//! milliseconds, keepalive refreshing `delivered_at`, retry as one in-place UPDATE, queues
+//! sharing a table, and a `queue_name=failed` transport listing only its own rows.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod common;
+
+use std::time::Duration;
+
+use courier_core::{DelayStamp, Envelope, RedeliveryStamp, Transport};
+use courier_test::TestMessage;
+
+async fn timeout<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("operation timed out")
+}
+
+async fn delay_is_stored_in_milliseconds_from_the_database_clock(h: &common::SqlHarness) {
+    let (t, table) = h.make("").await;
+    let sent = timeout(
+        t.send(Envelope::new(TestMessage::new(1)).with(DelayStamp(Duration::from_millis(1_537)))),
+    )
+    .await
+    .unwrap();
+    let id = sent.id().unwrap().to_owned();
+    let sql = format!(
+        "UPDATE {table} SET priority = 7 WHERE CAST(id AS CHAR(20)) = ? AND available_at - created_at = 1537"
+    );
+    assert_eq!(
+        h.admin.exec(&sql, &[&id]).await,
+        1,
+        "available_at = created_at + 1537 ms exactly"
+    );
+}
+
+async fn keepalive_refreshes_delivered_at(h: &common::SqlHarness) {
+    let (t, table) = h.make("").await;
+    timeout(t.send(Envelope::new(TestMessage::new(1))))
+        .await
+        .unwrap();
+    let got = timeout(t.get(1)).await.unwrap();
+    assert_eq!(got.len(), 1);
+    h.expire_table(&table).await;
+    timeout(t.keepalive(&got[0])).await.unwrap();
+    assert!(
+        timeout(t.get(1)).await.unwrap().is_empty(),
+        "a kept-alive delivery is not redelivered"
+    );
+    h.expire_table(&table).await;
+    let again = timeout(t.get(1)).await.unwrap();
+    assert_eq!(again.len(), 1, "an expired delivery is redelivered");
+    // The first delivery's late keepalive and ack touch nothing.
+    timeout(t.keepalive(&got[0])).await.unwrap();
+    timeout(t.ack(&got[0])).await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 1);
+    timeout(t.ack(&again[0])).await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 0);
+}
+
+async fn retry_updates_the_row_in_place(h: &common::SqlHarness) {
+    let (t, table) = h.make("").await;
+    let sent = timeout(t.send(Envelope::new(TestMessage::new(1))))
+        .await
+        .unwrap();
+    let got = timeout(t.get(1)).await.unwrap().pop().unwrap();
+    timeout(t.retry(got.with(RedeliveryStamp::new(1)), Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(h.admin.count(&table).await, 1, "no copy");
+    let again = timeout(t.get(1)).await.unwrap().pop().unwrap();
+    assert_eq!(again.id(), sent.id(), "same row");
+    assert_eq!(
+        again.last::<RedeliveryStamp>().map(|s| s.retry_count),
+        Some(1)
+    );
+    timeout(t.ack(&again)).await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 0);
+}
+
+async fn queues_share_a_table_without_seeing_each_other(h: &common::SqlHarness) {
+    let (main, table) = h.make("").await;
+    let failed = h.reuse_with(&table, "&queue_name=failed").await;
+    timeout(main.send(Envelope::new(TestMessage::new(1))))
+        .await
+        .unwrap();
+    let parked = timeout(failed.send(Envelope::new(TestMessage::new(2))))
+        .await
+        .unwrap();
+    let listable = failed.as_listable().unwrap();
+    let listed = timeout(listable.list(10)).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].message::<TestMessage>().unwrap().seq, 2);
+    assert_eq!(
+        timeout(main.as_message_count().unwrap().message_count())
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(
+        timeout(main.as_listable().unwrap().find(parked.id().unwrap()))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        timeout(listable.remove(parked.id().unwrap()))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        timeout(failed.as_message_count().unwrap().message_count())
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(timeout(main.get(1)).await.unwrap().len(), 1);
+}
+
+macro_rules! on_every_dialect {
+    ($($case:ident),*) => {
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&crate::common::sqlite().await).await;
+                }
+            )*
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+                async fn $case() {
+                    super::$case(&crate::common::postgres().await).await;
+                }
+            )*
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs mysql: set COURIER_TEST_MYSQL_URL"]
+                async fn $case() {
+                    super::$case(&crate::common::mysql().await).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_dialect!(
+    delay_is_stored_in_milliseconds_from_the_database_clock,
+    keepalive_refreshes_delivered_at,
+    retry_updates_the_row_in_place,
+    queues_share_a_table_without_seeing_each_other
+);
