@@ -368,3 +368,41 @@ async fn after_a_broker_side_close_the_consumer_resumes_and_unacked_comes_back()
         0
     );
 }
+
+/// `ack_batch` of a non-contiguous set acks exactly that set: the gaps (and deliveries pushed
+/// but not yet handed out) stay unacked and come back after the consumer dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+async fn ack_batch_with_gaps_acks_exactly_the_given_deliveries() {
+    let h = AmqpHarness::new();
+    let name = AmqpHarness::unique("courier_amqp_gaps");
+    let t = h.make(AmqpHarness::options(&name)).await;
+    op("send_batch", t.send_batch((0..20).map(message).collect())).await;
+    let got = recv(t.as_ref(), 10).await;
+    assert_eq!(
+        got.iter().map(seq).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<_>>()
+    );
+    let picked: Vec<Envelope> = got
+        .iter()
+        .filter(|e| ![3, 7].contains(&seq(e)))
+        .cloned()
+        .collect();
+    op("ack_batch with gaps", t.ack_batch(&picked)).await;
+    assert_eq!(
+        op("count", t.as_message_count().unwrap().message_count()).await,
+        12
+    );
+    t.close_consumer().await;
+    let rest = recv(t.as_ref(), 12).await;
+    let mut seqs: Vec<u64> = rest.iter().map(seq).collect();
+    seqs.sort_unstable();
+    let mut expected = vec![3, 7];
+    expected.extend(10..20);
+    assert_eq!(seqs, expected);
+    op("ack_batch", t.ack_batch(&rest)).await;
+    assert_eq!(
+        op("count", t.as_message_count().unwrap().message_count()).await,
+        0
+    );
+}
