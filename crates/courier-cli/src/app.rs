@@ -67,9 +67,9 @@ impl App {
         #[cfg(feature = "sql")]
         factories.register(Arc::new(courier_sql::SqlTransportFactory));
         #[cfg(feature = "redis")]
-        factories.register(Arc::new(courier_redis::RedisTransportFactory::default()));
+        factories.register(Arc::new(courier_redis::RedisTransportFactory));
         #[cfg(feature = "amqp")]
-        factories.register(Arc::new(courier_amqp::AmqpTransportFactory::default()));
+        factories.register(Arc::new(courier_amqp::AmqpTransportFactory));
         Self {
             bus_hooks: Vec::new(),
             registry: MessageRegistry::new(),

@@ -212,6 +212,10 @@ pub(crate) struct BenchArgs {
     /// Also measure the raw driver doing the same protocol work
     #[arg(long)]
     pub(crate) raw: bool,
+    /// Measurement rounds, alternating courier and raw; medians are reported (default 3 with
+    /// --raw, else 1)
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=20))]
+    pub(crate) rounds: Option<u8>,
 }
 
 /// `250ms`, `30s`, `10min`, `1h`.

@@ -1,4 +1,11 @@
-//! The raw drivers doing the same protocol work as the transports, for `courier bench --raw`.
+//! The raw drivers doing the same protocol work as the transports, for `courier bench --raw`:
+//! the same table, rows, statements and batch sizes, without the framework (no envelopes, no
+//! stamps, no bus, no worker).
+//!
+//! SQLite: one multi-row `INSERT ... RETURNING id` per batch of `fetch_size`; a claim is one
+//! `UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING ...`; each claimed body is parsed as
+//! JSON (the handler's decode); one `DELETE ... WHERE delivery_id = ? AND id IN (...)` per batch.
+//! Other transports have no raw implementation yet (`raw` is `null`).
 
 use courier_core::Dsn;
 
@@ -7,6 +14,195 @@ use crate::error::CliResult;
 
 /// Measures the raw driver for `dsn`, or `None` when there is no raw implementation.
 pub(crate) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Option<Figures>> {
-    let _ = (dsn, work);
-    Ok(None)
+    match dsn.scheme() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => sqlite::measure(dsn, work).await.map(Some),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use std::str::FromStr;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use courier_core::Dsn;
+    use sqlx::Row;
+    use sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    };
+
+    use crate::commands::bench::{Figures, Work, payload, per_second, percentiles};
+    use crate::error::{CliError, CliResult};
+
+    const NOW: &str = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";
+    const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
+
+    struct Raw {
+        pool: SqlitePool,
+        queue: String,
+        table: String,
+        insert: Vec<String>,
+        claim: String,
+    }
+
+    fn err(e: sqlx::Error) -> CliError {
+        CliError::runtime(format!("raw sqlite benchmark: {e}"))
+    }
+
+    impl Raw {
+        async fn connect(dsn: &Dsn, fetch_size: usize) -> CliResult<Self> {
+            let url = dsn.expose_without_query();
+            let options = SqliteConnectOptions::from_str(url)
+                .map_err(err)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(5));
+            let pool = SqlitePoolOptions::new()
+                .max_connections(4)
+                .connect_with(options)
+                .await
+                .map_err(err)?;
+            let table = dsn.option("table_name").unwrap_or("courier_messages");
+            let insert = (1..=fetch_size)
+                .map(|n| {
+                    let values = vec![format!("(?, ?, ?, 0, {NOW}, {NOW})"); n].join(", ");
+                    format!(
+                        "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at) \
+                         VALUES {values} RETURNING id"
+                    )
+                })
+                .collect();
+            let claim = format!(
+                "UPDATE {table} SET delivered_at = {NOW}, delivery_id = ?1 WHERE id IN (\
+                 SELECT id FROM {table} WHERE queue_name = ?2 AND available_at <= {NOW} \
+                 AND (delivered_at IS NULL OR delivered_at < {NOW} - 3600000) \
+                 ORDER BY priority DESC, available_at, id LIMIT ?3) \
+                 RETURNING id, body, headers, priority, available_at"
+            );
+            let queue = format!("bench_raw_{}", fastrand::u32(..));
+            Ok(Self {
+                pool,
+                queue,
+                table: table.to_owned(),
+                insert,
+                claim,
+            })
+        }
+
+        async fn send(&self, bodies: &[String]) -> CliResult {
+            let mut q = sqlx::query(&self.insert[bodies.len() - 1]);
+            for body in bodies {
+                q = q.bind(&self.queue).bind(body).bind(HEADERS);
+            }
+            q.fetch_all(&self.pool).await.map_err(err)?;
+            Ok(())
+        }
+
+        /// Claims, decodes and deletes up to `max` rows; returns how many.
+        async fn consume(&self, max: usize) -> CliResult<usize> {
+            let delivery = i64::from(fastrand::u32(..));
+            let rows = sqlx::query(&self.claim)
+                .bind(delivery)
+                .bind(&self.queue)
+                .bind(i64::try_from(max).unwrap_or(i64::MAX))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(err)?;
+            if rows.is_empty() {
+                return Ok(0);
+            }
+            let mut ids = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let body: String = row.try_get("body").map_err(err)?;
+                let _: serde_json::Value = serde_json::from_str(&body).map_err(|e| {
+                    CliError::runtime(format!("raw sqlite benchmark: bad body: {e}"))
+                })?;
+                ids.push(row.try_get::<i64, _>("id").map_err(err)?);
+            }
+            let sql = format!(
+                "DELETE FROM {} WHERE delivery_id = ? AND id IN ({})",
+                self.table,
+                vec!["?"; ids.len()].join(", ")
+            );
+            let mut q = sqlx::query(&sql).bind(delivery);
+            for id in &ids {
+                q = q.bind(id);
+            }
+            q.execute(&self.pool).await.map_err(err)?;
+            Ok(ids.len())
+        }
+    }
+
+    pub(super) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Figures> {
+        let raw = Arc::new(Raw::connect(dsn, work.fetch_size).await?);
+        let body =
+            |seq: u64| serde_json::json!({ "seq": seq, "payload": payload(work.size) }).to_string();
+        let started = Instant::now();
+        let mut seq = 0;
+        while seq < work.messages {
+            let n = (work.messages - seq).min(work.fetch_size as u64);
+            let bodies: Vec<String> = (seq..seq + n).map(body).collect();
+            raw.send(&bodies).await?;
+            seq += n;
+        }
+        let produce = started.elapsed();
+
+        let started = Instant::now();
+        let mut consumed = 0u64;
+        while consumed < work.messages {
+            let n = raw.consume(work.fetch_size).await?;
+            if n == 0 {
+                return Err(CliError::runtime("raw sqlite benchmark: rows went missing"));
+            }
+            consumed += n as u64;
+        }
+        let consume = started.elapsed();
+
+        // Latency: a consumer task woken by the producer, like the transport's in-process wake.
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+        let consumer = {
+            let (raw, wake, fetch) = (raw.clone(), wake.clone(), work.fetch_size);
+            tokio::spawn(async move {
+                loop {
+                    let _ = tokio::time::timeout(Duration::from_millis(250), wake.notified()).await;
+                    match raw.consume(fetch).await {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            if tx.send(n).is_err() {
+                                return;
+                            }
+                        }
+                        Err(_) => return,
+                    }
+                }
+            })
+        };
+        let mut samples = Vec::with_capacity(work.latency_samples);
+        for i in 0..work.latency_samples as u64 {
+            let sent = Instant::now();
+            raw.send(&[body(i)]).await?;
+            wake.notify_one();
+            match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+                Ok(Some(_)) => samples.push(sent.elapsed()),
+                _ => {
+                    consumer.abort();
+                    return Err(CliError::runtime(
+                        "raw sqlite benchmark: a latency sample took over 30 s",
+                    ));
+                }
+            }
+        }
+        consumer.abort();
+        let (p50, p99) = percentiles(&mut samples);
+        Ok(Figures {
+            produce_per_s: per_second(work.messages, produce),
+            consume_per_s: per_second(work.messages, consume),
+            p50_ms: p50,
+            p99_ms: p99,
+        })
+    }
 }

@@ -108,12 +108,22 @@ async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work)
             if args.raw { ", and the raw driver" } else { "" }
         );
     }
-    let courier = courier_figures(&transport, work, usize::from(args.concurrency)).await?;
-    let raw = if args.raw {
-        crate::raw::measure(&isolated, work).await?
-    } else {
-        None
-    };
+    let rounds = args.rounds.unwrap_or(if args.raw { 3 } else { 1 });
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for round in 0..rounds {
+        // ABBA order, so neither side always runs on the colder (or fuller) database.
+        let raw_first = args.raw && round % 2 == 1;
+        if raw_first {
+            theirs.extend(crate::raw::measure(&isolated, work).await?);
+        }
+        ours.push(courier_figures(&transport, work, usize::from(args.concurrency)).await?);
+        if args.raw && !raw_first {
+            theirs.extend(crate::raw::measure(&isolated, work).await?);
+        }
+    }
+    let courier = median(&ours);
+    let raw = (!theirs.is_empty()).then(|| median(&theirs));
     let ratio = raw.map(|r| courier.consume_per_s / r.consume_per_s);
     if cli.format == Format::Json {
         let mut value = serde_json::json!({
@@ -122,6 +132,7 @@ async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work)
             "size": work.size,
             "fetch_size": work.fetch_size,
             "concurrency": args.concurrency,
+            "rounds": rounds,
             "raw": raw,
             "ratio": ratio,
         });
@@ -284,6 +295,21 @@ fn bench_bus(
 
 pub(crate) fn per_second(n: u64, elapsed: Duration) -> f64 {
     n as f64 / elapsed.as_secs_f64().max(1e-9)
+}
+
+/// The median of each figure.
+fn median(all: &[Figures]) -> Figures {
+    let pick = |f: fn(&Figures) -> f64| {
+        let mut v: Vec<f64> = all.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    Figures {
+        produce_per_s: pick(|f| f.produce_per_s),
+        consume_per_s: pick(|f| f.consume_per_s),
+        p50_ms: pick(|f| f.p50_ms),
+        p99_ms: pick(|f| f.p99_ms),
+    }
 }
 
 /// p50 and p99 in milliseconds.
