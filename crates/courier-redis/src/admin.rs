@@ -176,10 +176,10 @@ impl Listable for RedisTransport {
             .arg(&self.options.group)
             .arg(id)
             .ignore();
-        if let Err(e) = self.query::<()>(&ack).await {
-            if !has_code(&e, "NOGROUP") {
-                return Err(self.error(e, "cannot remove"));
-            }
+        if let Err(e) = self.query::<()>(&ack).await
+            && !has_code(&e, "NOGROUP")
+        {
+            return Err(self.error(e, "cannot remove"));
         }
         self.in_flight().remove(id);
         Ok(deleted > 0)

@@ -492,12 +492,11 @@ impl Transport for RedisTransport {
             .query(&pipe)
             .await
             .map_err(|e| self.error(e, "cannot keep alive"))?;
-        if kept == 1 {
-            if let Some(entry) = self.in_flight().get_mut(d.id) {
-                if d.count.parse() == Ok(entry.0) {
-                    entry.1 = requested_at;
-                }
-            }
+        if kept == 1
+            && let Some(entry) = self.in_flight().get_mut(d.id)
+            && d.count.parse() == Ok(entry.0)
+        {
+            entry.1 = requested_at;
         }
         Ok(())
     }

@@ -107,7 +107,7 @@ async fn four_consumers_handle_twenty_thousand_messages_exactly_once() {
                 .unwrap(),
         );
     }
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     let twice: Vec<_> = seen
         .iter()
         .filter(|(_, n)| **n > 1)
