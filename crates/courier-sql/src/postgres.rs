@@ -160,9 +160,11 @@ async fn listen(pool: PgPool, channel: String, queue: String, wake: Arc<Wake>) {
 impl Backend for PgBackend {
     async fn setup(&self) -> Result<(), sqlx::Error> {
         // Concurrent setups of one table would race in CREATE ... IF NOT EXISTS: serialise them
-        // with a transaction-scoped advisory lock (the table name is a validated identifier).
+        // with a transaction-scoped advisory lock. One DO block is one implicit transaction, so
+        // a failure rolls back and never leaves a pooled connection inside a transaction. (The
+        // table name is a validated identifier.)
         let ddl = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('{}')); {} COMMIT;",
+            "DO $courier$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('{}')); {} END $courier$",
             self.table,
             MIGRATION.replace(crate::options::DEFAULT_TABLE, &self.table)
         );

@@ -118,6 +118,16 @@ async fn queues_share_a_table_without_seeing_each_other(h: &common::SqlHarness) 
     assert_eq!(timeout(main.get(1)).await.unwrap().len(), 1);
 }
 
+async fn concurrent_setups_of_one_table_succeed(h: &common::SqlHarness) {
+    let (_, table) = h.make("&auto_setup=false").await;
+    let setups = (0..4).map(|_| h.reuse(&table));
+    let transports = timeout(futures_util::future::join_all(setups)).await;
+    timeout(transports[0].send(Envelope::new(TestMessage::new(1))))
+        .await
+        .unwrap();
+    assert_eq!(h.admin.count(&table).await, 1);
+}
+
 macro_rules! on_every_dialect {
     ($($case:ident),*) => {
         #[cfg(feature = "sqlite")]
@@ -156,5 +166,6 @@ on_every_dialect!(
     delay_is_stored_in_milliseconds_from_the_database_clock,
     keepalive_refreshes_delivered_at,
     retry_updates_the_row_in_place,
-    queues_share_a_table_without_seeing_each_other
+    queues_share_a_table_without_seeing_each_other,
+    concurrent_setups_of_one_table_succeed
 );
