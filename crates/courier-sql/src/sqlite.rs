@@ -103,7 +103,7 @@ impl SqliteBackend {
     fn insert_sql(&self, rows: usize) -> String {
         let values = vec![format!("(?, ?, ?, ?, {NOW}, {NOW} + ?)"); rows].join(", ");
         format!(
-            "INSERT INTO {} (queue_name, body, headers, priority, created_at, available_at) VALUES {values} RETURNING id",
+            "INSERT INTO {} (queue_name, body, headers, priority, created_at, available_at) VALUES {values}",
             self.table
         )
     }
@@ -139,7 +139,7 @@ impl Backend for SqliteBackend {
         };
         for chunk in rows.chunks(CHUNK) {
             let sql = self.insert_sql(chunk.len());
-            let mut q = sqlx::query_scalar::<_, i64>(&sql);
+            let mut q = sqlx::query(&sql);
             for r in chunk {
                 q = q
                     .bind(&self.queue)
@@ -148,16 +148,26 @@ impl Backend for SqliteBackend {
                     .bind(r.priority)
                     .bind(r.delay_ms);
             }
-            match tx.as_mut() {
-                Some(tx) => ids.extend(q.fetch_all(&mut **tx).await?),
-                None => ids.extend(q.fetch_all(&self.pool).await?),
+            let done = match tx.as_mut() {
+                Some(tx) => q.execute(&mut **tx).await?,
+                None => q.execute(&self.pool).await?,
+            };
+            // Under the write lock, AUTOINCREMENT gives the rows of one statement consecutive
+            // ids (each is the largest id ever used plus one), ending at the last one.
+            let last = done.last_insert_rowid();
+            let n = i64::try_from(chunk.len()).unwrap_or(i64::MAX);
+            if done.rows_affected() != chunk.len() as u64 {
+                return Err(sqlx::Error::Protocol(format!(
+                    "inserted {} rows for {} messages",
+                    done.rows_affected(),
+                    chunk.len()
+                )));
             }
+            ids.extend(last - n + 1..=last);
         }
         if let Some(tx) = tx {
             tx.commit().await?;
         }
-        // AUTOINCREMENT ids grow in insertion order.
-        ids.sort_unstable();
         Ok(ids)
     }
 

@@ -128,6 +128,27 @@ async fn concurrent_setups_of_one_table_succeed(h: &common::SqlHarness) {
     assert_eq!(h.admin.count(&table).await, 1);
 }
 
+async fn a_large_send_batch_returns_each_rows_id(h: &common::SqlHarness) {
+    let (t, _) = h.make("").await;
+    let batch: Vec<Envelope> = (0..1_200)
+        .map(|i| Envelope::new(TestMessage::new(i)))
+        .collect();
+    let sent = timeout(t.send_batch(batch)).await.unwrap();
+    assert_eq!(sent.len(), 1_200);
+    let listable = t.as_listable().unwrap();
+    for (seq, e) in sent.iter().enumerate().step_by(97) {
+        let found = timeout(listable.find(e.id().unwrap()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            found.message::<TestMessage>().unwrap().seq,
+            seq as u64,
+            "id of message {seq}"
+        );
+    }
+}
+
 macro_rules! on_every_dialect {
     ($($case:ident),*) => {
         #[cfg(feature = "sqlite")]
@@ -167,5 +188,6 @@ on_every_dialect!(
     keepalive_refreshes_delivered_at,
     retry_updates_the_row_in_place,
     queues_share_a_table_without_seeing_each_other,
-    concurrent_setups_of_one_table_succeed
+    concurrent_setups_of_one_table_succeed,
+    a_large_send_batch_returns_each_rows_id
 );
