@@ -11,6 +11,12 @@ use uuid::Uuid;
 use super::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError, lease_ms};
 use crate::{RunStatus, TerminationReason};
 
+mod queries;
+
+use queries::Queries;
+#[cfg(test)]
+use queries::numbered;
+
 type Query<'a> = sqlx::query::Query<'a, sqlx::Any, sqlx::any::AnyArguments<'a>>;
 
 const SQLITE_MIGRATION: &str = include_str!("../../../../migrations/sqlite/0002_courier_runs.sql");
@@ -114,158 +120,6 @@ const SQLITE_PRAGMAS: [&str; 3] = [
     "PRAGMA synchronous = NORMAL",
     "PRAGMA busy_timeout = 5000",
 ];
-
-const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
-    lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at";
-const NON_TERMINAL: &str = "('queued', 'running', 'waiting_for_approval', 'waiting_for_input')";
-const STALE: &str = "status = 'running' AND lease_expires > 0 AND lease_expires < {now}";
-
-#[derive(Debug)]
-struct Queries {
-    now: String,
-    insert_queued: String,
-    insert_interactive: String,
-    find: String,
-    list_all: String,
-    list_status: String,
-    claim: String,
-    renew: String,
-    requeue_owned: String,
-    select_stale: String,
-    requeue_stale: String,
-    dead_letter_stale: String,
-    settle_owned: String,
-    settle_interactive: String,
-    fail_queued: String,
-    resume: String,
-    cancel: String,
-    effect_owned: String,
-    effect_interactive: String,
-    append_event: String,
-    max_seq: String,
-    events: String,
-}
-
-impl Queries {
-    fn new(dialect: Dialect, runs: &str, events: &str) -> Self {
-        let render = |sql: &str| {
-            let sql = sql
-                .replace("{stale}", STALE)
-                .replace("{cols}", COLUMNS)
-                .replace("{nonterminal}", NON_TERMINAL)
-                .replace("{now}", dialect.now_ms_sql())
-                .replace("{runs}", runs)
-                .replace("{events}", events)
-                // MySQL has no INSERT ... RETURNING: it reads MAX(seq) back instead.
-                .replace(
-                    "{returning}",
-                    if dialect == Dialect::Mysql {
-                        ""
-                    } else {
-                        " RETURNING seq"
-                    },
-                );
-            if dialect == Dialect::Postgres {
-                numbered(&sql)
-            } else {
-                sql
-            }
-        };
-        let requeue = "status = 'queued', requeue_count = requeue_count + 1, claimed_by = NULL, lease_expires = 0, \
-            updated_at = {now}";
-        Self {
-            now: render("SELECT {now}"),
-            insert_queued: render(
-                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, updated_at) \
-                 VALUES (?, ?, 'queued', ?, 0, 0, {now}, {now})",
-            ),
-            insert_interactive: render(
-                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, started_at, \
-                 updated_at) VALUES (?, ?, 'running', ?, 0, 0, {now}, {now}, {now})",
-            ),
-            find: render("SELECT {cols} FROM {runs} WHERE id = ?"),
-            list_all: render("SELECT {cols} FROM {runs} ORDER BY created_at DESC, id DESC LIMIT ?"),
-            list_status: render(
-                "SELECT {cols} FROM {runs} WHERE status = ? ORDER BY created_at DESC, id DESC LIMIT ?",
-            ),
-            claim: render(
-                "UPDATE {runs} SET status = 'running', claimed_by = ?, lease_expires = {now} + ?, \
-                 started_at = COALESCE(started_at, {now}), updated_at = {now} WHERE id = ? AND status = 'queued'",
-            ),
-            renew: render(
-                "UPDATE {runs} SET lease_expires = {now} + ?, updated_at = {now} \
-                 WHERE id = ? AND status = 'running' AND claimed_by = ?",
-            ),
-            requeue_owned: render(&format!(
-                "UPDATE {{runs}} SET {requeue} WHERE id = ? AND status = 'running' AND claimed_by = ?"
-            )),
-            select_stale: render(
-                "SELECT {cols} FROM {runs} WHERE {stale} ORDER BY lease_expires LIMIT ?",
-            ),
-            requeue_stale: render(&format!(
-                "UPDATE {{runs}} SET {requeue} WHERE id = ? AND {{stale}}"
-            )),
-            dead_letter_stale: render(
-                "UPDATE {runs} SET status = 'failed', termination_reason = ?, lease_expires = 0, \
-                 finished_at = {now}, updated_at = {now} WHERE id = ? AND {stale}",
-            ),
-            settle_owned: render(
-                "UPDATE {runs} SET status = ?, termination_reason = ?, error_class = ?, output = COALESCE(?, output), \
-                 lease_expires = 0, finished_at = CASE WHEN ? = 1 THEN {now} ELSE finished_at END, updated_at = {now} \
-                 WHERE id = ? AND status IN {nonterminal} AND claimed_by = ?",
-            ),
-            settle_interactive: render(
-                "UPDATE {runs} SET status = ?, termination_reason = ?, error_class = ?, output = COALESCE(?, output), \
-                 lease_expires = 0, finished_at = CASE WHEN ? = 1 THEN {now} ELSE finished_at END, updated_at = {now} \
-                 WHERE id = ? AND status IN {nonterminal} AND claimed_by IS NULL",
-            ),
-            fail_queued: render(
-                "UPDATE {runs} SET status = 'failed', termination_reason = ?, lease_expires = 0, \
-                 finished_at = {now}, updated_at = {now} WHERE id = ? AND status = 'queued'",
-            ),
-            resume: render(
-                "UPDATE {runs} SET status = 'running', claimed_by = NULL, lease_expires = 0, updated_at = {now} \
-                 WHERE id = ? AND status = ?",
-            ),
-            cancel: render(
-                "UPDATE {runs} SET status = 'cancelled', termination_reason = 'cancelled', lease_expires = 0, \
-                 finished_at = {now}, updated_at = {now} WHERE id = ? AND status IN {nonterminal}",
-            ),
-            effect_owned: render(
-                "UPDATE {runs} SET pending_effect = ?, updated_at = {now} \
-                 WHERE id = ? AND status = 'running' AND claimed_by = ?",
-            ),
-            effect_interactive: render(
-                "UPDATE {runs} SET pending_effect = ?, updated_at = {now} \
-                 WHERE id = ? AND status = 'running' AND claimed_by IS NULL",
-            ),
-            append_event: render(
-                "INSERT INTO {events} (run_id, seq, kind, payload, created_at) \
-                 SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, {now} FROM {events} WHERE run_id = ?{returning}",
-            ),
-            max_seq: render("SELECT COALESCE(MAX(seq), 0) AS seq FROM {events} WHERE run_id = ?"),
-            events: render(
-                "SELECT run_id, seq, kind, payload, created_at FROM {events} WHERE run_id = ? ORDER BY seq",
-            ),
-        }
-    }
-}
-
-/// `?` placeholders to PostgreSQL's `$1, $2...` (the queries hold no `?` in literals).
-fn numbered(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut n = 0;
-    for c in sql.chars() {
-        if c == '?' {
-            n += 1;
-            out.push('$');
-            out.push_str(&n.to_string());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 /// The SQL run store.
 ///

@@ -1,0 +1,155 @@
+//! The SQL text of every transition, rendered once per dialect and table names.
+
+use super::Dialect;
+
+const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
+    lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at";
+const NON_TERMINAL: &str = "('queued', 'running', 'waiting_for_approval', 'waiting_for_input')";
+const STALE: &str = "status = 'running' AND lease_expires > 0 AND lease_expires < {now}";
+
+#[derive(Debug)]
+pub(super) struct Queries {
+    pub(super) now: String,
+    pub(super) insert_queued: String,
+    pub(super) insert_interactive: String,
+    pub(super) find: String,
+    pub(super) list_all: String,
+    pub(super) list_status: String,
+    pub(super) claim: String,
+    pub(super) renew: String,
+    pub(super) requeue_owned: String,
+    pub(super) select_stale: String,
+    pub(super) requeue_stale: String,
+    pub(super) dead_letter_stale: String,
+    pub(super) settle_owned: String,
+    pub(super) settle_interactive: String,
+    pub(super) fail_queued: String,
+    pub(super) resume: String,
+    pub(super) cancel: String,
+    pub(super) effect_owned: String,
+    pub(super) effect_interactive: String,
+    pub(super) append_event: String,
+    pub(super) max_seq: String,
+    pub(super) events: String,
+}
+
+impl Queries {
+    pub(super) fn new(dialect: Dialect, runs: &str, events: &str) -> Self {
+        let render = |sql: &str| {
+            let sql = sql
+                .replace("{stale}", STALE)
+                .replace("{cols}", COLUMNS)
+                .replace("{nonterminal}", NON_TERMINAL)
+                .replace("{now}", dialect.now_ms_sql())
+                .replace("{runs}", runs)
+                .replace("{events}", events)
+                // MySQL has no INSERT ... RETURNING: it reads MAX(seq) back instead.
+                .replace(
+                    "{returning}",
+                    if dialect == Dialect::Mysql {
+                        ""
+                    } else {
+                        " RETURNING seq"
+                    },
+                );
+            if dialect == Dialect::Postgres {
+                numbered(&sql)
+            } else {
+                sql
+            }
+        };
+        let requeue = "status = 'queued', requeue_count = requeue_count + 1, claimed_by = NULL, lease_expires = 0, \
+            updated_at = {now}";
+        Self {
+            now: render("SELECT {now}"),
+            insert_queued: render(
+                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, updated_at) \
+                 VALUES (?, ?, 'queued', ?, 0, 0, {now}, {now})",
+            ),
+            insert_interactive: render(
+                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, started_at, \
+                 updated_at) VALUES (?, ?, 'running', ?, 0, 0, {now}, {now}, {now})",
+            ),
+            find: render("SELECT {cols} FROM {runs} WHERE id = ?"),
+            list_all: render("SELECT {cols} FROM {runs} ORDER BY created_at DESC, id DESC LIMIT ?"),
+            list_status: render(
+                "SELECT {cols} FROM {runs} WHERE status = ? ORDER BY created_at DESC, id DESC LIMIT ?",
+            ),
+            claim: render(
+                "UPDATE {runs} SET status = 'running', claimed_by = ?, lease_expires = {now} + ?, \
+                 started_at = COALESCE(started_at, {now}), updated_at = {now} WHERE id = ? AND status = 'queued'",
+            ),
+            renew: render(
+                "UPDATE {runs} SET lease_expires = {now} + ?, updated_at = {now} \
+                 WHERE id = ? AND status = 'running' AND claimed_by = ?",
+            ),
+            requeue_owned: render(&format!(
+                "UPDATE {{runs}} SET {requeue} WHERE id = ? AND status = 'running' AND claimed_by = ?"
+            )),
+            select_stale: render(
+                "SELECT {cols} FROM {runs} WHERE {stale} ORDER BY lease_expires LIMIT ?",
+            ),
+            requeue_stale: render(&format!(
+                "UPDATE {{runs}} SET {requeue} WHERE id = ? AND {{stale}}"
+            )),
+            dead_letter_stale: render(
+                "UPDATE {runs} SET status = 'failed', termination_reason = ?, lease_expires = 0, \
+                 finished_at = {now}, updated_at = {now} WHERE id = ? AND {stale}",
+            ),
+            settle_owned: render(
+                "UPDATE {runs} SET status = ?, termination_reason = ?, error_class = ?, output = COALESCE(?, output), \
+                 lease_expires = 0, finished_at = CASE WHEN ? = 1 THEN {now} ELSE finished_at END, updated_at = {now} \
+                 WHERE id = ? AND status IN {nonterminal} AND claimed_by = ?",
+            ),
+            settle_interactive: render(
+                "UPDATE {runs} SET status = ?, termination_reason = ?, error_class = ?, output = COALESCE(?, output), \
+                 lease_expires = 0, finished_at = CASE WHEN ? = 1 THEN {now} ELSE finished_at END, updated_at = {now} \
+                 WHERE id = ? AND status IN {nonterminal} AND claimed_by IS NULL",
+            ),
+            fail_queued: render(
+                "UPDATE {runs} SET status = 'failed', termination_reason = ?, lease_expires = 0, \
+                 finished_at = {now}, updated_at = {now} WHERE id = ? AND status = 'queued'",
+            ),
+            resume: render(
+                "UPDATE {runs} SET status = 'running', claimed_by = NULL, lease_expires = 0, updated_at = {now} \
+                 WHERE id = ? AND status = ?",
+            ),
+            cancel: render(
+                "UPDATE {runs} SET status = 'cancelled', termination_reason = 'cancelled', lease_expires = 0, \
+                 finished_at = {now}, updated_at = {now} WHERE id = ? AND status IN {nonterminal}",
+            ),
+            effect_owned: render(
+                "UPDATE {runs} SET pending_effect = ?, updated_at = {now} \
+                 WHERE id = ? AND status = 'running' AND claimed_by = ?",
+            ),
+            effect_interactive: render(
+                "UPDATE {runs} SET pending_effect = ?, updated_at = {now} \
+                 WHERE id = ? AND status = 'running' AND claimed_by IS NULL",
+            ),
+            append_event: render(
+                "INSERT INTO {events} (run_id, seq, kind, payload, created_at) \
+                 SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, {now} FROM {events} WHERE run_id = ?{returning}",
+            ),
+            max_seq: render("SELECT COALESCE(MAX(seq), 0) AS seq FROM {events} WHERE run_id = ?"),
+            events: render(
+                "SELECT run_id, seq, kind, payload, created_at FROM {events} WHERE run_id = ? ORDER BY seq",
+            ),
+        }
+    }
+}
+
+/// `?` placeholders to PostgreSQL's `$1, $2...` (the queries hold no `?` in literals).
+pub(super) fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
