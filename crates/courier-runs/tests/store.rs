@@ -14,7 +14,7 @@ use support::{Fixture, dispatched, queued_runtime, refusing_runtime};
 
 const LEASE: Duration = Duration::from_secs(900);
 
-async fn claim_exactly_once(fx: Fixture) {
+async fn claim_exactly_once(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     let (a, b) = (new_worker_identity(), new_worker_identity());
     let (ra, rb) = tokio::join!(
@@ -34,10 +34,9 @@ async fn claim_exactly_once(fx: Fixture) {
         "a running run cannot be claimed again"
     );
     assert!(row.started_at.is_some());
-    fx.cleanup().await;
 }
 
-async fn claim_sets_a_lease_from_the_store_clock(fx: Fixture) {
+async fn claim_sets_a_lease_from_the_store_clock(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     let me = new_worker_identity();
     let before = fx.store.now_ms().await.unwrap();
@@ -49,10 +48,9 @@ async fn claim_sets_a_lease_from_the_store_clock(fx: Fixture) {
         row.lease_expires >= before + 900_000 && row.lease_expires <= after + 900_000,
         "{row:?}"
     );
-    fx.cleanup().await;
 }
 
-async fn renew_needs_the_owner_and_same_millisecond_renewal_still_holds(fx: Fixture) {
+async fn renew_needs_the_owner_and_same_millisecond_renewal_still_holds(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     let me = new_worker_identity();
     assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
@@ -70,10 +68,9 @@ async fn renew_needs_the_owner_and_same_millisecond_renewal_still_holds(fx: Fixt
         fx.run(run.id).await.lease_expires > now,
         "the renewed lease lies in the future"
     );
-    fx.cleanup().await;
 }
 
-async fn owner_requeue_clears_claim_and_keeps_input(fx: Fixture) {
+async fn owner_requeue_clears_claim_and_keeps_input(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     let me = new_worker_identity();
     assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
@@ -100,10 +97,9 @@ async fn owner_requeue_clears_claim_and_keeps_input(fx: Fixture) {
         !fx.store.requeue_owned(run.id, &me).await.unwrap(),
         "a queued run is not requeued twice"
     );
-    fx.cleanup().await;
 }
 
-async fn stale_select_sees_only_expired_worker_leases(fx: Fixture) {
+async fn stale_select_sees_only_expired_worker_leases(fx: &Fixture) {
     let me = new_worker_identity();
     let fresh = fx.queued("scripted").await;
     let stale = fx.queued("scripted").await;
@@ -153,10 +149,9 @@ async fn stale_select_sees_only_expired_worker_leases(fx: Fixture) {
             .await
             .unwrap()
     );
-    fx.cleanup().await;
 }
 
-async fn heartbeat_between_select_and_update_wins(fx: Fixture) {
+async fn heartbeat_between_select_and_update_wins(fx: &Fixture) {
     let me = new_worker_identity();
     let run = fx.queued("scripted").await;
     assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
@@ -177,10 +172,9 @@ async fn heartbeat_between_select_and_update_wins(fx: Fixture) {
             .unwrap()
     );
     assert_eq!(fx.run(run.id).await.status, RunStatus::Running);
-    fx.cleanup().await;
 }
 
-async fn stale_requeue_and_dead_letter(fx: Fixture) {
+async fn stale_requeue_and_dead_letter(fx: &Fixture) {
     let me = new_worker_identity();
     let a = fx.queued("scripted").await;
     let b = fx.queued("scripted").await;
@@ -215,10 +209,9 @@ async fn stale_requeue_and_dead_letter(fx: Fixture) {
         (RunStatus::Failed, Some(TerminationReason::RetriesExhausted))
     );
     assert!(row.finished_at.is_some());
-    fx.cleanup().await;
 }
 
-async fn settle_is_owner_guarded_and_first_outcome_stands(fx: Fixture) {
+async fn settle_is_owner_guarded_and_first_outcome_stands(fx: &Fixture) {
     let me = new_worker_identity();
     let run = fx.queued("scripted").await;
     assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
@@ -253,10 +246,9 @@ async fn settle_is_owner_guarded_and_first_outcome_stands(fx: Fixture) {
     assert_eq!(row.output, done.output);
     assert_eq!(row.lease_expires, 0);
     assert!(row.finished_at.is_some());
-    fx.cleanup().await;
 }
 
-async fn cancelled_queued_run_cannot_be_claimed(fx: Fixture) {
+async fn cancelled_queued_run_cannot_be_claimed(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     assert!(fx.store.cancel(run.id).await.unwrap());
     assert!(
@@ -276,10 +268,9 @@ async fn cancelled_queued_run_cannot_be_claimed(fx: Fixture) {
             .await
             .unwrap()
     );
-    fx.cleanup().await;
 }
 
-async fn fail_queued_matches_only_the_queued_row(fx: Fixture) {
+async fn fail_queued_matches_only_the_queued_row(fx: &Fixture) {
     let me = new_worker_identity();
     let run = fx.queued("scripted").await;
     assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
@@ -302,10 +293,9 @@ async fn fail_queued_matches_only_the_queued_row(fx: Fixture) {
         (row.status, row.termination_reason),
         (RunStatus::Failed, Some(TerminationReason::DispatchFailed))
     );
-    fx.cleanup().await;
 }
 
-async fn pending_effect_is_owner_guarded(fx: Fixture) {
+async fn pending_effect_is_owner_guarded(fx: &Fixture) {
     let me = new_worker_identity();
     let run = fx.queued("scripted").await;
     assert!(
@@ -339,10 +329,9 @@ async fn pending_effect_is_owner_guarded(fx: Fixture) {
             .unwrap()
     );
     assert_eq!(fx.run(run.id).await.pending_effect, None);
-    fx.cleanup().await;
 }
 
-async fn events_continue_at_max_seq_and_never_duplicate(fx: Fixture) {
+async fn events_continue_at_max_seq_and_never_duplicate(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     for i in 0..3 {
         let seq = fx
@@ -395,10 +384,9 @@ async fn events_continue_at_max_seq_and_never_duplicate(fx: Fixture) {
             "UNIQUE (run_id, seq) holds"
         );
     }
-    fx.cleanup().await;
 }
 
-async fn reaper_follows_design_order(fx: Fixture) {
+async fn reaper_follows_design_order(fx: &Fixture) {
     let me = new_worker_identity();
     let (runtime, _bus, queue) = queued_runtime(fx.store.clone(), &me, Default::default());
     let under = fx.queued("scripted").await;
@@ -467,10 +455,9 @@ async fn reaper_follows_design_order(fx: Fixture) {
     );
     let again = reaper.reap(ReapOptions::default()).await.unwrap();
     assert_eq!(again.selected, 0);
-    fx.cleanup().await;
 }
 
-async fn reaper_dispatch_failure_settles_the_run(fx: Fixture) {
+async fn reaper_dispatch_failure_settles_the_run(fx: &Fixture) {
     let me = new_worker_identity();
     let (runtime, _bus) = refusing_runtime(fx.store.clone(), &me);
     let run = fx.queued("scripted").await;
@@ -492,10 +479,9 @@ async fn reaper_dispatch_failure_settles_the_run(fx: Fixture) {
         0,
         "no orphan queued row"
     );
-    fx.cleanup().await;
 }
 
-async fn concurrent_reapers_never_double_requeue(fx: Fixture) {
+async fn concurrent_reapers_never_double_requeue(fx: &Fixture) {
     let me = new_worker_identity();
     let (runtime, _bus, queue) = queued_runtime(fx.store.clone(), &me, Default::default());
     let mut ids = Vec::new();
@@ -520,10 +506,9 @@ async fn concurrent_reapers_never_double_requeue(fx: Fixture) {
     for id in ids {
         assert_eq!(fx.run(id).await.requeue_count, 1);
     }
-    fx.cleanup().await;
 }
 
-async fn list_is_newest_first_and_filters(fx: Fixture) {
+async fn list_is_newest_first_and_filters(fx: &Fixture) {
     let a = fx.queued("scripted").await;
     tokio::time::sleep(Duration::from_millis(5)).await;
     let b = fx.queued("scripted").await;
@@ -546,13 +531,10 @@ async fn list_is_newest_first_and_filters(fx: Fixture) {
         .map(|r| r.id)
         .collect();
     assert_eq!(cancelled, [a.id]);
-    fx.cleanup().await;
 }
 
-async fn stale_select_uses_the_status_lease_index(fx: Fixture) {
-    let Some(sql) = fx.sql() else {
-        return fx.cleanup().await;
-    };
+async fn stale_select_uses_the_status_lease_index(fx: &Fixture) {
+    let Some(sql) = fx.sql() else { return };
     let plan = sql.explain_stale(50).await.unwrap().join("\n");
     let index = format!("{}_status_lease_idx", sql.runs_table());
     if sql.dialect() == courier_runs::Dialect::Sqlite {
@@ -563,7 +545,6 @@ async fn stale_select_uses_the_status_lease_index(fx: Fixture) {
     } else {
         println!("plan on a near-empty table:\n{plan}");
     }
-    fx.cleanup().await;
 }
 
 macro_rules! store_tests {
@@ -573,7 +554,14 @@ macro_rules! store_tests {
             #[ignore = $ignore]
             async fn $name() {
                 let fx = $fixture().await;
-                tokio::time::timeout(Duration::from_secs(60), super::$name(fx)).await.expect("test timed out");
+                let test = tokio::time::timeout(Duration::from_secs(60), super::$name(&fx));
+                // Drop the test's tables even when it fails, then fail.
+                let result = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(test)).await;
+                fx.cleanup().await;
+                match result {
+                    Ok(done) => done.expect("test timed out"),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
             }
         )*
     };
@@ -582,7 +570,14 @@ macro_rules! store_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let fx = $fixture().await;
-                tokio::time::timeout(Duration::from_secs(60), super::$name(fx)).await.expect("test timed out");
+                let test = tokio::time::timeout(Duration::from_secs(60), super::$name(&fx));
+                // Drop the test's tables even when it fails, then fail.
+                let result = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(test)).await;
+                fx.cleanup().await;
+                match result {
+                    Ok(done) => done.expect("test timed out"),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
             }
         )*
     };
