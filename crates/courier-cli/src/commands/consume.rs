@@ -294,14 +294,17 @@ fn report(ctx: &Ctx<'_>, s: &WorkerStats) -> CliResult {
         }));
     }
     ctx.note(format!(
-        "Received {} message(s): {} handled, {} failed ({} retried, {} moved to the failure transport, {} left for redelivery); {}.",
+        "Stopped: {}. {} received, {} handled, {} failed.",
+        reason(s.stop_reason),
         s.received,
         s.handled,
-        s.failed,
-        s.retried,
-        s.moved_to_failure,
-        s.left_for_redelivery,
-        reason(s.stop_reason)
+        s.failed
     ));
+    if s.failed > 0 || s.left_for_redelivery > 0 {
+        ctx.note(format!(
+            "{} retried, {} moved to the failure transport, {} left for redelivery.",
+            s.retried, s.moved_to_failure, s.left_for_redelivery
+        ));
+    }
     Ok(())
 }

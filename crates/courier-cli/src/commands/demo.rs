@@ -210,10 +210,13 @@ pub(crate) async fn run(app: &App, cli: &Cli, args: &DemoArgs) -> CliResult {
             expire_lease(&raw_store, victim).await?;
             workers.push(start_worker());
             if text {
-                eprintln!(
-                    "Killed worker {} in the middle of run {victim} and started a replacement; \
-                     the run's lease was expired.",
-                    slot.identity
+                let run = victim.to_string();
+                note(
+                    tty,
+                    &format!(
+                        "Killed the worker running run {}… mid-step; expired its lease.",
+                        &run[..8]
+                    ),
                 );
             }
         }
@@ -226,7 +229,7 @@ pub(crate) async fn run(app: &App, cli: &Cli, args: &DemoArgs) -> CliResult {
             .map_err(|e| CliError::runtime(chain(&e)))?;
         reaped += report.requeued + report.dead_lettered;
         if text && report.selected > 0 {
-            eprintln!("{report}");
+            note(tty, &report.to_string());
         }
         let counts = statuses(&store, &ids).await?;
         let done: usize = counts
@@ -273,6 +276,14 @@ pub(crate) async fn run(app: &App, cli: &Cli, args: &DemoArgs) -> CliResult {
         print!("{}", render(&summary, &db_text));
     }
     Ok(())
+}
+
+/// A line on stderr, clearing the progress line first on a terminal.
+fn note(tty: bool, text: &str) {
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    eprintln!("{text}");
 }
 
 /// Rewrites the run's lease into the past, as if its worker's lease had run out.

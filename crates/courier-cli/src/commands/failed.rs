@@ -151,7 +151,11 @@ async fn show(ctx: &Ctx<'_>, id: Option<&str>, transport: Option<&str>, max: usi
 }
 
 fn print_one(row: &Row, e: &Envelope) {
-    let field = |k: &str, v: &str| println!("{k:<14} {v}");
+    let field = |k: &str, v: &str| {
+        for (i, line) in wrap(v, crate::table::WIDTH - 15).iter().enumerate() {
+            println!("{:<14} {line}", if i == 0 { k } else { "" });
+        }
+    };
     field("id", row.id.as_deref().unwrap_or("-"));
     field("type", &row.kind);
     field("from", row.transport.as_deref().unwrap_or("-"));
@@ -227,6 +231,34 @@ async fn act(ctx: &Ctx<'_>, ids: &FailedIds, retry: bool) -> CliResult {
     Ok(())
 }
 
+/// Splits `text` into lines of at most `width` characters, at spaces where possible.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut pieces = Vec::new();
+    for word in text.split(' ') {
+        let chars: Vec<char> = word.chars().collect();
+        if chars.is_empty() {
+            pieces.push(String::new());
+        }
+        pieces.extend(chars.chunks(width).map(|c| c.iter().collect::<String>()));
+    }
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for piece in pieces {
+        let len = line.chars().count();
+        if len > 0 && len + 1 + piece.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(&piece);
+    }
+    lines.push(line);
+    lines
+}
+
+
 /// The envelope as it goes back to its original transport: no failure marker, no delay, no
 /// retries counted, no ids of the failure transport (the error history stays).
 fn fresh(e: Envelope) -> Envelope {
@@ -236,4 +268,21 @@ fn fresh(e: Envelope) -> Envelope {
         .without_all::<ReceivedStamp>()
         .without_all::<DelayStamp>()
         .without_all::<RedeliveryStamp>()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn wrap_keeps_lines_within_the_width() {
+        let lines = super::wrap(
+            "unknown message type `app.unknown` (no message registered)",
+            20,
+        );
+        assert!(lines.iter().all(|l| l.chars().count() <= 20), "{lines:?}");
+        assert_eq!(
+            lines.join(" "),
+            "unknown message type `app.unknown` (no message registered)"
+        );
+        assert_eq!(super::wrap(&"x".repeat(45), 20).len(), 3);
+    }
 }
