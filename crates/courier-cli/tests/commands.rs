@@ -311,3 +311,36 @@ fn help_and_version_exit_zero() {
     env.run(&["--version"]).ok();
     assert!(env.run(&["runs", "--help"]).ok().contains("submit"));
 }
+
+#[test]
+fn consume_with_reap_every_recovers_a_stale_run_itself() {
+    let env = Env::with_config();
+    let id = env.submit(r#"{"steps":[{"sleep_ms":1},{"hang_ms":1500},{"output":"recovered"}]}"#);
+    let first = env.spawn(&["consume", "--sleep", "20ms"]);
+    eventually("the run to start", || env.show(&id)["status"] == "running");
+    signal(&first, "KILL");
+    let _ = wait(first, Duration::from_secs(10));
+    env.sql(&format!(
+        "UPDATE courier_runs SET lease_expires = 1 WHERE id = '{id}'"
+    ));
+    let out = env.run(&[
+        "consume",
+        "--reap-every",
+        "100ms",
+        "--limit",
+        "1",
+        "--sleep",
+        "20ms",
+        "--time-limit",
+        "30s",
+    ]);
+    out.ok();
+    assert!(
+        out.stderr.contains("Reaped 1 stale run(s): 1 requeued"),
+        "{}",
+        out.stderr
+    );
+    let run = env.show(&id);
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["requeue_count"], 1);
+}
