@@ -1,5 +1,5 @@
-//! End to end with the SQL transport and a real worker on SQLite: the requeue delays are
-//! honoured by the transport (a short backoff base keeps the test fast).
+//! End to end with the SQL transport and a real worker: the requeue delays are honoured by the
+//! transport (a short backoff base keeps the test fast).
 #![allow(clippy::unwrap_used)]
 #![cfg(feature = "sqlite")]
 
@@ -12,16 +12,13 @@ use courier_core::{Dsn, MessageBus, MessageRegistry, Worker};
 use courier_runs::{Backoff, RunAgent, RunStatus, Runtime, RuntimeOptions, ScriptedAgent};
 use courier_sql::SqlTransport;
 use serde_json::json;
+use support::Fixture;
 use tokio_util::sync::CancellationToken;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sql_worker_completes_a_run_after_honouring_the_delays() {
-    let fx = support::sqlite().await;
-    let dir = support::TempDir::new();
-    let db = dir.0.join("queue.db");
+async fn completes_after_the_delays(fx: &Fixture, queue_dsn: &str) {
     let mut registry = MessageRegistry::new();
     registry.register::<RunAgent>();
-    let dsn = Dsn::parse(&format!("sqlite://{}?poll_window=50ms", db.display())).unwrap();
+    let dsn = Dsn::parse(queue_dsn).unwrap();
     let queue = tokio::time::timeout(
         Duration::from_secs(20),
         SqlTransport::connect("async", &dsn, Arc::new(registry)),
@@ -69,11 +66,44 @@ async fn sql_worker_completes_a_run_after_honouring_the_delays() {
     assert_eq!(stats.handled, 3);
     let run = fx.run(id).await;
     assert_eq!((run.status, run.requeue_count), (RunStatus::Completed, 2));
-    let finished = run.finished_at.unwrap();
-    let waited = finished - created;
+    let waited = run.finished_at.unwrap() - created;
     assert!(
         waited >= 900,
         "not before 300 ms + 600 ms of backoff: {waited} ms"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_worker_completes_a_run_after_honouring_the_delays() {
+    let fx = support::sqlite().await;
+    let dir = support::TempDir::new();
+    let dsn = format!(
+        "sqlite://{}?poll_window=50ms",
+        dir.0.join("queue.db").display()
+    );
+    completes_after_the_delays(&fx, &dsn).await;
     fx.cleanup().await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+async fn sql_worker_completes_a_run_after_honouring_the_delays_on_postgres() {
+    let fx = support::postgres().await;
+    let table = courier_test::env::unique_name("runs_queue");
+    let url = courier_test::env::postgres_url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let dsn = format!("{url}{sep}table_name={table}&poll_window=50ms");
+    let test = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
+        completes_after_the_delays(&fx, &dsn),
+    ));
+    let result = test.await;
+    let sql = fx.sql().unwrap();
+    sql.execute(&format!("DROP TABLE IF EXISTS {table}"))
+        .await
+        .unwrap();
+    fx.cleanup().await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
 }
