@@ -5,27 +5,122 @@
 //! SQLite: one multi-row `INSERT ... RETURNING id` per batch of `fetch_size`; a claim is one
 //! `UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING ...`; each claimed body is parsed as
 //! JSON (the handler's decode); one `DELETE ... WHERE delivery_id = ? AND id IN (...)` per batch.
+//! PostgreSQL: one `INSERT ... SELECT FROM UNNEST(...)` per batch; a claim is one
+//! `UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n)`; one `DELETE ... = ANY($1)`.
 //! Other transports have no raw implementation yet (`raw` is `null`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use courier_core::Dsn;
 
-use crate::commands::bench::{Figures, Work};
-use crate::error::CliResult;
+use crate::commands::bench::{Figures, Work, payload, per_second, percentiles};
+use crate::error::{CliError, CliResult};
 
 /// Measures the raw driver for `dsn`, or `None` when there is no raw implementation.
 pub(crate) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Option<Figures>> {
     match dsn.scheme() {
         #[cfg(feature = "sqlite")]
-        "sqlite" => sqlite::measure(dsn, work).await.map(Some),
+        "sqlite" => run(
+            Arc::new(sqlite::Raw::connect(dsn, work.fetch_size).await?),
+            work,
+        )
+        .await
+        .map(Some),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => run(Arc::new(postgres::Raw::connect(dsn).await?), work)
+            .await
+            .map(Some),
         _ => Ok(None),
     }
+}
+
+/// The protocol work of one raw driver.
+#[cfg_attr(
+    not(feature = "sql"),
+    allow(dead_code, reason = "implemented by the SQL drivers")
+)]
+#[courier_core::async_trait]
+trait Driver: Send + Sync + 'static {
+    /// Stores these bodies as one batch.
+    async fn send(&self, bodies: &[String]) -> CliResult;
+    /// Claims, decodes and deletes up to `max` rows; returns how many.
+    async fn consume(&self, max: usize) -> CliResult<usize>;
+}
+
+#[cfg_attr(
+    not(feature = "sql"),
+    allow(dead_code, reason = "used by the SQL drivers")
+)]
+async fn run<D: Driver>(raw: Arc<D>, work: &Work) -> CliResult<Figures> {
+    let body =
+        |seq: u64| serde_json::json!({ "seq": seq, "payload": payload(work.size) }).to_string();
+    let started = Instant::now();
+    let mut seq = 0;
+    while seq < work.messages {
+        let n = (work.messages - seq).min(work.fetch_size as u64);
+        let bodies: Vec<String> = (seq..seq + n).map(body).collect();
+        raw.send(&bodies).await?;
+        seq += n;
+    }
+    let produce = started.elapsed();
+
+    let started = Instant::now();
+    let mut consumed = 0u64;
+    while consumed < work.messages {
+        let n = raw.consume(work.fetch_size).await?;
+        if n == 0 {
+            return Err(CliError::runtime("raw benchmark: rows went missing"));
+        }
+        consumed += n as u64;
+    }
+    let consume = started.elapsed();
+
+    // Latency: a consumer task woken by the producer, like the transport's in-process wake.
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+    let consumer = {
+        let (raw, wake, fetch) = (raw.clone(), wake.clone(), work.fetch_size);
+        tokio::spawn(async move {
+            loop {
+                let _ = tokio::time::timeout(Duration::from_millis(250), wake.notified()).await;
+                match raw.consume(fetch).await {
+                    Ok(0) => {}
+                    Ok(n) if tx.send(n).is_ok() => {}
+                    _ => return,
+                }
+            }
+        })
+    };
+    let mut samples = Vec::with_capacity(work.latency_samples);
+    for i in 0..work.latency_samples as u64 {
+        let sent = Instant::now();
+        raw.send(&[body(i)]).await?;
+        wake.notify_one();
+        match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+            Ok(Some(_)) => samples.push(sent.elapsed()),
+            _ => {
+                consumer.abort();
+                return Err(CliError::runtime(
+                    "raw benchmark: a latency sample took over 30 s",
+                ));
+            }
+        }
+    }
+    consumer.abort();
+    let (p50, p99) = percentiles(&mut samples);
+    Ok(Figures {
+        produce_per_s: per_second(work.messages, produce),
+        consume_per_s: per_second(work.messages, consume),
+        p50_ms: p50,
+        p99_ms: p99,
+    })
 }
 
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use std::str::FromStr;
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use courier_core::Dsn;
     use sqlx::Row;
@@ -33,13 +128,13 @@ mod sqlite {
         SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
     };
 
-    use crate::commands::bench::{Figures, Work, payload, per_second, percentiles};
+    use super::Driver;
     use crate::error::{CliError, CliResult};
 
     const NOW: &str = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";
     const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
 
-    struct Raw {
+    pub(super) struct Raw {
         pool: SqlitePool,
         queue: String,
         table: String,
@@ -52,7 +147,7 @@ mod sqlite {
     }
 
     impl Raw {
-        async fn connect(dsn: &Dsn, fetch_size: usize) -> CliResult<Self> {
+        pub(super) async fn connect(dsn: &Dsn, fetch_size: usize) -> CliResult<Self> {
             let url = dsn.expose_without_query();
             let options = SqliteConnectOptions::from_str(url)
                 .map_err(err)?
@@ -91,7 +186,10 @@ mod sqlite {
                 claim,
             })
         }
+    }
 
+    #[courier_core::async_trait]
+    impl Driver for Raw {
         async fn send(&self, bodies: &[String]) -> CliResult {
             let mut q = sqlx::query(&self.insert[bodies.len() - 1]);
             for body in bodies {
@@ -101,7 +199,6 @@ mod sqlite {
             Ok(())
         }
 
-        /// Claims, decodes and deletes up to `max` rows; returns how many.
         async fn consume(&self, max: usize) -> CliResult<usize> {
             let delivery = i64::from(fastrand::u32(..));
             let rows = sqlx::query(&self.claim)
@@ -135,74 +232,102 @@ mod sqlite {
             Ok(ids.len())
         }
     }
+}
 
-    pub(super) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Figures> {
-        let raw = Arc::new(Raw::connect(dsn, work.fetch_size).await?);
-        let body =
-            |seq: u64| serde_json::json!({ "seq": seq, "payload": payload(work.size) }).to_string();
-        let started = Instant::now();
-        let mut seq = 0;
-        while seq < work.messages {
-            let n = (work.messages - seq).min(work.fetch_size as u64);
-            let bodies: Vec<String> = (seq..seq + n).map(body).collect();
-            raw.send(&bodies).await?;
-            seq += n;
-        }
-        let produce = started.elapsed();
+#[cfg(feature = "postgres")]
+mod postgres {
+    use std::str::FromStr;
 
-        let started = Instant::now();
-        let mut consumed = 0u64;
-        while consumed < work.messages {
-            let n = raw.consume(work.fetch_size).await?;
-            if n == 0 {
-                return Err(CliError::runtime("raw sqlite benchmark: rows went missing"));
-            }
-            consumed += n as u64;
-        }
-        let consume = started.elapsed();
+    use courier_core::Dsn;
+    use sqlx::Row;
+    use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-        // Latency: a consumer task woken by the producer, like the transport's in-process wake.
-        let wake = Arc::new(tokio::sync::Notify::new());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
-        let consumer = {
-            let (raw, wake, fetch) = (raw.clone(), wake.clone(), work.fetch_size);
-            tokio::spawn(async move {
-                loop {
-                    let _ = tokio::time::timeout(Duration::from_millis(250), wake.notified()).await;
-                    match raw.consume(fetch).await {
-                        Ok(0) => {}
-                        Ok(n) => {
-                            if tx.send(n).is_err() {
-                                return;
-                            }
-                        }
-                        Err(_) => return,
-                    }
-                }
+    use super::Driver;
+    use crate::error::{CliError, CliResult};
+
+    const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+    const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
+
+    pub(super) struct Raw {
+        pool: PgPool,
+        queue: String,
+        insert: String,
+        claim: String,
+        delete: String,
+    }
+
+    fn err(e: sqlx::Error) -> CliError {
+        CliError::runtime(format!("raw postgres benchmark: {e}"))
+    }
+
+    impl Raw {
+        pub(super) async fn connect(dsn: &Dsn) -> CliResult<Self> {
+            let options = PgConnectOptions::from_str(dsn.expose_without_query()).map_err(err)?;
+            let pool = PgPoolOptions::new()
+                .max_connections(4)
+                .connect_with(options)
+                .await
+                .map_err(err)?;
+            let t = dsn.option("table_name").unwrap_or("courier_messages");
+            Ok(Self {
+                pool,
+                queue: format!("bench_raw_{}", fastrand::u32(..)),
+                insert: format!(
+                    "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) \
+                     SELECT $1, x.body, $3, 0, {NOW}, {NOW} FROM UNNEST($2::TEXT[]) WITH ORDINALITY AS x(body, ord) \
+                     ORDER BY x.ord RETURNING id"
+                ),
+                claim: format!(
+                    "WITH picked AS (SELECT id FROM {t} WHERE queue_name = $1 AND available_at <= {NOW} \
+                     AND (delivered_at IS NULL OR delivered_at < {NOW} - 3600000) \
+                     ORDER BY priority DESC, available_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                     UPDATE {t} SET delivered_at = {NOW}, delivery_id = $3 FROM picked WHERE {t}.id = picked.id \
+                     RETURNING {t}.id, {t}.body, {t}.headers, {t}.priority, {t}.available_at"
+                ),
+                delete: format!("DELETE FROM {t} WHERE id = ANY($1) AND delivery_id = $2"),
             })
-        };
-        let mut samples = Vec::with_capacity(work.latency_samples);
-        for i in 0..work.latency_samples as u64 {
-            let sent = Instant::now();
-            raw.send(&[body(i)]).await?;
-            wake.notify_one();
-            match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
-                Ok(Some(_)) => samples.push(sent.elapsed()),
-                _ => {
-                    consumer.abort();
-                    return Err(CliError::runtime(
-                        "raw sqlite benchmark: a latency sample took over 30 s",
-                    ));
-                }
-            }
         }
-        consumer.abort();
-        let (p50, p99) = percentiles(&mut samples);
-        Ok(Figures {
-            produce_per_s: per_second(work.messages, produce),
-            consume_per_s: per_second(work.messages, consume),
-            p50_ms: p50,
-            p99_ms: p99,
-        })
+    }
+
+    #[courier_core::async_trait]
+    impl Driver for Raw {
+        async fn send(&self, bodies: &[String]) -> CliResult {
+            sqlx::query(&self.insert)
+                .bind(&self.queue)
+                .bind(bodies)
+                .bind(HEADERS)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(err)?;
+            Ok(())
+        }
+
+        async fn consume(&self, max: usize) -> CliResult<usize> {
+            let delivery = i64::from(fastrand::u32(..));
+            let rows = sqlx::query(&self.claim)
+                .bind(&self.queue)
+                .bind(i64::try_from(max).unwrap_or(i64::MAX))
+                .bind(delivery)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(err)?;
+            let mut ids = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let body: String = row.try_get("body").map_err(err)?;
+                let _: serde_json::Value = serde_json::from_str(&body).map_err(|e| {
+                    CliError::runtime(format!("raw postgres benchmark: bad body: {e}"))
+                })?;
+                ids.push(row.try_get::<i64, _>("id").map_err(err)?);
+            }
+            if !ids.is_empty() {
+                sqlx::query(&self.delete)
+                    .bind(&ids)
+                    .bind(delivery)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(err)?;
+            }
+            Ok(ids.len())
+        }
     }
 }
