@@ -25,6 +25,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 //!
+//! Stores: [`MemoryRunStore`] (tests, on tokio's pausable clock) and [`SqlRunStore`] over sqlx's
+//! runtime queries, tested against SQLite (bundled, WAL), PostgreSQL 15 and MariaDB 10.11 (crate
+//! features `sqlite` (default), `postgres`, `mysql`). Every transition is one guarded statement
+//! judged by rows matched (sqlx's MySQL driver always connects with `CLIENT_FOUND_ROWS`), with
+//! "now" read from the database clock; tables and index are in `migrations/*/0002_courier_runs.sql`.
+//!
 //! Choices where DESIGN is silent: every agent failure is `provider_failed` and the class
 //! decides whether it is retried; an agent's own stop (`max_steps`, `budget_exhausted`...) is never
 //! retried; a worker run also checks its ownership every `lease / 4` between boundaries so a hung
