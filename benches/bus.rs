@@ -2,6 +2,8 @@
 //!
 //! `cargo bench --bench bus`
 
+#![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
+
 use std::future::ready;
 use std::sync::Arc;
 

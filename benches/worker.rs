@@ -3,6 +3,8 @@
 //!
 //! `cargo bench --bench worker`
 
+#![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
+
 use std::future::ready;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -70,10 +70,10 @@ impl MapTransport {
             .last::<DeliveryTagStamp>()
             .and_then(|t| t.0.parse::<u64>().ok());
         let mut st = self.lock();
-        if let (Some(id), Some(tag)) = (id, tag) {
-            if st.rows.get(&id).is_some_and(|r| r.delivery == Some(tag)) {
-                st.rows.remove(&id);
-            }
+        if let (Some(id), Some(tag)) = (id, tag)
+            && st.rows.get(&id).is_some_and(|r| r.delivery == Some(tag))
+        {
+            st.rows.remove(&id);
         }
     }
 }

@@ -69,15 +69,15 @@ pub fn transport_registry() -> TransportRegistry {
     let mut registry = TransportRegistry::new();
     #[cfg(feature = "sql")]
     registry.register(std::sync::Arc::new(
-        courier_sql::SqlTransportFactory::default(),
+        courier_sql::SqlTransportFactory,
     ));
     #[cfg(feature = "redis")]
     registry.register(std::sync::Arc::new(
-        courier_redis::RedisTransportFactory::default(),
+        courier_redis::RedisTransportFactory,
     ));
     #[cfg(feature = "amqp")]
     registry.register(std::sync::Arc::new(
-        courier_amqp::AmqpTransportFactory::default(),
+        courier_amqp::AmqpTransportFactory,
     ));
     registry
 }
