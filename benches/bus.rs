@@ -2,7 +2,10 @@
 //!
 //! `cargo bench --bench bus`
 
-#![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
+#![allow(
+    missing_docs,
+    reason = "criterion's macros generate undocumented items"
+)]
 
 use std::future::ready;
 use std::sync::Arc;

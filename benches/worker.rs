@@ -3,7 +3,10 @@
 //!
 //! `cargo bench --bench worker`
 
-#![allow(missing_docs, reason = "criterion's macros generate undocumented items")]
+#![allow(
+    missing_docs,
+    reason = "criterion's macros generate undocumented items"
+)]
 
 use std::future::ready;
 use std::sync::Arc;

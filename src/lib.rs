@@ -68,16 +68,10 @@ pub fn transport_registry() -> TransportRegistry {
     #[allow(unused_mut, reason = "mutated only when a transport feature is on")]
     let mut registry = TransportRegistry::new();
     #[cfg(feature = "sql")]
-    registry.register(std::sync::Arc::new(
-        courier_sql::SqlTransportFactory,
-    ));
+    registry.register(std::sync::Arc::new(courier_sql::SqlTransportFactory));
     #[cfg(feature = "redis")]
-    registry.register(std::sync::Arc::new(
-        courier_redis::RedisTransportFactory,
-    ));
+    registry.register(std::sync::Arc::new(courier_redis::RedisTransportFactory));
     #[cfg(feature = "amqp")]
-    registry.register(std::sync::Arc::new(
-        courier_amqp::AmqpTransportFactory,
-    ));
+    registry.register(std::sync::Arc::new(courier_amqp::AmqpTransportFactory));
     registry
 }
