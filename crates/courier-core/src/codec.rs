@@ -332,28 +332,31 @@ pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
         headers.insert(TYPE_HEADER.to_owned(), name.to_string());
     }
     headers.insert(CONTENT_TYPE_HEADER.to_owned(), JSON_CONTENT_TYPE.to_owned());
-    let mut groups: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    // One JSON list per stamp kind, written straight into its header value.
+    let mut groups: BTreeMap<&str, String> = BTreeMap::new();
     for slot in &envelope.stamps {
-        let (stamp_name, json) = match slot {
-            Slot::Typed(s) if s.sendable() => (
-                s.name(),
-                s.to_json()
-                    .map_err(|source| EncodeError {
-                        name: format!("stamp {}", s.name()),
-                        source,
-                    })?
-                    .to_string(),
-            ),
+        let stamp_name = match slot {
+            Slot::Typed(s) if s.sendable() => s.name(),
             Slot::Typed(_) => continue,
-            Slot::Raw(r) => (&*r.name, r.json.get().to_owned()),
+            Slot::Raw(r) => &*r.name,
         };
-        groups.entry(stamp_name).or_default().push(json);
+        let list = groups
+            .entry(stamp_name)
+            .or_insert_with(|| String::from("["));
+        if list.len() > 1 {
+            list.push(',');
+        }
+        match slot {
+            Slot::Typed(s) => s.write_json(list).map_err(|source| EncodeError {
+                name: format!("stamp {}", s.name()),
+                source,
+            })?,
+            Slot::Raw(r) => list.push_str(r.json.get()),
+        }
     }
-    for (stamp_name, items) in groups {
-        headers.insert(
-            format!("{STAMP_HEADER_PREFIX}{stamp_name}"),
-            format!("[{}]", items.join(",")),
-        );
+    for (stamp_name, mut list) in groups {
+        list.push(']');
+        headers.insert(format!("{STAMP_HEADER_PREFIX}{stamp_name}"), list);
     }
     Ok(Encoded { body, headers })
 }

@@ -43,7 +43,8 @@ pub trait Stamp: Serialize + DeserializeOwned + Debug + Clone + Send + Sync + 's
 pub(crate) trait AnyStamp: Any + Debug + Send + Sync {
     fn name(&self) -> &'static str;
     fn sendable(&self) -> bool;
-    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error>;
+    /// Appends the stamp as JSON to `out`.
+    fn write_json(&self, out: &mut String) -> Result<(), serde_json::Error>;
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -54,8 +55,9 @@ impl<S: Stamp> AnyStamp for S {
     fn sendable(&self) -> bool {
         S::SENDABLE
     }
-    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
-        serde_json::to_value(self)
+    fn write_json(&self, out: &mut String) -> Result<(), serde_json::Error> {
+        out.push_str(&serde_json::to_string(self)?);
+        Ok(())
     }
     fn as_any(&self) -> &dyn Any {
         self
