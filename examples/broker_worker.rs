@@ -1,5 +1,11 @@
-//! Dispatch to Redis Streams and consume with a worker. Needs a server:
-//! `REDIS_DSN=... cargo run --example redis_worker --features redis` (default `redis://127.0.0.1:6379?stream=courier_example`).
+//! Dispatch to a broker chosen by DSN and consume with a worker. Needs the server and its feature:
+//!
+//! ```text
+//! COURIER_DSN=redis://127.0.0.1:6379?stream=courier_example cargo run --example broker_worker --features redis
+//! COURIER_DSN='amqp://guest:guest@127.0.0.1:5672/%2f?exchange=courier_example' cargo run --example broker_worker --features amqp
+//! ```
+//!
+//! Any DSN the build supports works the same way (`sqlite://`, `postgres://`, ...).
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,8 +27,7 @@ impl Message for ResizeImage {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let dsn = Dsn::parse(
-        &std::env::var("REDIS_DSN")
-            .unwrap_or_else(|_| "redis://127.0.0.1:6379?stream=courier_example".into()),
+        &std::env::var("COURIER_DSN").unwrap_or_else(|_| "sqlite://courier-example.db".into()),
     )?;
     println!("using {dsn}"); // the password is redacted
     let registry = Arc::new(MessageRegistry::new().with::<ResizeImage>());
