@@ -133,7 +133,7 @@ fn a_config_with_an_unknown_key_is_named() {
 fn a_server_that_is_down_gives_a_clear_error_without_the_password() {
     let env = Env::empty();
     for dsn in [
-        "postgres://app:hunter2secret@127.0.0.1:1/app",
+        "postgres://app:hunter2secret@127.0.0.1:1/app?acquire_timeout=2s",
         "redis://:hunter2secret@127.0.0.1:1",
     ] {
         env.write(

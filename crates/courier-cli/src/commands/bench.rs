@@ -16,6 +16,9 @@ use crate::app::App;
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
 
+/// The benchmark transport's name (the AMQP exchange and queue are named after it).
+const BENCH: &str = "courier_bench";
+
 /// The benchmark message.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct BenchMessage {
@@ -93,7 +96,7 @@ async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work)
     let queue = format!("bench_{}", fastrand::u32(..));
     let isolated = isolate(dsn, &queue);
     let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
-    let ctx = FactoryContext::new("bench", isolated.clone()).registry(registry);
+    let ctx = FactoryContext::new(BENCH, isolated.clone()).registry(registry);
     let transport = app.factories.create(ctx).await?;
     if let Some(setup) = transport.as_setup() {
         setup.setup().await?;
@@ -168,13 +171,17 @@ async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work)
     Ok(())
 }
 
-/// The DSN with a private queue (SQL) so the benchmark never touches application messages.
+/// The DSN with a queue of its own, so the benchmark never touches application messages: a
+/// fresh SQL `queue_name`, the Redis stream `courier_bench` (AMQP: the transport name).
 fn isolate(dsn: &Dsn, queue: &str) -> Dsn {
     match dsn.scheme() {
         "sqlite" | "postgres" | "postgresql" | "mysql" | "mariadb"
             if dsn.option("queue_name").is_none() =>
         {
             dsn.clone().with_option("queue_name", queue)
+        }
+        "redis" | "rediss" if dsn.option("stream").is_none() => {
+            dsn.clone().with_option("stream", BENCH)
         }
         _ => dsn.clone(),
     }
@@ -217,7 +224,7 @@ async fn courier_figures(
     });
     let started = Instant::now();
     let stats = Worker::builder(bus)
-        .receiver("bench", transport.clone())
+        .receiver(BENCH, transport.clone())
         .fetch_size(work.fetch_size)
         .concurrency(concurrency)
         .sleep(Duration::from_millis(1))
@@ -241,7 +248,7 @@ async fn courier_figures(
     });
     let stop = CancellationToken::new();
     let worker = Worker::builder(bus)
-        .receiver("bench", transport.clone())
+        .receiver(BENCH, transport.clone())
         .fetch_size(work.fetch_size)
         .concurrency(concurrency)
         .sleep(Duration::from_millis(1))
@@ -282,7 +289,7 @@ fn bench_bus(
 ) -> MessageBus {
     let on = Arc::new(on);
     MessageBus::builder()
-        .transport("bench", transport.clone())
+        .transport(BENCH, transport.clone())
         .handler_fn("bench", move |m: Arc<BenchMessage>| {
             let on = on.clone();
             async move {
