@@ -148,8 +148,24 @@ pub(crate) fn build_runtime_as(
     builder.build()
 }
 
+/// Whether `setup` and `consume` wire runs: with the embedded configuration, a `[runs]` table,
+/// or a route for `courier.run_agent`. Otherwise an application's configuration gets no run
+/// store it did not ask for (the `runs` and `reap` commands still use the default one).
+pub(crate) fn enabled(ctx: &Ctx<'_>) -> bool {
+    matches!(ctx.source, crate::context::Source::Embedded)
+        || ctx.config.runs.is_some()
+        || ctx
+            .config
+            .routing
+            .keys()
+            .any(|k| k == "courier.run_agent" || k == "courier.*" || k == "*")
+}
+
 /// `courier setup`'s part: the run store's tables. Returns the store shown redacted.
 pub(crate) async fn setup(ctx: &Ctx<'_>) -> CliResult<Option<String>> {
+    if !enabled(ctx) {
+        return Ok(None);
+    }
     let config = settings(ctx)?;
     open_store(&config).await?;
     Ok(Some(courier_core::redact(
@@ -159,7 +175,7 @@ pub(crate) async fn setup(ctx: &Ctx<'_>) -> CliResult<Option<String>> {
 
 /// What `consume` adds for runs: the `RunAgent` handler and the reaper.
 pub(crate) struct WorkerParts {
-    runtime: Runtime,
+    runtime: Option<Runtime>,
     config: RunsConfig,
     reap_every: Option<Duration>,
 }
@@ -175,8 +191,20 @@ impl WorkerParts {
         if reap_every.is_some_and(|every| every.is_zero()) {
             return Err(CliError::usage("--reap-every: must be longer than 0s"));
         }
+        if !enabled(ctx) {
+            if reap_every.is_some() {
+                return Err(CliError::usage(
+                    "--reap-every: this configuration has no [runs] table and routes no `courier.run_agent`",
+                ));
+            }
+            return Ok(Self {
+                runtime: None,
+                config,
+                reap_every: None,
+            });
+        }
         let store = open_store(&config).await?;
-        let runtime = runtime(ctx, &config, store);
+        let runtime = Some(runtime(ctx, &config, store));
         let reap_every = reap_every.or(config.reap_every);
         Ok(Self {
             runtime,
@@ -187,7 +215,10 @@ impl WorkerParts {
 
     /// Registers the `RunAgent` handler and links the runtime to the bus.
     pub(crate) fn bus_hook(&self, builder: MessageBusBuilder) -> MessageBusBuilder {
-        self.runtime.register(builder)
+        match &self.runtime {
+            Some(runtime) => runtime.register(builder),
+            None => builder,
+        }
     }
 
     /// Starts the reaper when `--reap-every` or `[runs] reap_every` asks for it.
@@ -197,7 +228,7 @@ impl WorkerParts {
         quiet: bool,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let every = self.reap_every?;
-        let reaper = self.runtime.reaper();
+        let reaper = self.runtime.as_ref()?.reaper();
         let options = self.config.reap_options();
         Some(tokio::spawn(async move {
             loop {

@@ -344,3 +344,27 @@ fn consume_with_reap_every_recovers_a_stale_run_itself() {
     assert_eq!(run["status"], "completed", "{run}");
     assert_eq!(run["requeue_count"], 1);
 }
+
+#[test]
+fn a_configuration_without_runs_gets_no_run_store() {
+    let env = Env::empty();
+    env.write("app.toml", "[transports.async]\ndsn = \"in-memory://\"\n");
+    let out = env
+        .run(&["--config", "app.toml", "setup", "--format", "json"])
+        .json();
+    assert_eq!(out["runs"], serde_json::Value::Null);
+    assert!(!env.path("courier.db").exists());
+    env.run(&[
+        "--config",
+        "app.toml",
+        "consume",
+        "--limit",
+        "1",
+        "--time-limit",
+        "200ms",
+    ])
+    .ok();
+    assert!(!env.path("courier.db").exists());
+    env.run(&["--config", "app.toml", "consume", "--reap-every", "1s"])
+        .fails(2);
+}
