@@ -44,8 +44,10 @@ struct Live {
     outstanding: HashSet<u64>,
     /// Every tag <= floor is settled.
     floor: u64,
-    /// Settled tags above the floor.
+    /// Settled tags above the floor (their frames were sent).
     settled: BTreeSet<u64>,
+    /// Tags whose settle frames are being sent.
+    sending: HashSet<u64>,
 }
 
 impl Live {
@@ -67,7 +69,7 @@ pub(crate) struct Received {
 #[derive(Default)]
 pub(crate) struct Inbox {
     feed: tokio::sync::Mutex<Option<Feed>>,
-    live: tokio::sync::Mutex<Live>,
+    live: std::sync::Mutex<Live>,
 }
 
 /// One step of a consumer stream: a delivery, or `None` when the consumer failed or was cancelled.
@@ -149,7 +151,27 @@ async fn quiesce(link: &Link, feed: &mut Feed) -> Result<(), TransportError> {
 }
 
 impl Inbox {
+    fn lock_live(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Opens the consuming channel; with `auto_setup`, a refused `basic.consume` (a queue was
+    /// deleted under us) re-declares the topology and tries once more.
     async fn open(&self, link: &Link) -> Result<Feed, TransportError> {
+        match self.open_once(link).await {
+            Err(e) if link.options.auto_setup => {
+                tracing::debug!(error = %e, "amqp consume failed; re-declaring the topology");
+                let session = link.session().await?;
+                link.declare(&session).await?;
+                self.open_once(link).await
+            }
+            other => other,
+        }
+    }
+
+    async fn open_once(&self, link: &Link) -> Result<Feed, TransportError> {
         let name = link.name();
         let session = link.session().await?;
         let channel = session
@@ -172,7 +194,7 @@ impl Inbox {
                 return Err(e);
             }
         };
-        let mut live = self.live.lock().await;
+        let mut live = self.lock_live();
         let generation = live.generation + 1;
         *live = Live {
             generation,
@@ -191,14 +213,15 @@ impl Inbox {
     async fn forget(&self, feed: &mut Option<Feed>, close: bool) {
         if let Some(f) = feed.take() {
             {
-                let mut live = self.live.lock().await;
+                let mut live = self.lock_live();
                 if live.generation == f.generation {
                     live.channel = None;
                     live.outstanding.clear();
                 }
             }
-            if close {
-                let _ = f.channel.close(200, "consumer closed".into()).await;
+            if close && f.channel.status().connected() {
+                let closing = f.channel.close(200, "consumer closed".into());
+                let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
             }
         }
     }
@@ -277,7 +300,8 @@ impl Inbox {
             }
             let generation = feed.generation;
             if broken {
-                self.forget(&mut guard, false).await;
+                // Close what is left of the channel so its unacked deliveries are requeued.
+                self.forget(&mut guard, true).await;
                 link.invalidate().await;
                 if out.is_empty() {
                     continue;
@@ -285,7 +309,7 @@ impl Inbox {
                 // These deliveries died with their channel; the broker redelivers them.
                 return Ok(Vec::new());
             }
-            let mut live = self.live.lock().await;
+            let mut live = self.lock_live();
             let current = live.generation == generation;
             let received = out
                 .into_iter()
@@ -313,54 +337,59 @@ impl Inbox {
         ack: bool,
     ) -> Result<(), TransportError> {
         let name = link.name();
-        let mut live = self.live.lock().await;
-        let Some(channel) = live.channel.clone() else {
-            return Ok(());
-        };
-        if !channel.status().connected() {
-            // The channel died: the broker has requeued its deliveries and will deliver them
-            // again, so there is nothing left to settle.
-            tracing::debug!(messaging.destination.name = %name, "amqp channel closed; deliveries already requeued");
-            live.channel = None;
-            live.outstanding.clear();
-            return Ok(());
-        }
-        let generation = live.generation;
-        let mut mine = BTreeSet::new();
-        for &(g, tag) in tags {
-            if g == generation && live.outstanding.remove(&tag) {
-                mine.insert(tag);
+        // Plan under the lock, send without it: a caller that stops polling this future (a
+        // worker flushing acks while a retry is parked) must never block other settles.
+        let (channel, generation, mine, multi_to) = {
+            let mut live = self.lock_live();
+            let Some(channel) = live.channel.clone() else {
+                return Ok(());
+            };
+            if !channel.status().connected() {
+                // The channel died: the broker has requeued its deliveries and will deliver
+                // them again, so there is nothing left to settle.
+                tracing::debug!(messaging.destination.name = %name, "amqp channel closed; deliveries already requeued");
+                live.channel = None;
+                live.outstanding.clear();
+                return Ok(());
             }
-        }
-        if mine.is_empty() {
-            return Ok(());
-        }
-        let mut multi_to = None;
-        if ack && mine.len() > 1 {
-            let mut x = live.floor + 1;
-            loop {
-                if mine.contains(&x) {
-                    multi_to = Some(x);
-                } else if !live.settled.contains(&x) {
-                    break;
+            let generation = live.generation;
+            let mut mine = BTreeSet::new();
+            for &(g, tag) in tags {
+                if g == generation && live.outstanding.remove(&tag) {
+                    mine.insert(tag);
                 }
-                x += 1;
             }
-        }
-        for &tag in &mine {
-            live.settle(tag);
-        }
+            if mine.is_empty() {
+                return Ok(());
+            }
+            // The longest run from the floor made of our tags and tags whose settle frame was
+            // already sent; a tag still being settled by another call breaks the run, so a
+            // multiple ack never overtakes its single ack.
+            let mut multi_to = None;
+            if ack && mine.len() > 1 {
+                let mut x = live.floor + 1;
+                loop {
+                    if mine.contains(&x) {
+                        multi_to = Some(x);
+                    } else if !live.settled.contains(&x) {
+                        break;
+                    }
+                    x += 1;
+                }
+            }
+            live.sending.extend(mine.iter().copied());
+            (channel, generation, mine, multi_to)
+        };
         let result = async {
             let mut rest: Vec<u64> = mine.iter().copied().collect();
-            if let Some(t) = multi_to {
-                let covered = mine.range(..=t).count();
-                if covered > 1 {
-                    channel
-                        .basic_ack(t, BasicAckOptions { multiple: true })
-                        .await
-                        .map_err(|e| amqp_error(name, "basic.ack failed", e))?;
-                    rest.retain(|&x| x > t);
-                }
+            if let Some(t) = multi_to
+                && mine.range(..=t).count() > 1
+            {
+                channel
+                    .basic_ack(t, BasicAckOptions { multiple: true })
+                    .await
+                    .map_err(|e| amqp_error(name, "basic.ack failed", e))?;
+                rest.retain(|&x| x > t);
             }
             for tag in rest {
                 if ack {
@@ -385,12 +414,18 @@ impl Inbox {
             Ok(())
         }
         .await;
-        if result.is_err() {
-            // The frame could not be sent: the channel is gone and its deliveries come back.
-            live.channel = None;
-            live.outstanding.clear();
+        let mut live = self.lock_live();
+        if live.generation == generation {
+            for tag in &mine {
+                live.sending.remove(tag);
+                live.settle(*tag);
+            }
+            if result.is_err() {
+                // The frame could not be sent: the channel is gone and its deliveries come back.
+                live.channel = None;
+                live.outstanding.clear();
+            }
         }
-        drop(live);
         result
     }
 
@@ -457,7 +492,7 @@ impl Inbox {
                 }
             }
         }
-        total += self.live.lock().await.outstanding.len() as u64;
+        total += self.lock_live().outstanding.len() as u64;
         Ok(total)
     }
 }

@@ -406,3 +406,41 @@ async fn ack_batch_with_gaps_acks_exactly_the_given_deliveries() {
         0
     );
 }
+
+/// The queue is deleted under a running consumer (the broker cancels it): with `auto_setup`
+/// the next `get` re-declares the topology and consumes again; new messages flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+async fn a_consumer_cancelled_by_the_broker_redeclares_and_resumes() {
+    let h = AmqpHarness::new();
+    let name = AmqpHarness::unique("courier_amqp_cancel");
+    let t = h.make(AmqpHarness::options(&name)).await;
+    assert!(op("get (opens the consumer)", t.get(1)).await.is_empty());
+    let conn = lapin::Connection::connect(&h.url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_delete(
+        name.as_str().into(),
+        lapin::options::QueueDeleteOptions::default(),
+    )
+    .await
+    .unwrap();
+    let _ = conn.close(200, "done".into()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    while got.is_empty() && Instant::now() < deadline {
+        // The send may fail while the queue is gone (unroutable); retry until it is back.
+        if timeout(OP, t.send(message(5)))
+            .await
+            .expect("no hang")
+            .is_err()
+        {
+            let _ = timeout(OP, t.get(1)).await.expect("no hang");
+            continue;
+        }
+        got = recv(t.as_ref(), 1).await;
+    }
+    assert_eq!(got.iter().map(seq).collect::<Vec<_>>(), vec![5]);
+    op("ack", t.ack(&got[0])).await;
+}

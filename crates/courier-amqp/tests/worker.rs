@@ -1,5 +1,6 @@
 //! The core worker over the AMQP transport: every message handled once successfully, failing
-//! ones retried through the transport's delay topology, nothing left behind.
+//! ones retried through the transport's delay topology, nothing left behind. (This once caught
+//! a deadlock: the worker flushes acks while a retry's future is parked mid-ack.)
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -77,6 +78,16 @@ async fn the_worker_handles_everything_and_retries_failures_through_delays() {
     while done.lock().unwrap().len() < N as usize && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    eprintln!(
+        "handled {} of {N}; attempts {:?}",
+        done.lock().unwrap().len(),
+        attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .count()
+    );
     shutdown.cancel();
     let stats = timeout(Duration::from_secs(40), run)
         .await
