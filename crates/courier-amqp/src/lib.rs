@@ -52,8 +52,13 @@
 //!   `max_backoff`), re-declares the topology when `auto_setup`, and `get` resumes consuming.
 //!   While the broker is unreachable, `send` fails at once with a transient
 //!   [`TransportErrorKind::Connection`](courier_core::TransportErrorKind) error instead of hanging.
-//! - `message_count` is the ready messages (passive declares) plus those delivered to this
-//!   consumer and not yet settled. AMQP queues are not listable (`as_listable()` is `None`).
+//! - `message_count` is the ready messages of the queues and of the delay bucket queues this
+//!   process declared (passive declares) plus those delivered to this consumer and not yet
+//!   settled; the consumers are paused while counting so nothing is counted twice. Messages
+//!   unacked on other processes' consumers are not counted. AMQP queues are not listable
+//!   (`as_listable()` is `None`).
+//! - A queue deleted under a running consumer (the broker cancels it) is re-declared by the
+//!   next `get` when `auto_setup` is on.
 //!
 //! # Wire format
 //!
