@@ -270,7 +270,18 @@ impl Inbox {
                     // before settling for a partial batch.
                     None if !yielded && !out.is_empty() => {
                         yielded = true;
+                        // Cancel safety: park what we hold in the buffer across the await, so a
+                        // dropped `get` (a worker shutting down) loses no delivery.
+                        for d in out.drain(..).rev() {
+                            feed.buffer.push_front(d);
+                        }
                         tokio::task::yield_now().await;
+                        while out.len() < max {
+                            match feed.buffer.pop_front() {
+                                Some(d) => out.push(d),
+                                None => break,
+                            }
+                        }
                     }
                     None => break,
                     Some(item) => match step(item) {
