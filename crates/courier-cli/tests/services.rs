@@ -1,0 +1,91 @@
+//! `courier bench` and `courier failed` against the real servers (run with `--include-ignored`).
+
+#![cfg(any(feature = "postgres", feature = "redis", feature = "amqp"))]
+
+mod common;
+
+use common::Env;
+
+fn url(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("set {var} (scripts/services prints it), e.g. COURIER_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test")
+    })
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+fn bench_on_postgres_measures_courier_and_the_raw_driver() {
+    let env = Env::empty();
+    let dsn = url("COURIER_TEST_POSTGRES_URL");
+    let out = env
+        .run(&[
+            "bench",
+            "--dsn",
+            &dsn,
+            "--messages",
+            "500",
+            "--raw",
+            "--rounds",
+            "1",
+            "--format",
+            "json",
+        ])
+        .json();
+    assert!(
+        out["consume_per_s"].as_f64().is_some_and(|v| v > 0.0),
+        "{out}"
+    );
+    assert!(
+        out["raw"]["consume_per_s"]
+            .as_f64()
+            .is_some_and(|v| v > 0.0),
+        "{out}"
+    );
+    assert!(out["ratio"].as_f64().is_some(), "{out}");
+}
+
+#[cfg(feature = "redis")]
+#[test]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+fn bench_on_redis_reports_no_raw_driver_as_null() {
+    let env = Env::empty();
+    let dsn = url("COURIER_TEST_REDIS_URL");
+    let out = env
+        .run(&[
+            "bench",
+            "--dsn",
+            &dsn,
+            "--messages",
+            "500",
+            "--raw",
+            "--format",
+            "json",
+        ])
+        .json();
+    assert!(
+        out["consume_per_s"].as_f64().is_some_and(|v| v > 0.0),
+        "{out}"
+    );
+    assert!(out["raw"].is_null() && out["ratio"].is_null(), "{out}");
+}
+
+#[cfg(feature = "amqp")]
+#[test]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+fn an_amqp_failure_transport_cannot_be_listed_and_says_so() {
+    let env = Env::empty();
+    let dsn = url("COURIER_TEST_AMQP_URL");
+    env.write(
+        "amqp.toml",
+        &format!(
+            "[transports.async]\ndsn = \"in-memory://\"\nfailure_transport = \"failed\"\n\
+             [transports.failed]\ndsn = \"{dsn}\"\noptions = {{ exchange = \"courier_cli_test_failed\" }}\n"
+        ),
+    );
+    let err = env
+        .run(&["--config", "amqp.toml", "failed", "show"])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("cannot list"), "{err}");
+}
