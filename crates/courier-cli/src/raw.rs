@@ -19,6 +19,7 @@ use crate::error::{CliError, CliResult};
 
 /// Measures the raw driver for `dsn`, or `None` when there is no raw implementation.
 pub(crate) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Option<Figures>> {
+    let _ = work;
     match dsn.scheme() {
         #[cfg(feature = "sqlite")]
         "sqlite" => run(
