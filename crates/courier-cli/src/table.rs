@@ -5,8 +5,8 @@
 pub(crate) struct Table {
     headers: Vec<String>,
     rows: Vec<Vec<String>>,
-    /// The column shortened (with `…`) when the table is wider than the terminal.
-    flexible: Option<usize>,
+    /// The columns shortened (with `…`), in this order, when the table is too wide.
+    flexible: Vec<usize>,
 }
 
 /// The width tables are made to fit.
@@ -23,7 +23,7 @@ impl Table {
 
     /// Shortens column `index` first when the table is too wide.
     pub(crate) fn flexible(mut self, index: usize) -> Self {
-        self.flexible = Some(index);
+        self.flexible.push(index);
         self
     }
 
@@ -41,15 +41,15 @@ impl Table {
                 widths[i] = widths[i].max(cell.chars().count());
             }
         }
-        let total: usize = widths.iter().sum::<usize>() + 2 * columns.saturating_sub(1);
-        if let Some(f) = self.flexible.filter(|f| *f < columns)
-            && total > WIDTH
-        {
-            let others = total - widths[f];
-            widths[f] = WIDTH
-                .saturating_sub(others)
-                .max(self.headers[f].chars().count())
-                .max(8);
+        let mut total: usize = widths.iter().sum::<usize>() + 2 * columns.saturating_sub(1);
+        for &f in self.flexible.iter().filter(|f| **f < columns) {
+            if total <= WIDTH {
+                break;
+            }
+            let floor = self.headers[f].chars().count().max(8);
+            let cut = (total - WIDTH).min(widths[f].saturating_sub(floor));
+            widths[f] -= cut;
+            total -= cut;
         }
         let numeric: Vec<bool> = (0..columns)
             .map(|i| {

@@ -253,17 +253,17 @@ fn list(ctx: &Ctx<'_>, runs: &[Run]) -> CliResult {
         println!("No runs.");
         return Ok(());
     }
-    let mut table =
-        Table::new(&["ID", "AGENT", "STATUS", "REQUEUES", "REASON", "CREATED"]).flexible(1);
+    let mut table = Table::new(&["ID", "STATUS", "AGENT", "REQ", "REASON"])
+        .flexible(4)
+        .flexible(2);
     for r in runs {
         table.row(vec![
             r.id.to_string(),
-            r.agent.clone(),
             r.status.to_string(),
+            r.agent.clone(),
             r.requeue_count.to_string(),
             r.termination_reason
                 .map_or_else(|| "-".into(), |t| t.to_string()),
-            rfc3339_ms(r.created_at).chars().skip(11).take(8).collect(),
         ]);
     }
     print!("{}", table.render());
