@@ -273,9 +273,7 @@ async fn a_message_from_the_failure_transport_is_treated_as_received_from_its_or
         .handler_fn("a", counting(&counter()))
         .build();
     let env = Envelope::new(Order(1))
-        .with(SentToFailureTransportStamp {
-            original: "async".into(),
-        })
+        .with(SentToFailureTransportStamp::new("async"))
         .with(ReceivedStamp("failed".into()));
     bus.dispatch(env).await.unwrap();
     assert_eq!(*seen.lock().unwrap(), "async");

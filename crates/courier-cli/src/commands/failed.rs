@@ -41,7 +41,9 @@ impl Row {
             error_class: details.map(|d| d.class.clone()),
             error: details.map(|d| d.message.clone()),
             retry_count: retry_count(e),
-            failed_at: e.last::<RedeliveryStamp>().map(|r| rfc3339(r.at)),
+            failed_at: e
+                .last::<SentToFailureTransportStamp>()
+                .map(|s| rfc3339(s.at)),
             failure_transport: failure_transport.to_owned(),
         }
     }
@@ -257,7 +259,6 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
     lines.push(line);
     lines
 }
-
 
 /// The envelope as it goes back to its original transport: no failure marker, no delay, no
 /// retries counted, no ids of the failure transport (the error history stays).

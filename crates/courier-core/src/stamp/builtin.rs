@@ -17,6 +17,10 @@ pub(crate) mod wire {
             .unwrap_or(0)
     }
 
+    pub(crate) fn epoch() -> SystemTime {
+        UNIX_EPOCH
+    }
+
     pub(crate) fn from_epoch_ms(ms: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(ms)
     }
@@ -213,11 +217,28 @@ impl Stamp for BusNameStamp {
     const NAME: &'static str = "bus-name";
 }
 
-/// The message was moved to a failure transport after failing on `original`.
+/// The message was moved to a failure transport after failing on `original`, `at` a time.
+///
+/// On the wire: `{"original":"async","at":1700000000000}` (`at` in epoch ms; a producer may
+/// leave it out, which reads as the epoch).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SentToFailureTransportStamp {
     /// The name of the transport the message originally failed on.
     pub original: String,
+    /// When it was moved.
+    #[serde(with = "wire::epoch_ms", default = "wire::epoch")]
+    pub at: SystemTime,
+}
+
+impl SentToFailureTransportStamp {
+    /// A stamp for a message failed on `original`, dated now.
+    #[must_use]
+    pub fn new(original: impl Into<String>) -> Self {
+        Self {
+            original: original.into(),
+            at: SystemTime::now(),
+        }
+    }
 }
 
 impl Stamp for SentToFailureTransportStamp {

@@ -97,9 +97,7 @@ impl Transport for SyncTransport {
                     })?;
                     let moved = after
                         .with_error_details(details)
-                        .with(SentToFailureTransportStamp {
-                            original: self.name.clone(),
-                        })
+                        .with(SentToFailureTransportStamp::new(self.name.clone()))
                         .without_all::<ReceivedStamp>();
                     return target.send(moved).await;
                 }

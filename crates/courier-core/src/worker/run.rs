@@ -416,9 +416,7 @@ impl Worker {
         };
         let moved = after
             .with_error_details(details)
-            .with(SentToFailureTransportStamp {
-                original: receiver.name.clone(),
-            })
+            .with(SentToFailureTransportStamp::new(receiver.name.clone()))
             .without_all::<crate::DelayStamp>();
         match failure.send(moved).await {
             Ok(_) => {

@@ -72,9 +72,7 @@ pub fn fully_stamped(seq: u64, text: &str) -> Envelope {
         traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
         tracestate: Some("vendor=opaque".into()),
     })
-    .with(SentToFailureTransportStamp {
-        original: "async".into(),
-    })
+    .with(SentToFailureTransportStamp::new("async"))
     .with(PriorityStamp(0))
 }
 
