@@ -7,7 +7,8 @@
 //! JSON (the handler's decode); one `DELETE ... WHERE delivery_id = ? AND id IN (...)` per batch.
 //! PostgreSQL: one `INSERT ... SELECT FROM UNNEST(...)` per batch; a claim is one
 //! `UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n)`; one `DELETE ... = ANY($1)`.
-//! Other transports have no raw implementation yet (`raw` is `null`).
+//! Redis: pipelined `XADD`s per batch; `XREADGROUP COUNT n`; one pipelined `XACK` + `XDEL` with
+//! every id of the batch. Other transports have no raw implementation yet (`raw` is `null`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +33,10 @@ pub(crate) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Option<Figures>
         "postgres" | "postgresql" => run(Arc::new(postgres::Raw::connect(dsn).await?), work)
             .await
             .map(Some),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => run(Arc::new(redis_streams::Raw::connect(dsn).await?), work)
+            .await
+            .map(Some),
         _ => Ok(None),
     }
 }
@@ -47,6 +52,8 @@ trait Driver: Send + Sync + 'static {
     async fn send(&self, bodies: &[String]) -> CliResult;
     /// Claims, decodes and deletes up to `max` rows; returns how many.
     async fn consume(&self, max: usize) -> CliResult<usize>;
+    /// Removes what the benchmark created.
+    async fn cleanup(&self) {}
 }
 
 #[cfg_attr(
@@ -109,6 +116,7 @@ async fn run<D: Driver>(raw: Arc<D>, work: &Work) -> CliResult<Figures> {
         }
     }
     consumer.abort();
+    raw.cleanup().await;
     let (p50, p99) = percentiles(&mut samples);
     Ok(Figures {
         produce_per_s: per_second(work.messages, produce),
@@ -329,6 +337,142 @@ mod postgres {
                     .map_err(err)?;
             }
             Ok(ids.len())
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis_streams {
+    use courier_core::Dsn;
+    use redis::Value;
+    use redis::aio::MultiplexedConnection;
+
+    use super::Driver;
+    use crate::error::{CliError, CliResult};
+
+    const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
+    const GROUP: &str = "courier";
+
+    pub(super) struct Raw {
+        conn: MultiplexedConnection,
+        stream: String,
+    }
+
+    fn err(e: redis::RedisError) -> CliError {
+        CliError::runtime(format!("raw redis benchmark: {e}"))
+    }
+
+    impl Raw {
+        pub(super) async fn connect(dsn: &Dsn) -> CliResult<Self> {
+            let client = redis::Client::open(dsn.expose_without_query()).map_err(err)?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(err)?;
+            let stream = format!("courier_raw_bench_{}", fastrand::u32(..));
+            let _: () = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&stream)
+                .arg(GROUP)
+                .arg("$")
+                .arg("MKSTREAM")
+                .query_async(&mut conn)
+                .await
+                .map_err(err)?;
+            Ok(Self { conn, stream })
+        }
+    }
+
+    /// The entry ids and bodies of an `XREADGROUP` reply for one stream.
+    fn entries(reply: &Value) -> Vec<(&[u8], &[u8])> {
+        let Value::Array(streams) = reply else {
+            return Vec::new();
+        };
+        let Some(Value::Array(stream)) = streams.first() else {
+            return Vec::new();
+        };
+        let Some(Value::Array(entries)) = stream.get(1) else {
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .filter_map(|e| {
+                let Value::Array(parts) = e else { return None };
+                let (Some(Value::BulkString(id)), Some(Value::Array(fields))) =
+                    (parts.first(), parts.get(1))
+                else {
+                    return None;
+                };
+                let body = fields.chunks(2).find_map(|kv| match kv {
+                    [Value::BulkString(k), Value::BulkString(v)] if k == b"body" => {
+                        Some(v.as_slice())
+                    }
+                    _ => None,
+                })?;
+                Some((id.as_slice(), body))
+            })
+            .collect()
+    }
+
+    #[courier_core::async_trait]
+    impl Driver for Raw {
+        async fn send(&self, bodies: &[String]) -> CliResult {
+            let mut pipe = redis::pipe();
+            for body in bodies {
+                pipe.cmd("XADD")
+                    .arg(&self.stream)
+                    .arg("*")
+                    .arg("body")
+                    .arg(body)
+                    .arg("headers")
+                    .arg(HEADERS)
+                    .ignore();
+            }
+            let mut conn = self.conn.clone();
+            pipe.query_async::<()>(&mut conn).await.map_err(err)
+        }
+
+        async fn consume(&self, max: usize) -> CliResult<usize> {
+            let mut conn = self.conn.clone();
+            let reply: Value = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg("raw")
+                .arg("COUNT")
+                .arg(max)
+                .arg("STREAMS")
+                .arg(&self.stream)
+                .arg(">")
+                .query_async(&mut conn)
+                .await
+                .map_err(err)?;
+            let entries = entries(&reply);
+            if entries.is_empty() {
+                return Ok(0);
+            }
+            let mut ids = Vec::with_capacity(entries.len());
+            for (id, body) in &entries {
+                serde_json::from_slice::<serde_json::Value>(body)
+                    .map_err(|e| CliError::runtime(format!("raw redis benchmark: {e}")))?;
+                ids.push(*id);
+            }
+            let mut pipe = redis::pipe();
+            pipe.cmd("XACK")
+                .arg(&self.stream)
+                .arg(GROUP)
+                .arg(&ids)
+                .ignore();
+            pipe.cmd("XDEL").arg(&self.stream).arg(&ids).ignore();
+            pipe.query_async::<()>(&mut conn).await.map_err(err)?;
+            Ok(entries.len())
+        }
+
+        async fn cleanup(&self) {
+            let mut conn = self.conn.clone();
+            let _: Result<(), _> = redis::cmd("DEL")
+                .arg(&self.stream)
+                .query_async(&mut conn)
+                .await;
         }
     }
 }
