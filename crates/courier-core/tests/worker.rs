@@ -554,3 +554,111 @@ async fn receivers_are_consumed_in_priority_order() {
         .collect();
     assert_eq!(from, ["high", "high", "high", "low", "low", "low"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn keepalive_holds_a_slow_message_past_the_redelivery_window() {
+    let options =
+        courier_core::InMemoryOptions::default().redeliver_timeout(Duration::from_secs(2));
+    let q = Arc::new(InMemoryTransport::with_options(
+        options,
+        Arc::new(courier_core::MessageRegistry::new()),
+    ));
+    q.send(Envelope::new(Job(1))).await.unwrap();
+    let bus = MessageBus::builder()
+        .handler_fn("slow", |_: Arc<Job>| async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<(), HandlerError>(())
+        })
+        .build();
+    let worker = Worker::builder(bus)
+        .receiver("async", q.clone())
+        .keepalive(Some(Duration::from_millis(500)))
+        .limit(1)
+        .build();
+    let run = tokio::spawn(worker.run(CancellationToken::new()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        q.get(10).await.unwrap().is_empty(),
+        "kept alive: not redelivered while the handler runs"
+    );
+    let stats = run.await.unwrap().unwrap();
+    assert_eq!(stats.handled, 1);
+    assert_eq!(count(&q).await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_keepalive_a_slow_message_is_redelivered_after_the_window() {
+    let options =
+        courier_core::InMemoryOptions::default().redeliver_timeout(Duration::from_secs(2));
+    let q = Arc::new(InMemoryTransport::with_options(
+        options,
+        Arc::new(courier_core::MessageRegistry::new()),
+    ));
+    q.send(Envelope::new(Job(1))).await.unwrap();
+    let bus = MessageBus::builder()
+        .handler_fn("slow", |_: Arc<Job>| async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<(), HandlerError>(())
+        })
+        .build();
+    let worker = Worker::builder(bus)
+        .receiver("async", q.clone())
+        .limit(1)
+        .build();
+    let run = tokio::spawn(worker.run(CancellationToken::new()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        q.get(10).await.unwrap().len(),
+        1,
+        "the window passed without a keepalive"
+    );
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_dispatched_while_handling_inherits_the_trace_context() {
+    #[derive(Serialize, Deserialize)]
+    struct FollowUp;
+    impl Message for FollowUp {
+        const NAME: &'static str = "test.follow_up";
+    }
+    let q = Arc::new(InMemoryTransport::new());
+    let out = Arc::new(InMemoryTransport::new());
+    let link = courier_core::BusLink::new();
+    let l = link.clone();
+    let bus = MessageBus::builder()
+        .transport("out", out.clone())
+        .route("test.follow_up", ["out"])
+        .handler_fn("h", move |_: Arc<Job>| {
+            let bus = l.get();
+            async move {
+                bus.unwrap()
+                    .dispatch(FollowUp)
+                    .await
+                    .map_err(HandlerError::msg)?;
+                Ok(())
+            }
+        })
+        .link(link)
+        .build();
+    let trace = courier_core::TraceContextStamp {
+        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+        tracestate: None,
+    };
+    q.send(Envelope::new(Job(1)).with(trace.clone()))
+        .await
+        .unwrap();
+    Worker::builder(bus)
+        .receiver("async", q)
+        .limit(1)
+        .build()
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
+    let sent = out.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        sent[0].last::<courier_core::TraceContextStamp>(),
+        Some(&trace)
+    );
+}

@@ -273,6 +273,12 @@ impl Stamp for PriorityStamp {
 }
 
 /// W3C trace context (`traceparent`, optional `tracestate`) carried with the message.
+///
+/// The worker makes a received message's trace context current while it is handled, and the bus
+/// stamps it on every message dispatched meanwhile, so a chain of messages stays one trace.
+/// Courier does not depend on OpenTelemetry: to start a trace from your own span, add this stamp
+/// when dispatching (e.g. from your propagator's `traceparent`), or dispatch inside
+/// [`with_trace_context`](crate::with_trace_context).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceContextStamp {
     /// The W3C `traceparent` header value.
