@@ -182,13 +182,17 @@ impl Worker {
             .options
             .keepalive
             .map(|i| tokio::time::interval_at(Instant::now() + i, i));
+        // In-flight envelopes are kept only for whoever needs them: keepalive and listeners.
+        let track = self.options.keepalive.is_some() || !self.listeners.is_empty();
         loop {
             while state.stop.is_none() && inflight.len() < self.options.concurrency {
                 let Some((idx, envelope)) = queue.pop_front() else {
                     break;
                 };
                 state.stats.received += 1;
-                live[idx] = Some(envelope.clone());
+                if track {
+                    live[idx] = Some(envelope.clone());
+                }
                 inflight.push(Box::pin(async move {
                     (idx, self.process(receiver, envelope).await)
                 }));
