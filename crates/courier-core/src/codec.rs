@@ -226,7 +226,8 @@ impl MessageRegistry {
     #[must_use]
     pub fn decode(&self, encoded: Encoded) -> Envelope {
         let Encoded { body, mut headers } = encoded;
-        let mut stamps = Vec::new();
+        // Room for the stamps a receiving worker adds (id, delivery tag, received, handled).
+        let mut stamps = Vec::with_capacity(headers.len() + 4);
         let mut stamp_error = None;
         let stamp_keys: Vec<String> = headers
             .keys()

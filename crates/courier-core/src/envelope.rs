@@ -164,6 +164,14 @@ impl Envelope {
         self
     }
 
+    /// Adds a stamp shared with other envelopes (no allocation: the hot path's bus name,
+    /// received and handled stamps).
+    #[must_use]
+    pub(crate) fn with_shared(mut self, stamp: &Arc<dyn AnyStamp>) -> Self {
+        self.stamps.push(Slot::Typed(Arc::clone(stamp)));
+        self
+    }
+
     /// Adds error details, keeping only the first and the last ten [`ErrorDetailsStamp`]s so a
     /// message that fails again and again stays small.
     #[must_use]

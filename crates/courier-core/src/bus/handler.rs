@@ -93,5 +93,7 @@ where
 
 pub(crate) struct HandlerEntry {
     pub(crate) name: Arc<str>,
+    /// The [`HandledStamp`](crate::HandledStamp) added on success, shared by every envelope.
+    pub(crate) handled: Arc<dyn crate::stamp::AnyStamp>,
     pub(crate) handler: Arc<dyn ErasedHandler>,
 }

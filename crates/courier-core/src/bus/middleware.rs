@@ -88,30 +88,24 @@ pub async fn with_trace_context<F: std::future::Future>(
     TRACE.scope(trace, fut).await
 }
 
-/// Adds [`BusNameStamp`] (and the current trace context) when missing.
-pub(crate) struct BusNameMiddleware;
+/// The built-in steps before user middleware, in Symfony's order, fused into one link of the
+/// chain: bus name (and the current trace context) -> dispatch after current bus -> failed
+/// message processing.
+pub(crate) struct Prelude;
 
 #[async_trait]
-impl Middleware for BusNameMiddleware {
+impl Middleware for Prelude {
     async fn handle(&self, mut envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
+        // Bus name: the worker dispatches the message on the same bus.
         if !envelope.has::<BusNameStamp>() {
-            envelope = envelope.with(BusNameStamp(next.bus.name().to_owned()));
+            envelope = envelope.with_shared(&next.bus.inner.name_stamp);
         }
         if !envelope.has::<TraceContextStamp>()
             && let Ok(Some(trace)) = TRACE.try_with(Clone::clone)
         {
             envelope = envelope.with(trace);
         }
-        next.run(envelope).await
-    }
-}
-
-/// Holds envelopes stamped [`DispatchAfterCurrentBusStamp`] until the outer dispatch succeeded.
-pub(crate) struct DispatchAfterCurrentBusMiddleware;
-
-#[async_trait]
-impl Middleware for DispatchAfterCurrentBusMiddleware {
-    async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
+        // Dispatch after current bus: inside a dispatch, hold stamped envelopes until it succeeded.
         if DEFERRED.try_with(|_| ()).is_ok() {
             if envelope.has::<DispatchAfterCurrentBusStamp>() {
                 let bus = next.bus.clone();
@@ -119,11 +113,11 @@ impl Middleware for DispatchAfterCurrentBusMiddleware {
                 DEFERRED.with(|d| d.borrow_mut().push((bus, queued)));
                 return Ok(envelope);
             }
-            return next.run(envelope).await;
+            return next.run(failed_message_processing(envelope)).await;
         }
         let (result, deferred) = DEFERRED
             .scope(RefCell::new(Vec::new()), async {
-                let result = next.run(envelope).await;
+                let result = next.run(failed_message_processing(envelope)).await;
                 (
                     result,
                     DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut())),
@@ -139,115 +133,109 @@ impl Middleware for DispatchAfterCurrentBusMiddleware {
 }
 
 /// A message retried from the failure transport is treated as received from its original one.
-pub(crate) struct FailedMessageProcessingMiddleware;
+fn failed_message_processing(envelope: Envelope) -> Envelope {
+    match (
+        envelope.last::<SentToFailureTransportStamp>(),
+        envelope.has::<ReceivedStamp>(),
+    ) {
+        (Some(failed), true) => {
+            let original = ReceivedStamp(failed.original.clone());
+            envelope.with(original)
+        }
+        _ => envelope,
+    }
+}
+
+/// The built-in steps after user middleware, fused: send routed messages to their transports
+/// (never a received one), else handle them with every handler.
+pub(crate) struct Terminal;
 
 #[async_trait]
-impl Middleware for FailedMessageProcessingMiddleware {
+impl Middleware for Terminal {
     async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
-        let envelope = match (
-            envelope.last::<SentToFailureTransportStamp>(),
-            envelope.has::<ReceivedStamp>(),
-        ) {
-            (Some(failed), true) => {
-                let original = ReceivedStamp(failed.original.clone());
-                envelope.with(original)
+        if !envelope.has::<ReceivedStamp>() {
+            let bus = next.bus;
+            let names: Vec<String> = match envelope.last::<TransportNamesStamp>() {
+                Some(TransportNamesStamp(names)) => names.clone(),
+                None => bus.inner.router.resolve(envelope.message_name()).to_vec(),
+            };
+            if !names.is_empty() {
+                return send(bus, envelope, names).await;
             }
-            _ => envelope,
-        };
+        }
+        let envelope = handle(next.bus, envelope).await?;
         next.run(envelope).await
     }
 }
 
-/// Sends routed messages to their transports instead of handling them.
-pub(crate) struct SendMiddleware;
-
-#[async_trait]
-impl Middleware for SendMiddleware {
-    async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
-        if envelope.has::<ReceivedStamp>() {
-            return next.run(envelope).await;
+/// Sends to every named transport; returns the envelope with their `SentStamp`s and ids.
+async fn send(
+    bus: &MessageBus,
+    envelope: Envelope,
+    names: Vec<String>,
+) -> Result<Envelope, BusError> {
+    let outgoing = envelope.without_all::<TransportNamesStamp>();
+    let mut result = outgoing.clone();
+    for name in names {
+        let transport = bus
+            .transport(&name)
+            .ok_or_else(|| BusError::UnknownTransport {
+                transport: name.clone(),
+                name: outgoing.message_name().to_owned(),
+            })?;
+        let sent = transport
+            .send(outgoing.clone().with(SentStamp {
+                transport: name.clone(),
+            }))
+            .await
+            .map_err(|source| BusError::Send {
+                name: outgoing.message_name().to_owned(),
+                source,
+            })?;
+        result = result.with(SentStamp { transport: name });
+        if let Some(id) = sent.last::<crate::TransportMessageIdStamp>() {
+            result = result.with(id.clone());
         }
-        let bus = next.bus;
-        let names: Vec<String> = match envelope.last::<TransportNamesStamp>() {
-            Some(TransportNamesStamp(names)) => names.clone(),
-            None => bus.inner.router.resolve(envelope.message_name()).to_vec(),
-        };
-        if names.is_empty() {
-            return next.run(envelope).await;
-        }
-        let outgoing = envelope.without_all::<TransportNamesStamp>();
-        let mut result = outgoing.clone();
-        for name in names {
-            let transport = bus
-                .transport(&name)
-                .ok_or_else(|| BusError::UnknownTransport {
-                    transport: name.clone(),
-                    name: outgoing.message_name().to_owned(),
-                })?;
-            let sent = transport
-                .send(outgoing.clone().with(SentStamp {
-                    transport: name.clone(),
-                }))
-                .await
-                .map_err(|source| BusError::Send {
-                    name: outgoing.message_name().to_owned(),
-                    source,
-                })?;
-            result = result.with(SentStamp { transport: name });
-            if let Some(id) = sent.last::<crate::TransportMessageIdStamp>() {
-                result = result.with(id.clone());
-            }
-        }
-        Ok(result)
     }
+    Ok(result)
 }
 
-/// Runs every handler of the message that has not handled it yet.
-pub(crate) struct HandleMiddleware;
-
-#[async_trait]
-impl Middleware for HandleMiddleware {
-    async fn handle(&self, mut envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
-        if let Some(crate::message::Payload::Undecodable { error, .. }) = Some(&envelope.payload) {
-            return Err(BusError::Undecodable(Arc::clone(error)));
-        }
-        let handlers = next
-            .bus
-            .inner
-            .handlers
-            .get(envelope.message_name())
-            .map_or(&[][..], Vec::as_slice);
-        if handlers.is_empty() {
-            return Err(BusError::NoHandler {
-                name: envelope.message_name().to_owned(),
-            });
-        }
-        let mut failures = Vec::new();
-        for entry in handlers {
-            if envelope
-                .all::<HandledStamp>()
-                .any(|h| *h.handler == *entry.name)
-            {
-                continue;
-            }
-            match entry.handler.call(&envelope).await {
-                Ok(()) => {
-                    envelope = envelope.with(HandledStamp {
-                        handler: entry.name.to_string(),
-                    })
-                }
-                Err(error) => failures.push(HandlerFailure {
-                    handler: entry.name.to_string(),
-                    error,
-                }),
-            }
-        }
-        if !failures.is_empty() {
-            return Err(BusError::HandlerFailed {
-                envelope: Box::new(envelope),
-                failures,
-            });
-        }
-        next.run(envelope).await
+/// Runs every handler of the message that has not handled it yet; collects the failures.
+async fn handle(bus: &MessageBus, mut envelope: Envelope) -> Result<Envelope, BusError> {
+    if let crate::message::Payload::Undecodable { error, .. } = &envelope.payload {
+        return Err(BusError::Undecodable(Arc::clone(error)));
     }
+    let handlers = bus
+        .inner
+        .handlers
+        .get(envelope.message_name())
+        .map_or(&[][..], Vec::as_slice);
+    if handlers.is_empty() {
+        return Err(BusError::NoHandler {
+            name: envelope.message_name().to_owned(),
+        });
+    }
+    let mut failures = Vec::new();
+    for entry in handlers {
+        if envelope
+            .all::<HandledStamp>()
+            .any(|h| *h.handler == *entry.name)
+        {
+            continue;
+        }
+        match entry.handler.call(&envelope).await {
+            Ok(()) => envelope = envelope.with_shared(&entry.handled),
+            Err(error) => failures.push(HandlerFailure {
+                handler: entry.name.to_string(),
+                error,
+            }),
+        }
+    }
+    if !failures.is_empty() {
+        return Err(BusError::HandlerFailed {
+            envelope: Box::new(envelope),
+            failures,
+        });
+    }
+    Ok(envelope)
 }

@@ -14,11 +14,9 @@ pub use middleware::{Middleware, Next, with_trace_context};
 pub use routing::Router;
 
 use handler::{ErasedHandler, FnHandler, HandlerEntry, Typed};
-use middleware::{
-    BusNameMiddleware, DispatchAfterCurrentBusMiddleware, FailedMessageProcessingMiddleware,
-    HandleMiddleware, SendMiddleware,
-};
+use middleware::{Prelude, Terminal};
 
+use crate::stamp::AnyStamp;
 use crate::{BusError, Envelope, HandlerError, Message, MessageRegistry, Transport};
 
 /// The default bus name.
@@ -26,6 +24,8 @@ pub const DEFAULT_BUS: &str = "default";
 
 pub(crate) struct BusInner {
     name: String,
+    /// The bus's [`BusNameStamp`](crate::BusNameStamp), shared by every envelope it stamps.
+    name_stamp: Arc<dyn AnyStamp>,
     chain: Vec<Arc<dyn Middleware>>,
     handlers: HashMap<String, Vec<HandlerEntry>>,
     transports: HashMap<String, Arc<dyn Transport>>,
@@ -214,8 +214,12 @@ impl MessageBusBuilder {
         handler: H,
     ) -> Self {
         self.registry.register::<M>();
+        let name: String = name.into();
         let entry = HandlerEntry {
-            name: Arc::from(name.into()),
+            handled: Arc::new(crate::HandledStamp {
+                handler: name.clone(),
+            }),
+            name: Arc::from(name),
             handler: Arc::new(Typed::<M, H>::new(handler)) as Arc<dyn ErasedHandler>,
         };
         self.handlers
@@ -301,17 +305,14 @@ impl MessageBusBuilder {
     /// Builds the bus and binds its links.
     #[must_use]
     pub fn build(self) -> MessageBus {
-        let mut chain: Vec<Arc<dyn Middleware>> = vec![
-            Arc::new(BusNameMiddleware),
-            Arc::new(DispatchAfterCurrentBusMiddleware),
-            Arc::new(FailedMessageProcessingMiddleware),
-        ];
+        let mut chain: Vec<Arc<dyn Middleware>> = vec![Arc::new(Prelude)];
         chain.extend(self.middleware);
-        chain.push(Arc::new(SendMiddleware));
-        chain.push(Arc::new(HandleMiddleware));
+        chain.push(Arc::new(Terminal));
+        let name = self.name.unwrap_or_else(|| DEFAULT_BUS.to_owned());
         let bus = MessageBus {
             inner: Arc::new(BusInner {
-                name: self.name.unwrap_or_else(|| DEFAULT_BUS.to_owned()),
+                name_stamp: Arc::new(crate::BusNameStamp(name.clone())),
+                name,
                 chain,
                 handlers: self.handlers,
                 transports: self.transports,

@@ -32,6 +32,8 @@ pub(crate) struct Receiver {
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) retry: Arc<dyn RetryStrategy>,
     pub(crate) failure: Option<(String, Arc<dyn Transport>)>,
+    /// Its [`ReceivedStamp`](crate::ReceivedStamp), shared by every envelope it receives.
+    pub(crate) received: Arc<dyn crate::stamp::AnyStamp>,
 }
 
 /// Why a worker could not start.
@@ -135,8 +137,10 @@ impl WorkerBuilder {
     /// highest priority: after each batch the worker starts again from the first).
     #[must_use]
     pub fn receiver(mut self, name: impl Into<String>, transport: Arc<dyn Transport>) -> Self {
+        let name: String = name.into();
         self.worker.receivers.push(Receiver {
-            name: name.into(),
+            received: Arc::new(crate::ReceivedStamp(name.clone())),
+            name,
             transport,
             retry: Arc::new(MultiplierRetryStrategy::default()),
             failure: None,

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::{Receiver, StopReason, Worker, WorkerError, WorkerEvent, WorkerStats};
 use crate::retry::{RetryDecision, decide};
 use crate::{
-    BusError, BusNameStamp, Envelope, ErrorDetailsStamp, ReceivedStamp, RedeliveryStamp,
+    BusError, BusNameStamp, Envelope, ErrorDetailsStamp, RedeliveryStamp,
     SentToFailureTransportStamp, TraceContextStamp, retry_count, with_trace_context,
 };
 
@@ -297,13 +297,9 @@ impl Worker {
             messaging.message.id = id.as_deref().unwrap_or(""),
             messaging.message.type = envelope.message_name(),
         );
-        self.process_inner(
-            receiver,
-            envelope.with(ReceivedStamp(receiver.name.clone())),
-            id,
-        )
-        .instrument(span)
-        .await
+        self.process_inner(receiver, envelope.with_shared(&receiver.received), id)
+            .instrument(span)
+            .await
     }
 
     async fn process_inner(
