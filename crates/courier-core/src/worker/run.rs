@@ -177,7 +177,13 @@ impl Worker {
         let mut pending_acks: Vec<Envelope> = Vec::new();
         let mut linger: Option<Instant> = None;
         let mut grace: Option<Instant> = None;
+        // Timers and the shutdown wait live across iterations: creating them per message would
+        // register and deregister them with the runtime for every message.
         let far = Duration::from_secs(86_400 * 365);
+        let linger_timer = tokio::time::sleep(far);
+        let grace_timer = tokio::time::sleep(far);
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(linger_timer, grace_timer, cancelled);
         let mut keepalive = self
             .options
             .keepalive
@@ -200,9 +206,8 @@ impl Worker {
             if inflight.is_empty() {
                 break;
             }
-            let linger_at = linger.unwrap_or_else(|| Instant::now() + far);
-            let grace_at = grace.unwrap_or_else(|| Instant::now() + far);
             tokio::select! {
+                biased;
                 Some((idx, done)) = inflight.next() => {
                     live[idx] = None;
                     if done.failed {
@@ -212,29 +217,34 @@ impl Worker {
                         Outcome::Ack(envelope) => {
                             state.stats.handled += 1;
                             pending_acks.push(envelope);
-                            linger.get_or_insert_with(|| Instant::now() + self.options.ack_linger);
                         }
                         Outcome::Moved(envelope) => {
                             state.stats.moved_to_failure += 1;
                             pending_acks.push(envelope);
-                            linger.get_or_insert_with(|| Instant::now() + self.options.ack_linger);
                         }
                         Outcome::Retried => state.stats.retried += 1,
                         Outcome::Left => state.stats.left_for_redelivery += 1,
+                    }
+                    if linger.is_none() && !pending_acks.is_empty() {
+                        let at = Instant::now() + self.options.ack_linger;
+                        linger = Some(at);
+                        linger_timer.as_mut().reset(at);
                     }
                     if state.stop.is_none() {
                         state.stop = self.limit_reached(state);
                     }
                 }
-                () = tokio::time::sleep_until(linger_at), if linger.is_some() => {
+                () = &mut linger_timer, if linger.is_some() => {
                     self.flush_acks(receiver, &mut pending_acks, state).await;
                     linger = None;
                 }
-                () = shutdown.cancelled(), if grace.is_none() => {
+                () = &mut cancelled, if grace.is_none() => {
                     state.stop.get_or_insert(StopReason::Shutdown);
-                    grace = Some(Instant::now() + self.options.grace);
+                    let at = Instant::now() + self.options.grace;
+                    grace = Some(at);
+                    grace_timer.as_mut().reset(at);
                 }
-                () = tokio::time::sleep_until(grace_at), if grace.is_some() => {
+                () = &mut grace_timer, if grace.is_some() => {
                     let abandoned = inflight.len() as u64;
                     tracing::warn!(abandoned, "grace period over: leaving in-flight messages for redelivery");
                     state.stats.left_for_redelivery += abandoned;
