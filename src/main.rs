@@ -1,4 +1,7 @@
 //! The `courier` command line: `courier_cli` with the built-in `scripted` agent.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     courier_cli::main()
 }

@@ -225,37 +225,38 @@ impl MessageRegistry {
     /// worker can move it to the failure transport.
     #[must_use]
     pub fn decode(&self, encoded: Encoded) -> Envelope {
-        let Encoded { body, mut headers } = encoded;
+        let Encoded { body, headers } = encoded;
         // Room for the stamps a receiving worker adds (id, delivery tag, received, handled).
         let mut stamps = Vec::with_capacity(headers.len() + 4);
         let mut stamp_error = None;
-        let stamp_keys: Vec<String> = headers
-            .keys()
-            .filter(|k| k.starts_with(STAMP_HEADER_PREFIX))
-            .cloned()
-            .collect();
-        for key in stamp_keys {
-            let Some(value) = headers.remove(&key) else {
+        let (mut name, mut content_type) = (None, None);
+        let mut extra = BTreeMap::new();
+        for (key, value) in headers {
+            if let Some(stamp) = key.strip_prefix(STAMP_HEADER_PREFIX) {
+                match serde_json::from_str::<Vec<Box<RawValue>>>(&value) {
+                    Ok(items) => stamps.extend(
+                        items
+                            .into_iter()
+                            .map(|json| Slot::Raw(Arc::new(RawSlot::new(stamp, json)))),
+                    ),
+                    Err(source) => {
+                        stamp_error.get_or_insert(DecodeError::InvalidStampHeader {
+                            header: key.clone(),
+                            source,
+                        });
+                    }
+                }
                 continue;
-            };
-            let name = &key[STAMP_HEADER_PREFIX.len()..];
-            match serde_json::from_str::<Vec<Box<RawValue>>>(&value) {
-                Ok(items) => stamps.extend(
-                    items
-                        .into_iter()
-                        .map(|json| Slot::Raw(Arc::new(RawSlot::new(name, json)))),
-                ),
-                Err(source) => {
-                    stamp_error.get_or_insert(DecodeError::InvalidStampHeader {
-                        header: key.clone(),
-                        source,
-                    });
+            }
+            match key.as_str() {
+                TYPE_HEADER => name = Some(value),
+                CONTENT_TYPE_HEADER => content_type = Some(value),
+                _ => {
+                    extra.insert(key, value);
                 }
             }
         }
-        let name = headers.remove(TYPE_HEADER);
-        let content_type = headers.remove(CONTENT_TYPE_HEADER);
-        let extra_headers = (!headers.is_empty()).then(|| Arc::new(headers));
+        let extra_headers = (!extra.is_empty()).then(|| Arc::new(extra));
         let error = match (&name, stamp_error) {
             (_, Some(e)) => Err(e),
             (None, None) => Err(DecodeError::MissingHeader {
@@ -270,17 +271,19 @@ impl MessageRegistry {
                     content_type: content_type.unwrap_or_default(),
                 })
             }
-            (Some(n), None) => match self.decoders.get(n.as_str()) {
+            (Some(n), None) => match self.decoders.get_key_value(n.as_str()) {
                 None => Err(DecodeError::UnknownType { name: n.clone() }),
-                Some(decode) => decode(&body).map_err(|source| DecodeError::InvalidBody {
-                    name: n.clone(),
-                    source,
-                }),
+                Some((wire_name, decode)) => decode(&body)
+                    .map(|message| (*wire_name, message))
+                    .map_err(|source| DecodeError::InvalidBody {
+                        name: n.clone(),
+                        source,
+                    }),
             },
         };
         let payload = match error {
-            Ok(message) => Payload::Typed {
-                name: Arc::from(name.unwrap_or_default()),
+            Ok((name, message)) => Payload::Typed {
+                name,
                 message,
                 body: Some(Arc::from(body)),
             },
@@ -310,19 +313,19 @@ pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
             name,
             body: Some(body),
             ..
-        } => (Some(name), body.to_string()),
+        } => (Some(*name), body.to_string()),
         Payload::Typed {
             name,
             message,
             body: None,
         } => (
-            Some(name),
+            Some(*name),
             message.encode().map_err(|source| EncodeError {
                 name: name.to_string(),
                 source,
             })?,
         ),
-        Payload::Undecodable { name, body, .. } => (name.as_ref(), body.to_string()),
+        Payload::Undecodable { name, body, .. } => (name.as_deref(), body.to_string()),
     };
     let mut headers = envelope
         .extra_headers

@@ -111,7 +111,7 @@ impl Envelope {
     pub fn from_arc<M: Message>(message: Arc<M>) -> Self {
         Self {
             payload: Payload::Typed {
-                name: Arc::from(M::NAME),
+                name: M::NAME,
                 message,
                 body: None,
             },

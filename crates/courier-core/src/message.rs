@@ -55,7 +55,7 @@ impl<M: Message> AnyMessage for M {
 #[derive(Clone)]
 pub(crate) enum Payload {
     Typed {
-        name: Arc<str>,
+        name: &'static str,
         message: Arc<dyn AnyMessage>,
         /// The body as it was read from the wire, reused verbatim when the envelope is sent again.
         body: Option<Arc<str>>,
