@@ -32,6 +32,8 @@ pub(crate) struct PgBackend {
     next_due_sql: String,
     delete_one_sql: String,
     delete_sql: String,
+    /// The common case: every delivery of one claim shares its delivery id.
+    delete_same_sql: String,
     keepalive_sql: String,
     reschedule_sql: String,
     list_sql: String,
@@ -84,6 +86,7 @@ impl PgBackend {
             delete_sql: format!(
                 "DELETE FROM {t} WHERE (id, delivery_id) IN (SELECT * FROM UNNEST($1::INT8[], $2::INT8[]))"
             ),
+            delete_same_sql: format!("DELETE FROM {t} WHERE id = ANY($1) AND delivery_id = $2"),
             keepalive_sql: format!(
                 "UPDATE {t} SET delivered_at = {NOW} WHERE id = $1 AND delivery_id = $2"
             ),
@@ -222,6 +225,16 @@ impl Backend for PgBackend {
 
     async fn delete(&self, deliveries: &[(i64, i64)]) -> Result<u64, sqlx::Error> {
         let ids: Vec<i64> = deliveries.iter().map(|d| d.0).collect();
+        if let Some(&(_, tag)) = deliveries.first()
+            && deliveries.iter().all(|d| d.1 == tag)
+        {
+            return Ok(sqlx::query(&self.delete_same_sql)
+                .bind(ids)
+                .bind(tag)
+                .execute(&self.pool)
+                .await?
+                .rows_affected());
+        }
         let tags: Vec<i64> = deliveries.iter().map(|d| d.1).collect();
         Ok(sqlx::query(&self.delete_sql)
             .bind(ids)
