@@ -226,39 +226,11 @@ impl Link {
             .create_channel()
             .await
             .map_err(|e| amqp_error(&self.name, "cannot open a channel for setup", e))?;
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..ExchangeDeclareOptions::default()
-        };
-        ch.exchange_declare(
-            o.exchange.as_str().into(),
-            o.exchange_type.kind(),
-            durable,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| {
-            amqp_error(
-                &self.name,
-                format!("cannot declare exchange `{}`", o.exchange).as_str(),
-                e,
-            )
-        })?;
+        self.declare_exchange(&ch, &o.exchange, o.exchange_type.kind())
+            .await?;
         let delay_ex = delay_exchange(&o.exchange);
-        ch.exchange_declare(
-            delay_ex.as_str().into(),
-            ExchangeKind::Headers,
-            durable,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| {
-            amqp_error(
-                &self.name,
-                format!("cannot declare exchange `{delay_ex}`").as_str(),
-                e,
-            )
-        })?;
+        self.declare_exchange(&ch, &delay_ex, ExchangeKind::Headers)
+            .await?;
         for q in &o.queues {
             let mut args = FieldTable::default();
             for (k, v) in &q.arguments {
@@ -301,6 +273,28 @@ impl Link {
     }
 
     /// Declares the bucket queue for `(route, bucket)` once per connection.
+    /// Declares a durable exchange (idempotent).
+    async fn declare_exchange(
+        &self,
+        ch: &Channel,
+        name: &str,
+        kind: ExchangeKind,
+    ) -> Result<(), TransportError> {
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        ch.exchange_declare(name.into(), kind, durable, FieldTable::default())
+            .await
+            .map_err(|e| {
+                amqp_error(
+                    &self.name,
+                    format!("cannot declare exchange `{name}`").as_str(),
+                    e,
+                )
+            })
+    }
+
     pub(crate) async fn ensure_delay_queue(
         &self,
         session: &Session,
@@ -323,24 +317,8 @@ impl Link {
             .await
             .map_err(|e| amqp_error(&self.name, "cannot open a channel for setup", e))?;
         let delay_ex = delay_exchange(&o.exchange);
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..ExchangeDeclareOptions::default()
-        };
-        ch.exchange_declare(
-            delay_ex.as_str().into(),
-            ExchangeKind::Headers,
-            durable,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| {
-            amqp_error(
-                &self.name,
-                format!("cannot declare exchange `{delay_ex}`").as_str(),
-                e,
-            )
-        })?;
+        self.declare_exchange(&ch, &delay_ex, ExchangeKind::Headers)
+            .await?;
         let mut args = FieldTable::default();
         args.insert(
             "x-message-ttl".into(),

@@ -555,8 +555,8 @@ async fn receivers_are_consumed_in_priority_order() {
     assert_eq!(from, ["high", "high", "high", "low", "low", "low"]);
 }
 
-#[tokio::test(start_paused = true)]
-async fn keepalive_holds_a_slow_message_past_the_redelivery_window() {
+/// One message on a transport with a 2 s redelivery window, and a bus whose handler takes 5 s.
+async fn slow_message() -> (Arc<InMemoryTransport>, MessageBus) {
     let options =
         courier_core::InMemoryOptions::default().redeliver_timeout(Duration::from_secs(2));
     let q = Arc::new(InMemoryTransport::with_options(
@@ -570,6 +570,12 @@ async fn keepalive_holds_a_slow_message_past_the_redelivery_window() {
             Ok::<(), HandlerError>(())
         })
         .build();
+    (q, bus)
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalive_holds_a_slow_message_past_the_redelivery_window() {
+    let (q, bus) = slow_message().await;
     let worker = Worker::builder(bus)
         .receiver("async", q.clone())
         .keepalive(Some(Duration::from_millis(500)))
@@ -588,19 +594,7 @@ async fn keepalive_holds_a_slow_message_past_the_redelivery_window() {
 
 #[tokio::test(start_paused = true)]
 async fn without_keepalive_a_slow_message_is_redelivered_after_the_window() {
-    let options =
-        courier_core::InMemoryOptions::default().redeliver_timeout(Duration::from_secs(2));
-    let q = Arc::new(InMemoryTransport::with_options(
-        options,
-        Arc::new(courier_core::MessageRegistry::new()),
-    ));
-    q.send(Envelope::new(Job(1))).await.unwrap();
-    let bus = MessageBus::builder()
-        .handler_fn("slow", |_: Arc<Job>| async {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            Ok::<(), HandlerError>(())
-        })
-        .build();
+    let (q, bus) = slow_message().await;
     let worker = Worker::builder(bus)
         .receiver("async", q.clone())
         .limit(1)
