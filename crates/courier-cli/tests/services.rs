@@ -12,12 +12,11 @@ fn url(var: &str) -> String {
     })
 }
 
-#[cfg(feature = "postgres")]
-#[test]
-#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
-fn bench_on_postgres_measures_courier_and_the_raw_driver() {
+/// Runs `courier bench --raw` on `dsn` and checks both sides were measured and compared.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+fn bench_measures_courier_and_the_raw_driver(var: &str, scheme: &str) {
     let env = Env::empty();
-    let dsn = url("COURIER_TEST_POSTGRES_URL");
+    let dsn = url(var);
     let out = env
         .run(&[
             "bench",
@@ -43,43 +42,24 @@ fn bench_on_postgres_measures_courier_and_the_raw_driver() {
         "{out}"
     );
     assert!(out["ratio"].as_f64().is_some(), "{out}");
+    assert!(
+        out["dsn"].as_str().is_some_and(|d| d.starts_with(scheme)),
+        "{out}"
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+fn bench_on_postgres_measures_courier_and_the_raw_driver() {
+    bench_measures_courier_and_the_raw_driver("COURIER_TEST_POSTGRES_URL", "postgres://");
 }
 
 #[cfg(feature = "redis")]
 #[test]
 #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
-fn bench_on_redis_measures_the_raw_driver_too() {
-    let env = Env::empty();
-    let dsn = url("COURIER_TEST_REDIS_URL");
-    let out = env
-        .run(&[
-            "bench",
-            "--dsn",
-            &dsn,
-            "--messages",
-            "500",
-            "--raw",
-            "--format",
-            "json",
-        ])
-        .json();
-    assert!(
-        out["consume_per_s"].as_f64().is_some_and(|v| v > 0.0),
-        "{out}"
-    );
-    assert!(
-        out["raw"]["consume_per_s"]
-            .as_f64()
-            .is_some_and(|v| v > 0.0),
-        "{out}"
-    );
-    assert!(out["ratio"].as_f64().is_some(), "{out}");
-    assert!(
-        out["dsn"]
-            .as_str()
-            .is_some_and(|d| d.starts_with("redis://")),
-        "{out}"
-    );
+fn bench_on_redis_measures_courier_and_the_raw_driver() {
+    bench_measures_courier_and_the_raw_driver("COURIER_TEST_REDIS_URL", "redis://");
 }
 
 #[cfg(feature = "amqp")]
