@@ -11,11 +11,20 @@
 //! transport encodes and decodes every envelope (JSON body, headers object), which is most of
 //! the difference in the batched produce figures.
 //!
-//! `COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379 COURIER_BENCH_N=2000 cargo bench --bench redis --features redis`
-//! prints criterion's figures, then each pattern's messages/s and the courier / raw ratio.
+//! The application's messages are built before the clock starts; Courier's encode of each one
+//! is timed.
+//!
+//! `COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379 COURIER_BENCH_N=2000 cargo bench --bench redis --no-default-features --features redis`
+//! prints criterion's figures, then `COURIER_BENCH_ROUNDS` (default 9) paired rounds: raw and
+//! Courier back to back, the order alternating, with the median messages/s of each and the
+//! median of the per-round ratios courier / raw.
 
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use common::{Paired, rate};
 
 use courier::{Envelope, Message, MessageRegistry, Transport, encode};
 use courier_redis::{RedisOptions, RedisTransport};
@@ -50,23 +59,6 @@ fn message(seq: u64) -> Envelope {
         seq,
         text: "x".repeat(120),
     })
-}
-
-/// messages/s per (pattern, side), best of the measured iterations.
-static RATES: Mutex<Vec<(String, &'static str, f64)>> = Mutex::new(Vec::new());
-
-fn record(pattern: &str, side: &'static str, n: u64, elapsed: Duration) {
-    let rate = n as f64 / elapsed.as_secs_f64();
-    let mut rates = RATES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    match rates
-        .iter_mut()
-        .find(|(p, s, _)| p == pattern && *s == side)
-    {
-        Some(entry) => entry.2 = entry.2.max(rate),
-        None => rates.push((pattern.to_owned(), side, rate)),
-    }
 }
 
 struct Bench {
@@ -180,21 +172,20 @@ impl Bench {
     }
 
     async fn courier_produce(&self, n: u64, batch: u64) -> Duration {
+        let mut envelopes = (0..n).map(message);
+        let batches: Vec<Vec<Envelope>> = (0..n.div_ceil(batch))
+            .map(|_| envelopes.by_ref().take(batch as usize).collect())
+            .collect();
         let start = Instant::now();
-        let mut sent = 0;
-        while sent < n {
-            let k = batch.min(n - sent);
-            if k == 1 {
-                self.transport.send(message(sent)).await.expect("send");
+        for batch in batches {
+            if batch.len() == 1 {
+                let envelope = batch.into_iter().next().expect("one envelope");
+                self.transport.send(envelope).await.expect("send");
             } else {
-                let out = self
-                    .transport
-                    .send_batch((sent..sent + k).map(message).collect())
-                    .await
-                    .expect("send_batch");
-                assert_eq!(out.len() as u64, k);
+                let k = batch.len();
+                let out = self.transport.send_batch(batch).await.expect("send_batch");
+                assert_eq!(out.len(), k);
             }
-            sent += k;
         }
         let elapsed = start.elapsed();
         self.clear(&self.transport.options().stream).await;
@@ -296,15 +287,30 @@ fn fastrand_u32() -> u32 {
     nanos ^ std::process::id().rotate_left(16)
 }
 
-fn redis_streams(c: &mut Criterion) {
-    let bench = Bench::new();
+const PATTERNS: [(&str, u64); 4] = [
+    ("produce_1", 1),
+    ("produce_64", 64),
+    ("consume_1", 1),
+    ("consume_64", 64),
+];
+
+impl Bench {
+    /// One timed run of a pattern by one side.
+    fn run(&self, pattern: &str, batch: u64, raw: bool, n: u64) -> Duration {
+        self.rt.block_on(async {
+            match (pattern.starts_with("produce"), raw) {
+                (true, true) => self.raw_produce(n, batch).await,
+                (true, false) => self.courier_produce(n, batch).await,
+                (false, true) => self.raw_consume(n, batch).await,
+                (false, false) => self.courier_consume(n, batch).await,
+            }
+        })
+    }
+}
+
+fn redis_streams(c: &mut Criterion, bench: &Bench, paired: &mut Paired) {
     let n = n();
-    for (pattern, batch) in [
-        ("produce_1", 1),
-        ("produce_64", 64),
-        ("consume_1", 1),
-        ("consume_64", 64),
-    ] {
+    for (pattern, batch) in PATTERNS {
         let mut group = c.benchmark_group(format!("redis/{pattern}"));
         group
             .throughput(Throughput::Elements(n))
@@ -313,56 +319,40 @@ fn redis_streams(c: &mut Criterion) {
         for side in ["raw", "courier"] {
             group.bench_function(side, |b| {
                 b.iter_custom(|iters| {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let elapsed = bench.rt.block_on(async {
-                            match (pattern.starts_with("produce"), side) {
-                                (true, "raw") => bench.raw_produce(n, batch).await,
-                                (true, _) => bench.courier_produce(n, batch).await,
-                                (false, "raw") => bench.raw_consume(n, batch).await,
-                                (false, _) => bench.courier_consume(n, batch).await,
-                            }
-                        });
-                        record(pattern, side, n, elapsed);
-                        total += elapsed;
-                    }
                     // criterion's throughput is per iteration of N messages
-                    total
+                    (0..iters)
+                        .map(|_| bench.run(pattern, batch, side == "raw", n))
+                        .sum()
                 });
             });
         }
         group.finish();
     }
-    bench.cleanup();
+    for round in 0..common::rounds() {
+        for (pattern, batch) in PATTERNS {
+            let raw_first = round % 2 == 0;
+            let first = bench.run(pattern, batch, raw_first, n);
+            let second = bench.run(pattern, batch, !raw_first, n);
+            let (raw, courier) = if raw_first {
+                (first, second)
+            } else {
+                (second, first)
+            };
+            paired.add(pattern, rate(n, raw), rate(n, courier));
+        }
+    }
 }
 
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
-    redis_streams(&mut criterion);
+    let bench = Bench::new();
+    let mut paired = Paired::default();
+    redis_streams(&mut criterion, &bench, &mut paired);
+    bench.cleanup();
     criterion.final_summary();
-    let rates = RATES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    println!(
-        "\nN = {} messages of ~200 bytes, best iteration, messages/s:",
-        n()
-    );
-    println!(
-        "{:<12} {:>12} {:>12} {:>8}",
-        "pattern", "raw", "courier", "ratio"
-    );
-    for pattern in ["produce_1", "produce_64", "consume_1", "consume_64"] {
-        let rate = |side: &str| {
-            rates
-                .iter()
-                .find(|(p, s, _)| p == pattern && *s == side)
-                .map(|r| r.2)
-        };
-        if let (Some(raw), Some(courier)) = (rate("raw"), rate("courier")) {
-            println!(
-                "{pattern:<12} {raw:>12.0} {courier:>12.0} {:>7.2}x",
-                courier / raw
-            );
-        }
-    }
+    paired.print(&format!(
+        "N = {} messages of ~200 bytes, {} paired rounds, medians:",
+        n(),
+        common::rounds()
+    ));
 }

@@ -1,23 +1,35 @@
 //! SqlTransport against the raw sqlx loop doing the same protocol work, in one process, on
 //! SQLite (a temp file, WAL) and PostgreSQL (`COURIER_TEST_POSTGRES_URL`; skipped with a note
-//! when unset). Same N, same ~200-byte body, `fetch` 1 (one INSERT / claim / DELETE per message)
-//! and 64 (one multi-row INSERT, one claim of 64, one DELETE of 64). The raw loop runs the same
-//! statements as the transport (single-statement claim, DELETE by id and delivery id) with the
-//! body and headers encoded once up front; the transport pays for encoding, decoding, stamps and
-//! (PostgreSQL) the `pg_notify` in every insert.
+//! when unset). Same N, same ~200-byte body, `fetch` 1 (one INSERT / claim / DELETE per message;
+//! N = `COURIER_BENCH_N`, default 500) and 64 (one multi-row INSERT, one claim of 64, one DELETE
+//! of 64; N = `COURIER_BENCH_N64`, default 20 x `COURIER_BENCH_N`, so that a round lasts long
+//! enough for a WAL checkpoint or an fsync stall to average out). The raw loop runs the same
+//! statements as the transport (the INSERT with its `RETURNING` ids and, on PostgreSQL, its
+//! `pg_notify`; the single-statement claim; DELETE by id and delivery id) with the body and
+//! headers encoded once up front, so the ratio is what the framework costs: encoding, decoding,
+//! stamps, the wake-ups of its own listener. The `produce/plain` lines compare Courier with the
+//! smallest INSERT a hand-written queue could use (no ids back, no notify): what those features
+//! cost on top.
 //!
 //! ```text
 //! COURIER_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test COURIER_BENCH_N=500 \
-//!   cargo bench --bench sql --features sql,postgres,sqlite
+//!   cargo bench --bench sql --no-default-features --features sql,postgres,sqlite
 //! ```
 //!
-//! Besides criterion's per-iteration times it prints produce and consume msg/s of both and the
-//! ratio courier / raw.
+//! The application's messages are built before the clock starts on both sides (the raw loop's
+//! body is encoded once up front); Courier's encode of each message is timed.
+//!
+//! After criterion's per-iteration times it runs `COURIER_BENCH_ROUNDS` (default 9) paired
+//! rounds, raw and Courier back to back with the order alternating, and prints produce and
+//! consume msg/s of both and the median of the per-round ratios courier / raw.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use common::{Paired, rate};
 
 use courier_core::{Dsn, Envelope, Message, MessageRegistry, Transport, encode};
 use courier_sql::SqlTransport;
@@ -45,29 +57,20 @@ fn message(seq: u64) -> BenchMessage {
 const SQLITE_NOW: &str = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";
 const PG_NOW: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 
-/// Produce and consume seconds per (config, implementation), summed over iterations.
-type Totals = BTreeMap<(String, &'static str), (f64, f64, u64)>;
-static TOTALS: Mutex<Totals> = Mutex::new(BTreeMap::new());
-
-fn record(config: &str, which: &'static str, produce: Duration, consume: Duration, n: u64) {
-    let mut t = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
-    let e = t.entry((config.to_owned(), which)).or_default();
-    e.0 += produce.as_secs_f64();
-    e.1 += consume.as_secs_f64();
-    e.2 += n;
-}
-
 enum Raw {
     Sqlite(SqlitePool),
     Postgres(PgPool),
 }
 
-/// The raw loop: the transport's statements, no framework.
+/// The raw loop: the transport's statements by hand, no framework. With `plain`, produce uses
+/// the smallest INSERT instead (literal queue, priority and delay; on PostgreSQL no `RETURNING`
+/// and no `pg_notify`), to show what those features cost.
 struct RawQueue {
     pool: Raw,
     table: String,
     body: String,
     headers: String,
+    plain: bool,
 }
 
 impl RawQueue {
@@ -78,7 +81,7 @@ impl RawQueue {
             let k = left.min(fetch);
             left -= k;
             match &self.pool {
-                Raw::Sqlite(p) => {
+                Raw::Sqlite(p) if self.plain => {
                     let values =
                         vec![format!("('default', ?, ?, 0, {SQLITE_NOW}, {SQLITE_NOW})"); k]
                             .join(", ");
@@ -91,7 +94,42 @@ impl RawQueue {
                     }
                     q.execute(p).await.expect("insert");
                 }
-                Raw::Postgres(p) => {
+                Raw::Sqlite(p) if k == 1 => {
+                    let sql = format!(
+                        "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) \
+                         VALUES (?, ?, ?, ?, {SQLITE_NOW}, {SQLITE_NOW} + ?)"
+                    );
+                    sqlx::query(&sql)
+                        .bind("default")
+                        .bind(&self.body)
+                        .bind(&self.headers)
+                        .bind(0_i16)
+                        .bind(0_i64)
+                        .execute(p)
+                        .await
+                        .expect("insert");
+                }
+                Raw::Sqlite(p) => {
+                    let values = (0..k)
+                        .map(|i| {
+                            format!(
+                                "(?1, ?{}, ?{}, ?2, {SQLITE_NOW}, {SQLITE_NOW} + ?3)",
+                                4 + 2 * i,
+                                5 + 2 * i
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let sql = format!(
+                        "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) VALUES {values}"
+                    );
+                    let mut q = sqlx::query(&sql).bind("default").bind(0_i16).bind(0_i64);
+                    for _ in 0..k {
+                        q = q.bind(&self.body).bind(&self.headers);
+                    }
+                    q.execute(p).await.expect("insert");
+                }
+                Raw::Postgres(p) if self.plain => {
                     let sql = format!(
                         "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) \
                          SELECT 'default', b, h, 0, {PG_NOW}, {PG_NOW} FROM UNNEST($1::TEXT[], $2::TEXT[]) AS x(b, h)"
@@ -104,6 +142,28 @@ impl RawQueue {
                         .execute(p)
                         .await
                         .expect("insert");
+                }
+                Raw::Postgres(p) => {
+                    let sql = format!(
+                        "WITH ins AS (\
+                         INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) \
+                         SELECT $1, x.body, x.headers, x.priority, {PG_NOW}, {PG_NOW} + x.delay \
+                         FROM UNNEST($2::TEXT[], $3::TEXT[], $4::INT2[], $5::INT8[]) WITH ORDINALITY \
+                         AS x(body, headers, priority, delay, ord) ORDER BY x.ord RETURNING id), \
+                         wake AS (SELECT pg_notify($6, $1)) \
+                         SELECT array_agg(ins.id ORDER BY ins.id) FROM ins CROSS JOIN wake"
+                    );
+                    let ids: Option<Vec<i64>> = sqlx::query_scalar(&sql)
+                        .bind("default")
+                        .bind(vec![self.body.as_str(); k])
+                        .bind(vec![self.headers.as_str(); k])
+                        .bind(vec![0_i16; k])
+                        .bind(vec![0_i64; k])
+                        .bind(t)
+                        .fetch_one(p)
+                        .await
+                        .expect("insert");
+                    assert_eq!(ids.map(|i| i.len()), Some(k));
                 }
             }
         }
@@ -120,9 +180,9 @@ impl RawQueue {
                         "UPDATE {t} SET delivered_at = {SQLITE_NOW}, delivery_id = ?1 WHERE id IN (\
                          SELECT id FROM {t} WHERE queue_name = 'default' AND available_at <= {SQLITE_NOW} \
                          AND (delivered_at IS NULL OR delivered_at < {SQLITE_NOW} - 3600000) \
-                         ORDER BY priority DESC, available_at, id LIMIT ?2) RETURNING id, body, headers"
+                         ORDER BY priority DESC, available_at, id LIMIT ?2) RETURNING id, body, headers, priority, available_at"
                     );
-                    let rows: Vec<(i64, String, String)> = sqlx::query_as(&sql)
+                    let rows: Vec<(i64, String, String, i16, i64)> = sqlx::query_as(&sql)
                         .bind(delivery)
                         .bind(fetch as i64)
                         .fetch_all(p)
@@ -136,9 +196,9 @@ impl RawQueue {
                          AND (delivered_at IS NULL OR delivered_at < {PG_NOW} - 3600000) \
                          ORDER BY priority DESC, available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
                          UPDATE {t} SET delivered_at = {PG_NOW}, delivery_id = $2 FROM picked WHERE {t}.id = picked.id \
-                         RETURNING {t}.id, {t}.body, {t}.headers"
+                         RETURNING {t}.id, {t}.body, {t}.headers, {t}.priority, {t}.available_at"
                     );
-                    let rows: Vec<(i64, String, String)> = sqlx::query_as(&sql)
+                    let rows: Vec<(i64, String, String, i16, i64)> = sqlx::query_as(&sql)
                         .bind(fetch as i64)
                         .bind(delivery)
                         .fetch_all(p)
@@ -185,19 +245,23 @@ impl RawQueue {
     }
 }
 
-async fn courier_produce(t: &SqlTransport, n: u64, fetch: usize) {
+fn envelopes(n: u64) -> Vec<Envelope> {
+    (0..n).map(|i| Envelope::new(message(i))).collect()
+}
+
+async fn courier_produce(t: &SqlTransport, envelopes: Vec<Envelope>, fetch: usize) {
     if fetch == 1 {
-        for i in 0..n {
-            t.send(Envelope::new(message(i))).await.expect("send");
+        for envelope in envelopes {
+            t.send(envelope).await.expect("send");
         }
     } else {
-        let mut i = 0;
-        while i < n {
-            let k = (n - i).min(fetch as u64);
-            t.send_batch((i..i + k).map(|s| Envelope::new(message(s))).collect())
-                .await
-                .expect("send_batch");
-            i += k;
+        let mut envelopes = envelopes.into_iter();
+        loop {
+            let batch: Vec<Envelope> = envelopes.by_ref().take(fetch).collect();
+            if batch.is_empty() {
+                break;
+            }
+            t.send_batch(batch).await.expect("send_batch");
         }
     }
 }
@@ -223,10 +287,38 @@ struct Backend {
     raw: Raw,
 }
 
-fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, b: &Backend, n: u64) {
+/// One timed produce and consume of N messages by one side (`None`: Courier):
+/// (produce, consume).
+async fn round(
+    raw: Option<&RawQueue>,
+    courier: &SqlTransport,
+    n: u64,
+    fetch: usize,
+) -> (Duration, Duration) {
+    let batch = raw.is_none().then(|| envelopes(n));
+    let start = Instant::now();
+    match (raw, batch) {
+        (Some(raw), _) => raw.produce(n, fetch).await,
+        (None, batch) => courier_produce(courier, batch.unwrap_or_default(), fetch).await,
+    }
+    let produced = start.elapsed();
+    match raw {
+        Some(raw) => raw.consume(n, fetch).await,
+        None => courier_consume(courier, n, fetch).await,
+    }
+    (produced, start.elapsed() - produced)
+}
+
+fn bench_backend(
+    c: &mut Criterion,
+    rt: &tokio::runtime::Runtime,
+    b: &Backend,
+    (n1, n64): (u64, u64),
+    paired: &mut Paired,
+) {
     let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
     let encoded = encode(&Envelope::new(message(0))).expect("encode");
-    for fetch in [1_usize, 64] {
+    for (fetch, n) in [(1_usize, n1), (64, n64)] {
         let config = format!("{}/fetch{fetch}", b.label);
         let suffix = fastrand::u32(..);
         let courier_table = format!("bench_courier_{suffix}");
@@ -256,48 +348,67 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, b: &Backend, n
                 table: raw_table.clone(),
                 body: encoded.body.clone(),
                 headers: encoded.headers_json(),
+                plain: false,
             };
             (courier, raw)
         });
         let mut group = c.benchmark_group(format!("sql/{config}"));
         group.throughput(Throughput::Elements(n));
-        group.bench_function("raw", |bench| {
-            bench.to_async(rt).iter_custom(|iters| {
-                let (raw, config) = (&raw, &config);
-                async move {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let start = Instant::now();
-                        raw.produce(n, fetch).await;
-                        let produced = start.elapsed();
-                        raw.consume(n, fetch).await;
-                        let consumed = start.elapsed() - produced;
-                        record(config, "raw", produced, consumed, n);
-                        total += produced + consumed;
+        for side in ["raw", "courier"] {
+            group.bench_function(side, |bench| {
+                bench.to_async(rt).iter_custom(|iters| {
+                    let raw = (side == "raw").then_some(&raw);
+                    let courier = &courier;
+                    async move {
+                        let mut total = Duration::ZERO;
+                        for _ in 0..iters {
+                            let (produce, consume) = round(raw, courier, n, fetch).await;
+                            total += produce + consume;
+                        }
+                        total
                     }
-                    total
-                }
+                });
             });
-        });
-        group.bench_function("courier", |bench| {
-            bench.to_async(rt).iter_custom(|iters| {
-                let (courier, config) = (&courier, &config);
-                async move {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let start = Instant::now();
-                        courier_produce(courier, n, fetch).await;
-                        let produced = start.elapsed();
-                        courier_consume(courier, n, fetch).await;
-                        let consumed = start.elapsed() - produced;
-                        record(config, "courier", produced, consumed, n);
-                        total += produced + consumed;
-                    }
-                    total
-                }
-            });
-        });
+        }
         group.finish();
+        let plain = RawQueue {
+            pool: match &raw.pool {
+                Raw::Sqlite(p) => Raw::Sqlite(p.clone()),
+                Raw::Postgres(p) => Raw::Postgres(p.clone()),
+            },
+            table: raw.table.clone(),
+            body: raw.body.clone(),
+            headers: raw.headers.clone(),
+            plain: true,
+        };
+        rt.block_on(async {
+            for r in 0..common::rounds() {
+                let minimal = round(Some(&plain), &courier, n, fetch).await;
+                let raw_first = r % 2 == 0;
+                let first = round(raw_first.then_some(&raw), &courier, n, fetch).await;
+                let second = round((!raw_first).then_some(&raw), &courier, n, fetch).await;
+                let (raw_t, courier_t) = if raw_first {
+                    (first, second)
+                } else {
+                    (second, first)
+                };
+                paired.add(
+                    &format!("{config} produce"),
+                    rate(n, raw_t.0),
+                    rate(n, courier_t.0),
+                );
+                paired.add(
+                    &format!("{config} consume"),
+                    rate(n, raw_t.1),
+                    rate(n, courier_t.1),
+                );
+                paired.add(
+                    &format!("{config} produce/plain"),
+                    rate(n, minimal.0),
+                    rate(n, courier_t.0),
+                );
+            }
+        });
         rt.block_on(async {
             for table in [&courier_table, &raw_table] {
                 let sql = format!("DROP TABLE IF EXISTS {table}");
@@ -311,47 +422,21 @@ fn bench_backend(c: &mut Criterion, rt: &tokio::runtime::Runtime, b: &Backend, n
     }
 }
 
-fn print_ratios() {
-    let totals = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
-    let configs: Vec<&String> = totals
-        .keys()
-        .map(|(c, _)| c)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    println!(
-        "\nconfig                  raw produce  courier produce  ratio | raw consume  courier consume  ratio  (msg/s)"
-    );
-    for config in configs {
-        let rate = |which: &'static str| {
-            totals
-                .get(&(config.clone(), which))
-                .map(|(p, c, n)| (*n as f64 / p, *n as f64 / c))
-        };
-        if let (Some(raw), Some(courier)) = (rate("raw"), rate("courier")) {
-            println!(
-                "{config:<22} {:>12.0} {:>16.0} {:>6.2} | {:>11.0} {:>16.0} {:>6.2}",
-                raw.0,
-                courier.0,
-                courier.0 / raw.0,
-                raw.1,
-                courier.1,
-                courier.1 / raw.1
-            );
-        }
-    }
-}
-
 fn main() {
     let n: u64 = std::env::var("COURIER_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(500);
+    let n64: u64 = std::env::var("COURIER_BENCH_N64")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20 * n);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
+    let mut paired = Paired::default();
     let mut c = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
@@ -383,7 +468,8 @@ fn main() {
             base,
             raw: Raw::Sqlite(pool),
         },
-        n,
+        (n, n64),
+        &mut paired,
     );
 
     match std::env::var("COURIER_TEST_POSTGRES_URL") {
@@ -404,7 +490,8 @@ fn main() {
                     base: url,
                     raw: Raw::Postgres(pool),
                 },
-                n,
+                (n, n64),
+                &mut paired,
             );
         }
         _ => {
@@ -413,6 +500,9 @@ fn main() {
     }
 
     c.final_summary();
-    print_ratios();
+    paired.print(&format!(
+        "N = {n} (fetch 1) / {n64} (fetch 64) messages of ~200 bytes, {} paired rounds, medians:",
+        common::rounds()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -28,6 +28,7 @@
 //! assert_eq!(envelope.last::<RedeliveryStamp>().map(|s| s.retry_count), Some(1));
 //! ```
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
@@ -73,10 +74,18 @@ impl Encoded {
         self
     }
 
-    /// The headers as one JSON object (the SQL `headers` column and the Redis `headers` field).
+    /// The headers as one JSON object (the SQL `headers` column and the Redis `headers` field),
+    /// keys in sorted order: the same text [`encode_json`] writes.
     #[must_use]
     pub fn headers_json(&self) -> String {
-        serde_json::to_string(&self.headers).unwrap_or_else(|_| "{}".to_owned())
+        let mut json = String::with_capacity(64 * self.headers.len() + 2);
+        write_object(
+            &mut json,
+            self.headers
+                .iter()
+                .map(|(k, v)| (("", k.as_str()), v.as_str())),
+        );
+        json
     }
 
     /// Parses headers stored as one JSON object of string -> string.
@@ -226,36 +235,135 @@ impl MessageRegistry {
     #[must_use]
     pub fn decode(&self, encoded: Encoded) -> Envelope {
         let Encoded { body, headers } = encoded;
-        // Room for the stamps a receiving worker adds (id, delivery tag, received, handled).
-        let mut stamps = Vec::with_capacity(headers.len() + 4);
-        let mut stamp_error = None;
-        let (mut name, mut content_type) = (None, None);
-        let mut extra = BTreeMap::new();
+        let mut sink = HeaderSink::with_capacity(headers.len());
         for (key, value) in headers {
-            if let Some(stamp) = key.strip_prefix(STAMP_HEADER_PREFIX) {
-                match serde_json::from_str::<Vec<Box<RawValue>>>(&value) {
-                    Ok(items) => stamps.extend(
-                        items
-                            .into_iter()
-                            .map(|json| Slot::Raw(Arc::new(RawSlot::new(stamp, json)))),
-                    ),
-                    Err(source) => {
-                        stamp_error.get_or_insert(DecodeError::InvalidStampHeader {
-                            header: key.clone(),
-                            source,
-                        });
-                    }
+            sink.push(Cow::Owned(key), Cow::Owned(value));
+        }
+        sink.finish(self, body)
+    }
+
+    /// Decodes a message stored as a body and its headers as one JSON object (the form
+    /// [`encode_json`] writes), without building the header map first. Never fails: headers
+    /// that are not a JSON object of strings give an envelope whose
+    /// [`Envelope::decode_error`] is [`DecodeError::InvalidHeaders`], with its body kept.
+    ///
+    /// ```
+    /// # use courier_core::{Message, MessageRegistry};
+    /// # #[derive(serde::Serialize, serde::Deserialize)] struct Ping { n: u8 }
+    /// # impl Message for Ping { const NAME: &'static str = "app.ping"; }
+    /// let registry = MessageRegistry::new().with::<Ping>();
+    /// let envelope = registry.decode_json(r#"{"n":7}"#.to_owned(), r#"{"type":"app.ping"}"#);
+    /// assert_eq!(envelope.message::<Ping>().map(|p| p.n), Some(7));
+    /// ```
+    #[must_use]
+    pub fn decode_json(&self, body: String, headers: &str) -> Envelope {
+        match serde_json::from_str::<HeaderList<'_>>(headers) {
+            Ok(HeaderList(list)) => {
+                let mut sink = HeaderSink::with_capacity(list.len());
+                for (key, value) in list {
+                    sink.push(key, value);
                 }
-                continue;
+                sink.finish(self, body)
             }
-            match key.as_str() {
-                TYPE_HEADER => name = Some(value),
-                CONTENT_TYPE_HEADER => content_type = Some(value),
-                _ => {
-                    extra.insert(key, value);
+            Err(source) => Envelope {
+                payload: Payload::Undecodable {
+                    name: None,
+                    body: Arc::from(body),
+                    error: Arc::new(DecodeError::InvalidHeaders { source }),
+                },
+                stamps: Vec::with_capacity(4),
+                extra_headers: None,
+            },
+        }
+    }
+}
+
+/// Headers as read from one JSON object, in order, borrowed from the text where unescaped.
+struct HeaderList<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
+
+/// A JSON string, borrowed when it has no escapes.
+#[derive(serde::Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for HeaderList<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = HeaderList<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object of string values")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut list = Vec::with_capacity(map.size_hint().unwrap_or(4));
+                while let Some((Text(k), Text(v))) = map.next_entry::<Text<'de>, Text<'de>>()? {
+                    list.push((k, v));
                 }
+                Ok(HeaderList(list))
             }
         }
+        deserializer.deserialize_map(Visit)
+    }
+}
+
+/// Sorts headers into the parts of an envelope, one header at a time.
+struct HeaderSink {
+    stamps: Vec<Slot>,
+    stamp_error: Option<DecodeError>,
+    name: Option<String>,
+    content_type: Option<String>,
+    extra: BTreeMap<String, String>,
+}
+
+impl HeaderSink {
+    fn with_capacity(headers: usize) -> Self {
+        Self {
+            // Room for the stamps a receiving worker adds (id, delivery tag, received, handled).
+            stamps: Vec::with_capacity(headers + 4),
+            stamp_error: None,
+            name: None,
+            content_type: None,
+            extra: BTreeMap::new(),
+        }
+    }
+
+    fn push(&mut self, key: Cow<'_, str>, value: Cow<'_, str>) {
+        if let Some(stamp) = key.strip_prefix(STAMP_HEADER_PREFIX) {
+            match serde_json::from_str::<Vec<Box<RawValue>>>(&value) {
+                Ok(items) => self.stamps.extend(
+                    items
+                        .into_iter()
+                        .map(|json| Slot::Raw(Arc::new(RawSlot::new(stamp, json)))),
+                ),
+                Err(source) => {
+                    self.stamp_error
+                        .get_or_insert(DecodeError::InvalidStampHeader {
+                            header: key.clone().into_owned(),
+                            source,
+                        });
+                }
+            }
+            return;
+        }
+        match &*key {
+            TYPE_HEADER => self.name = Some(value.into_owned()),
+            CONTENT_TYPE_HEADER => self.content_type = Some(value.into_owned()),
+            _ => {
+                self.extra.insert(key.into_owned(), value.into_owned());
+            }
+        }
+    }
+
+    fn finish(self, registry: &MessageRegistry, body: String) -> Envelope {
+        let Self {
+            stamps,
+            stamp_error,
+            name,
+            content_type,
+            extra,
+        } = self;
         let extra_headers = (!extra.is_empty()).then(|| Arc::new(extra));
         let error = match (&name, stamp_error) {
             (_, Some(e)) => Err(e),
@@ -271,7 +379,7 @@ impl MessageRegistry {
                     content_type: content_type.unwrap_or_default(),
                 })
             }
-            (Some(n), None) => match self.decoders.get_key_value(n.as_str()) {
+            (Some(n), None) => match registry.decoders.get_key_value(n.as_str()) {
                 None => Err(DecodeError::UnknownType { name: n.clone() }),
                 Some((wire_name, decode)) => decode(&body)
                     .map(|message| (*wire_name, message))
@@ -308,6 +416,71 @@ use crate::Envelope;
 /// # Errors
 /// [`EncodeError`] if the message does not serialize.
 pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
+    let (body, headers) = parts(envelope)?;
+    Ok(Encoded {
+        body,
+        headers: headers
+            .into_iter()
+            .map(|((prefix, name), value)| (format!("{prefix}{name}"), value.into_owned()))
+            .collect(),
+    })
+}
+
+/// An envelope in the form SQL rows and Redis entries store it: the body, and the headers as
+/// one JSON object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedJson {
+    /// The message as JSON text.
+    pub body: String,
+    /// The headers as one JSON object, keys sorted: the same text as
+    /// [`Encoded::headers_json`] of [`encode`]'s result.
+    pub headers: String,
+}
+
+/// Encodes an envelope with its headers written straight to one JSON object, without the
+/// header map [`encode`] builds; [`MessageRegistry::decode_json`] reads it back.
+///
+/// ```
+/// # use courier_core::{Envelope, Message, encode, encode_json};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Ping { n: u8 }
+/// # impl Message for Ping { const NAME: &'static str = "app.ping"; }
+/// let envelope = Envelope::new(Ping { n: 7 });
+/// let wire = encode_json(&envelope).unwrap();
+/// assert_eq!(wire.body, r#"{"n":7}"#);
+/// assert_eq!(wire.headers, r#"{"content-type":"application/json","type":"app.ping"}"#);
+/// assert_eq!(wire.headers, encode(&envelope).unwrap().headers_json());
+/// ```
+///
+/// # Errors
+/// [`EncodeError`] if the message does not serialize.
+pub fn encode_json(envelope: &Envelope) -> Result<EncodedJson, EncodeError> {
+    let (body, headers) = parts(envelope)?;
+    let len: usize = headers
+        .iter()
+        .map(|((p, n), v)| p.len() + n.len() + v.len() + 8)
+        .sum();
+    let mut json = String::with_capacity(len + 2);
+    write_object(
+        &mut json,
+        headers.iter().map(|(key, value)| (*key, value.as_ref())),
+    );
+    Ok(EncodedJson {
+        body,
+        headers: json,
+    })
+}
+
+/// A header name as a prefix and the rest (`x-courier-stamp-` and `delay`), so stamp headers
+/// need no allocation of their own.
+type HeaderKey<'a> = (&'static str, &'a str);
+
+/// Headers by name, values borrowed from the envelope where they can be.
+type Headers<'a> = Vec<(HeaderKey<'a>, Cow<'a, str>)>;
+
+/// The body and headers of an envelope, the headers sorted by name with no duplicates: what
+/// the envelope itself sets (type, content type, stamps) wins over an extra header of the same
+/// name.
+fn parts(envelope: &Envelope) -> Result<(String, Headers<'_>), EncodeError> {
     let (name, body) = match &envelope.payload {
         Payload::Typed {
             name,
@@ -327,29 +500,38 @@ pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
         ),
         Payload::Undecodable { name, body, .. } => (name.as_deref(), body.to_string()),
     };
-    let mut headers = envelope
-        .extra_headers
-        .as_deref()
-        .cloned()
-        .unwrap_or_default();
+    let extra = envelope.extra_headers.as_deref();
+    let mut headers: Headers<'_> = Vec::with_capacity(4 + extra.map_or(0, BTreeMap::len));
     if let Some(name) = name {
-        headers.insert(TYPE_HEADER.to_owned(), name.to_string());
+        headers.push((("", TYPE_HEADER), Cow::Borrowed(name)));
     }
-    headers.insert(CONTENT_TYPE_HEADER.to_owned(), JSON_CONTENT_TYPE.to_owned());
-    // One JSON list per stamp kind, written straight into its header value.
-    let mut groups: BTreeMap<&str, String> = BTreeMap::new();
+    headers.push((("", CONTENT_TYPE_HEADER), Cow::Borrowed(JSON_CONTENT_TYPE)));
+    // One JSON list per stamp kind, written straight into its header value, oldest first.
+    let first_stamp = headers.len();
     for slot in &envelope.stamps {
         let stamp_name = match slot {
             Slot::Typed(s) if s.sendable() => s.name(),
             Slot::Typed(_) => continue,
             Slot::Raw(r) => &*r.name,
         };
-        let list = groups
-            .entry(stamp_name)
-            .or_insert_with(|| String::from("["));
-        if list.len() > 1 {
-            list.push(',');
-        }
+        let at = headers[first_stamp..]
+            .iter()
+            .position(|((_, n), _)| *n == stamp_name);
+        let list = match at {
+            Some(i) => {
+                let list = headers[first_stamp + i].1.to_mut();
+                list.push(',');
+                list
+            }
+            None => {
+                headers.push((
+                    (STAMP_HEADER_PREFIX, stamp_name),
+                    Cow::Owned("[".to_owned()),
+                ));
+                let last = headers.len() - 1;
+                headers[last].1.to_mut()
+            }
+        };
         match slot {
             Slot::Typed(s) => s.write_json(list).map_err(|source| EncodeError {
                 name: format!("stamp {}", s.name()),
@@ -358,11 +540,76 @@ pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
             Slot::Raw(r) => list.push_str(r.json.get()),
         }
     }
-    for (stamp_name, mut list) in groups {
-        list.push(']');
-        headers.insert(format!("{STAMP_HEADER_PREFIX}{stamp_name}"), list);
+    for (_, list) in &mut headers[first_stamp..] {
+        list.to_mut().push(']');
     }
-    Ok(Encoded { body, headers })
+    if let Some(extra) = extra {
+        headers.extend(
+            extra
+                .iter()
+                .map(|(k, v)| (("", k.as_str()), Cow::Borrowed(v.as_str()))),
+        );
+    }
+    // A stable sort keeps the envelope's own header ahead of an extra one of the same name.
+    headers.sort_by(|((p1, n1), _), ((p2, n2), _)| {
+        p1.bytes()
+            .chain(n1.bytes())
+            .cmp(p2.bytes().chain(n2.bytes()))
+    });
+    headers.dedup_by(|((p1, n1), _), ((p2, n2), _)| {
+        p1.len() + n1.len() == p2.len() + n2.len()
+            && p1
+                .bytes()
+                .chain(n1.bytes())
+                .eq(p2.bytes().chain(n2.bytes()))
+    });
+    Ok((body, headers))
+}
+
+/// Writes `{"key":"value",...}` as serde_json writes a map of strings, in the order given.
+fn write_object<'a>(out: &mut String, headers: impl Iterator<Item = (HeaderKey<'a>, &'a str)>) {
+    out.push('{');
+    for (i, ((prefix, name), value)) in headers.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push('"');
+        escape_into(out, prefix);
+        escape_into(out, name);
+        out.push_str("\":\"");
+        escape_into(out, value);
+        out.push('"');
+    }
+    out.push('}');
+}
+
+/// Appends `s` escaped as the inside of a JSON string, byte for byte as serde_json does it.
+fn escape_into(out: &mut String, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let short = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[start..i]);
+        if short.is_empty() {
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        } else {
+            out.push_str(short);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
 }
 
 #[cfg(test)]
@@ -493,5 +740,106 @@ mod tests {
         let again = encode(&env).unwrap_or_default();
         assert_eq!(again.body, "{not json");
         assert_eq!(again.headers["type"], "test.greet");
+    }
+
+    #[test]
+    fn headers_json_escapes_exactly_as_serde_json() {
+        let mut text: String = (0u8..0x80).map(char::from).collect();
+        text.push_str("ünïcode ✓ \u{2028} \u{1F600} \\ \" end");
+        let mut map = BTreeMap::new();
+        map.insert(text.clone(), text.clone());
+        map.insert("b".to_owned(), String::new());
+        map.insert("a".to_owned(), "\"quoted\"".to_owned());
+        let wire = Encoded {
+            body: String::new(),
+            headers: map.clone(),
+        };
+        let expected = serde_json::to_string(&map).unwrap_or_default();
+        assert_eq!(wire.headers_json(), expected);
+        assert_eq!(Encoded::parse_headers(&expected).unwrap_or_default(), map);
+    }
+
+    fn with_everything() -> Envelope {
+        let wire = Encoded::new(r#"{"who":"a"}"#)
+            .header("type", "test.greet")
+            .header("x-courier-stamp-delay", "[5]")
+            .header("a-first", "1")
+            .header("zz-last", "line\nbreak \"q\"")
+            .header("x-courier-stamp-zzz-custom", r#"[{"k":"v"}]"#);
+        registry()
+            .decode(wire)
+            .with(ErrorDetailsStamp::new("c", "m\"\n", vec!["x".into()]))
+            .with(DelayStamp(Duration::from_millis(9)))
+            .with(ReceivedStamp("local".into()))
+    }
+
+    #[test]
+    fn encode_json_is_the_same_text_as_encode_then_headers_json() {
+        for env in [
+            Envelope::new(Greet { who: "b".into() }),
+            with_everything(),
+            registry().decode(Encoded::new("{not json").header("type", "test.greet")),
+            registry().decode(Encoded::new("{}").header("x-only", "extra")),
+        ] {
+            let slow = encode(&env).unwrap_or_default();
+            let fast = encode_json(&env).map_err(|e| e.to_string());
+            assert_eq!(
+                fast,
+                Ok(EncodedJson {
+                    body: slow.body.clone(),
+                    headers: slow.headers_json(),
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn an_extra_header_never_overrides_what_the_envelope_sets() {
+        let mut extra = BTreeMap::new();
+        extra.insert("type".to_owned(), "forged".to_owned());
+        extra.insert("content-type".to_owned(), "text/plain".to_owned());
+        extra.insert("x-courier-stamp-delay".to_owned(), "[1]".to_owned());
+        let mut env =
+            Envelope::new(Greet { who: "a".into() }).with(DelayStamp(Duration::from_millis(2)));
+        env.extra_headers = Some(Arc::new(extra));
+        let wire = encode(&env).unwrap_or_default();
+        assert_eq!(wire.headers["type"], "test.greet");
+        assert_eq!(wire.headers["content-type"], "application/json");
+        assert_eq!(wire.headers["x-courier-stamp-delay"], "[2]");
+        assert_eq!(
+            encode_json(&env).map(|w| w.headers).unwrap_or_default(),
+            wire.headers_json()
+        );
+    }
+
+    #[test]
+    fn decode_json_reads_what_decode_reads() {
+        let env = with_everything();
+        let wire = encode(&env).unwrap_or_default();
+        let slow = registry().decode(wire.clone());
+        let fast = registry().decode_json(wire.body.clone(), &wire.headers_json());
+        assert!(fast.decode_error().is_none(), "{:?}", fast.decode_error());
+        assert_eq!(
+            encode(&fast).unwrap_or_default(),
+            encode(&slow).unwrap_or_default()
+        );
+        assert_eq!(fast.extra_headers(), slow.extra_headers());
+        assert_eq!(fast.message::<Greet>(), Some(&Greet { who: "a".into() }));
+    }
+
+    #[test]
+    fn decode_json_names_headers_that_are_not_an_object_of_strings() {
+        for bad in ["", "[]", r#"{"type": 5}"#, r#"{"type":"test.greet""#] {
+            let env = registry().decode_json(r#"{"who":"a"}"#.to_owned(), bad);
+            assert!(
+                matches!(env.decode_error(), Some(DecodeError::InvalidHeaders { .. })),
+                "{bad:?}: {:?}",
+                env.decode_error()
+            );
+            assert_eq!(
+                encode(&env).map(|w| w.body).unwrap_or_default(),
+                r#"{"who":"a"}"#
+            );
+        }
     }
 }

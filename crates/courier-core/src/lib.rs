@@ -55,8 +55,8 @@ pub use bus::{
     with_trace_context,
 };
 pub use codec::{
-    CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded, JSON_CONTENT_TYPE, MessageRegistry,
-    STAMP_HEADER_PREFIX, TYPE_HEADER, encode,
+    CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded, EncodedJson, JSON_CONTENT_TYPE,
+    MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode, encode_json,
 };
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;

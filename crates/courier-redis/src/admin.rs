@@ -1,8 +1,7 @@
 //! Setup, counting and listing ([`Setup`], [`MessageCount`], [`Listable`]).
 
 use courier_core::{
-    Encoded, Envelope, Listable, MessageCount, Setup, TransportError, TransportMessageIdStamp,
-    async_trait,
+    Envelope, Listable, MessageCount, Setup, TransportError, TransportMessageIdStamp, async_trait,
 };
 use redis::Value;
 
@@ -20,19 +19,20 @@ fn is_stream_id(id: &str) -> bool {
 }
 
 /// A delayed payload: headers JSON, newline, body.
-fn delayed_encoded(payload: &str) -> Encoded {
-    let (headers, body) = payload.split_once('\n').unwrap_or(("", payload));
-    Encoded {
-        body: body.to_owned(),
-        headers: Encoded::parse_headers(headers).unwrap_or_default(),
-    }
+fn delayed_parts(payload: &str) -> (&str, &str) {
+    payload.split_once('\n').unwrap_or(("", payload))
 }
 
 impl RedisTransport {
-    fn listed(&self, id: String, encoded: Encoded) -> Envelope {
+    fn listed(&self, id: String, body: String, headers: &str) -> Envelope {
         self.registry
-            .decode(encoded)
+            .decode_json(body, headers)
             .with(TransportMessageIdStamp(id))
+    }
+
+    fn listed_delayed(&self, id: String, payload: &str) -> Envelope {
+        let (headers, body) = delayed_parts(payload);
+        self.listed(id, body.to_owned(), headers)
     }
 }
 
@@ -102,7 +102,7 @@ impl Listable for RedisTransport {
             .map_err(|e| self.error(e, "cannot list"))?;
         let mut out: Vec<Envelope> = reply::entries(&range)
             .into_iter()
-            .map(|e| self.listed(e.id, e.encoded))
+            .map(|e| self.listed(e.id, e.body, &e.headers))
             .collect();
         let room = limit.saturating_sub(out.len());
         let delayed: Vec<String> = delayed.into_iter().take(room).collect();
@@ -115,7 +115,7 @@ impl Listable for RedisTransport {
                 .map_err(|e| self.error(e, "cannot list"))?;
             for (id, payload) in delayed.into_iter().zip(payloads) {
                 if let Some(payload) = payload {
-                    out.push(self.listed(id, delayed_encoded(&payload)));
+                    out.push(self.listed_delayed(id, &payload));
                 }
             }
         }
@@ -130,7 +130,7 @@ impl Listable for RedisTransport {
                 .query(&pipe)
                 .await
                 .map_err(|e| self.error(e, "cannot find"))?;
-            return Ok(payload.map(|p| self.listed(id.to_owned(), delayed_encoded(&p))));
+            return Ok(payload.map(|p| self.listed_delayed(id.to_owned(), &p)));
         }
         if !is_stream_id(id) {
             return Ok(None);
@@ -143,7 +143,7 @@ impl Listable for RedisTransport {
         Ok(reply::entries(&range)
             .into_iter()
             .next()
-            .map(|e| self.listed(e.id, e.encoded)))
+            .map(|e| self.listed(e.id, e.body, &e.headers)))
     }
 
     async fn remove(&self, id: &str) -> Result<bool, TransportError> {
@@ -201,8 +201,10 @@ mod tests {
 
     #[test]
     fn splits_a_delayed_payload() {
-        let e = delayed_encoded("{\"type\":\"t\"}\nbody\nwith newline");
-        assert_eq!(e.body, "body\nwith newline");
-        assert_eq!(e.headers.get("type").map(String::as_str), Some("t"));
+        assert_eq!(
+            delayed_parts("{\"type\":\"t\"}\nbody\nwith newline"),
+            ("{\"type\":\"t\"}", "body\nwith newline")
+        );
+        assert_eq!(delayed_parts("no newline"), ("", "no newline"));
     }
 }

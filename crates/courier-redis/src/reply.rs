@@ -1,13 +1,14 @@
 //! Reading stream entries out of Redis replies (`XREADGROUP`, `XRANGE` and the claim scripts).
 
-use courier_core::Encoded;
 use redis::Value;
 
-/// One stream entry as read: id, wire message, delivery count (1 for a first delivery).
+/// One stream entry as read: id, body, headers (JSON text, empty when missing), delivery count
+/// (1 for a first delivery).
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) id: String,
-    pub(crate) encoded: Encoded,
+    pub(crate) body: String,
+    pub(crate) headers: String,
     pub(crate) count: u64,
 }
 
@@ -34,15 +35,26 @@ pub(crate) fn items(v: &Value) -> &[Value] {
     }
 }
 
-/// The wire message in an entry's fields (`body`, `headers`). Missing or invalid headers give
-/// a message without headers, which decodes to a `DecodeError` envelope.
-pub(crate) fn encoded(fields: &Value) -> Encoded {
-    let mut body = String::new();
-    let mut headers = None;
-    let mut set = |k: &Value, v: &Value| match text(k).as_deref() {
-        Some("body") => body = text(v).unwrap_or_default(),
-        Some("headers") => headers = text(v),
-        _ => {}
+/// Whether a field name is `name` (compared as bytes, without allocating).
+fn is(field: &Value, name: &str) -> bool {
+    match field {
+        Value::BulkString(b) => b == name.as_bytes(),
+        Value::SimpleString(s) => s == name,
+        _ => false,
+    }
+}
+
+/// The body and headers JSON in an entry's fields. A missing field reads as empty text, which
+/// [`MessageRegistry::decode_json`](courier_core::MessageRegistry::decode_json) turns into a
+/// decode error naming the headers.
+pub(crate) fn fields(fields: &Value) -> (String, String) {
+    let (mut body, mut headers) = (String::new(), String::new());
+    let mut set = |k: &Value, v: &Value| {
+        if is(k, "body") {
+            body = text(v).unwrap_or_default();
+        } else if is(k, "headers") {
+            headers = text(v).unwrap_or_default();
+        }
     };
     match fields {
         Value::Map(pairs) => pairs.iter().for_each(|(k, v)| set(k, v)),
@@ -50,10 +62,7 @@ pub(crate) fn encoded(fields: &Value) -> Encoded {
             .chunks_exact(2)
             .for_each(|kv| set(&kv[0], &kv[1])),
     }
-    let headers = headers
-        .and_then(|h| Encoded::parse_headers(&h).ok())
-        .unwrap_or_default();
-    Encoded { body, headers }
+    (body, headers)
 }
 
 /// `[id, fields]` or `[id, fields, count]`; `None` for a deleted entry (nil fields).
@@ -69,9 +78,11 @@ fn entry(v: &Value) -> Option<Entry> {
         .and_then(int)
         .and_then(|c| u64::try_from(c).ok())
         .unwrap_or(1);
+    let (body, headers) = self::fields(fields);
     Some(Entry {
         id,
-        encoded: encoded(fields),
+        body,
+        headers,
         count,
     })
 }
@@ -131,25 +142,22 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].id, "1-0");
         assert_eq!(got[0].count, 1);
-        assert_eq!(got[0].encoded.body, "{\"a\":1}");
-        assert_eq!(
-            got[0].encoded.headers.get("type").map(String::as_str),
-            Some("t")
-        );
+        assert_eq!(got[0].body, "{\"a\":1}");
+        assert_eq!(got[0].headers, "{\"type\":\"t\"}");
         assert!(read_reply(&Value::Nil).is_empty());
     }
 
     #[test]
-    fn bad_headers_give_an_empty_header_map() {
-        let fields = Value::Array(vec![
-            bulk("body"),
-            bulk("x"),
+    fn fields_are_read_in_any_order_and_missing_ones_are_empty() {
+        let f = Value::Array(vec![
             bulk("headers"),
             bulk("not json"),
+            bulk("body"),
+            bulk("x"),
         ]);
-        let e = encoded(&fields);
-        assert_eq!(e.body, "x");
-        assert!(e.headers.is_empty());
+        assert_eq!(fields(&f), ("x".to_owned(), "not json".to_owned()));
+        let f = Value::Map(vec![(Value::SimpleString("body".into()), bulk("y"))]);
+        assert_eq!(fields(&f), ("y".to_owned(), String::new()));
     }
 
     #[test]

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use courier_core::{
-    Capabilities, DelayStamp, DeliveryTagStamp, Encoded, Envelope, Listable, MessageCount,
+    Capabilities, DelayStamp, DeliveryTagStamp, EncodedJson, Envelope, Listable, MessageCount,
     MessageRegistry, Setup, Transport, TransportError, TransportErrorKind, TransportMessageIdStamp,
-    async_trait, encode,
+    async_trait, encode_json,
 };
 use redis::{Client, IntoConnectionInfo, RedisError, Value};
 use tokio::time::Instant;
@@ -179,8 +179,8 @@ impl RedisTransport {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn encode(&self, envelope: &Envelope) -> Result<Encoded, TransportError> {
-        encode(envelope).map_err(|e| {
+    fn encode(&self, envelope: &Envelope) -> Result<EncodedJson, TransportError> {
+        encode_json(envelope).map_err(|e| {
             TransportError::new(TransportErrorKind::Encode, self.options.name.clone())
                 .with_source(e)
         })
@@ -240,7 +240,7 @@ impl RedisTransport {
         }
     }
 
-    fn xadd(&self, pipe: &mut redis::Pipeline, encoded: &Encoded) {
+    fn xadd(&self, pipe: &mut redis::Pipeline, encoded: &EncodedJson) {
         let cmd = pipe.cmd("XADD").arg(&self.options.stream);
         if let Some(n) = self.options.stream_max_entries {
             cmd.arg("MAXLEN").arg("~").arg(n);
@@ -249,13 +249,13 @@ impl RedisTransport {
             .arg("body")
             .arg(&encoded.body)
             .arg("headers")
-            .arg(encoded.headers_json());
+            .arg(&encoded.headers);
     }
 
     fn send_delayed(
         &self,
         pipe: &mut redis::Pipeline,
-        encoded: &Encoded,
+        encoded: &EncodedJson,
         delay: Duration,
     ) -> String {
         let id = format!("d-{:032x}", fastrand::u128(..));
@@ -269,7 +269,7 @@ impl RedisTransport {
                 ])
                 .arg(delay_ms(delay))
                 .arg(&id)
-                .arg(format!("{}\n{}", encoded.headers_json(), encoded.body))
+                .arg(format!("{}\n{}", encoded.headers, encoded.body))
                 .clone(),
         );
         self.hint_due(delay);
@@ -394,7 +394,7 @@ impl RedisTransport {
             .map(|e| {
                 in_flight.insert(e.id.clone(), (e.count, requested_at));
                 self.registry
-                    .decode(e.encoded)
+                    .decode_json(e.body, &e.headers)
                     .with(TransportMessageIdStamp(e.id))
                     .with(DeliveryTagStamp(e.count.to_string()))
             })
@@ -461,7 +461,7 @@ impl Transport for RedisTransport {
             })
             .arg(delay_ms(delay))
             .arg(&delayed_id)
-            .arg(encoded.headers_json())
+            .arg(&encoded.headers)
             .arg(&encoded.body)
             .arg(&self.maxlen);
         let mut pipe = redis::pipe();

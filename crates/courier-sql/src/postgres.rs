@@ -68,7 +68,7 @@ impl PgBackend {
                  FROM UNNEST($2::TEXT[], $3::TEXT[], $4::INT2[], $5::INT8[]) WITH ORDINALITY \
                  AS x(body, headers, priority, delay, ord) ORDER BY x.ord RETURNING id), \
                  wake AS (SELECT pg_notify($6, $1)) \
-                 SELECT ins.id FROM ins CROSS JOIN wake"
+                 SELECT array_agg(ins.id ORDER BY ins.id) FROM ins CROSS JOIN wake"
             ),
             claim_sql: format!(
                 "WITH picked AS (\
@@ -180,18 +180,18 @@ impl Backend for PgBackend {
         let headers: Vec<&str> = rows.iter().map(|r| r.headers.as_str()).collect();
         let priorities: Vec<i16> = rows.iter().map(|r| r.priority).collect();
         let delays: Vec<i64> = rows.iter().map(|r| r.delay_ms).collect();
-        let mut ids: Vec<i64> = sqlx::query_scalar(&self.insert_sql)
+        // One row back, the ids as one array, rather than a row per message.
+        let ids: Option<Vec<i64>> = sqlx::query_scalar(&self.insert_sql)
             .bind(&self.queue)
             .bind(bodies)
             .bind(headers)
             .bind(priorities)
             .bind(delays)
             .bind(&self.table)
-            .fetch_all(&self.pool)
+            .fetch_one(&self.pool)
             .await?;
         // Ids come from one sequence in insertion order.
-        ids.sort_unstable();
-        Ok(ids)
+        Ok(ids.unwrap_or_default())
     }
 
     async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error> {

@@ -3,6 +3,7 @@
 //! takes the write lock up front (waiting up to the busy timeout), so several processes can share
 //! one file and never claim the same row twice.
 
+use std::fmt::Write as _;
 use std::str::FromStr;
 
 use async_trait::async_trait;
@@ -100,8 +101,22 @@ impl SqliteBackend {
         })
     }
 
-    fn insert_sql(&self, rows: usize) -> String {
-        let values = vec![format!("(?, ?, ?, ?, {NOW}, {NOW} + ?)"); rows].join(", ");
+    /// A multi-row INSERT. When every row shares its priority and delay (the usual batch), the
+    /// queue, priority and delay are bound once (`?1`-`?3`) and each row binds only its body and
+    /// headers; otherwise each row binds all five.
+    fn insert_sql(&self, rows: usize, shared: bool) -> String {
+        let mut values = String::with_capacity(rows * 48);
+        for i in 0..rows {
+            if i > 0 {
+                values.push_str(", ");
+            }
+            if shared {
+                let (b, h) = (4 + 2 * i, 5 + 2 * i);
+                let _ = write!(values, "(?1, ?{b}, ?{h}, ?2, {NOW}, {NOW} + ?3)");
+            } else {
+                let _ = write!(values, "(?, ?, ?, ?, {NOW}, {NOW} + ?)");
+            }
+        }
         format!(
             "INSERT INTO {} (queue_name, body, headers, priority, created_at, available_at) VALUES {values}",
             self.table
@@ -138,15 +153,31 @@ impl Backend for SqliteBackend {
             None
         };
         for chunk in rows.chunks(CHUNK) {
-            let sql = self.insert_sql(chunk.len());
+            let Some(first) = chunk.first() else {
+                continue;
+            };
+            let shared = chunk
+                .iter()
+                .all(|r| r.priority == first.priority && r.delay_ms == first.delay_ms);
+            let sql = self.insert_sql(chunk.len(), shared);
             let mut q = sqlx::query(&sql);
-            for r in chunk {
+            if shared {
                 q = q
                     .bind(&self.queue)
-                    .bind(&r.body)
-                    .bind(&r.headers)
-                    .bind(r.priority)
-                    .bind(r.delay_ms);
+                    .bind(first.priority)
+                    .bind(first.delay_ms);
+                for r in chunk {
+                    q = q.bind(&r.body).bind(&r.headers);
+                }
+            } else {
+                for r in chunk {
+                    q = q
+                        .bind(&self.queue)
+                        .bind(&r.body)
+                        .bind(&r.headers)
+                        .bind(r.priority)
+                        .bind(r.delay_ms);
+                }
             }
             let done = match tx.as_mut() {
                 Some(tx) => q.execute(&mut **tx).await?,

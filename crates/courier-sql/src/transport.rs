@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_core::{
-    Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Encoded, Envelope, Listable, MessageCount,
+    Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Envelope, Listable, MessageCount,
     MessageRegistry, PriorityStamp, Setup, Transport, TransportError, TransportErrorKind,
-    TransportMessageIdStamp, async_trait, encode,
+    TransportMessageIdStamp, async_trait, encode_json,
 };
 use tokio::time::Instant;
 
@@ -119,33 +119,24 @@ impl SqlTransport {
     }
 
     fn new_row(&self, envelope: &Envelope, delay: Duration) -> Result<NewRow, TransportError> {
-        let encoded = encode(envelope).map_err(|e| {
+        let encoded = encode_json(envelope).map_err(|e| {
             TransportError::new(TransportErrorKind::Encode, self.name.clone())
                 .with_context("encoding")
                 .with_source(e)
         })?;
-        let headers = encoded.headers_json();
         Ok(NewRow {
             body: encoded.body,
-            headers,
+            headers: encoded.headers,
             priority: i16::from(envelope.last::<PriorityStamp>().map_or(0, |p| p.0)),
             delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 4),
         })
     }
 
     fn decode(&self, row: StoredRow) -> Envelope {
-        let headers = match Encoded::parse_headers(&row.headers) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::debug!(courier.sql.id = row.id, error = %e, "stored headers are not a JSON object");
-                Default::default()
-            }
-        };
+        // Headers that are not a JSON object give an undecodable envelope that names the
+        // problem, bound for the failure transport with its body kept.
         self.registry
-            .decode(Encoded {
-                body: row.body,
-                headers,
-            })
+            .decode_json(row.body, &row.headers)
             .with(TransportMessageIdStamp(row.id.to_string()))
     }
 
