@@ -7,12 +7,10 @@
 //! - consume, batch 64: `XREADGROUP COUNT 64` + one `XACK` and one `XDEL` with 64 ids vs
 //!   `get(64)` + `ack_batch`
 //!
-//! The raw side writes one precomputed body and headers text and only parses entry ids; the
-//! transport encodes and decodes every envelope (JSON body, headers object), which is most of
-//! the difference in the batched produce figures.
-//!
-//! The application's messages are built before the clock starts; Courier's encode of each one
-//! is timed.
+//! Both sides start from the application's typed messages, built before the clock starts, and
+//! do the same job: the raw producer serializes each payload with serde_json and writes it with
+//! a constant headers text; the raw consumer deserializes each body it reads. Courier encodes
+//! and decodes whole envelopes (body, headers object, stamps).
 //!
 //! `COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379 COURIER_BENCH_N=2000 cargo bench --bench redis --no-default-features --features redis`
 //! prints criterion's figures, then `COURIER_BENCH_ROUNDS` (default 9) paired rounds: raw and
@@ -53,12 +51,16 @@ fn n() -> u64 {
         .unwrap_or(2000)
 }
 
-fn message(seq: u64) -> Envelope {
+fn payload(seq: u64) -> Payload {
     // ~200 bytes on the wire, like ../shared/BASELINES.md
-    Envelope::new(Payload {
+    Payload {
         seq,
         text: "x".repeat(120),
-    })
+    }
+}
+
+fn message(seq: u64) -> Envelope {
+    Envelope::new(payload(seq))
 }
 
 struct Bench {
@@ -118,12 +120,12 @@ impl Bench {
         }
     }
 
-    fn xadd(&self, pipe: &mut redis::Pipeline, stream: &str) {
+    fn xadd(&self, pipe: &mut redis::Pipeline, stream: &str, body: &str) {
         pipe.cmd("XADD")
             .arg(stream)
             .arg("*")
             .arg("body")
-            .arg(&self.fields.0)
+            .arg(body)
             .arg("headers")
             .arg(&self.fields.1);
     }
@@ -134,7 +136,7 @@ impl Bench {
         for chunk in 0..n.div_ceil(1000) {
             let mut pipe = redis::pipe();
             for _ in 0..(n - chunk * 1000).min(1000) {
-                self.xadd(&mut pipe, stream);
+                self.xadd(&mut pipe, stream, &self.fields.0);
                 pipe.ignore();
             }
             let _: () = pipe.query_async(&mut conn).await.expect("fill");
@@ -154,17 +156,16 @@ impl Bench {
 
     async fn raw_produce(&self, n: u64, batch: u64) -> Duration {
         let mut conn = self.conn.clone();
+        let payloads: Vec<Payload> = (0..n).map(payload).collect();
         let start = Instant::now();
-        let mut sent = 0;
-        while sent < n {
-            let k = batch.min(n - sent);
+        for chunk in payloads.chunks(batch as usize) {
             let mut pipe = redis::pipe();
-            for _ in 0..k {
-                self.xadd(&mut pipe, &self.raw_stream);
+            for p in chunk {
+                let body = serde_json::to_string(p).expect("serialize");
+                self.xadd(&mut pipe, &self.raw_stream, &body);
             }
             let ids: Vec<String> = pipe.query_async(&mut conn).await.expect("XADD");
-            assert_eq!(ids.len() as u64, k);
-            sent += k;
+            assert_eq!(ids.len(), chunk.len());
         }
         let elapsed = start.elapsed();
         self.clear(&self.raw_stream).await;
@@ -212,8 +213,9 @@ impl Bench {
                 .query_async(&mut conn)
                 .await
                 .expect("XREADGROUP");
-            let ids = entry_ids(&reply);
+            let (ids, payloads) = read_entries(&reply);
             assert!(!ids.is_empty(), "raw consumer starved");
+            assert_eq!(payloads.len(), ids.len(), "undecodable body");
             let mut pipe = redis::pipe();
             pipe.cmd("XACK")
                 .arg(&self.raw_stream)
@@ -258,26 +260,34 @@ impl Bench {
     }
 }
 
-fn entry_ids(reply: &Value) -> Vec<String> {
+/// The ids and decoded bodies of an `XREADGROUP` reply, as a hand-written consumer reads them.
+fn read_entries(reply: &Value) -> (Vec<String>, Vec<Payload>) {
+    let (mut ids, mut payloads) = (Vec::new(), Vec::new());
     let Value::Array(streams) = reply else {
-        return Vec::new();
+        return (ids, payloads);
     };
     let Some(Value::Array(stream)) = streams.first() else {
-        return Vec::new();
+        return (ids, payloads);
     };
     let Some(Value::Array(entries)) = stream.get(1) else {
-        return Vec::new();
+        return (ids, payloads);
     };
-    entries
-        .iter()
-        .filter_map(|e| match e {
-            Value::Array(parts) => match parts.first() {
-                Some(Value::BulkString(id)) => Some(String::from_utf8_lossy(id).into_owned()),
+    for entry in entries {
+        let Value::Array(parts) = entry else { continue };
+        if let Some(Value::BulkString(id)) = parts.first() {
+            ids.push(String::from_utf8_lossy(id).into_owned());
+        }
+        if let Some(Value::Array(fields)) = parts.get(1) {
+            let body = fields.chunks_exact(2).find_map(|kv| match kv {
+                [Value::BulkString(k), Value::BulkString(v)] if k == b"body" => Some(v),
                 _ => None,
-            },
-            _ => None,
-        })
-        .collect()
+            });
+            if let Some(p) = body.and_then(|b| serde_json::from_slice::<Payload>(b).ok()) {
+                payloads.push(p);
+            }
+        }
+    }
+    (ids, payloads)
 }
 
 fn fastrand_u32() -> u32 {

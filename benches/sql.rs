@@ -5,8 +5,8 @@
 //! of 64; N = `COURIER_BENCH_N64`, default 20 x `COURIER_BENCH_N`, so that a round lasts long
 //! enough for a WAL checkpoint or an fsync stall to average out). The raw loop runs the same
 //! statements as the transport (the INSERT with its `RETURNING` ids and, on PostgreSQL, its
-//! `pg_notify`; the single-statement claim; DELETE by id and delivery id) with the body and
-//! headers encoded once up front, so the ratio is what the framework costs: encoding, decoding,
+//! `pg_notify`; the single-statement claim; DELETE by id and delivery id), so the ratio is what
+//! the framework costs: encoding, decoding,
 //! stamps, the wake-ups of its own listener. The `produce/plain` lines compare Courier with the
 //! smallest INSERT a hand-written queue could use (no ids back, no notify): what those features
 //! cost on top.
@@ -16,8 +16,10 @@
 //!   cargo bench --bench sql --no-default-features --features sql,postgres,sqlite
 //! ```
 //!
-//! The application's messages are built before the clock starts on both sides (the raw loop's
-//! body is encoded once up front); Courier's encode of each message is timed.
+//! Both sides start from the application's typed messages, built before the clock starts, and
+//! do the same job: the raw producer serializes each message with serde_json and binds a
+//! constant headers text; the raw consumer deserializes each body it claims. Courier encodes and
+//! decodes whole envelopes (body, headers object, stamps).
 //!
 //! After criterion's per-iteration times it runs `COURIER_BENCH_ROUNDS` (default 9) paired
 //! rounds, raw and Courier back to back with the order alternating, and prints produce and
@@ -62,24 +64,36 @@ enum Raw {
     Postgres(PgPool),
 }
 
+/// The ids of claimed rows, each body deserialized as a hand-written consumer would.
+fn decoded_ids(rows: Vec<(i64, String, String, i16, i64)>) -> Vec<i64> {
+    rows.into_iter()
+        .map(|(id, body, ..)| {
+            let _message: BenchMessage = serde_json::from_str(&body).expect("deserialize");
+            id
+        })
+        .collect()
+}
+
 /// The raw loop: the transport's statements by hand, no framework. With `plain`, produce uses
 /// the smallest INSERT instead (literal queue, priority and delay; on PostgreSQL no `RETURNING`
 /// and no `pg_notify`), to show what those features cost.
 struct RawQueue {
     pool: Raw,
     table: String,
-    body: String,
     headers: String,
     plain: bool,
 }
 
 impl RawQueue {
-    async fn produce(&self, n: u64, fetch: usize) {
+    /// Serializes each message with serde_json, as any producer must, and inserts them.
+    async fn produce(&self, messages: &[BenchMessage], fetch: usize) {
         let t = &self.table;
-        let mut left = n as usize;
-        while left > 0 {
-            let k = left.min(fetch);
-            left -= k;
+        for chunk in messages.chunks(fetch) {
+            let k = chunk.len();
+            let bodies: Vec<String> = chunk
+                .iter()
+                .map(|m| serde_json::to_string(m).expect("serialize"))
+                .collect();
             match &self.pool {
                 Raw::Sqlite(p) if self.plain => {
                     let values =
@@ -89,8 +103,8 @@ impl RawQueue {
                         "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) VALUES {values}"
                     );
                     let mut q = sqlx::query(&sql);
-                    for _ in 0..k {
-                        q = q.bind(&self.body).bind(&self.headers);
+                    for body in &bodies {
+                        q = q.bind(body).bind(&self.headers);
                     }
                     q.execute(p).await.expect("insert");
                 }
@@ -101,7 +115,7 @@ impl RawQueue {
                     );
                     sqlx::query(&sql)
                         .bind("default")
-                        .bind(&self.body)
+                        .bind(&bodies[0])
                         .bind(&self.headers)
                         .bind(0_i16)
                         .bind(0_i64)
@@ -124,8 +138,8 @@ impl RawQueue {
                         "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) VALUES {values}"
                     );
                     let mut q = sqlx::query(&sql).bind("default").bind(0_i16).bind(0_i64);
-                    for _ in 0..k {
-                        q = q.bind(&self.body).bind(&self.headers);
+                    for body in &bodies {
+                        q = q.bind(body).bind(&self.headers);
                     }
                     q.execute(p).await.expect("insert");
                 }
@@ -134,7 +148,6 @@ impl RawQueue {
                         "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) \
                          SELECT 'default', b, h, 0, {PG_NOW}, {PG_NOW} FROM UNNEST($1::TEXT[], $2::TEXT[]) AS x(b, h)"
                     );
-                    let bodies = vec![self.body.as_str(); k];
                     let headers = vec![self.headers.as_str(); k];
                     sqlx::query(&sql)
                         .bind(bodies)
@@ -155,7 +168,7 @@ impl RawQueue {
                     );
                     let ids: Option<Vec<i64>> = sqlx::query_scalar(&sql)
                         .bind("default")
-                        .bind(vec![self.body.as_str(); k])
+                        .bind(&bodies)
                         .bind(vec![self.headers.as_str(); k])
                         .bind(vec![0_i16; k])
                         .bind(vec![0_i64; k])
@@ -188,7 +201,7 @@ impl RawQueue {
                         .fetch_all(p)
                         .await
                         .expect("claim");
-                    rows.into_iter().map(|r| r.0).collect()
+                    decoded_ids(rows)
                 }
                 Raw::Postgres(p) => {
                     let sql = format!(
@@ -204,7 +217,7 @@ impl RawQueue {
                         .fetch_all(p)
                         .await
                         .expect("claim");
-                    rows.into_iter().map(|r| r.0).collect()
+                    decoded_ids(rows)
                 }
             };
             got += ids.len() as u64;
@@ -243,10 +256,6 @@ impl RawQueue {
             }
         }
     }
-}
-
-fn envelopes(n: u64) -> Vec<Envelope> {
-    (0..n).map(|i| Envelope::new(message(i))).collect()
 }
 
 async fn courier_produce(t: &SqlTransport, envelopes: Vec<Envelope>, fetch: usize) {
@@ -295,11 +304,18 @@ async fn round(
     n: u64,
     fetch: usize,
 ) -> (Duration, Duration) {
-    let batch = raw.is_none().then(|| envelopes(n));
-    let start = Instant::now();
-    match (raw, batch) {
-        (Some(raw), _) => raw.produce(n, fetch).await,
-        (None, batch) => courier_produce(courier, batch.unwrap_or_default(), fetch).await,
+    let messages: Vec<BenchMessage> = (0..n).map(message).collect();
+    let start;
+    match raw {
+        Some(raw) => {
+            start = Instant::now();
+            raw.produce(&messages, fetch).await;
+        }
+        None => {
+            let batch = messages.into_iter().map(Envelope::new).collect();
+            start = Instant::now();
+            courier_produce(courier, batch, fetch).await;
+        }
     }
     let produced = start.elapsed();
     match raw {
@@ -346,7 +362,6 @@ fn bench_backend(
             let raw = RawQueue {
                 pool,
                 table: raw_table.clone(),
-                body: encoded.body.clone(),
                 headers: encoded.headers_json(),
                 plain: false,
             };
@@ -377,7 +392,6 @@ fn bench_backend(
                 Raw::Postgres(p) => Raw::Postgres(p.clone()),
             },
             table: raw.table.clone(),
-            body: raw.body.clone(),
             headers: raw.headers.clone(),
             plain: true,
         };
