@@ -164,6 +164,26 @@ impl Envelope {
         self
     }
 
+    /// Adds a stamp shared with other envelopes: one allocation for a whole batch, such as the
+    /// delivery tag a transport gives every message of one claim.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use courier_core::{DeliveryTagStamp, Envelope, Message};
+    /// # #[derive(serde::Serialize, serde::Deserialize)] struct Ping;
+    /// # impl Message for Ping { const NAME: &'static str = "app.ping"; }
+    /// let tag = Arc::new(DeliveryTagStamp("42".into()));
+    /// let batch: Vec<Envelope> = (0..3)
+    ///     .map(|_| Envelope::new(Ping).with_arc(Arc::clone(&tag)))
+    ///     .collect();
+    /// assert!(batch.iter().all(|e| e.last::<DeliveryTagStamp>() == Some(&*tag)));
+    /// ```
+    #[must_use]
+    pub fn with_arc<S: Stamp>(mut self, stamp: Arc<S>) -> Self {
+        self.stamps.push(Slot::Typed(stamp));
+        self
+    }
+
     /// Adds a stamp shared with other envelopes (no allocation: the hot path's bus name,
     /// received and handled stamps).
     #[must_use]

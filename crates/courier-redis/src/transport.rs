@@ -389,14 +389,21 @@ impl RedisTransport {
     /// (a local time before the request that delivered them).
     pub(crate) fn deliver(&self, entries: Vec<Entry>, requested_at: Instant) -> Vec<Envelope> {
         let mut in_flight = self.in_flight();
+        // First deliveries (count 1, nearly all of them) share one tag.
+        let first = Arc::new(DeliveryTagStamp("1".to_owned()));
         entries
             .into_iter()
             .map(|e| {
                 in_flight.insert(e.id.clone(), (e.count, requested_at));
+                let tag = if e.count == 1 {
+                    Arc::clone(&first)
+                } else {
+                    Arc::new(DeliveryTagStamp(e.count.to_string()))
+                };
                 self.registry
                     .decode_json(e.body, &e.headers)
                     .with(TransportMessageIdStamp(e.id))
-                    .with(DeliveryTagStamp(e.count.to_string()))
+                    .with_arc(tag)
             })
             .collect()
     }

@@ -156,12 +156,11 @@ impl SqlTransport {
         let rows = retry_transient("claim", || self.backend.claim(max, delivery_id))
             .await
             .map_err(|e| self.error("claiming messages", e))?;
+        // One tag for the whole claim: every row of it shares the delivery id.
+        let tag = Arc::new(DeliveryTagStamp(delivery_id.to_string()));
         Ok(rows
             .into_iter()
-            .map(|row| {
-                self.decode(row)
-                    .with(DeliveryTagStamp(delivery_id.to_string()))
-            })
+            .map(|row| self.decode(row).with_arc(Arc::clone(&tag)))
             .collect())
     }
 
