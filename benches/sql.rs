@@ -59,6 +59,7 @@ fn message(seq: u64) -> BenchMessage {
 const SQLITE_NOW: &str = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";
 const PG_NOW: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 
+#[derive(Clone)]
 enum Raw {
     Sqlite(SqlitePool),
     Postgres(PgPool),
@@ -355,12 +356,8 @@ fn bench_backend(
                     .await
                     .expect("setup"),
             );
-            let pool = match &b.raw {
-                Raw::Sqlite(p) => Raw::Sqlite(p.clone()),
-                Raw::Postgres(p) => Raw::Postgres(p.clone()),
-            };
             let raw = RawQueue {
-                pool,
+                pool: b.raw.clone(),
                 table: raw_table.clone(),
                 headers: encoded.headers_json(),
                 plain: false,
@@ -387,10 +384,7 @@ fn bench_backend(
         }
         group.finish();
         let plain = RawQueue {
-            pool: match &raw.pool {
-                Raw::Sqlite(p) => Raw::Sqlite(p.clone()),
-                Raw::Postgres(p) => Raw::Postgres(p.clone()),
-            },
+            pool: raw.pool.clone(),
             table: raw.table.clone(),
             headers: raw.headers.clone(),
             plain: true,

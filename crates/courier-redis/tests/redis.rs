@@ -408,3 +408,42 @@ async fn options_default_to_a_unique_consumer() {
         RedisOptions::default().consumer
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+async fn an_entry_with_malformed_headers_is_named_and_keeps_its_body() {
+    let h = RedisHarness::new();
+    let name = stream();
+    let t = h.with_options(h.options(&name)).await;
+    op("setup", t.as_setup().unwrap().setup()).await;
+    op("send", t.send(message(1))).await;
+    let mut conn = h.conn().await;
+    let _: String = redis::cmd("XADD")
+        .arg(&name)
+        .arg("*")
+        .arg("body")
+        .arg("{\"seq\":2}")
+        .arg("headers")
+        .arg("not json")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let got = op("get", t.get(10)).await;
+    assert_eq!(got.len(), 2, "both entries are read in one batch");
+    assert_eq!(seq(&got[0]), 1, "the good entry decodes");
+    assert!(
+        matches!(
+            got[1].decode_error(),
+            Some(courier_core::DecodeError::InvalidHeaders { .. })
+        ),
+        "{:?}",
+        got[1].decode_error()
+    );
+    let wire = courier_core::encode(&got[1]).unwrap();
+    assert_eq!(
+        wire.body, "{\"seq\":2}",
+        "the body is kept for the failure transport"
+    );
+    op("ack_batch", t.ack_batch(&got)).await;
+    assert_eq!(count(&t).await, 0);
+}

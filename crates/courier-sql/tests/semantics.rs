@@ -149,6 +149,40 @@ async fn a_large_send_batch_returns_each_rows_id(h: &common::SqlHarness) {
     }
 }
 
+async fn a_row_with_malformed_headers_is_named_and_keeps_its_body(h: &common::SqlHarness) {
+    let (t, table) = h.make("").await;
+    timeout(t.send(Envelope::new(TestMessage::new(1))))
+        .await
+        .unwrap();
+    let now = h.admin.now();
+    let sql = format!(
+        "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at) \
+         VALUES (?, ?, ?, 0, {now}, {now})"
+    );
+    h.admin
+        .exec(&sql, &[t.options().queue(), "{\"seq\":2}", "not json"])
+        .await;
+    let got = timeout(t.get(10)).await.unwrap();
+    assert_eq!(got.len(), 2, "both rows are claimed in one batch");
+    assert!(got[0].decode_error().is_none(), "the good row decodes");
+    let bad = &got[1];
+    assert!(
+        matches!(
+            bad.decode_error(),
+            Some(courier_core::DecodeError::InvalidHeaders { .. })
+        ),
+        "{:?}",
+        bad.decode_error()
+    );
+    let wire = courier_core::encode(bad).unwrap();
+    assert_eq!(
+        wire.body, "{\"seq\":2}",
+        "the body is kept for the failure transport"
+    );
+    timeout(t.ack_batch(&got)).await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 0);
+}
+
 macro_rules! on_every_dialect {
     ($($case:ident),*) => {
         #[cfg(feature = "sqlite")]
@@ -189,5 +223,6 @@ on_every_dialect!(
     retry_updates_the_row_in_place,
     queues_share_a_table_without_seeing_each_other,
     concurrent_setups_of_one_table_succeed,
-    a_large_send_batch_returns_each_rows_id
+    a_large_send_batch_returns_each_rows_id,
+    a_row_with_malformed_headers_is_named_and_keeps_its_body
 );

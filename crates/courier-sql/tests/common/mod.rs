@@ -23,7 +23,7 @@ pub(crate) enum Admin {
 
 impl Admin {
     /// Epoch ms from the database clock, as SQL.
-    fn now(&self) -> &'static str {
+    pub(crate) fn now(&self) -> &'static str {
         match self {
             #[cfg(feature = "sqlite")]
             Self::Sqlite(_) => {
