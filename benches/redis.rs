@@ -13,7 +13,8 @@
 //! and decodes whole envelopes (body, headers object, stamps).
 //!
 //! `COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379 COURIER_BENCH_N=2000 cargo bench --bench redis --no-default-features --features redis`
-//! prints criterion's figures, then `COURIER_BENCH_ROUNDS` (default 9) paired rounds: raw and
+//! prints criterion's figures (N messages per run one at a time, `COURIER_BENCH_N64`, default
+//! 20 x N, batched), then `COURIER_BENCH_ROUNDS` (default 9) paired rounds: raw and
 //! Courier back to back, the order alternating, with the median messages/s of each and the
 //! median of the per-round ratios courier / raw.
 
@@ -44,11 +45,26 @@ impl Message for Payload {
 
 const GROUP: &str = "courier";
 
+/// Messages per run of a one-at-a-time pattern: `COURIER_BENCH_N`, default 2,000.
 fn n() -> u64 {
     std::env::var("COURIER_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000)
+}
+
+/// Messages per run of a batched pattern: `COURIER_BENCH_N64`, default 20 x N, so that a run
+/// lasts as long as a one-at-a-time run and scheduling noise averages out.
+fn n64() -> u64 {
+    std::env::var("COURIER_BENCH_N64")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20 * n())
+}
+
+/// The messages per run of a pattern with this batch size.
+fn n_for(batch: u64) -> u64 {
+    if batch > 1 { n64() } else { n() }
 }
 
 fn payload(seq: u64) -> Payload {
@@ -319,8 +335,8 @@ impl Bench {
 }
 
 fn redis_streams(c: &mut Criterion, bench: &Bench, paired: &mut Paired) {
-    let n = n();
     for (pattern, batch) in PATTERNS {
+        let n = n_for(batch);
         let mut group = c.benchmark_group(format!("redis/{pattern}"));
         group
             .throughput(Throughput::Elements(n))
@@ -340,6 +356,7 @@ fn redis_streams(c: &mut Criterion, bench: &Bench, paired: &mut Paired) {
     }
     for round in 0..common::rounds() {
         for (pattern, batch) in PATTERNS {
+            let n = n_for(batch);
             let raw_first = round % 2 == 0;
             let first = bench.run(pattern, batch, raw_first, n);
             let second = bench.run(pattern, batch, !raw_first, n);
@@ -361,8 +378,9 @@ fn main() {
     bench.cleanup();
     criterion.final_summary();
     paired.print(&format!(
-        "N = {} messages of ~200 bytes, {} paired rounds, medians:",
+        "N = {} (batch 1) / {} (batch 64) messages of ~200 bytes, {} paired rounds, medians:",
         n(),
+        n64(),
         common::rounds()
     ));
 }

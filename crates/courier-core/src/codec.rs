@@ -257,39 +257,183 @@ impl MessageRegistry {
     /// ```
     #[must_use]
     pub fn decode_json(&self, body: String, headers: &str) -> Envelope {
-        match serde_json::from_str::<HeaderList<'_>>(headers) {
-            Ok(HeaderList(list)) => {
-                let mut sink = HeaderSink::with_capacity(list.len());
-                for (key, value) in list {
-                    sink.push(key, value);
-                }
-                sink.finish(self, body)
-            }
-            Err(source) => Envelope {
-                payload: Payload::Undecodable {
-                    name: None,
-                    body: Arc::from(body),
-                    error: Arc::new(DecodeError::InvalidHeaders { source }),
-                },
-                stamps: Vec::with_capacity(4),
-                extra_headers: None,
-            },
+        match serde_json::from_str::<HeaderSink<'_>>(headers) {
+            Ok(sink) => sink.finish(self, body),
+            Err(source) => invalid_headers(body, source),
+        }
+    }
+
+    /// A decoder for a batch of messages in the [`decode_json`](Self::decode_json) form, which
+    /// parses each distinct headers text once.
+    #[must_use]
+    pub fn json_decoder(&self) -> JsonDecoder<'_> {
+        JsonDecoder {
+            registry: self,
+            last: None,
         }
     }
 }
 
-/// Headers as read from one JSON object, in order, borrowed from the text where unescaped.
-struct HeaderList<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
+/// Decodes a run of messages stored as body + headers JSON (see
+/// [`MessageRegistry::decode_json`]), remembering the last headers text: messages that carry the
+/// same headers (the common case: one type, no stamps yet) skip parsing them and looking the
+/// type up again. Build one per batch with [`MessageRegistry::json_decoder`].
+///
+/// ```
+/// # use courier_core::{Message, MessageRegistry};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Ping { n: u8 }
+/// # impl Message for Ping { const NAME: &'static str = "app.ping"; }
+/// let registry = MessageRegistry::new().with::<Ping>();
+/// let mut decoder = registry.json_decoder();
+/// let headers = r#"{"type":"app.ping"}"#;
+/// let a = decoder.decode(r#"{"n":1}"#.to_owned(), headers);
+/// let b = decoder.decode(r#"{"n":2}"#.to_owned(), headers);
+/// assert_eq!(a.message::<Ping>().map(|p| p.n), Some(1));
+/// assert_eq!(b.message::<Ping>().map(|p| p.n), Some(2));
+/// assert!(decoder.decode("{}".to_owned(), "not json").decode_error().is_some());
+/// ```
+pub struct JsonDecoder<'r> {
+    registry: &'r MessageRegistry,
+    last: Option<(String, Prepared)>,
+}
+
+impl fmt::Debug for JsonDecoder<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JsonDecoder")
+            .field("registry", self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JsonDecoder<'_> {
+    /// Decodes one message, exactly as [`MessageRegistry::decode_json`] does.
+    #[must_use]
+    pub fn decode(&mut self, body: String, headers: &str) -> Envelope {
+        if let Some((text, prepared)) = &self.last
+            && text == headers
+        {
+            return prepared.envelope(body);
+        }
+        match serde_json::from_str::<HeaderSink<'_>>(headers) {
+            Ok(sink) => match sink.prepare(self.registry) {
+                Ok(prepared) => {
+                    let envelope = prepared.envelope(body);
+                    self.last = Some((headers.to_owned(), prepared));
+                    envelope
+                }
+                Err(rejected) => rejected.envelope(body),
+            },
+            Err(source) => invalid_headers(body, source),
+        }
+    }
+}
+
+fn invalid_headers(body: String, source: serde_json::Error) -> Envelope {
+    Envelope {
+        payload: Payload::Undecodable {
+            name: None,
+            body: Arc::from(body),
+            error: Arc::new(DecodeError::InvalidHeaders { source }),
+        },
+        stamps: Vec::with_capacity(4),
+        extra_headers: None,
+    }
+}
+
+/// Headers that name a registered type and carry well-formed stamps: all that is left to do for
+/// a message is to decode its body.
+struct Prepared {
+    name: &'static str,
+    decode: DecodeFn,
+    stamps: Vec<Slot>,
+    extra_headers: Option<Arc<BTreeMap<String, String>>>,
+}
+
+impl Prepared {
+    fn envelope(&self, body: String) -> Envelope {
+        let mut stamps = Vec::with_capacity(self.stamps.len() + 4);
+        stamps.extend(self.stamps.iter().cloned());
+        Self::finish(
+            self.name,
+            self.decode,
+            stamps,
+            self.extra_headers.clone(),
+            body,
+        )
+    }
+
+    fn into_envelope(self, body: String) -> Envelope {
+        Self::finish(
+            self.name,
+            self.decode,
+            self.stamps,
+            self.extra_headers,
+            body,
+        )
+    }
+
+    fn finish(
+        name: &'static str,
+        decode: DecodeFn,
+        stamps: Vec<Slot>,
+        extra_headers: Option<Arc<BTreeMap<String, String>>>,
+        body: String,
+    ) -> Envelope {
+        let payload = match decode(&body) {
+            Ok(message) => Payload::Typed {
+                name,
+                message,
+                body: Some(Arc::from(body)),
+            },
+            Err(source) => Payload::Undecodable {
+                name: Some(Arc::from(name)),
+                body: Arc::from(body),
+                error: Arc::new(DecodeError::InvalidBody {
+                    name: name.to_owned(),
+                    source,
+                }),
+            },
+        };
+        Envelope {
+            payload,
+            stamps,
+            extra_headers,
+        }
+    }
+}
+
+/// Headers that do not name a usable type: every message carrying them is undecodable.
+struct Rejected {
+    name: Option<String>,
+    error: DecodeError,
+    stamps: Vec<Slot>,
+    extra_headers: Option<Arc<BTreeMap<String, String>>>,
+}
+
+impl Rejected {
+    fn envelope(self, body: String) -> Envelope {
+        Envelope {
+            payload: Payload::Undecodable {
+                name: self.name.map(Arc::from),
+                body: Arc::from(body),
+                error: Arc::new(self.error),
+            },
+            stamps: self.stamps,
+            extra_headers: self.extra_headers,
+        }
+    }
+}
 
 /// A JSON string, borrowed when it has no escapes.
 #[derive(serde::Deserialize)]
 struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
-impl<'de> serde::Deserialize<'de> for HeaderList<'de> {
+/// Reads a headers object straight into a sink, borrowing every string without escapes.
+impl<'de> serde::Deserialize<'de> for HeaderSink<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Visit;
         impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = HeaderList<'de>;
+            type Value = HeaderSink<'de>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object of string values")
             }
@@ -297,27 +441,28 @@ impl<'de> serde::Deserialize<'de> for HeaderList<'de> {
                 self,
                 mut map: A,
             ) -> Result<Self::Value, A::Error> {
-                let mut list = Vec::with_capacity(map.size_hint().unwrap_or(4));
+                let mut sink = HeaderSink::with_capacity(map.size_hint().unwrap_or(2));
                 while let Some((Text(k), Text(v))) = map.next_entry::<Text<'de>, Text<'de>>()? {
-                    list.push((k, v));
+                    sink.push(k, v);
                 }
-                Ok(HeaderList(list))
+                Ok(sink)
             }
         }
         deserializer.deserialize_map(Visit)
     }
 }
 
-/// Sorts headers into the parts of an envelope, one header at a time.
-struct HeaderSink {
+/// Sorts headers into the parts of an envelope, one header at a time; `type` and
+/// `content-type` stay borrowed from the wire text where they can.
+struct HeaderSink<'a> {
     stamps: Vec<Slot>,
     stamp_error: Option<DecodeError>,
-    name: Option<String>,
-    content_type: Option<String>,
+    name: Option<Cow<'a, str>>,
+    content_type: Option<Cow<'a, str>>,
     extra: BTreeMap<String, String>,
 }
 
-impl HeaderSink {
+impl<'a> HeaderSink<'a> {
     fn with_capacity(headers: usize) -> Self {
         Self {
             // Room for the stamps a receiving worker adds (id, delivery tag, received, handled).
@@ -329,7 +474,7 @@ impl HeaderSink {
         }
     }
 
-    fn push(&mut self, key: Cow<'_, str>, value: Cow<'_, str>) {
+    fn push(&mut self, key: Cow<'_, str>, value: Cow<'a, str>) {
         if let Some(stamp) = key.strip_prefix(STAMP_HEADER_PREFIX) {
             match serde_json::from_str::<Vec<Box<RawValue>>>(&value) {
                 Ok(items) => self.stamps.extend(
@@ -348,8 +493,8 @@ impl HeaderSink {
             return;
         }
         match &*key {
-            TYPE_HEADER => self.name = Some(value.into_owned()),
-            CONTENT_TYPE_HEADER => self.content_type = Some(value.into_owned()),
+            TYPE_HEADER => self.name = Some(value),
+            CONTENT_TYPE_HEADER => self.content_type = Some(value),
             _ => {
                 self.extra.insert(key.into_owned(), value.into_owned());
             }
@@ -357,6 +502,14 @@ impl HeaderSink {
     }
 
     fn finish(self, registry: &MessageRegistry, body: String) -> Envelope {
+        match self.prepare(registry) {
+            Ok(prepared) => prepared.into_envelope(body),
+            Err(rejected) => rejected.envelope(body),
+        }
+    }
+
+    /// Resolves the type: the decoder to run on each body, or why there is none.
+    fn prepare(self, registry: &MessageRegistry) -> Result<Prepared, Rejected> {
         let Self {
             stamps,
             stamp_error,
@@ -366,46 +519,39 @@ impl HeaderSink {
         } = self;
         let extra_headers = (!extra.is_empty()).then(|| Arc::new(extra));
         let error = match (&name, stamp_error) {
-            (_, Some(e)) => Err(e),
-            (None, None) => Err(DecodeError::MissingHeader {
+            (_, Some(e)) => e,
+            (None, None) => DecodeError::MissingHeader {
                 header: TYPE_HEADER,
-            }),
+            },
             (Some(_), None)
                 if content_type
                     .as_deref()
                     .is_some_and(|c| !c.starts_with(JSON_CONTENT_TYPE)) =>
             {
-                Err(DecodeError::UnsupportedContentType {
-                    content_type: content_type.unwrap_or_default(),
-                })
+                DecodeError::UnsupportedContentType {
+                    content_type: content_type.map(Cow::into_owned).unwrap_or_default(),
+                }
             }
-            (Some(n), None) => match registry.decoders.get_key_value(n.as_str()) {
-                None => Err(DecodeError::UnknownType { name: n.clone() }),
-                Some((wire_name, decode)) => decode(&body)
-                    .map(|message| (*wire_name, message))
-                    .map_err(|source| DecodeError::InvalidBody {
-                        name: n.clone(),
-                        source,
-                    }),
+            (Some(n), None) => match registry.decoders.get_key_value(&**n) {
+                Some((name, decode)) => {
+                    return Ok(Prepared {
+                        name,
+                        decode: *decode,
+                        stamps,
+                        extra_headers,
+                    });
+                }
+                None => DecodeError::UnknownType {
+                    name: n.clone().into_owned(),
+                },
             },
         };
-        let payload = match error {
-            Ok((name, message)) => Payload::Typed {
-                name,
-                message,
-                body: Some(Arc::from(body)),
-            },
-            Err(error) => Payload::Undecodable {
-                name: name.map(Arc::from),
-                body: Arc::from(body),
-                error: Arc::new(error),
-            },
-        };
-        Envelope {
-            payload,
+        Err(Rejected {
+            name: name.map(Cow::into_owned),
+            error,
             stamps,
             extra_headers,
-        }
+        })
     }
 }
 
@@ -841,5 +987,66 @@ mod tests {
                 r#"{"who":"a"}"#
             );
         }
+    }
+
+    /// What a [`JsonDecoder`] gives, as text: the decode error or the re-encoded wire form.
+    fn outcome(env: &Envelope) -> String {
+        match env.decode_error() {
+            Some(e) => format!("error: {e}"),
+            None => format!("{:?}", encode(env).unwrap_or_default()),
+        }
+    }
+
+    #[test]
+    fn a_json_decoder_gives_what_decode_json_gives_for_every_run_of_headers() {
+        let with_stamps = encode(&with_everything())
+            .unwrap_or_default()
+            .headers_json();
+        let plain = r#"{"content-type":"application/json","type":"test.greet"}"#.to_owned();
+        let unknown = r#"{"type":"test.nobody"}"#.to_owned();
+        let bad_stamp = r#"{"type":"test.greet","x-courier-stamp-delay":"nope"}"#.to_owned();
+        let runs = [
+            (&plain, r#"{"who":"a"}"#),
+            (&plain, r#"{"who":"b"}"#),
+            (&plain, r#"{"who":5}"#),
+            (&plain, r#"{"who":"c"}"#),
+            (&with_stamps, r#"{"who":"d"}"#),
+            (&with_stamps, r#"{"who":"e"}"#),
+            (&unknown, r#"{"who":"f"}"#),
+            (&unknown, r#"{"who":"g"}"#),
+            (&bad_stamp, r#"{"who":"h"}"#),
+            (&plain, r#"{"who":"i"}"#),
+        ];
+        let registry = registry();
+        let mut decoder = registry.json_decoder();
+        for (headers, body) in runs {
+            let batch = decoder.decode(body.to_owned(), headers);
+            let alone = registry.decode_json(body.to_owned(), headers);
+            assert_eq!(outcome(&batch), outcome(&alone), "{headers} {body}");
+            assert_eq!(batch.extra_headers(), alone.extra_headers());
+            assert_eq!(batch.message::<Greet>(), alone.message::<Greet>());
+        }
+    }
+
+    #[test]
+    fn envelopes_from_one_json_decoder_do_not_share_stamps() {
+        let headers = encode(&with_everything())
+            .unwrap_or_default()
+            .headers_json();
+        let registry = registry();
+        let mut decoder = registry.json_decoder();
+        let first = decoder
+            .decode(r#"{"who":"a"}"#.to_owned(), &headers)
+            .with(DelayStamp(Duration::from_secs(9)));
+        let second = decoder.decode(r#"{"who":"b"}"#.to_owned(), &headers);
+        assert_eq!(
+            first.last::<DelayStamp>(),
+            Some(&DelayStamp(Duration::from_secs(9)))
+        );
+        assert_ne!(
+            second.last::<DelayStamp>(),
+            Some(&DelayStamp(Duration::from_secs(9)))
+        );
+        assert_eq!(second.message::<Greet>(), Some(&Greet { who: "b".into() }));
     }
 }

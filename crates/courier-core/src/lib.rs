@@ -56,7 +56,7 @@ pub use bus::{
 };
 pub use codec::{
     CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded, EncodedJson, JSON_CONTENT_TYPE,
-    MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode, encode_json,
+    JsonDecoder, MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode, encode_json,
 };
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;

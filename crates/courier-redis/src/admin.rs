@@ -6,16 +6,14 @@ use courier_core::{
 use redis::Value;
 
 use crate::RedisTransport;
+use crate::in_flight::StreamId;
 use crate::link::has_code;
 use crate::reply;
 use crate::transport::is_delayed_id;
 
 /// Whether `id` looks like a stream entry id (`<ms>-<seq>`), so `XRANGE` accepts it.
 fn is_stream_id(id: &str) -> bool {
-    let mut parts = id.splitn(2, '-');
-    let digits =
-        |s: Option<&str>| s.is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
-    digits(parts.next()) && digits(parts.next())
+    StreamId::parse(id).is_some()
 }
 
 /// A delayed payload: headers JSON, newline, body.
@@ -100,7 +98,7 @@ impl Listable for RedisTransport {
             .query(&pipe)
             .await
             .map_err(|e| self.error(e, "cannot list"))?;
-        let mut out: Vec<Envelope> = reply::entries(&range)
+        let mut out: Vec<Envelope> = reply::entries(range)
             .into_iter()
             .map(|e| self.listed(e.id, e.body, &e.headers))
             .collect();
@@ -140,7 +138,7 @@ impl Listable for RedisTransport {
             .query(&pipe)
             .await
             .map_err(|e| self.error(e, "cannot find"))?;
-        Ok(reply::entries(&range)
+        Ok(reply::entries(range)
             .into_iter()
             .next()
             .map(|e| self.listed(e.id, e.body, &e.headers)))
@@ -181,7 +179,9 @@ impl Listable for RedisTransport {
         {
             return Err(self.error(e, "cannot remove"));
         }
-        self.in_flight().remove(id);
+        if let Some(id) = StreamId::parse(id) {
+            self.in_flight().remove(&id);
+        }
         Ok(deleted > 0)
     }
 }

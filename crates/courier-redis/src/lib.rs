@@ -87,6 +87,7 @@
 
 mod admin;
 mod factory;
+mod in_flight;
 mod link;
 mod options;
 mod reader;

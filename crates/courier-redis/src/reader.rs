@@ -118,7 +118,7 @@ impl RedisTransport {
             reader.group_ready = true;
         }
         if reader.recover {
-            let skip: Vec<String> = self.in_flight().keys().cloned().collect();
+            let skip: Vec<String> = self.in_flight().keys().map(ToString::to_string).collect();
             let mut cmd = self.scripts.recover.cmd(&[stream]);
             cmd.arg(&self.options.group)
                 .arg(&self.options.consumer)
@@ -126,7 +126,7 @@ impl RedisTransport {
                 .arg(skip);
             let recovered: Value = cmd.query_async(&mut conn).await?;
             reader.recover = false;
-            let entries = reply::entries(&recovered);
+            let entries = reply::entries(recovered);
             if !entries.is_empty() {
                 return Ok(entries);
             }
@@ -142,7 +142,7 @@ impl RedisTransport {
                 .arg(max)
                 .arg(millis(REAP_IDLE.max(self.options.redeliver_timeout)));
             let claimed: Value = cmd.query_async(&mut conn).await?;
-            let (cursor, entries) = reply::claim_reply(&claimed);
+            let (cursor, entries) = reply::claim_reply(claimed);
             reader.cursor = cursor;
             if !entries.is_empty() {
                 return Ok(entries);
@@ -197,6 +197,6 @@ impl RedisTransport {
             let (replied,): (Value,) = pipe.query_async(&mut conn).await?;
             replied
         };
-        Ok(reply::read_reply(&replied))
+        Ok(reply::read_reply(replied))
     }
 }

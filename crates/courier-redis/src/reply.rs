@@ -21,6 +21,19 @@ pub(crate) fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// Like [`text`], taking the reply's bytes without copying them when they are valid UTF-8.
+pub(crate) fn into_text(v: Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(
+            String::from_utf8(b)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        ),
+        Value::SimpleString(s) => Some(s),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
 pub(crate) fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
@@ -28,10 +41,10 @@ pub(crate) fn int(v: &Value) -> Option<i64> {
     }
 }
 
-pub(crate) fn items(v: &Value) -> &[Value] {
+fn into_items(v: Value) -> Vec<Value> {
     match v {
         Value::Array(items) | Value::Set(items) => items,
-        _ => &[],
+        _ => Vec::new(),
     }
 }
 
@@ -47,34 +60,38 @@ fn is(field: &Value, name: &str) -> bool {
 /// The body and headers JSON in an entry's fields. A missing field reads as empty text, which
 /// [`MessageRegistry::decode_json`](courier_core::MessageRegistry::decode_json) turns into a
 /// decode error naming the headers.
-pub(crate) fn fields(fields: &Value) -> (String, String) {
+pub(crate) fn fields(fields: Value) -> (String, String) {
     let (mut body, mut headers) = (String::new(), String::new());
-    let mut set = |k: &Value, v: &Value| {
+    let mut set = |k: &Value, v: Value| {
         if is(k, "body") {
-            body = text(v).unwrap_or_default();
+            body = into_text(v).unwrap_or_default();
         } else if is(k, "headers") {
-            headers = text(v).unwrap_or_default();
+            headers = into_text(v).unwrap_or_default();
         }
     };
     match fields {
-        Value::Map(pairs) => pairs.iter().for_each(|(k, v)| set(k, v)),
-        other => items(other)
-            .chunks_exact(2)
-            .for_each(|kv| set(&kv[0], &kv[1])),
+        Value::Map(pairs) => pairs.into_iter().for_each(|(k, v)| set(&k, v)),
+        other => {
+            let mut items = into_items(other).into_iter();
+            while let (Some(k), Some(v)) = (items.next(), items.next()) {
+                set(&k, v);
+            }
+        }
     }
     (body, headers)
 }
 
 /// `[id, fields]` or `[id, fields, count]`; `None` for a deleted entry (nil fields).
-fn entry(v: &Value) -> Option<Entry> {
-    let parts = items(v);
-    let id = text(parts.first()?)?;
-    let fields = parts.get(1)?;
+fn entry(v: Value) -> Option<Entry> {
+    let mut parts = into_items(v).into_iter();
+    let id = into_text(parts.next()?)?;
+    let fields = parts.next()?;
     if matches!(fields, Value::Nil) {
         return None;
     }
     let count = parts
-        .get(2)
+        .next()
+        .as_ref()
         .and_then(int)
         .and_then(|c| u64::try_from(c).ok())
         .unwrap_or(1);
@@ -88,30 +105,35 @@ fn entry(v: &Value) -> Option<Entry> {
 }
 
 /// A list of entries (`XRANGE`, the recover script).
-pub(crate) fn entries(v: &Value) -> Vec<Entry> {
-    items(v).iter().filter_map(entry).collect()
+pub(crate) fn entries(v: Value) -> Vec<Entry> {
+    into_items(v).into_iter().filter_map(entry).collect()
 }
 
 /// An `XREADGROUP` reply for one stream: nil, `[[key, entries]]` or a RESP3 map.
-pub(crate) fn read_reply(v: &Value) -> Vec<Entry> {
+pub(crate) fn read_reply(v: Value) -> Vec<Entry> {
     match v {
-        Value::Map(pairs) => pairs.first().map(|(_, e)| entries(e)).unwrap_or_default(),
-        other => items(other)
-            .first()
-            .and_then(|s| items(s).get(1))
+        Value::Map(pairs) => pairs
+            .into_iter()
+            .next()
+            .map(|(_, e)| entries(e))
+            .unwrap_or_default(),
+        other => into_items(other)
+            .into_iter()
+            .next()
+            .and_then(|s| into_items(s).into_iter().nth(1))
             .map(entries)
             .unwrap_or_default(),
     }
 }
 
 /// The claim script's `{cursor, entries}`.
-pub(crate) fn claim_reply(v: &Value) -> (String, Vec<Entry>) {
-    let parts = items(v);
+pub(crate) fn claim_reply(v: Value) -> (String, Vec<Entry>) {
+    let mut parts = into_items(v).into_iter();
     let cursor = parts
-        .first()
-        .and_then(text)
+        .next()
+        .and_then(into_text)
         .unwrap_or_else(|| "0-0".to_owned());
-    (cursor, parts.get(1).map(entries).unwrap_or_default())
+    (cursor, parts.next().map(entries).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -138,13 +160,13 @@ mod tests {
                 Value::Array(vec![bulk("2-0"), Value::Nil]),
             ]),
         ])]);
-        let got = read_reply(&reply);
+        let got = read_reply(reply);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].id, "1-0");
         assert_eq!(got[0].count, 1);
         assert_eq!(got[0].body, "{\"a\":1}");
         assert_eq!(got[0].headers, "{\"type\":\"t\"}");
-        assert!(read_reply(&Value::Nil).is_empty());
+        assert!(read_reply(Value::Nil).is_empty());
     }
 
     #[test]
@@ -155,9 +177,9 @@ mod tests {
             bulk("body"),
             bulk("x"),
         ]);
-        assert_eq!(fields(&f), ("x".to_owned(), "not json".to_owned()));
+        assert_eq!(fields(f), ("x".to_owned(), "not json".to_owned()));
         let f = Value::Map(vec![(Value::SimpleString("body".into()), bulk("y"))]);
-        assert_eq!(fields(&f), ("y".to_owned(), String::new()));
+        assert_eq!(fields(f), ("y".to_owned(), String::new()));
     }
 
     #[test]
@@ -167,7 +189,7 @@ mod tests {
             bulk("5-0"),
             Value::Array(vec![Value::Array(vec![bulk("3-0"), fields, Value::Int(2)])]),
         ]);
-        let (cursor, got) = claim_reply(&reply);
+        let (cursor, got) = claim_reply(reply);
         assert_eq!(cursor, "5-0");
         assert_eq!((got[0].id.as_str(), got[0].count), ("3-0", 2));
     }

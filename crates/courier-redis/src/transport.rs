@@ -1,6 +1,5 @@
 //! [`RedisTransport`]: construction, sending, acknowledging.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -14,6 +13,7 @@ use redis::{Client, IntoConnectionInfo, RedisError, Value};
 use tokio::time::Instant;
 
 use crate::RedisOptions;
+use crate::in_flight::{InFlight, StreamId};
 use crate::link::{Link, has_code, is_connection_error};
 use crate::reader::Reader;
 use crate::reply::{self, Entry};
@@ -36,9 +36,8 @@ pub struct RedisTransport {
     pub(crate) scripts: Arc<Scripts>,
     pub(crate) shared: Link,
     pub(crate) reader: tokio::sync::Mutex<Reader>,
-    /// Deliveries handed out and not yet acked: entry id -> (delivery count, local time before
-    /// the request that delivered or last kept it alive).
-    pub(crate) in_flight: Mutex<HashMap<String, (u64, Instant)>>,
+    /// Deliveries handed out and not yet acked.
+    pub(crate) in_flight: Mutex<InFlight>,
     pub(crate) due_hint: Mutex<Option<Instant>>,
 }
 
@@ -53,6 +52,8 @@ impl fmt::Debug for RedisTransport {
 /// How an operation names the delivery it acts on.
 struct Delivery<'a> {
     id: &'a str,
+    /// `id` parsed; `None` only for an id the server did not write.
+    stream_id: Option<StreamId>,
     count: &'a str,
 }
 
@@ -64,7 +65,11 @@ fn delivery(envelope: &Envelope) -> Option<Delivery<'_>> {
     let count = envelope
         .last::<DeliveryTagStamp>()
         .map_or("", |t| t.0.as_str());
-    Some(Delivery { id, count })
+    Some(Delivery {
+        id,
+        stream_id: StreamId::parse(id),
+        count,
+    })
 }
 
 pub(crate) fn is_delayed_id(id: &str) -> bool {
@@ -126,7 +131,7 @@ impl RedisTransport {
             scripts,
             shared,
             reader: tokio::sync::Mutex::new(Reader::new(reader_link)),
-            in_flight: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(InFlight::default()),
             due_hint: Mutex::new(None),
             options,
         };
@@ -173,7 +178,7 @@ impl RedisTransport {
             .with_source(e)
     }
 
-    pub(crate) fn in_flight(&self) -> MutexGuard<'_, HashMap<String, (u64, Instant)>> {
+    pub(crate) fn in_flight(&self) -> MutexGuard<'_, InFlight> {
         self.in_flight
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -318,9 +323,11 @@ impl RedisTransport {
     /// count) and it was delivered or kept alive less than half the redelivery window ago, so
     /// `XAUTOCLAIM` (which needs the full window of server-side idle time, counted from a moment
     /// after our local timestamp) cannot have handed it to anyone yet.
-    fn is_fresh(&self, in_flight: &HashMap<String, (u64, Instant)>, d: &Delivery<'_>) -> bool {
-        in_flight.get(d.id).is_some_and(|(count, at)| {
-            d.count.parse() == Ok(*count) && at.elapsed() < self.options.redeliver_timeout / 2
+    fn is_fresh(&self, in_flight: &InFlight, now: Instant, d: &Delivery<'_>) -> bool {
+        let entry = d.stream_id.and_then(|id| in_flight.get(&id));
+        entry.is_some_and(|(count, at)| {
+            d.count.parse() == Ok(*count)
+                && now.saturating_duration_since(*at) < self.options.redeliver_timeout / 2
         })
     }
 
@@ -328,10 +335,11 @@ impl RedisTransport {
     /// the others through the ack script, which checks ownership on the server.
     fn ack_pipeline(&self, deliveries: &[Delivery<'_>]) -> redis::Pipeline {
         let (fresh, checked): (Vec<&Delivery<'_>>, Vec<&Delivery<'_>>) = {
+            let now = Instant::now();
             let in_flight = self.in_flight();
             deliveries
                 .iter()
-                .partition(|d| self.is_fresh(&in_flight, d))
+                .partition(|d| self.is_fresh(&in_flight, now, d))
         };
         let mut pipe = redis::pipe();
         for chunk in fresh.chunks(ACK_CHUNK) {
@@ -379,8 +387,8 @@ impl RedisTransport {
             .await
             .map_err(|e| self.error(e, context))?;
         let mut in_flight = self.in_flight();
-        for d in &deliveries {
-            in_flight.remove(d.id);
+        for id in deliveries.iter().filter_map(|d| d.stream_id) {
+            in_flight.remove(&id);
         }
         Ok(())
     }
@@ -391,17 +399,20 @@ impl RedisTransport {
         let mut in_flight = self.in_flight();
         // First deliveries (count 1, nearly all of them) share one tag.
         let first = Arc::new(DeliveryTagStamp("1".to_owned()));
+        let mut decoder = self.registry.json_decoder();
         entries
             .into_iter()
             .map(|e| {
-                in_flight.insert(e.id.clone(), (e.count, requested_at));
+                if let Some(id) = StreamId::parse(&e.id) {
+                    in_flight.insert(id, (e.count, requested_at));
+                }
                 let tag = if e.count == 1 {
                     Arc::clone(&first)
                 } else {
                     Arc::new(DeliveryTagStamp(e.count.to_string()))
                 };
-                self.registry
-                    .decode_json(e.body, &e.headers)
+                decoder
+                    .decode(e.body, &e.headers)
                     .with(TransportMessageIdStamp(e.id))
                     .with_arc(tag)
             })
@@ -433,7 +444,12 @@ impl Transport for RedisTransport {
     }
 
     async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
-        let Some(Delivery { id, count }) = delivery(&envelope) else {
+        let Some(Delivery {
+            id,
+            stream_id,
+            count,
+        }) = delivery(&envelope)
+        else {
             let next = envelope.without_all::<DelayStamp>();
             let next = if delay.is_zero() {
                 next
@@ -479,7 +495,9 @@ impl Transport for RedisTransport {
         if !delay.is_zero() {
             self.hint_due(delay);
         }
-        self.in_flight().remove(&id);
+        if let Some(id) = stream_id {
+            self.in_flight().remove(&id);
+        }
         Ok(())
     }
 
@@ -500,7 +518,8 @@ impl Transport for RedisTransport {
             .await
             .map_err(|e| self.error(e, "cannot keep alive"))?;
         if kept == 1
-            && let Some(entry) = self.in_flight().get_mut(d.id)
+            && let Some(id) = d.stream_id
+            && let Some(entry) = self.in_flight().get_mut(&id)
             && d.count.parse() == Ok(entry.0)
         {
             entry.1 = requested_at;
@@ -530,7 +549,7 @@ impl Transport for RedisTransport {
             .zip(known)
             .zip(replies)
             .map(|((envelope, known), reply)| {
-                let id = known.or_else(|| reply::text(&reply)).ok_or_else(|| {
+                let id = known.or_else(|| reply::into_text(reply)).ok_or_else(|| {
                     TransportError::new(TransportErrorKind::Protocol, self.options.name.clone())
                         .with_context("XADD returned no id")
                 })?;

@@ -132,12 +132,15 @@ impl SqlTransport {
         })
     }
 
-    fn decode(&self, row: StoredRow) -> Envelope {
-        // Headers that are not a JSON object give an undecodable envelope that names the
-        // problem, bound for the failure transport with its body kept.
-        self.registry
-            .decode_json(row.body, &row.headers)
-            .with(TransportMessageIdStamp(row.id.to_string()))
+    /// Decodes rows. Headers that are not a JSON object give an undecodable envelope that names
+    /// the problem, bound for the failure transport with its body kept.
+    fn decode_all(&self, rows: Vec<StoredRow>) -> impl Iterator<Item = Envelope> + '_ {
+        let mut decoder = self.registry.json_decoder();
+        rows.into_iter().map(move |row| {
+            decoder
+                .decode(row.body, &row.headers)
+                .with(TransportMessageIdStamp(row.id.to_string()))
+        })
     }
 
     /// The (id, delivery id) of an envelope this transport delivered.
@@ -158,9 +161,9 @@ impl SqlTransport {
             .map_err(|e| self.error("claiming messages", e))?;
         // One tag for the whole claim: every row of it shares the delivery id.
         let tag = Arc::new(DeliveryTagStamp(delivery_id.to_string()));
-        Ok(rows
-            .into_iter()
-            .map(|row| self.decode(row).with_arc(Arc::clone(&tag)))
+        Ok(self
+            .decode_all(rows)
+            .map(|envelope| envelope.with_arc(Arc::clone(&tag)))
             .collect())
     }
 
@@ -386,7 +389,7 @@ impl Listable for SqlTransport {
         let rows = retry_transient("list", || self.backend.list(limit))
             .await
             .map_err(|e| self.error("listing messages", e))?;
-        Ok(rows.into_iter().map(|r| self.decode(r)).collect())
+        Ok(self.decode_all(rows).collect())
     }
 
     async fn find(&self, id: &str) -> Result<Option<Envelope>, TransportError> {
@@ -396,7 +399,7 @@ impl Listable for SqlTransport {
         let row = retry_transient("find", || self.backend.find(id))
             .await
             .map_err(|e| self.error("finding a message", e))?;
-        Ok(row.map(|r| self.decode(r)))
+        Ok(self.decode_all(row.into_iter().collect()).next())
     }
 
     async fn remove(&self, id: &str) -> Result<bool, TransportError> {
