@@ -574,7 +574,7 @@ pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
 
 /// An envelope in the form SQL rows and Redis entries store it: the body, and the headers as
 /// one JSON object.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EncodedJson {
     /// The message as JSON text.
     pub body: String,
@@ -600,20 +600,58 @@ pub struct EncodedJson {
 /// # Errors
 /// [`EncodeError`] if the message does not serialize.
 pub fn encode_json(envelope: &Envelope) -> Result<EncodedJson, EncodeError> {
-    let (body, headers) = parts(envelope)?;
+    let mut out = EncodedJson::default();
+    encode_json_into(envelope, &mut out)?;
+    Ok(out)
+}
+
+/// [`encode_json`] into buffers that are reused from one message to the next: for a batch
+/// whose text is copied out of `out` (into a Redis command, say) after each message.
+///
+/// ```
+/// # use courier_core::{EncodedJson, Envelope, Message, encode_json, encode_json_into};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Ping { n: u8 }
+/// # impl Message for Ping { const NAME: &'static str = "app.ping"; }
+/// let mut out = EncodedJson::default();
+/// for n in 0..3 {
+///     let envelope = Envelope::new(Ping { n });
+///     encode_json_into(&envelope, &mut out).unwrap();
+///     assert_eq!(out, encode_json(&envelope).unwrap());
+/// }
+/// ```
+///
+/// # Errors
+/// [`EncodeError`] if the message does not serialize; `out` then holds no usable text.
+pub fn encode_json_into(envelope: &Envelope, out: &mut EncodedJson) -> Result<(), EncodeError> {
+    out.body.clear();
+    out.headers.clear();
+    write_body(envelope, &mut out.body)?;
+    let plain = envelope.extra_headers.is_none()
+        && envelope.stamps.iter().all(|slot| match slot {
+            Slot::Typed(s) => !s.sendable(),
+            Slot::Raw(_) => false,
+        });
+    if plain {
+        // Only `content-type` and `type`, already in key order.
+        write_object(
+            &mut out.headers,
+            [(("", CONTENT_TYPE_HEADER), JSON_CONTENT_TYPE)]
+                .into_iter()
+                .chain(payload_name(envelope).map(|name| (("", TYPE_HEADER), name))),
+        );
+        return Ok(());
+    }
+    let headers = header_list(envelope)?;
     let len: usize = headers
         .iter()
         .map(|((p, n), v)| p.len() + n.len() + v.len() + 8)
         .sum();
-    let mut json = String::with_capacity(len + 2);
+    out.headers.reserve(len + 2);
     write_object(
-        &mut json,
+        &mut out.headers,
         headers.iter().map(|(key, value)| (*key, value.as_ref())),
     );
-    Ok(EncodedJson {
-        body,
-        headers: json,
-    })
+    Ok(())
 }
 
 /// A header name as a prefix and the rest (`x-courier-stamp-` and `delay`), so stamp headers
@@ -623,29 +661,54 @@ type HeaderKey<'a> = (&'static str, &'a str);
 /// Headers by name, values borrowed from the envelope where they can be.
 type Headers<'a> = Vec<(HeaderKey<'a>, Cow<'a, str>)>;
 
-/// The body and headers of an envelope, the headers sorted by name with no duplicates: what
-/// the envelope itself sets (type, content type, stamps) wins over an extra header of the same
-/// name.
+/// The body and the header list of an envelope.
 fn parts(envelope: &Envelope) -> Result<(String, Headers<'_>), EncodeError> {
-    let (name, body) = match &envelope.payload {
+    let mut body = String::new();
+    write_body(envelope, &mut body)?;
+    Ok((body, header_list(envelope)?))
+}
+
+/// The wire name the payload carries, if any.
+fn payload_name(envelope: &Envelope) -> Option<&str> {
+    match &envelope.payload {
+        Payload::Typed { name, .. } => Some(name),
+        Payload::Undecodable { name, .. } => name.as_deref(),
+    }
+}
+
+/// Appends the message's JSON text: the text it was read with, or the message serialized.
+fn write_body(envelope: &Envelope, out: &mut String) -> Result<(), EncodeError> {
+    match &envelope.payload {
         Payload::Typed {
-            name,
-            body: Some(body),
-            ..
-        } => (Some(*name), body.to_string()),
+            body: Some(body), ..
+        }
+        | Payload::Undecodable { body, .. } => {
+            out.push_str(body);
+            Ok(())
+        }
         Payload::Typed {
             name,
             message,
             body: None,
-        } => (
-            Some(*name),
-            message.encode().map_err(|source| EncodeError {
-                name: name.to_string(),
+        } => {
+            let mut bytes = std::mem::take(out).into_bytes();
+            let written = message.encode_into(&mut bytes);
+            // serde_json writes UTF-8; the lossy branch is never taken.
+            *out = String::from_utf8(bytes)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            written.map_err(|source| EncodeError {
+                name: (*name).to_owned(),
                 source,
-            })?,
-        ),
-        Payload::Undecodable { name, body, .. } => (name.as_deref(), body.to_string()),
-    };
+            })
+        }
+    }
+}
+
+/// The headers of an envelope sorted by name with no duplicates: what the envelope itself sets
+/// (type, content type, one JSON list per stamp kind) wins over an extra header of the same
+/// name.
+fn header_list(envelope: &Envelope) -> Result<Headers<'_>, EncodeError> {
+    let name = payload_name(envelope);
     let extra = envelope.extra_headers.as_deref();
     let mut headers: Headers<'_> = Vec::with_capacity(4 + extra.map_or(0, BTreeMap::len));
     if let Some(name) = name {
@@ -709,7 +772,7 @@ fn parts(envelope: &Envelope) -> Result<(String, Headers<'_>), EncodeError> {
                 .chain(n1.bytes())
                 .eq(p2.bytes().chain(n2.bytes()))
     });
-    Ok((body, headers))
+    Ok(headers)
 }
 
 /// Writes `{"key":"value",...}` as serde_json writes a map of strings, in the order given.
@@ -926,6 +989,12 @@ mod tests {
             with_everything(),
             registry().decode(Encoded::new("{not json").header("type", "test.greet")),
             registry().decode(Encoded::new("{}").header("x-only", "extra")),
+            registry().decode(Encoded::new("{}")),
+            Envelope::new(Greet {
+                who: "\"q\"\n".into(),
+            })
+            .with(ReceivedStamp("local".into())),
+            registry().decode(Encoded::new(r#"{"who":"c"}"#).header("type", "test.greet")),
         ] {
             let slow = encode(&env).unwrap_or_default();
             let fast = encode_json(&env).map_err(|e| e.to_string());
@@ -936,6 +1005,20 @@ mod tests {
                     headers: slow.headers_json(),
                 })
             );
+        }
+    }
+
+    #[test]
+    fn encode_json_into_reuses_its_buffers_without_leftovers() {
+        let mut out = EncodedJson::default();
+        for env in [
+            with_everything(),
+            Envelope::new(Greet { who: "b".into() }),
+            registry().decode(Encoded::new("{not json").header("type", "test.greet")),
+            Envelope::new(Greet { who: "c".into() }),
+        ] {
+            assert!(encode_json_into(&env, &mut out).is_ok());
+            assert_eq!(Some(&out), encode_json(&env).ok().as_ref());
         }
     }
 

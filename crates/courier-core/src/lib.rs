@@ -57,6 +57,7 @@ pub use bus::{
 pub use codec::{
     CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded, EncodedJson, JSON_CONTENT_TYPE,
     JsonDecoder, MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode, encode_json,
+    encode_json_into,
 };
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;

@@ -34,14 +34,15 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
 
 /// A type-erased message as held by an [`Envelope`](crate::Envelope).
 pub(crate) trait AnyMessage: Any + Send + Sync {
-    fn encode(&self) -> Result<String, serde_json::Error>;
+    /// Appends the message as JSON.
+    fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error>;
     fn as_any(&self) -> &dyn Any;
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
 
 impl<M: Message> AnyMessage for M {
-    fn encode(&self) -> Result<String, serde_json::Error> {
-        serde_json::to_string(self)
+    fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        serde_json::to_writer(out, self)
     }
     fn as_any(&self) -> &dyn Any {
         self

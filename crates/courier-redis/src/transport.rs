@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use courier_core::{
-    Capabilities, DelayStamp, DeliveryTagStamp, EncodedJson, Envelope, Listable, MessageCount,
-    MessageRegistry, Setup, Transport, TransportError, TransportErrorKind, TransportMessageIdStamp,
-    async_trait, encode_json,
+    Capabilities, DelayStamp, DeliveryTagStamp, EncodeError, EncodedJson, Envelope, Listable,
+    MessageCount, MessageRegistry, Setup, Transport, TransportError, TransportErrorKind,
+    TransportMessageIdStamp, async_trait, encode_json, encode_json_into,
 };
 use redis::{Client, IntoConnectionInfo, RedisError, Value};
 use tokio::time::Instant;
@@ -21,6 +21,9 @@ use crate::scripts::Scripts;
 
 /// Ids per `ack` script call (Lua's `unpack` has a limit).
 const ACK_CHUNK: usize = 1000;
+/// How long a reply may take before the connection is considered dead (a blocking read waits its
+/// poll window on top).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Attempts of an operation on the shared connection when the connection breaks.
 const ATTEMPTS: u32 = 5;
 
@@ -109,15 +112,17 @@ impl RedisTransport {
         }
         let client = Client::open(info).map_err(config_error)?;
         let scripts = Arc::new(Scripts::new());
+        // Response timeouts only detect a dead connection. The reader's is the longer one, so a
+        // blocking read never moves the runtime's next timer earlier (which costs a wake-up).
         let shared = Link::new(
             client.clone(),
-            Duration::from_secs(30),
+            RESPONSE_TIMEOUT,
             options.consumer.clone(),
             scripts.clone(),
         );
         let reader_link = Link::new(
             client,
-            options.poll_window + Duration::from_secs(10),
+            options.poll_window + RESPONSE_TIMEOUT,
             options.consumer.clone(),
             scripts.clone(),
         );
@@ -184,11 +189,8 @@ impl RedisTransport {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn encode(&self, envelope: &Envelope) -> Result<EncodedJson, TransportError> {
-        encode_json(envelope).map_err(|e| {
-            TransportError::new(TransportErrorKind::Encode, self.options.name.clone())
-                .with_source(e)
-        })
+    fn encode_error(&self, e: EncodeError) -> TransportError {
+        TransportError::new(TransportErrorKind::Encode, self.options.name.clone()).with_source(e)
     }
 
     /// `XGROUP CREATE stream group 0 MKSTREAM`, accepting an existing group.
@@ -300,10 +302,12 @@ impl RedisTransport {
         envelopes: &[Envelope],
     ) -> Result<Vec<Option<String>>, TransportError> {
         let mut ids = Vec::with_capacity(envelopes.len());
+        let capabilities = self.capabilities();
+        // One pair of buffers for the batch: each command copies the text it is given.
+        let mut encoded = EncodedJson::default();
         for envelope in envelopes {
-            self.capabilities()
-                .check_delay(&self.options.name, envelope)?;
-            let encoded = self.encode(envelope)?;
+            capabilities.check_delay(&self.options.name, envelope)?;
+            encode_json_into(envelope, &mut encoded).map_err(|e| self.encode_error(e))?;
             match envelope
                 .last::<DelayStamp>()
                 .map(|d| d.0)
@@ -466,7 +470,7 @@ impl Transport for RedisTransport {
             next.with(DelayStamp(delay))
         };
         self.capabilities().check_delay(&self.options.name, &next)?;
-        let encoded = self.encode(&next)?;
+        let encoded = encode_json(&next).map_err(|e| self.encode_error(e))?;
         let delayed_id = format!("d-{:032x}", fastrand::u128(..));
         let mut cmd = self.scripts.retry.cmd(&[
             &self.options.stream,
