@@ -270,6 +270,7 @@ impl MessageRegistry {
         JsonDecoder {
             registry: self,
             last: None,
+            warm: false,
         }
     }
 }
@@ -295,6 +296,9 @@ impl MessageRegistry {
 pub struct JsonDecoder<'r> {
     registry: &'r MessageRegistry,
     last: Option<(String, Prepared)>,
+    /// Whether a message was decoded already: the first one is not remembered, so a batch of
+    /// one costs no more than [`MessageRegistry::decode_json`].
+    warm: bool,
 }
 
 impl fmt::Debug for JsonDecoder<'_> {
@@ -313,6 +317,9 @@ impl JsonDecoder<'_> {
             && text == headers
         {
             return prepared.envelope(body);
+        }
+        if !std::mem::replace(&mut self.warm, true) {
+            return self.registry.decode_json(body, headers);
         }
         match serde_json::from_str::<HeaderSink<'_>>(headers) {
             Ok(sink) => match sink.prepare(self.registry) {

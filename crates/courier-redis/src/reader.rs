@@ -163,7 +163,7 @@ impl RedisTransport {
             wait = wait.min(due.saturating_duration_since(now));
         }
         let promote = now >= reader.next_promote || next_due.is_some_and(|due| due <= now);
-        let mut pipe = redis::pipe();
+        let mut pipe = redis::Pipeline::with_capacity(2);
         if promote {
             pipe.add_command(
                 self.scripts
@@ -174,17 +174,20 @@ impl RedisTransport {
                     .clone(),
             );
         }
-        let read = pipe
-            .cmd("XREADGROUP")
+        let names = self.options.group.len() + self.options.consumer.len() + stream.len();
+        let mut read = redis::Cmd::with_capacity(12, names + 64);
+        read.arg("XREADGROUP")
             .arg("GROUP")
             .arg(&self.options.group)
-            .arg(&self.options.consumer);
-        read.arg("COUNT").arg(max);
+            .arg(&self.options.consumer)
+            .arg("COUNT")
+            .arg(max);
         let block = millis(wait);
         if block > 0 {
             read.arg("BLOCK").arg(block);
         }
         read.arg("STREAMS").arg(stream).arg(">");
+        pipe.add_command(read);
         let replied = if promote {
             let (next_wait, replied): (i64, Value) = pipe.query_async(&mut conn).await?;
             reader.next_due = u64::try_from(next_wait)

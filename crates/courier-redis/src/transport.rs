@@ -42,6 +42,8 @@ pub struct RedisTransport {
     /// Deliveries handed out and not yet acked.
     pub(crate) in_flight: Mutex<InFlight>,
     pub(crate) due_hint: Mutex<Option<Instant>>,
+    /// The delivery tag of every first delivery (count 1, nearly all of them), shared.
+    first_delivery: Arc<DeliveryTagStamp>,
 }
 
 impl fmt::Debug for RedisTransport {
@@ -58,6 +60,8 @@ struct Delivery<'a> {
     /// `id` parsed; `None` only for an id the server did not write.
     stream_id: Option<StreamId>,
     count: &'a str,
+    /// Certainly still ours (see [`RedisTransport::is_fresh`]): acked without a check.
+    fresh: bool,
 }
 
 fn delivery(envelope: &Envelope) -> Option<Delivery<'_>> {
@@ -72,6 +76,7 @@ fn delivery(envelope: &Envelope) -> Option<Delivery<'_>> {
         id,
         stream_id: StreamId::parse(id),
         count,
+        fresh: false,
     })
 }
 
@@ -138,6 +143,7 @@ impl RedisTransport {
             reader: tokio::sync::Mutex::new(Reader::new(reader_link)),
             in_flight: Mutex::new(InFlight::default()),
             due_hint: Mutex::new(None),
+            first_delivery: Arc::new(DeliveryTagStamp("1".to_owned())),
             options,
         };
         transport
@@ -248,7 +254,10 @@ impl RedisTransport {
     }
 
     fn xadd(&self, pipe: &mut redis::Pipeline, encoded: &EncodedJson) {
-        let cmd = pipe.cmd("XADD").arg(&self.options.stream);
+        // Sized up front: a command's buffer would otherwise grow (and copy) a few times.
+        let text = self.options.stream.len() + encoded.body.len() + encoded.headers.len();
+        let mut cmd = redis::Cmd::with_capacity(10, text + 48);
+        cmd.arg("XADD").arg(&self.options.stream);
         if let Some(n) = self.options.stream_max_entries {
             cmd.arg("MAXLEN").arg("~").arg(n);
         }
@@ -257,6 +266,7 @@ impl RedisTransport {
             .arg(&encoded.body)
             .arg("headers")
             .arg(&encoded.headers);
+        pipe.add_command(cmd);
     }
 
     fn send_delayed(
@@ -337,27 +347,39 @@ impl RedisTransport {
 
     /// Acks (and deletes) deliveries in one round trip: fresh ones with plain `XACK` + `XDEL`,
     /// the others through the ack script, which checks ownership on the server.
-    fn ack_pipeline(&self, deliveries: &[Delivery<'_>]) -> redis::Pipeline {
-        let (fresh, checked): (Vec<&Delivery<'_>>, Vec<&Delivery<'_>>) = {
-            let now = Instant::now();
+    fn ack_pipeline(&self, deliveries: &mut [Delivery<'_>]) -> redis::Pipeline {
+        let now = Instant::now();
+        let (mut fresh, mut fresh_bytes) = (0, 0);
+        {
             let in_flight = self.in_flight();
-            deliveries
-                .iter()
-                .partition(|d| self.is_fresh(&in_flight, now, d))
-        };
-        let mut pipe = redis::pipe();
-        for chunk in fresh.chunks(ACK_CHUNK) {
-            let ids: Vec<&str> = chunk.iter().map(|d| d.id).collect();
-            pipe.cmd("XACK")
-                .arg(&self.options.stream)
-                .arg(&self.options.group)
-                .arg(&ids)
-                .ignore();
-            if self.options.delete_after_ack {
-                pipe.cmd("XDEL")
-                    .arg(&self.options.stream)
-                    .arg(&ids)
-                    .ignore();
+            for d in deliveries.iter_mut() {
+                d.fresh = self.is_fresh(&in_flight, now, d);
+                if d.fresh {
+                    fresh += 1;
+                    fresh_bytes += d.id.len();
+                }
+            }
+        }
+        let mut pipe = redis::Pipeline::with_capacity(3);
+        if fresh > 0 {
+            let (stream, group) = (&self.options.stream, &self.options.group);
+            let mut xack =
+                redis::Cmd::with_capacity(3 + fresh, 4 + stream.len() + group.len() + fresh_bytes);
+            xack.arg("XACK").arg(stream).arg(group);
+            let mut xdel = self.options.delete_after_ack.then(|| {
+                let mut xdel = redis::Cmd::with_capacity(2 + fresh, 4 + stream.len() + fresh_bytes);
+                xdel.arg("XDEL").arg(stream);
+                xdel
+            });
+            for d in deliveries.iter().filter(|d| d.fresh) {
+                xack.arg(d.id);
+                if let Some(xdel) = &mut xdel {
+                    xdel.arg(d.id);
+                }
+            }
+            pipe.add_command(xack).ignore();
+            if let Some(xdel) = xdel {
+                pipe.add_command(xdel).ignore();
             }
         }
         let delete = if self.options.delete_after_ack {
@@ -365,6 +387,8 @@ impl RedisTransport {
         } else {
             "0"
         };
+        // Rare: deliveries kept past half the redelivery window, or not from this process.
+        let checked: Vec<&Delivery<'_>> = deliveries.iter().filter(|d| !d.fresh).collect();
         for chunk in checked.chunks(ACK_CHUNK) {
             let mut cmd = self.scripts.ack.cmd(&[&self.options.stream]);
             cmd.arg(&self.options.group)
@@ -383,11 +407,11 @@ impl RedisTransport {
         envelopes: &[Envelope],
         context: &'static str,
     ) -> Result<(), TransportError> {
-        let deliveries: Vec<Delivery<'_>> = envelopes.iter().filter_map(delivery).collect();
+        let mut deliveries: Vec<Delivery<'_>> = envelopes.iter().filter_map(delivery).collect();
         if deliveries.is_empty() {
             return Ok(());
         }
-        self.query::<()>(&self.ack_pipeline(&deliveries))
+        self.query::<()>(&self.ack_pipeline(&mut deliveries))
             .await
             .map_err(|e| self.error(e, context))?;
         let mut in_flight = self.in_flight();
@@ -401,8 +425,6 @@ impl RedisTransport {
     /// (a local time before the request that delivered them).
     pub(crate) fn deliver(&self, entries: Vec<Entry>, requested_at: Instant) -> Vec<Envelope> {
         let mut in_flight = self.in_flight();
-        // First deliveries (count 1, nearly all of them) share one tag.
-        let first = Arc::new(DeliveryTagStamp("1".to_owned()));
         let mut decoder = self.registry.json_decoder();
         entries
             .into_iter()
@@ -411,7 +433,7 @@ impl RedisTransport {
                     in_flight.insert(id, (e.count, requested_at));
                 }
                 let tag = if e.count == 1 {
-                    Arc::clone(&first)
+                    Arc::clone(&self.first_delivery)
                 } else {
                     Arc::new(DeliveryTagStamp(e.count.to_string()))
                 };
@@ -452,6 +474,7 @@ impl Transport for RedisTransport {
             id,
             stream_id,
             count,
+            ..
         }) = delivery(&envelope)
         else {
             let next = envelope.without_all::<DelayStamp>();
@@ -535,7 +558,7 @@ impl Transport for RedisTransport {
         if envelopes.is_empty() {
             return Ok(envelopes);
         }
-        let mut pipe = redis::pipe();
+        let mut pipe = redis::Pipeline::with_capacity(envelopes.len());
         let known = self.add_sends(&mut pipe, &envelopes)?;
         let replies: Vec<Value> = self
             .query(&pipe)
