@@ -60,8 +60,9 @@
 //!     `XCLAIM ... IDLE` from outside breaks this premise.)
 //!   - *by the server* otherwise: a Lua script reads the entry's owner and delivery count with
 //!     `XPENDING` and acks only a match.
-//! - `ack` / `reject` are `XACK` + `XDEL` (with `delete_after_ack`, the default) in one script
-//!   call, one round trip; `ack_batch` is one `XACK` and one `XDEL` with all ids. `send_batch`
+//! - `ack` / `reject` are `XACK` + `XDEL` (with `delete_after_ack`, the default) in one round
+//!   trip (plain commands on the fast path, the ownership script otherwise); `ack_batch` is one
+//!   `XACK` and one `XDEL` with all ids. `send_batch`
 //!   pipelines its `XADD`s. `keepalive` is `XCLAIM ... JUSTID` (resets the idle time without
 //!   counting a delivery). `retry` adds the new entry (stream or delayed set) and acks the old
 //!   one in one script: never lost, never duplicated by a crash in between.
