@@ -17,7 +17,7 @@ use crate::SqlOptions;
 use crate::backend::{Backend, NewRow, StoredRow, grouped_delete, sort_claimed};
 
 /// The migration, the source of truth for the schema.
-const MIGRATION: &str = include_str!("../../../migrations/mysql/0001_courier_messages.sql");
+const MIGRATION: &str = include_str!("../migrations/mysql/0001_courier_messages.sql");
 
 /// Epoch milliseconds from the server clock.
 const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";

@@ -15,7 +15,7 @@ use crate::SqlOptions;
 use crate::backend::{Backend, NewRow, StoredRow, Wake, sort_claimed};
 
 /// The migration, the source of truth for the schema.
-const MIGRATION: &str = include_str!("../../../migrations/postgres/0001_courier_messages.sql");
+const MIGRATION: &str = include_str!("../migrations/postgres/0001_courier_messages.sql");
 
 /// Epoch milliseconds from the server clock, fixed for the statement.
 const NOW: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";

@@ -15,7 +15,7 @@ use crate::SqlOptions;
 use crate::backend::{Backend, NewRow, StoredRow, grouped_delete, sort_claimed};
 
 /// The migration, the source of truth for the schema.
-const MIGRATION: &str = include_str!("../../../migrations/sqlite/0001_courier_messages.sql");
+const MIGRATION: &str = include_str!("../migrations/sqlite/0001_courier_messages.sql");
 
 /// Epoch milliseconds from SQLite's clock (`'now'` is fixed for the duration of a statement).
 const NOW: &str = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";

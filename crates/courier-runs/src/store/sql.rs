@@ -19,10 +19,9 @@ use queries::numbered;
 
 type Query<'a> = sqlx::query::Query<'a, sqlx::Any, sqlx::any::AnyArguments<'a>>;
 
-const SQLITE_MIGRATION: &str = include_str!("../../../../migrations/sqlite/0002_courier_runs.sql");
-const POSTGRES_MIGRATION: &str =
-    include_str!("../../../../migrations/postgres/0002_courier_runs.sql");
-const MYSQL_MIGRATION: &str = include_str!("../../../../migrations/mysql/0002_courier_runs.sql");
+const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0002_courier_runs.sql");
+const POSTGRES_MIGRATION: &str = include_str!("../../migrations/postgres/0002_courier_runs.sql");
+const MYSQL_MIGRATION: &str = include_str!("../../migrations/mysql/0002_courier_runs.sql");
 
 /// The SQL dialect of a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
