@@ -1,6 +1,7 @@
 //! Crash test with real processes: a worker process is killed with SIGKILL in the middle of a
 //! run; once its lease has expired (rewritten in SQL, not waited for) the reaper requeues the
-//! run and another worker completes it: nothing lost, no step sequence duplicated.
+//! run and another worker completes it: nothing lost, no step sequence duplicated. On SQLite
+//! (files in a temporary directory) and on PostgreSQL (tables of their own).
 #![allow(clippy::unwrap_used)]
 #![cfg(all(unix, feature = "sqlite"))]
 
@@ -19,8 +20,68 @@ use courier_sql::SqlTransport;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-/// Set (to the shared directory) in the child process only.
+/// Set in the child process only: where its node keeps runs and queue ([`Place::encode`]).
 const CHILD_ENV: &str = "COURIER_RUNS_CRASH_CHILD";
+
+/// Where a node keeps its runs and its queue; the parent and the child share one.
+struct Place {
+    store_dsn: String,
+    prefix: String,
+    queue_dsn: String,
+}
+
+impl Place {
+    fn sqlite(dir: &Path) -> Self {
+        Self {
+            store_dsn: format!("sqlite://{}", dir.join("runs.db").display()),
+            prefix: "courier".to_owned(),
+            queue_dsn: format!(
+                "sqlite://{}?poll_window=50ms",
+                dir.join("queue.db").display()
+            ),
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    fn postgres() -> Self {
+        let url = courier_test::env::postgres_url();
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let queue = courier_test::env::unique_name("crash_queue");
+        Self {
+            store_dsn: url.clone(),
+            prefix: courier_test::env::unique_name("crash"),
+            queue_dsn: format!("{url}{sep}table_name={queue}&poll_window=50ms"),
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    fn mysql() -> Self {
+        let url = courier_test::env::mysql_url();
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let queue = courier_test::env::unique_name("crash_queue");
+        Self {
+            store_dsn: url.clone(),
+            prefix: courier_test::env::unique_name("crash"),
+            queue_dsn: format!("{url}{sep}table_name={queue}&poll_window=50ms"),
+        }
+    }
+
+    fn encode(&self) -> String {
+        [&self.store_dsn, &self.prefix, &self.queue_dsn]
+            .map(String::as_str)
+            .join("\n")
+    }
+
+    fn decode(text: &str) -> Self {
+        let mut parts = text.splitn(3, '\n').map(str::to_owned);
+        let mut next = || parts.next().unwrap();
+        Self {
+            store_dsn: next(),
+            prefix: next(),
+            queue_dsn: next(),
+        }
+    }
+}
 
 struct Node {
     store: SqlRunStore,
@@ -29,21 +90,17 @@ struct Node {
     bus: MessageBus,
 }
 
-async fn node(dir: &Path) -> Node {
+async fn node(place: &Place) -> Node {
     let store = SqlRunStore::connect(
-        &format!("sqlite://{}", dir.join("runs.db").display()),
-        SqlRunStoreOptions::default(),
+        &place.store_dsn,
+        SqlRunStoreOptions::default().table_prefix(&place.prefix),
     )
     .await
     .unwrap();
     store.setup().await.unwrap();
     let mut registry = MessageRegistry::new();
     registry.register::<RunAgent>();
-    let dsn = Dsn::parse(&format!(
-        "sqlite://{}?poll_window=50ms",
-        dir.join("queue.db").display()
-    ))
-    .unwrap();
+    let dsn = Dsn::parse(&place.queue_dsn).unwrap();
     let queue = Arc::new(
         SqlTransport::connect("async", &dsn, Arc::new(registry))
             .await
@@ -80,17 +137,62 @@ async fn consume_one(node: &Node) -> u64 {
 /// nothing when run on its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_child_worker() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else {
+    let Ok(place) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let node = node(Path::new(&dir)).await;
+    let node = node(&Place::decode(&place)).await;
     consume_one(&node).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_killed_mid_run_is_reaped_and_completed_by_another() {
     let dir = support::TempDir::new();
-    let node = node(&dir.0).await;
+    killed_mid_run(&Place::sqlite(&dir.0)).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+async fn worker_killed_mid_run_is_reaped_and_completed_by_another_on_postgres() {
+    killed_mid_run_then_drop(Place::postgres()).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs mysql: set COURIER_TEST_MYSQL_URL"]
+async fn worker_killed_mid_run_is_reaped_and_completed_by_another_on_mariadb() {
+    killed_mid_run_then_drop(Place::mysql()).await;
+}
+
+/// [`killed_mid_run`] on a shared server, dropping the test's tables whatever the outcome.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn killed_mid_run_then_drop(place: Place) {
+    let test =
+        futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(killed_mid_run(&place)));
+    let result = test.await;
+    let node = node(&place).await;
+    let queue_table = Dsn::parse(&place.queue_dsn)
+        .unwrap()
+        .option("table_name")
+        .unwrap()
+        .to_owned();
+    for table in [
+        node.store.runs_table(),
+        node.store.events_table(),
+        &queue_table,
+    ] {
+        node.store
+            .execute(&format!("DROP TABLE IF EXISTS {table}"))
+            .await
+            .unwrap();
+    }
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn killed_mid_run(place: &Place) {
+    let node = node(place).await;
     let mut steps: Vec<_> = (0..15).map(|_| json!({"sleep_ms": 100})).collect();
     steps.push(json!({"output": "survived"}));
     let id = node
@@ -106,7 +208,7 @@ async fn worker_killed_mid_run_is_reaped_and_completed_by_another() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(CHILD_ENV, &dir.0)
+        .env(CHILD_ENV, place.encode())
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
