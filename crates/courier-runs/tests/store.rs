@@ -638,3 +638,38 @@ mod mysql {
 
 #[allow(dead_code)]
 fn _unused(_: Arc<dyn RunStore>) {}
+
+/// A database server that is down is named at once by the driver's error (connection refused),
+/// not after the pool's acquire timeout, and the password stays out of the error.
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[tokio::test]
+async fn a_run_store_on_a_server_that_is_down_fails_at_once() {
+    use std::error::Error as _;
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for scheme in ["postgres", "mysql"] {
+        let dsn = format!("{scheme}://app:hunter2@127.0.0.1:{port}/test");
+        let connecting =
+            courier_runs::SqlRunStore::connect(&dsn, courier_runs::SqlRunStoreOptions::default());
+        let Err(err) = tokio::time::timeout(Duration::from_secs(8), connecting)
+            .await
+            .unwrap_or_else(|_| panic!("{scheme}: still waiting for the pool"))
+        else {
+            panic!("{scheme}: connected to a closed port");
+        };
+        let shown = format!(
+            "{err}: {} {err:?}",
+            err.source().map(ToString::to_string).unwrap_or_default()
+        );
+        assert!(
+            matches!(err, StoreError::Database { .. }),
+            "{scheme}: {shown}"
+        );
+        assert!(shown.contains("refused"), "{scheme}: {shown}");
+        assert!(!shown.contains("hunter2"), "{scheme}: {shown}");
+    }
+}

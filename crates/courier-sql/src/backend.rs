@@ -47,6 +47,26 @@ where
 }
 
 /// Sorts claimed rows into claim order (`RETURNING` gives no order guarantee).
+/// Opens (and closes) one connection before the pool is built, so that a server that is down or
+/// refuses the credentials fails `connect` at once with the driver's own error ("connection
+/// refused", "password authentication failed"), not with the pool's "timed out" after its whole
+/// `acquire_timeout`. A server that does not answer within `within` is left to the pool.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn probe<C: sqlx::Connection>(
+    options: &<C as sqlx::Connection>::Options,
+    within: std::time::Duration,
+) -> Result<(), sqlx::Error> {
+    match tokio::time::timeout(within, C::connect_with(options)).await {
+        Ok(Ok(conn)) => {
+            // The probe has done its job; a failed goodbye changes nothing.
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Ok(()),
+    }
+}
+
 pub(crate) fn sort_claimed(rows: &mut [StoredRow]) {
     rows.sort_by(|a, b| {
         b.priority

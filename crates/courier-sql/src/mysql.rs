@@ -10,11 +10,11 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{Executor, Row};
 
 use crate::SqlOptions;
-use crate::backend::{Backend, NewRow, StoredRow, grouped_delete, sort_claimed};
+use crate::backend::{Backend, NewRow, StoredRow, grouped_delete, probe, sort_claimed};
 
 /// The migration, the source of truth for the schema.
 const MIGRATION: &str = include_str!("../migrations/mysql/0001_courier_messages.sql");
@@ -46,6 +46,7 @@ pub(crate) struct MySqlBackend {
 impl MySqlBackend {
     pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Self, sqlx::Error> {
         let connect = MySqlConnectOptions::from_str(url)?;
+        probe::<MySqlConnection>(&connect, o.acquire_timeout).await?;
         let connection_ids: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
         let ids = connection_ids.clone();
         let pool = MySqlPoolOptions::new()

@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use tokio::task::JoinHandle;
 
 use crate::SqlOptions;
-use crate::backend::{Backend, NewRow, StoredRow, Wake, sort_claimed};
+use crate::backend::{Backend, NewRow, StoredRow, Wake, probe, sort_claimed};
 
 /// The migration, the source of truth for the schema.
 const MIGRATION: &str = include_str!("../migrations/postgres/0001_courier_messages.sql");
@@ -45,6 +45,7 @@ pub(crate) struct PgBackend {
 impl PgBackend {
     pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Self, sqlx::Error> {
         let connect = PgConnectOptions::from_str(url)?;
+        probe::<PgConnection>(&connect, o.acquire_timeout).await?;
         let pool = PgPoolOptions::new()
             // No ping per acquire: a dead connection fails the statement, which is retried.
             .test_before_acquire(false)

@@ -45,6 +45,41 @@ async fn the_password_never_shows_in_a_connection_error() {
     assert!(!shown.contains("hunter2"), "{shown}");
 }
 
+/// A server that is down fails `connect` at once with the driver's own error, not with the
+/// pool's "timed out" once its whole `acquire_timeout` (here 60 s) has passed.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[tokio::test]
+async fn a_server_that_is_down_is_named_at_once_without_the_password() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut schemes = Vec::new();
+    #[cfg(feature = "postgres")]
+    schemes.push("postgres");
+    #[cfg(feature = "mysql")]
+    schemes.push("mysql");
+    for scheme in schemes {
+        let raw = format!("{scheme}://app:hunter2@127.0.0.1:{port}/test?acquire_timeout=60s");
+        let dsn = Dsn::parse(&raw).unwrap();
+        let connecting = SqlTransport::connect("async", &dsn, courier_test::registry());
+        let err = tokio::time::timeout(std::time::Duration::from_secs(20), connecting)
+            .await
+            .unwrap_or_else(|_| panic!("{scheme}: still waiting for the pool's acquire_timeout"))
+            .unwrap_err();
+        assert_eq!(err.kind(), TransportErrorKind::Connection, "{scheme}");
+        let shown = format!("{err} {err:?}");
+        assert!(shown.contains("refused"), "{scheme}: {shown}");
+        assert!(
+            shown.contains(&format!("127.0.0.1:{port}")),
+            "{scheme}: {shown}"
+        );
+        assert!(!shown.contains("hunter2"), "{scheme}: {shown}");
+    }
+}
+
 #[tokio::test]
 async fn an_unknown_option_is_named() {
     let dir = tempfile::tempdir().unwrap();

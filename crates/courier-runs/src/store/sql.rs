@@ -23,6 +23,9 @@ const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0002_courie
 const POSTGRES_MIGRATION: &str = include_str!("../../migrations/postgres/0002_courier_runs.sql");
 const MYSQL_MIGRATION: &str = include_str!("../../migrations/mysql/0002_courier_runs.sql");
 
+/// How long the pool waits for a connection.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The SQL dialect of a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -166,9 +169,20 @@ impl SqlRunStore {
         };
         sqlx::any::install_default_drivers();
         let sqlite = dialect == Dialect::Sqlite;
+        if !sqlite {
+            // One connection first, so that a server that is down or refuses the credentials
+            // is named at once by the driver's own error instead of the pool's "timed out".
+            use sqlx::Connection as _;
+            if let Ok(probe) =
+                tokio::time::timeout(ACQUIRE_TIMEOUT, sqlx::AnyConnection::connect(&dsn)).await
+            {
+                // A failed goodbye after a successful probe changes nothing.
+                let _ = probe.map_err(db("connect"))?.close().await;
+            }
+        }
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if sqlite {
