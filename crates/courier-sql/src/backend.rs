@@ -149,6 +149,42 @@ pub(crate) trait Backend: Send + Sync + Debug {
     fn connection_ids(&self) -> Vec<u64> {
         Vec::new()
     }
+    /// The cause behind a pool that timed out, when one direct connection attempt finds it
+    /// (the server is down, the credentials are refused); else `e` unchanged.
+    async fn explain(&self, e: sqlx::Error) -> sqlx::Error {
+        e
+    }
+}
+
+/// Connect options kept by a backend. They hold the password, so their `Debug` shows nothing.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct Hidden<T>(pub(crate) T);
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<T> Debug for Hidden<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<connect options>")
+    }
+}
+
+/// How long [`Backend::explain`] waits for its connection attempt at most.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) const EXPLAIN_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// [`Backend::explain`] for a dialect whose connections open with `options`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn explain_with<C: sqlx::Connection>(
+    options: &<C as sqlx::Connection>::Options,
+    within: std::time::Duration,
+    e: sqlx::Error,
+) -> sqlx::Error {
+    if !matches!(e, sqlx::Error::PoolTimedOut) {
+        return e;
+    }
+    match probe::<C>(options, within).await {
+        Err(cause) => cause,
+        Ok(()) => e,
+    }
 }
 
 /// `DELETE ... WHERE (delivery_id = ? AND id IN (?, ...)) OR ...` for `?`-placeholder dialects,

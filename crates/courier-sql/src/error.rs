@@ -78,7 +78,13 @@ where
     let mut attempt = 1;
     loop {
         match op().await {
-            Err(e) if attempt < MAX_ATTEMPTS && is_transient(&e) => {
+            // A pool that timed out has already waited its whole `acquire_timeout` (retrying
+            // connections all along): waiting it out again would hide a server that is down.
+            Err(e)
+                if attempt < MAX_ATTEMPTS
+                    && is_transient(&e)
+                    && !matches!(e, sqlx::Error::PoolTimedOut) =>
+            {
                 tracing::debug!(courier.sql.op = what, attempt, error = %e, "transient database error, retrying");
                 let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
                 tokio::time::sleep(backoff + jitter).await;
@@ -104,6 +110,34 @@ mod tests {
         let t = transport_error("async", "claiming messages", e);
         assert_eq!(t.kind(), TransportErrorKind::Connection);
         assert!(t.is_transient());
+    }
+
+    #[tokio::test]
+    async fn a_pool_timeout_is_not_waited_out_again_but_io_errors_are_retried() {
+        let mut calls = 0;
+        let timed_out: Result<(), _> = retry_transient("x", || {
+            calls += 1;
+            async { Err(sqlx::Error::PoolTimedOut) }
+        })
+        .await;
+        assert!(matches!(timed_out, Err(sqlx::Error::PoolTimedOut)));
+        assert_eq!(calls, 1);
+
+        let mut calls = 0;
+        let recovered = retry_transient("x", || {
+            calls += 1;
+            let fail = calls < 3;
+            async move {
+                if fail {
+                    Err(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()))
+                } else {
+                    Ok(7)
+                }
+            }
+        })
+        .await;
+        assert_eq!(recovered.ok(), Some(7));
+        assert_eq!(calls, 3);
     }
 
     #[test]

@@ -14,7 +14,10 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 use sqlx::{Executor, Row};
 
 use crate::SqlOptions;
-use crate::backend::{Backend, NewRow, StoredRow, grouped_delete, probe, sort_claimed};
+use crate::backend::{
+    Backend, EXPLAIN_WITHIN, Hidden, NewRow, StoredRow, explain_with, grouped_delete, probe,
+    sort_claimed,
+};
 
 /// The migration, the source of truth for the schema.
 const MIGRATION: &str = include_str!("../migrations/mysql/0001_courier_messages.sql");
@@ -28,6 +31,8 @@ const CHUNK: usize = 500;
 #[derive(Debug)]
 pub(crate) struct MySqlBackend {
     pool: MySqlPool,
+    /// How connections open, for [`Backend::explain`].
+    connect: Hidden<MySqlConnectOptions>,
     table: String,
     queue: String,
     redeliver_ms: i64,
@@ -68,7 +73,7 @@ impl MySqlBackend {
                     Ok(())
                 })
             })
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await?;
         let version: String = sqlx::query_scalar("SELECT VERSION()")
             .fetch_one(&pool)
@@ -77,6 +82,7 @@ impl MySqlBackend {
         let cols = "id, body, headers, priority, available_at";
         Ok(Self {
             pool,
+            connect: Hidden(connect),
             table: t.clone(),
             queue: o.queue_name.clone(),
             redeliver_ms: i64::try_from(o.redeliver_timeout.as_millis()).unwrap_or(i64::MAX),
@@ -118,6 +124,10 @@ impl MySqlBackend {
 
 #[async_trait]
 impl Backend for MySqlBackend {
+    async fn explain(&self, e: sqlx::Error) -> sqlx::Error {
+        explain_with::<MySqlConnection>(&self.connect.0, EXPLAIN_WITHIN, e).await
+    }
+
     async fn setup(&self) -> Result<(), sqlx::Error> {
         let ddl = MIGRATION.replace(crate::options::DEFAULT_TABLE, &self.table);
         sqlx::raw_sql(&ddl).execute(&self.pool).await?;

@@ -12,7 +12,9 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolO
 use tokio::task::JoinHandle;
 
 use crate::SqlOptions;
-use crate::backend::{Backend, NewRow, StoredRow, Wake, probe, sort_claimed};
+use crate::backend::{
+    Backend, EXPLAIN_WITHIN, Hidden, NewRow, StoredRow, Wake, explain_with, probe, sort_claimed,
+};
 
 /// The migration, the source of truth for the schema.
 const MIGRATION: &str = include_str!("../migrations/postgres/0001_courier_messages.sql");
@@ -23,6 +25,8 @@ const NOW: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 #[derive(Debug)]
 pub(crate) struct PgBackend {
     pool: PgPool,
+    /// How connections open, for [`Backend::explain`].
+    connect: Hidden<PgConnectOptions>,
     table: String,
     queue: String,
     redeliver_ms: i64,
@@ -52,12 +56,13 @@ impl PgBackend {
             .max_connections(o.max_connections.unwrap_or(10))
             .min_connections(o.min_connections)
             .acquire_timeout(o.acquire_timeout)
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await?;
         let t = &o.table_name;
         let cols = "id, body, headers, priority, available_at";
         Ok(Self {
             pool,
+            connect: Hidden(connect),
             table: t.clone(),
             queue: o.queue_name.clone(),
             redeliver_ms: i64::try_from(o.redeliver_timeout.as_millis()).unwrap_or(i64::MAX),
@@ -162,6 +167,10 @@ async fn listen(pool: PgPool, channel: String, queue: String, wake: Arc<Wake>) {
 
 #[async_trait]
 impl Backend for PgBackend {
+    async fn explain(&self, e: sqlx::Error) -> sqlx::Error {
+        explain_with::<PgConnection>(&self.connect.0, EXPLAIN_WITHIN, e).await
+    }
+
     async fn setup(&self) -> Result<(), sqlx::Error> {
         // Concurrent setups of one table would race in CREATE ... IF NOT EXISTS: serialise them
         // with a transaction-scoped advisory lock. One DO block is one implicit transaction, so

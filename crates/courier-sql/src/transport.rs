@@ -109,13 +109,33 @@ impl SqlTransport {
     }
 
     async fn run_setup(&self) -> Result<(), TransportError> {
-        retry_transient("setup", || self.backend.setup())
-            .await
-            .map_err(|e| self.error("creating the messages table", e))
+        self.attempt("setup", "creating the messages table", || {
+            self.backend.setup()
+        })
+        .await
     }
 
     fn error(&self, context: &'static str, e: sqlx::Error) -> TransportError {
         transport_error(&self.name, context, e)
+    }
+
+    /// Runs a backend operation, retrying transient failures; `context` says what was being
+    /// done. A pool that timed out waiting for a connection is explained by one direct attempt,
+    /// so that a server that went down is named ("connection refused"), not just "timed out".
+    async fn attempt<T, F, Fut>(
+        &self,
+        what: &'static str,
+        context: &'static str,
+        op: F,
+    ) -> Result<T, TransportError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        match retry_transient(what, op).await {
+            Ok(value) => Ok(value),
+            Err(e) => Err(self.error(context, self.backend.explain(e).await)),
+        }
     }
 
     fn new_row(&self, envelope: &Envelope, delay: Duration) -> Result<NewRow, TransportError> {
@@ -156,9 +176,11 @@ impl SqlTransport {
 
     async fn claim_once(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
         let delivery_id = fastrand::i64(1..i64::MAX);
-        let rows = retry_transient("claim", || self.backend.claim(max, delivery_id))
-            .await
-            .map_err(|e| self.error("claiming messages", e))?;
+        let rows = self
+            .attempt("claim", "claiming messages", || {
+                self.backend.claim(max, delivery_id)
+            })
+            .await?;
         // One tag for the whole claim: every row of it shares the delivery id.
         let tag = Arc::new(DeliveryTagStamp(delivery_id.to_string()));
         Ok(self
@@ -174,13 +196,17 @@ impl SqlTransport {
     ) -> Result<(), TransportError> {
         let deleted = match Self::delivery(envelope) {
             (Some(id), Some(delivery)) => {
-                retry_transient("delete", || self.backend.delete_one(id, delivery))
-                    .await
-                    .map_err(|e| self.error("deleting a message", e))?
+                self.attempt("delete", "deleting a message", || {
+                    self.backend.delete_one(id, delivery)
+                })
+                .await?
             }
-            (Some(id), None) => retry_transient("delete", || self.backend.delete_id(id))
-                .await
-                .map_err(|e| self.error("deleting a message", e))?,
+            (Some(id), None) => {
+                self.attempt("delete", "deleting a message", || {
+                    self.backend.delete_id(id)
+                })
+                .await?
+            }
             (None, _) => {
                 tracing::debug!(courier.transport = %self.name, "{verb} of an envelope without a transport id: nothing to delete");
                 return Ok(());
@@ -218,9 +244,11 @@ impl Transport for SqlTransport {
                 .map_or(Duration::ZERO, |d| d.0);
             rows.push(self.new_row(envelope, delay)?);
         }
-        let ids = retry_transient("insert", || self.backend.insert(&rows))
-            .await
-            .map_err(|e| self.error("inserting messages", e))?;
+        let ids = self
+            .attempt("insert", "inserting messages", || {
+                self.backend.insert(&rows)
+            })
+            .await?;
         if ids.len() != envelopes.len() {
             return Err(
                 TransportError::new(TransportErrorKind::Protocol, self.name.clone()).with_context(
@@ -259,9 +287,11 @@ impl Transport for SqlTransport {
                 return Ok(claimed);
             }
             let remaining = deadline - now;
-            let due = retry_transient("next due", || self.backend.next_due_in())
-                .await
-                .map_err(|e| self.error("reading the next due time", e))?;
+            let due = self
+                .attempt("next due", "reading the next due time", || {
+                    self.backend.next_due_in()
+                })
+                .await?;
             let until_due =
                 due.map(|ms| Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0)));
             let wait = if self.wake.is_listening() && until_due.is_none_or(|d| !d.is_zero()) {
@@ -301,9 +331,11 @@ impl Transport for SqlTransport {
         if pairs.is_empty() {
             return Ok(());
         }
-        let deleted = retry_transient("delete", || self.backend.delete(&pairs))
-            .await
-            .map_err(|e| self.error("deleting messages", e))?;
+        let deleted = self
+            .attempt("delete", "deleting messages", || {
+                self.backend.delete(&pairs)
+            })
+            .await?;
         if deleted < pairs.len() as u64 {
             tracing::debug!(
                 courier.transport = %self.name,
@@ -329,9 +361,11 @@ impl Transport for SqlTransport {
             return self.ack(&envelope).await;
         };
         let row = self.new_row(&next, delay)?;
-        let updated = retry_transient("reschedule", || self.backend.reschedule(id, delivery, &row))
-            .await
-            .map_err(|e| self.error("rescheduling a message", e))?;
+        let updated = self
+            .attempt("reschedule", "rescheduling a message", || {
+                self.backend.reschedule(id, delivery, &row)
+            })
+            .await?;
         if updated == 0 {
             tracing::debug!(
                 courier.transport = %self.name,
@@ -345,9 +379,11 @@ impl Transport for SqlTransport {
 
     async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
         if let (Some(id), Some(delivery)) = Self::delivery(envelope) {
-            let n = retry_transient("keepalive", || self.backend.keepalive(id, delivery))
-                .await
-                .map_err(|e| self.error("refreshing a delivery", e))?;
+            let n = self
+                .attempt("keepalive", "refreshing a delivery", || {
+                    self.backend.keepalive(id, delivery)
+                })
+                .await?;
             if n == 0 {
                 tracing::debug!(courier.transport = %self.name, messaging.message.id = id, "keepalive of a delivery that is no longer live");
             }
@@ -386,9 +422,9 @@ impl Setup for SqlTransport {
 #[async_trait]
 impl Listable for SqlTransport {
     async fn list(&self, limit: usize) -> Result<Vec<Envelope>, TransportError> {
-        let rows = retry_transient("list", || self.backend.list(limit))
-            .await
-            .map_err(|e| self.error("listing messages", e))?;
+        let rows = self
+            .attempt("list", "listing messages", || self.backend.list(limit))
+            .await?;
         Ok(self.decode_all(rows).collect())
     }
 
@@ -396,9 +432,9 @@ impl Listable for SqlTransport {
         let Ok(id) = id.parse::<i64>() else {
             return Ok(None);
         };
-        let row = retry_transient("find", || self.backend.find(id))
-            .await
-            .map_err(|e| self.error("finding a message", e))?;
+        let row = self
+            .attempt("find", "finding a message", || self.backend.find(id))
+            .await?;
         Ok(self.decode_all(row.into_iter().collect()).next())
     }
 
@@ -406,9 +442,11 @@ impl Listable for SqlTransport {
         let Ok(id) = id.parse::<i64>() else {
             return Ok(false);
         };
-        let n = retry_transient("remove", || self.backend.delete_id(id))
-            .await
-            .map_err(|e| self.error("removing a message", e))?;
+        let n = self
+            .attempt("remove", "removing a message", || {
+                self.backend.delete_id(id)
+            })
+            .await?;
         Ok(n > 0)
     }
 }
@@ -416,9 +454,9 @@ impl Listable for SqlTransport {
 #[async_trait]
 impl MessageCount for SqlTransport {
     async fn message_count(&self) -> Result<u64, TransportError> {
-        let n = retry_transient("count", || self.backend.count())
-            .await
-            .map_err(|e| self.error("counting messages", e))?;
+        let n = self
+            .attempt("count", "counting messages", || self.backend.count())
+            .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 }
