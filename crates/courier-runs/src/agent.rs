@@ -143,6 +143,8 @@ pub struct RunContext {
     pub(crate) observers: Arc<[Arc<dyn RunObserver>]>,
     pub(crate) token: CancellationToken,
     pub(crate) approved: bool,
+    /// The input given to resume a run that was waiting for it.
+    pub(crate) provided: Option<serde_json::Value>,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -151,6 +153,7 @@ impl std::fmt::Debug for RunContext {
             .field("run_id", &self.run.id)
             .field("owner", &self.owner)
             .field("approved", &self.approved)
+            .field("provided_input", &self.provided.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -178,6 +181,14 @@ impl RunContext {
     #[must_use]
     pub fn approved(&self) -> bool {
         self.approved
+    }
+
+    /// The input given with [`Runtime::provide_input`](crate::Runtime::provide_input) when this
+    /// execution resumes a run that was `waiting_for_input`; `None` otherwise. It is also the
+    /// payload of the run's `input` event.
+    #[must_use]
+    pub fn provided_input(&self) -> Option<&serde_json::Value> {
+        self.provided.as_ref()
     }
 
     /// Whether this is a worker run (under a lease) rather than an interactive one.

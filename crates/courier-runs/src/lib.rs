@@ -35,7 +35,10 @@
 //! decides whether it is retried; an agent's own stop (`max_steps`, `budget_exhausted`...) is never
 //! retried; a worker run also checks its ownership every `lease / 4` between boundaries so a hung
 //! agent is cancelled soon after a reaper gave its run away; timestamps are epoch milliseconds
-//! from the store's clock; jitter only shortens a delay.
+//! from the store's clock; jitter only shortens a delay. A run that stops `waiting_for_approval`
+//! resumes with [`Runtime::approve`], one `waiting_for_input` with [`Runtime::provide_input`]
+//! (the input becomes the run's `input` event and [`RunContext::provided_input`]); both resume
+//! interactively, in the caller's task.
 
 mod agent;
 mod backoff;

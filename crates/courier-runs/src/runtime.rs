@@ -317,7 +317,7 @@ impl Runtime {
                 .await;
         };
         let owner = Some(me.to_owned());
-        match self.execute(agent, run, owner, false).await? {
+        match self.execute(agent, run, owner, Resume::default()).await? {
             Executed::Outcome(o) => Ok(o),
             Executed::Failed(error) => {
                 let class = error.class().unwrap_or(crate::FailureClass::Unknown);
@@ -354,7 +354,7 @@ impl Runtime {
             })
             .await?;
         let id = run.id;
-        Ok((id, self.interactive(handler, run, false).await?))
+        Ok((id, self.interactive(handler, run, Resume::default()).await?))
     }
 
     /// Approves a run `waiting_for_approval` and resumes it interactively (the agent sees
@@ -363,6 +363,56 @@ impl Runtime {
     /// # Errors
     /// Not found, not waiting for approval, unknown agent, store failures, [`RunError::Agent`].
     pub async fn approve(&self, run_id: Uuid) -> Result<Outcome, RunError> {
+        let resume = Resume {
+            approved: true,
+            input: None,
+        };
+        self.resume(run_id, RunStatus::WaitingForApproval, resume)
+            .await
+    }
+
+    /// Gives a run `waiting_for_input` the input it asked for and resumes it interactively: the
+    /// input is recorded as the run's next event (kind `input`) and the agent sees it in
+    /// [`RunContext::provided_input`].
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use courier_runs::{MemoryRunStore, Outcome, Runtime, ScriptedAgent};
+    /// # use serde_json::json;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = Runtime::builder(Arc::new(MemoryRunStore::new()))
+    ///     .agent("scripted", ScriptedAgent)
+    ///     .build();
+    /// let script = json!({"steps": [{"await_input": "your name?"}, {"output": "done"}]});
+    /// let (id, outcome) = runtime.run("scripted", script).await?;
+    /// assert_eq!(outcome, Outcome::AwaitingInput);
+    /// let outcome = runtime.provide_input(id, json!("Ada")).await?;
+    /// assert_eq!(outcome, Outcome::Completed { output: json!("done") });
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Not found, not waiting for input, unknown agent, store failures, [`RunError::Agent`].
+    pub async fn provide_input(
+        &self,
+        run_id: Uuid,
+        input: serde_json::Value,
+    ) -> Result<Outcome, RunError> {
+        let resume = Resume {
+            approved: false,
+            input: Some(input),
+        };
+        self.resume(run_id, RunStatus::WaitingForInput, resume)
+            .await
+    }
+
+    /// Moves a waiting run from `from` back to running and executes it interactively.
+    async fn resume(
+        &self,
+        run_id: Uuid,
+        from: RunStatus,
+        resume: Resume,
+    ) -> Result<Outcome, RunError> {
         let run = self
             .inner
             .store
@@ -375,12 +425,7 @@ impl Runtime {
             .get(&run.agent)
             .cloned()
             .ok_or_else(|| RunError::UnknownAgent(run.agent.clone()))?;
-        if !self
-            .inner
-            .store
-            .resume(run_id, RunStatus::WaitingForApproval)
-            .await?
-        {
+        if !self.inner.store.resume(run_id, from).await? {
             let status = self
                 .inner
                 .store
@@ -390,8 +435,14 @@ impl Runtime {
             return Err(RunError::WrongStatus {
                 run_id,
                 status,
-                expected: RunStatus::WaitingForApproval,
+                expected: from,
             });
+        }
+        if let Some(input) = &resume.input {
+            self.inner
+                .store
+                .append_event(run_id, "input", input)
+                .await?;
         }
         let run = self
             .inner
@@ -399,7 +450,7 @@ impl Runtime {
             .find(run_id)
             .await?
             .ok_or(RunError::NotFound(run_id))?;
-        self.interactive(agent, run, true).await
+        self.interactive(agent, run, resume).await
     }
 
     /// Cancels a run in any non-terminal status; returns false when it was already terminal.
@@ -415,10 +466,10 @@ impl Runtime {
         &self,
         agent: Arc<dyn Agent>,
         run: Run,
-        approved: bool,
+        resume: Resume,
     ) -> Result<Outcome, RunError> {
         let run_id = run.id;
-        match self.execute(agent, run, None, approved).await? {
+        match self.execute(agent, run, None, resume).await? {
             Executed::Outcome(o) => Ok(o),
             Executed::Failed(error) => {
                 let class = error.class();
@@ -434,7 +485,7 @@ impl Runtime {
         agent: Arc<dyn Agent>,
         run: Run,
         owner: Option<String>,
-        approved: bool,
+        resume: Resume,
     ) -> Result<Executed, RunError> {
         let run_id = run.id;
         let token = CancellationToken::new();
@@ -445,7 +496,8 @@ impl Runtime {
             lease: self.inner.options.lease,
             observers: self.inner.observers.clone(),
             token: token.clone(),
-            approved,
+            approved: resume.approved,
+            provided: resume.input,
         };
         let watch = watch_lease(
             self.inner.store.clone(),
@@ -545,6 +597,15 @@ impl Runtime {
             _ => Outcome::LeaseLost,
         })
     }
+}
+
+/// How an interactive execution resumes a waiting run.
+#[derive(Debug, Default)]
+struct Resume {
+    /// The run was approved (it waited for approval).
+    approved: bool,
+    /// The input the run waited for.
+    input: Option<serde_json::Value>,
 }
 
 pub(crate) enum Executed {

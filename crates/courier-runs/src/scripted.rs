@@ -19,6 +19,8 @@ use crate::{FailureClass, ProviderError};
 /// - `{"effect": "non_idempotent" | "idempotent"}`: performs an effect; a non-idempotent one stays
 ///   pending (the write fence) for the rest of the execution;
 /// - `{"await_approval": true}`: stops `waiting_for_approval` unless this execution was approved;
+/// - `{"await_input": PROMPT}`: stops `waiting_for_input` (step `input_requested` with the prompt)
+///   unless this execution was given input, which it records as step `input_received`;
 /// - `{"output": V}`: completes with V (steps after it are not played).
 ///
 /// With no `output` step the run completes with `null`.
@@ -101,6 +103,17 @@ impl Agent for ScriptedAgent {
                     cx.checkpoint(Step::new("approval_requested", Value::Null))
                         .await?;
                     return Ok(AgentOutcome::AwaitingApproval);
+                }
+            } else if let Some(prompt) = obj.get("await_input") {
+                match cx.provided_input().cloned() {
+                    Some(input) => {
+                        cx.checkpoint(Step::new("input_received", input)).await?;
+                    }
+                    None => {
+                        cx.checkpoint(Step::new("input_requested", prompt.clone()))
+                            .await?;
+                        return Ok(AgentOutcome::AwaitingInput);
+                    }
                 }
             } else if let Some(output) = obj.get("output") {
                 cx.checkpoint(Step::new("output", output.clone())).await?;

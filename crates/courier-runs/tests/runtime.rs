@@ -587,6 +587,74 @@ async fn approval_pauses_and_approve_resumes_interactively() {
     ));
 }
 
+/// A run that waits for input is resumed by `provide_input`: the input is recorded as an event
+/// and the agent sees it; a run that is not waiting for input is refused.
+async fn input_pauses_and_provide_input_resumes(store: Arc<dyn RunStore>) {
+    let rt = Runtime::builder(store.clone())
+        .agent("scripted", ScriptedAgent)
+        .worker_identity(A)
+        .build();
+    let script = json!({"steps": [{"await_input": "which city?"}, {"output": "ok"}]});
+    let (id, outcome) = rt.run("scripted", script).await.unwrap();
+    assert_eq!(outcome, Outcome::AwaitingInput);
+    let waiting = store.find(id).await.unwrap().unwrap();
+    assert_eq!(waiting.status, RunStatus::WaitingForInput);
+    assert!(matches!(
+        rt.approve(id).await,
+        Err(RunError::WrongStatus {
+            expected: RunStatus::WaitingForApproval,
+            ..
+        })
+    ));
+
+    let given = json!({"city": "Lyon"});
+    assert_eq!(
+        rt.provide_input(id, given.clone()).await.unwrap(),
+        Outcome::Completed {
+            output: json!("ok")
+        }
+    );
+    let events: Vec<(i64, String, serde_json::Value)> = store
+        .events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.seq, e.kind, e.payload))
+        .collect();
+    assert_eq!(
+        events,
+        vec![
+            (1, "input_requested".to_owned(), json!("which city?")),
+            (2, "input".to_owned(), given.clone()),
+            (3, "input_received".to_owned(), given.clone()),
+            (4, "output".to_owned(), json!("ok")),
+        ]
+    );
+    assert!(matches!(
+        rt.provide_input(id, given).await,
+        Err(RunError::WrongStatus {
+            status: RunStatus::Completed,
+            expected: RunStatus::WaitingForInput,
+            ..
+        })
+    ));
+    assert!(matches!(
+        rt.provide_input(Uuid::new_v4(), json!(1)).await,
+        Err(RunError::NotFound(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn input_pauses_and_provide_input_resumes_in_memory() {
+    input_pauses_and_provide_input_resumes(Arc::new(MemoryRunStore::new())).await;
+}
+
+#[tokio::test]
+async fn input_pauses_and_provide_input_resumes_on_sqlite() {
+    let fx = support::sqlite().await;
+    input_pauses_and_provide_input_resumes(fx.store.clone()).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn unknown_agent_is_dead_lettered_as_configuration() {
     let store = MemoryRunStore::new();
