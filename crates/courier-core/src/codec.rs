@@ -569,10 +569,11 @@ use crate::Envelope;
 /// # Errors
 /// [`EncodeError`] if the message does not serialize.
 pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
-    let (body, headers) = parts(envelope)?;
+    let mut body = String::new();
+    write_body(envelope, &mut body)?;
     Ok(Encoded {
         body,
-        headers: headers
+        headers: header_list(envelope)?
             .into_iter()
             .map(|((prefix, name), value)| (format!("{prefix}{name}"), value.into_owned()))
             .collect(),
@@ -667,13 +668,6 @@ type HeaderKey<'a> = (&'static str, &'a str);
 
 /// Headers by name, values borrowed from the envelope where they can be.
 type Headers<'a> = Vec<(HeaderKey<'a>, Cow<'a, str>)>;
-
-/// The body and the header list of an envelope.
-fn parts(envelope: &Envelope) -> Result<(String, Headers<'_>), EncodeError> {
-    let mut body = String::new();
-    write_body(envelope, &mut body)?;
-    Ok((body, header_list(envelope)?))
-}
 
 /// The wire name the payload carries, if any.
 fn payload_name(envelope: &Envelope) -> Option<&str> {

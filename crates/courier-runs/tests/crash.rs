@@ -42,27 +42,15 @@ impl Place {
         }
     }
 
-    #[cfg(feature = "postgres")]
-    fn postgres() -> Self {
-        let url = courier_test::env::postgres_url();
+    /// Runs and queue on the database server at `url`, in tables of this test's own.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    fn server(url: String) -> Self {
         let sep = if url.contains('?') { '&' } else { '?' };
         let queue = courier_test::env::unique_name("crash_queue");
         Self {
-            store_dsn: url.clone(),
-            prefix: courier_test::env::unique_name("crash"),
             queue_dsn: format!("{url}{sep}table_name={queue}&poll_window=50ms"),
-        }
-    }
-
-    #[cfg(feature = "mysql")]
-    fn mysql() -> Self {
-        let url = courier_test::env::mysql_url();
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let queue = courier_test::env::unique_name("crash_queue");
-        Self {
-            store_dsn: url.clone(),
+            store_dsn: url,
             prefix: courier_test::env::unique_name("crash"),
-            queue_dsn: format!("{url}{sep}table_name={queue}&poll_window=50ms"),
         }
     }
 
@@ -154,14 +142,14 @@ async fn worker_killed_mid_run_is_reaped_and_completed_by_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 async fn worker_killed_mid_run_is_reaped_and_completed_by_another_on_postgres() {
-    killed_mid_run_then_drop(Place::postgres()).await;
+    killed_mid_run_then_drop(Place::server(courier_test::env::postgres_url())).await;
 }
 
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs mysql: set COURIER_TEST_MYSQL_URL"]
 async fn worker_killed_mid_run_is_reaped_and_completed_by_another_on_mariadb() {
-    killed_mid_run_then_drop(Place::mysql()).await;
+    killed_mid_run_then_drop(Place::server(courier_test::env::mysql_url())).await;
 }
 
 /// [`killed_mid_run`] on a shared server, dropping the test's tables whatever the outcome.

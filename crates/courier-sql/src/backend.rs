@@ -46,7 +46,6 @@ where
     }
 }
 
-/// Sorts claimed rows into claim order (`RETURNING` gives no order guarantee).
 /// Opens (and closes) one connection before the pool is built, so that a server that is down or
 /// refuses the credentials fails `connect` at once with the driver's own error ("connection
 /// refused", "password authentication failed"), not with the pool's "timed out" after its whole
@@ -67,6 +66,7 @@ pub(crate) async fn probe<C: sqlx::Connection>(
     }
 }
 
+/// Sorts claimed rows into claim order (`RETURNING` gives no order guarantee).
 pub(crate) fn sort_claimed(rows: &mut [StoredRow]) {
     rows.sort_by(|a, b| {
         b.priority

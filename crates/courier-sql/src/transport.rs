@@ -109,10 +109,8 @@ impl SqlTransport {
     }
 
     async fn run_setup(&self) -> Result<(), TransportError> {
-        self.attempt("setup", "creating the messages table", || {
-            self.backend.setup()
-        })
-        .await
+        self.attempt("creating the messages table", || self.backend.setup())
+            .await
     }
 
     fn error(&self, context: &'static str, e: sqlx::Error) -> TransportError {
@@ -122,17 +120,12 @@ impl SqlTransport {
     /// Runs a backend operation, retrying transient failures; `context` says what was being
     /// done. A pool that timed out waiting for a connection is explained by one direct attempt,
     /// so that a server that went down is named ("connection refused"), not just "timed out".
-    async fn attempt<T, F, Fut>(
-        &self,
-        what: &'static str,
-        context: &'static str,
-        op: F,
-    ) -> Result<T, TransportError>
+    async fn attempt<T, F, Fut>(&self, context: &'static str, op: F) -> Result<T, TransportError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        match retry_transient(what, op).await {
+        match retry_transient(context, op).await {
             Ok(value) => Ok(value),
             Err(e) => Err(self.error(context, self.backend.explain(e).await)),
         }
@@ -154,7 +147,11 @@ impl SqlTransport {
 
     /// Decodes rows. Headers that are not a JSON object give an undecodable envelope that names
     /// the problem, bound for the failure transport with its body kept.
-    fn decode_all(&self, rows: Vec<StoredRow>) -> impl Iterator<Item = Envelope> + '_ {
+    fn decode_all<'a, I>(&'a self, rows: I) -> impl Iterator<Item = Envelope> + 'a
+    where
+        I: IntoIterator<Item = StoredRow>,
+        I::IntoIter: 'a,
+    {
         let mut decoder = self.registry.json_decoder();
         rows.into_iter().map(move |row| {
             decoder
@@ -177,9 +174,7 @@ impl SqlTransport {
     async fn claim_once(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
         let delivery_id = fastrand::i64(1..i64::MAX);
         let rows = self
-            .attempt("claim", "claiming messages", || {
-                self.backend.claim(max, delivery_id)
-            })
+            .attempt("claiming messages", || self.backend.claim(max, delivery_id))
             .await?;
         // One tag for the whole claim: every row of it shares the delivery id.
         let tag = Arc::new(DeliveryTagStamp(delivery_id.to_string()));
@@ -196,16 +191,14 @@ impl SqlTransport {
     ) -> Result<(), TransportError> {
         let deleted = match Self::delivery(envelope) {
             (Some(id), Some(delivery)) => {
-                self.attempt("delete", "deleting a message", || {
+                self.attempt("deleting a message", || {
                     self.backend.delete_one(id, delivery)
                 })
                 .await?
             }
             (Some(id), None) => {
-                self.attempt("delete", "deleting a message", || {
-                    self.backend.delete_id(id)
-                })
-                .await?
+                self.attempt("deleting a message", || self.backend.delete_id(id))
+                    .await?
             }
             (None, _) => {
                 tracing::debug!(courier.transport = %self.name, "{verb} of an envelope without a transport id: nothing to delete");
@@ -245,9 +238,7 @@ impl Transport for SqlTransport {
             rows.push(self.new_row(envelope, delay)?);
         }
         let ids = self
-            .attempt("insert", "inserting messages", || {
-                self.backend.insert(&rows)
-            })
+            .attempt("inserting messages", || self.backend.insert(&rows))
             .await?;
         if ids.len() != envelopes.len() {
             return Err(
@@ -288,9 +279,7 @@ impl Transport for SqlTransport {
             }
             let remaining = deadline - now;
             let due = self
-                .attempt("next due", "reading the next due time", || {
-                    self.backend.next_due_in()
-                })
+                .attempt("reading the next due time", || self.backend.next_due_in())
                 .await?;
             let until_due =
                 due.map(|ms| Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0)));
@@ -332,9 +321,7 @@ impl Transport for SqlTransport {
             return Ok(());
         }
         let deleted = self
-            .attempt("delete", "deleting messages", || {
-                self.backend.delete(&pairs)
-            })
+            .attempt("deleting messages", || self.backend.delete(&pairs))
             .await?;
         if deleted < pairs.len() as u64 {
             tracing::debug!(
@@ -362,7 +349,7 @@ impl Transport for SqlTransport {
         };
         let row = self.new_row(&next, delay)?;
         let updated = self
-            .attempt("reschedule", "rescheduling a message", || {
+            .attempt("rescheduling a message", || {
                 self.backend.reschedule(id, delivery, &row)
             })
             .await?;
@@ -380,7 +367,7 @@ impl Transport for SqlTransport {
     async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
         if let (Some(id), Some(delivery)) = Self::delivery(envelope) {
             let n = self
-                .attempt("keepalive", "refreshing a delivery", || {
+                .attempt("refreshing a delivery", || {
                     self.backend.keepalive(id, delivery)
                 })
                 .await?;
@@ -423,7 +410,7 @@ impl Setup for SqlTransport {
 impl Listable for SqlTransport {
     async fn list(&self, limit: usize) -> Result<Vec<Envelope>, TransportError> {
         let rows = self
-            .attempt("list", "listing messages", || self.backend.list(limit))
+            .attempt("listing messages", || self.backend.list(limit))
             .await?;
         Ok(self.decode_all(rows).collect())
     }
@@ -433,9 +420,9 @@ impl Listable for SqlTransport {
             return Ok(None);
         };
         let row = self
-            .attempt("find", "finding a message", || self.backend.find(id))
+            .attempt("finding a message", || self.backend.find(id))
             .await?;
-        Ok(self.decode_all(row.into_iter().collect()).next())
+        Ok(self.decode_all(row).next())
     }
 
     async fn remove(&self, id: &str) -> Result<bool, TransportError> {
@@ -443,9 +430,7 @@ impl Listable for SqlTransport {
             return Ok(false);
         };
         let n = self
-            .attempt("remove", "removing a message", || {
-                self.backend.delete_id(id)
-            })
+            .attempt("removing a message", || self.backend.delete_id(id))
             .await?;
         Ok(n > 0)
     }
@@ -455,7 +440,7 @@ impl Listable for SqlTransport {
 impl MessageCount for SqlTransport {
     async fn message_count(&self) -> Result<u64, TransportError> {
         let n = self
-            .attempt("count", "counting messages", || self.backend.count())
+            .attempt("counting messages", || self.backend.count())
             .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
