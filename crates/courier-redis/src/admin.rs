@@ -1,7 +1,8 @@
 //! Setup, counting and listing ([`Setup`], [`MessageCount`], [`Listable`]).
 
 use courier_core::{
-    Envelope, Listable, MessageCount, Setup, TransportError, TransportMessageIdStamp, async_trait,
+    Envelope, JsonDecoder, Listable, MessageCount, Setup, TransportError, TransportMessageIdStamp,
+    async_trait,
 };
 use redis::Value;
 
@@ -17,15 +18,15 @@ fn delayed_parts(payload: &str) -> (&str, &str) {
 }
 
 impl RedisTransport {
-    fn listed(&self, id: String, body: String, headers: &str) -> Envelope {
-        self.registry
-            .decode_json(body, headers)
+    fn listed(decoder: &mut JsonDecoder<'_>, id: String, body: String, headers: &str) -> Envelope {
+        decoder
+            .decode(body, headers)
             .with(TransportMessageIdStamp(id))
     }
 
-    fn listed_delayed(&self, id: String, payload: &str) -> Envelope {
+    fn listed_delayed(decoder: &mut JsonDecoder<'_>, id: String, payload: &str) -> Envelope {
         let (headers, body) = delayed_parts(payload);
-        self.listed(id, body.to_owned(), headers)
+        Self::listed(decoder, id, body.to_owned(), headers)
     }
 }
 
@@ -93,9 +94,10 @@ impl Listable for RedisTransport {
             .query(&pipe)
             .await
             .map_err(|e| self.error(e, "cannot list"))?;
+        let mut decoder = self.registry.json_decoder();
         let mut out: Vec<Envelope> = reply::entries(range)
             .into_iter()
-            .map(|e| self.listed(e.id, e.body, &e.headers))
+            .map(|e| Self::listed(&mut decoder, e.id, e.body, &e.headers))
             .collect();
         let room = limit.saturating_sub(out.len());
         let delayed: Vec<String> = delayed.into_iter().take(room).collect();
@@ -108,7 +110,7 @@ impl Listable for RedisTransport {
                 .map_err(|e| self.error(e, "cannot list"))?;
             for (id, payload) in delayed.into_iter().zip(payloads) {
                 if let Some(payload) = payload {
-                    out.push(self.listed_delayed(id, &payload));
+                    out.push(Self::listed_delayed(&mut decoder, id, &payload));
                 }
             }
         }
@@ -123,7 +125,8 @@ impl Listable for RedisTransport {
                 .query(&pipe)
                 .await
                 .map_err(|e| self.error(e, "cannot find"))?;
-            return Ok(payload.map(|p| self.listed_delayed(id.to_owned(), &p)));
+            let mut decoder = self.registry.json_decoder();
+            return Ok(payload.map(|p| Self::listed_delayed(&mut decoder, id.to_owned(), &p)));
         }
         // Only a stream entry id (`<ms>-<seq>`) is something `XRANGE` / `XDEL` accept.
         if StreamId::parse(id).is_none() {
@@ -134,10 +137,10 @@ impl Listable for RedisTransport {
             .query(&pipe)
             .await
             .map_err(|e| self.error(e, "cannot find"))?;
-        Ok(reply::entries(range)
-            .into_iter()
-            .next()
-            .map(|e| self.listed(e.id, e.body, &e.headers)))
+        Ok(reply::entries(range).into_iter().next().map(|e| {
+            let mut decoder = self.registry.json_decoder();
+            Self::listed(&mut decoder, e.id, e.body, &e.headers)
+        }))
     }
 
     async fn remove(&self, id: &str) -> Result<bool, TransportError> {
