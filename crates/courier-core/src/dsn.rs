@@ -1,5 +1,10 @@
 //! DSNs: `scheme://user:password@host:port/path?option=value`, with the password redacted in
 //! every `Debug` and `Display`.
+//!
+//! The user info is everything between `://` and the **last** `@`, so a password may hold
+//! `/`, `?`, `#`, `+` or `=` as written (base64 secrets often do) without percent-encoding;
+//! `+` is a plus, never a space. A `@` inside an option value must be written `%40`. Drivers
+//! get the DSN with the user info percent-encoded ([`Dsn::expose`]).
 
 use std::fmt;
 
@@ -18,6 +23,8 @@ use std::fmt;
 #[derive(Clone, PartialEq, Eq)]
 pub struct Dsn {
     raw: String,
+    /// `raw` with the user info percent-encoded: what drivers get.
+    exposed: String,
     scheme: String,
     user: Option<String>,
     password: Option<String>,
@@ -48,24 +55,51 @@ impl DsnError {
     }
 }
 
-/// Redacts the password of anything that looks like a DSN (best effort, for error messages).
+/// Redacts the password of anything that looks like a DSN (for error messages and logs).
+///
+/// The rule does not depend on the DSN parsing: everything between `://` and the last `@`
+/// after it is the user info, shown as `user:***` (the user is what comes before its first
+/// `:`). So a password holding `/`, `?`, `#` or `@` is hidden even in a DSN that is otherwise
+/// malformed. Query options named like secrets (`password`, `token`, ...) are redacted too.
+///
+/// ```
+/// assert_eq!(
+///     courier_core::redact("postgres://app:ab/cd+ef==@db:5432/app"),
+///     "postgres://app:***@db:5432/app"
+/// );
+/// ```
 #[must_use]
 pub fn redact(raw: &str) -> String {
     let Some(scheme_end) = raw.find("://") else {
         return raw.to_owned();
     };
-    let rest = &raw[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let mut out = raw.to_owned();
-    if let Some(at) = authority.rfind('@') {
-        let userinfo = &authority[..at];
-        if let Some(colon) = userinfo.find(':') {
-            let start = scheme_end + 3 + colon + 1;
-            out.replace_range(start..scheme_end + 3 + at, "***");
+    let start = scheme_end + 3;
+    let out = match userinfo_end(&raw[start..]) {
+        Some(at) => {
+            let userinfo = &raw[start..start + at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &raw[..start], &raw[start + at..]),
+                None => raw.to_owned(),
+            }
         }
-    }
+        None => raw.to_owned(),
+    };
     redact_query_secrets(&out)
+}
+
+/// Where the user info of the text after `//` ends: its last `@`. `None` when there is no `@`,
+/// when the authority is empty (`sqlite:///tmp/a@b.db`), or when the text before the `@` has
+/// no `:` but a `/`, `?` or `#` (`redis://host?consumer=a@b`: a path or query, not a user).
+fn userinfo_end(after: &str) -> Option<usize> {
+    if after.starts_with('/') {
+        return None;
+    }
+    let at = after.rfind('@')?;
+    let candidate = &after[..at];
+    if !candidate.contains(':') && candidate.contains(['/', '?', '#']) {
+        return None;
+    }
+    Some(at)
 }
 
 fn is_secret_key(key: &str) -> bool {
@@ -90,7 +124,9 @@ fn redact_query_secrets(s: &str) -> String {
     format!("{head}{}", parts.join("&"))
 }
 
-fn percent_decode(raw: &str, s: &str) -> Result<String, DsnError> {
+/// Decodes `%XX` escapes; `+` becomes a space only in query options (form encoding), never in
+/// the user info, host or path.
+fn percent_decode(raw: &str, s: &str, plus_is_space: bool) -> Result<String, DsnError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -105,7 +141,7 @@ fn percent_decode(raw: &str, s: &str) -> Result<String, DsnError> {
                 out.push(b);
                 i += 3;
             }
-            b'+' => {
+            b'+' if plus_is_space => {
                 out.push(b' ');
                 i += 1;
             }
@@ -116,6 +152,22 @@ fn percent_decode(raw: &str, s: &str) -> Result<String, DsnError> {
         }
     }
     String::from_utf8(out).map_err(|_| DsnError::new(raw, "percent-escape is not UTF-8"))
+}
+
+/// Percent-encodes everything but the unreserved characters of RFC 3986.
+fn percent_encode(s: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+    out
 }
 
 impl std::str::FromStr for Dsn {
@@ -133,28 +185,43 @@ impl std::str::FromStr for Dsn {
         {
             return Err(DsnError::new(raw, "invalid scheme"));
         }
-        let rest = rest.split_once('#').map_or(rest, |(a, _)| a);
-        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (mut user, mut password, mut host, mut port, path);
         (user, password, host, port) = (None, None, None, None);
-        if let Some(after) = before_query.strip_prefix("//") {
-            let authority_end = after.find('/').unwrap_or(after.len());
-            let authority = &after[..authority_end];
-            path = after[authority_end..].to_owned();
-            let host_port = match authority.rfind('@') {
+        let mut exposed = raw.to_owned();
+        let query;
+        if let Some(after) = rest.strip_prefix("//") {
+            // The user info first, up to the last `@`: a password may hold `/`, `?` or `#`.
+            let host_and_rest = match userinfo_end(after) {
                 Some(at) => {
-                    let userinfo = &authority[..at];
-                    match userinfo.split_once(':') {
-                        Some((u, p)) => {
-                            user = Some(percent_decode(raw, u)?);
-                            password = Some(percent_decode(raw, p)?);
-                        }
-                        None => user = Some(percent_decode(raw, userinfo)?),
-                    }
-                    &authority[at + 1..]
+                    let userinfo = &after[..at];
+                    let (u, p) = match userinfo.split_once(':') {
+                        Some((u, p)) => (u, Some(p)),
+                        None => (userinfo, None),
+                    };
+                    let u = percent_decode(raw, u, false)?;
+                    let p = p.map(|p| percent_decode(raw, p, false)).transpose()?;
+                    exposed = format!(
+                        "{scheme}://{}{}@{}",
+                        percent_encode(&u),
+                        p.as_deref()
+                            .map(|p| format!(":{}", percent_encode(p)))
+                            .unwrap_or_default(),
+                        &after[at + 1..]
+                    );
+                    user = Some(u);
+                    password = p;
+                    &after[at + 1..]
                 }
-                None => authority,
+                None => after,
             };
+            let host_and_rest = host_and_rest
+                .split_once('#')
+                .map_or(host_and_rest, |(a, _)| a);
+            let before_query;
+            (before_query, query) = host_and_rest.split_once('?').unwrap_or((host_and_rest, ""));
+            let authority_end = before_query.find('/').unwrap_or(before_query.len());
+            let host_port = &before_query[..authority_end];
+            path = before_query[authority_end..].to_owned();
             let (h, p) = match host_port.rsplit_once(':') {
                 Some((h, p)) if !h.ends_with(']') || host_port.starts_with('[') => {
                     if p.is_empty() {
@@ -169,19 +236,23 @@ impl std::str::FromStr for Dsn {
                 _ => (host_port, None),
             };
             if !h.is_empty() {
-                host = Some(percent_decode(raw, h)?);
+                host = Some(percent_decode(raw, h, false)?);
             }
             port = p;
         } else {
+            let rest = rest.split_once('#').map_or(rest, |(a, _)| a);
+            let before_query;
+            (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
             path = before_query.to_owned();
         }
         let mut options = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            options.push((percent_decode(raw, k)?, percent_decode(raw, v)?));
+            options.push((percent_decode(raw, k, true)?, percent_decode(raw, v, true)?));
         }
         Ok(Self {
             raw: raw.to_owned(),
+            exposed,
             scheme: scheme.to_ascii_lowercase(),
             user,
             password,
@@ -264,17 +335,21 @@ impl Dsn {
         self
     }
 
-    /// The DSN as written, password included: only for handing to a driver. Never log it.
+    /// The DSN for a driver, password included: as written, except that the user and password
+    /// are percent-encoded (`ab/cd+ef==` becomes `ab%2Fcd%2Bef%3D%3D`), so a URL parser reads
+    /// them back exactly. Never log it.
     #[must_use]
     pub fn expose(&self) -> &str {
-        &self.raw
+        &self.exposed
     }
 
-    /// The DSN as written without its query string (the form drivers take when Courier consumes
+    /// [`Dsn::expose`] without its query string (the form drivers take when Courier consumes
     /// the options itself). Contains the password: never log it.
     #[must_use]
     pub fn expose_without_query(&self) -> &str {
-        self.raw.split_once('?').map_or(&self.raw, |(a, _)| a)
+        self.exposed
+            .split_once('?')
+            .map_or(&self.exposed, |(a, _)| a)
     }
 
     /// Rejects options not in `known`, naming the first unknown one.
@@ -405,6 +480,91 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(err.unwrap_or_default().contains("unknown option `colour`"));
+    }
+
+    #[test]
+    fn redaction_hides_everything_up_to_the_last_at_whether_or_not_the_dsn_parses() {
+        for (raw, shown) in [
+            (
+                "postgres://user:ab/cd+ef==@db:5432/app",
+                "postgres://user:***@db:5432/app",
+            ),
+            ("postgres://user:ab#cd@db/app", "postgres://user:***@db/app"),
+            (
+                "postgres://user:ab?cd=@db/app?x=1",
+                "postgres://user:***@db/app?x=1",
+            ),
+            ("redis://:s3/cr?t@host:6379", "redis://:***@host:6379"),
+            ("amqp://u:p@ss@w0rd@host/%2f", "amqp://u:***@host/%2f"),
+            (
+                "mysql://user:ab/cd@db:notaport/x",
+                "mysql://user:***@db:notaport/x",
+            ),
+            ("`postgres://u:ab/cd@db`:", "`postgres://u:***@db`:"),
+            ("sqlite:///tmp/a@b/x.db", "sqlite:///tmp/a@b/x.db"),
+            (
+                "redis://localhost?consumer=a@b",
+                "redis://localhost?consumer=a@b",
+            ),
+            ("postgres://app@db/app", "postgres://app@db/app"),
+        ] {
+            assert_eq!(redact(raw), shown, "{raw}");
+        }
+    }
+
+    #[test]
+    fn a_password_with_slash_hash_or_question_mark_parses_and_is_never_shown() {
+        for secret in ["ab/cd+ef==", "ab#cd", "ab?cd", "a/b?c#d+e=", "ab@cd"] {
+            let raw = format!("postgres://user:{secret}@db:5432/app?queue_name=q");
+            let d = dsn(&raw);
+            assert_eq!(d.password(), Some(secret), "{raw}");
+            assert_eq!(d.user(), Some("user"));
+            assert_eq!(
+                (d.host(), d.port(), d.path()),
+                (Some("db"), Some(5432), "/app")
+            );
+            assert_eq!(d.option("queue_name"), Some("q"));
+            for shown in [d.to_string(), format!("{d:?}")] {
+                assert!(!shown.contains(secret), "{shown}");
+                assert!(
+                    shown.contains("postgres://user:***@db:5432/app?queue_name=q"),
+                    "{shown}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_dsn_error_never_shows_a_password_holding_a_slash() {
+        let err = Dsn::parse("postgres://user:ab/cd+ef==@db:nope/app")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("invalid port `nope`"), "{err}");
+        assert!(err.contains("postgres://user:***@db:nope/app"), "{err}");
+        assert!(!err.contains("ab/cd") && !err.contains("ef=="), "{err}");
+    }
+
+    #[test]
+    fn a_plus_in_a_password_stays_a_plus_and_reaches_the_driver_encoded() {
+        let d = dsn("postgres://user:a+b/c==@db/app?queue_name=a+b");
+        assert_eq!(d.password(), Some("a+b/c=="));
+        assert_eq!(
+            d.expose_without_query(),
+            "postgres://user:a%2Bb%2Fc%3D%3D@db/app"
+        );
+        assert_eq!(
+            d.expose(),
+            "postgres://user:a%2Bb%2Fc%3D%3D@db/app?queue_name=a+b"
+        );
+        // Query options keep form encoding.
+        assert_eq!(d.option("queue_name"), Some("a b"));
+        assert_eq!(dsn("redis://:p%2Bq@h").password(), Some("p+q"));
+        // Without user info the DSN reaches the driver exactly as written.
+        assert_eq!(
+            dsn("sqlite://dir/a+b.db?x=1").expose(),
+            "sqlite://dir/a+b.db?x=1"
+        );
     }
 
     #[test]
