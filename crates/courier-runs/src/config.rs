@@ -36,6 +36,10 @@ pub struct RunsConfig {
     /// Reap every this often inside `consume` (None: never).
     #[serde(with = "human_opt")]
     pub reap_every: Option<Duration>,
+    /// How long past its due time a queued run waits before the reaper dispatches its
+    /// `RunAgent` again, its message presumably lost (None: the lease).
+    #[serde(with = "human_opt")]
+    pub redispatch_after: Option<Duration>,
     /// The longest an agent may go between two step boundaries (the heartbeat cadence); the
     /// lease must be longer. None: not checked.
     #[serde(with = "human_opt")]
@@ -76,6 +80,7 @@ impl Default for RunsConfig {
             backoff: BackoffConfig::default(),
             reap_limit: 50,
             reap_every: None,
+            redispatch_after: None,
             step_timeout: None,
         }
     }
@@ -91,17 +96,60 @@ pub struct RunsConfigError {
     pub message: String,
 }
 
+/// The shortest lease accepted: a shorter one would expire between two database round trips.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// The shortest `redispatch_after` accepted.
+pub const MIN_REDISPATCH_AFTER: Duration = Duration::from_secs(1);
+
+fn fmt(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
 impl RunsConfig {
-    /// Checks the values together: lease > 0 and > step_timeout; reap_every <= lease and > 0;
-    /// base <= cap; jitter in [0, 1]; reap_limit > 0.
+    /// Checks a reaper interval against these values (`runs.reap_every` or a command line's
+    /// `--reap-every`): longer than 0 and not longer than the lease. The message names no key.
+    ///
+    /// # Errors
+    /// What is wrong with `every`.
+    pub fn check_reap_every(&self, every: Duration) -> Result<(), String> {
+        if every.is_zero() {
+            return Err("must be longer than 0s".into());
+        }
+        if every > self.lease {
+            return Err(format!(
+                "{} must not be longer than runs.lease ({})",
+                fmt(every),
+                fmt(self.lease)
+            ));
+        }
+        Ok(())
+    }
+
+    /// The threshold of the reaper's re-dispatch of overdue queued runs: `redispatch_after`,
+    /// else the lease.
+    #[must_use]
+    pub fn redispatch_after(&self) -> Duration {
+        self.redispatch_after.unwrap_or(self.lease)
+    }
+
+    /// Checks the values together: lease >= 1 s ([`MIN_LEASE`]) and > step_timeout;
+    /// reap_every <= lease and > 0; redispatch_after >= 1 s; base <= cap; jitter in [0, 1];
+    /// reap_limit > 0.
     ///
     /// # Errors
     /// The first bad key.
     pub fn validate(&self) -> Result<(), RunsConfigError> {
         let err = |key, message: String| Err(RunsConfigError { key, message });
-        let fmt = |d: Duration| humantime::format_duration(d).to_string();
-        if self.lease.is_zero() {
-            return err("runs.lease", "must be longer than 0s".into());
+        if self.lease < MIN_LEASE {
+            return err(
+                "runs.lease",
+                format!(
+                    "{} is too short: a lease must be at least {}",
+                    fmt(self.lease),
+                    fmt(MIN_LEASE)
+                ),
+            );
         }
         if let Some(step) = self.step_timeout
             && self.lease <= step
@@ -115,20 +163,22 @@ impl RunsConfig {
                 ),
             );
         }
-        if let Some(every) = self.reap_every {
-            if every.is_zero() {
-                return err("runs.reap_every", "must be longer than 0s".into());
-            }
-            if every > self.lease {
-                return err(
-                    "runs.reap_every",
-                    format!(
-                        "{} must not be longer than runs.lease ({})",
-                        fmt(every),
-                        fmt(self.lease)
-                    ),
-                );
-            }
+        if let Some(every) = self.reap_every
+            && let Err(message) = self.check_reap_every(every)
+        {
+            return err("runs.reap_every", message);
+        }
+        if let Some(after) = self.redispatch_after
+            && after < MIN_REDISPATCH_AFTER
+        {
+            return err(
+                "runs.redispatch_after",
+                format!(
+                    "{} is too short: it must be at least {}",
+                    fmt(after),
+                    fmt(MIN_REDISPATCH_AFTER)
+                ),
+            );
         }
         if self.backoff.base > self.backoff.cap {
             return err(
@@ -164,6 +214,7 @@ impl RunsConfig {
                 jitter: self.backoff.jitter,
             },
             lease_check_every: Some(self.lease / 4),
+            redispatch_after: Some(self.redispatch_after()),
         }
     }
 
@@ -269,5 +320,48 @@ mod tests {
         assert_eq!(c.validate().map_err(|e| e.key), Err("runs.backoff.jitter"));
         let c = parse("reap_limit = 0").expect("parses");
         assert_eq!(c.validate().map_err(|e| e.key), Err("runs.reap_limit"));
+    }
+
+    #[test]
+    fn a_lease_under_one_second_is_refused() {
+        let c = parse("lease = \"1ms\"").expect("parses");
+        let e = c.validate().expect_err("1 ms lease");
+        assert_eq!(e.key, "runs.lease");
+        assert!(e.to_string().contains("at least 1s"), "{e}");
+        let c = parse("lease = \"0s\"").expect("parses");
+        assert_eq!(c.validate().map_err(|e| e.key), Err("runs.lease"));
+        parse("lease = \"1s\"")
+            .expect("parses")
+            .validate()
+            .expect("1 s is the minimum");
+    }
+
+    #[test]
+    fn redispatch_after_defaults_to_the_lease_and_is_validated() {
+        let c = parse("lease = \"2min\"").expect("parses");
+        assert_eq!(c.redispatch_after(), Duration::from_secs(120));
+        assert_eq!(
+            c.runtime_options().redispatch_after,
+            Some(Duration::from_secs(120))
+        );
+        let c = parse("redispatch_after = \"30s\"").expect("parses");
+        c.validate().expect("valid");
+        assert_eq!(c.redispatch_after(), Duration::from_secs(30));
+        let c = parse("redispatch_after = \"10ms\"").expect("parses");
+        assert_eq!(
+            c.validate().map_err(|e| e.key),
+            Err("runs.redispatch_after")
+        );
+    }
+
+    #[test]
+    fn a_reap_interval_is_checked_against_the_lease() {
+        let c = parse("lease = \"1min\"").expect("parses");
+        assert!(c.check_reap_every(Duration::from_secs(30)).is_ok());
+        let e = c
+            .check_reap_every(Duration::from_secs(120))
+            .expect_err("longer than the lease");
+        assert!(e.contains("runs.lease (1m)"), "{e}");
+        assert!(c.check_reap_every(Duration::ZERO).is_err());
     }
 }

@@ -9,7 +9,11 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::{RunError, dispatch_run};
-use crate::{RunStore, TerminationReason};
+use crate::{RunStatus, RunStore, TerminationReason};
+use uuid::Uuid;
+
+/// The default of [`Reaper::redispatch_after`]: the default lease.
+pub const DEFAULT_REDISPATCH_AFTER: Duration = Duration::from_secs(900);
 
 /// What one reap did (or, in a dry run, would do).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -22,15 +26,22 @@ pub struct ReapReport {
     pub dead_lettered: usize,
     /// Skipped: a heartbeat (or another reaper) won the race.
     pub skipped: usize,
+    /// Queued runs overdue past [`Reaper::redispatch_after`] whose `RunAgent` was dispatched
+    /// again (their message was presumably lost). Not counted in `selected`.
+    pub redispatched: usize,
 }
 
 impl fmt::Display for ReapReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Reaped {} stale run(s): {} requeued, {} dead-lettered, {} skipped.",
+            "Reaped {} stale run(s): {} requeued, {} dead-lettered, {} skipped",
             self.selected, self.requeued, self.dead_lettered, self.skipped
-        )
+        )?;
+        if self.redispatched > 0 {
+            write!(f, ", {} re-dispatched", self.redispatched)?;
+        }
+        f.write_str(".")
     }
 }
 
@@ -52,19 +63,38 @@ impl Default for ReapOptions {
     }
 }
 
-/// Finds runs whose lease expired (their worker died or hung) and requeues or dead-letters them.
-/// Safe to run in several processes at once: every write re-checks staleness.
+/// What [`Reaper::requeue`] (`courier runs requeue ID`) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ManualRequeue {
+    /// The run was queued: its `RunAgent` message was dispatched again.
+    Redispatched,
+    /// The run was running under an expired lease: it was requeued and dispatched.
+    Requeued,
+}
+
+/// Finds runs whose lease expired (their worker died or hung) and requeues or dead-letters them,
+/// and runs queued far past their due time (their message was lost: a transport that lost its
+/// data, a message stranded with a dead worker) and dispatches them again. Safe to run in
+/// several processes at once: every write re-checks its condition and moves it forward.
+///
+/// A queued run has no trace of its message in the store, so "lost" means "still queued
+/// [`redispatch_after`](Self::redispatch_after) past its due time": a run that merely waits
+/// behind a long backlog may get a second `RunAgent`, which is harmless (the claim is guarded,
+/// the second message finds the run claimed or finished and is acked as a non-event).
 #[derive(Clone)]
 pub struct Reaper {
     store: Arc<dyn RunStore>,
     bus: BusLink,
     max_requeues: u32,
+    redispatch_after: Duration,
 }
 
 impl fmt::Debug for Reaper {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reaper")
             .field("max_requeues", &self.max_requeues)
+            .field("redispatch_after", &self.redispatch_after)
             .finish_non_exhaustive()
     }
 }
@@ -77,17 +107,127 @@ impl Reaper {
             store,
             bus,
             max_requeues,
+            redispatch_after: DEFAULT_REDISPATCH_AFTER,
         }
+    }
+
+    /// How long past its due time a queued run waits before it is dispatched again (default
+    /// [`DEFAULT_REDISPATCH_AFTER`]; a runtime's reaper uses `[runs] redispatch_after`, else the
+    /// lease).
+    #[must_use]
+    pub fn redispatch_after(mut self, after: Duration) -> Self {
+        self.redispatch_after = after;
+        self
     }
 
     /// One pass, DESIGN §5's order for each stale run: a non-idempotent effect in flight ->
     /// dead-letter `not_retryable`; budget spent -> dead-letter `retries_exhausted`; else stale
     /// requeue (refused = skipped) and dispatch with no delay; a dispatch failure settles the run
-    /// `failed`/`dispatch_failed`.
+    /// `failed`/`dispatch_failed`. Then each queued run overdue by more than
+    /// [`redispatch_after`](Self::redispatch_after): the guarded re-dispatch (refused: another
+    /// reaper or a worker won) and a `RunAgent` with no delay; a dispatch failure leaves the run
+    /// queued for the next pass.
     ///
     /// # Errors
     /// Store failures.
     pub async fn reap(&self, options: ReapOptions) -> Result<ReapReport, RunError> {
+        let mut report = self.reap_stale(options).await?;
+        report.redispatched = self.redispatch_overdue(options).await?;
+        Ok(report)
+    }
+
+    async fn redispatch_overdue(&self, options: ReapOptions) -> Result<usize, RunError> {
+        let overdue = self
+            .store
+            .select_overdue(self.redispatch_after, options.limit)
+            .await?;
+        if options.dry_run {
+            return Ok(overdue.len());
+        }
+        let mut redispatched = 0;
+        for run in overdue {
+            if !self
+                .store
+                .redispatch_overdue(run.id, self.redispatch_after)
+                .await?
+            {
+                tracing::debug!(courier.run.id = %run.id, "overdue run taken by another reaper or a worker");
+                continue;
+            }
+            match dispatch_run(&self.bus, run.id, None).await {
+                Ok(()) => {
+                    tracing::info!(courier.run.id = %run.id, due_at = run.due_at, "overdue queued run re-dispatched");
+                    redispatched += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(courier.run.id = %run.id, error = %e, "re-dispatch of an overdue run failed; it stays queued");
+                }
+            }
+        }
+        Ok(redispatched)
+    }
+
+    /// An operator's requeue of one run (`courier runs requeue ID`): a `queued` run gets its
+    /// `RunAgent` dispatched again (guarded: still queued); a `running` run whose lease expired
+    /// is requeued (the stale requeue, guarded) and dispatched with no delay. Anything else is
+    /// refused with [`RunError::NotRequeued`], naming why.
+    ///
+    /// # Errors
+    /// [`RunError::NotFound`], [`RunError::NotRequeued`], [`RunError::Dispatch`] (a queued run
+    /// stays queued; a requeued one is settled `failed`/`dispatch_failed`), store failures.
+    pub async fn requeue(&self, run_id: Uuid) -> Result<ManualRequeue, RunError> {
+        let run = self
+            .store
+            .find(run_id)
+            .await?
+            .ok_or(RunError::NotFound(run_id))?;
+        let refused = |reason: String| Err(RunError::NotRequeued { run_id, reason });
+        match run.status {
+            RunStatus::Queued => {
+                if !self.store.redispatch_queued(run_id).await? {
+                    return refused("it was claimed or settled meanwhile".into());
+                }
+                dispatch_run(&self.bus, run_id, None).await?;
+                tracing::info!(courier.run.id = %run_id, "queued run re-dispatched by an operator");
+                Ok(ManualRequeue::Redispatched)
+            }
+            RunStatus::Running => {
+                if run.lease_expires == 0 {
+                    return refused("it is running interactively (no lease)".into());
+                }
+                let now = self.store.now_ms().await?;
+                if run.lease_expires >= now {
+                    return refused(format!(
+                        "it is running under a live lease held by {} (expires in {}s)",
+                        run.claimed_by.as_deref().unwrap_or("?"),
+                        (run.lease_expires - now + 999) / 1000
+                    ));
+                }
+                if let Some(effect) = &run.pending_effect {
+                    return refused(format!(
+                        "a non-idempotent effect (`{effect}`) is in flight; `courier reap` dead-letters it"
+                    ));
+                }
+                if !self.store.requeue_stale(run_id).await? {
+                    return refused("its lease was renewed or it was settled meanwhile".into());
+                }
+                if let Err(e) = dispatch_run(&self.bus, run_id, None).await {
+                    self.store
+                        .fail_queued(run_id, TerminationReason::DispatchFailed)
+                        .await?;
+                    return Err(e);
+                }
+                tracing::info!(courier.run.id = %run_id, "stale run requeued by an operator");
+                Ok(ManualRequeue::Requeued)
+            }
+            status => refused(format!(
+                "it is {status}; only a queued run (re-dispatched) or a running run whose lease \
+                 expired (requeued) can be requeued"
+            )),
+        }
+    }
+
+    async fn reap_stale(&self, options: ReapOptions) -> Result<ReapReport, RunError> {
         let stale = self.store.select_stale(options.limit).await?;
         let mut report = ReapReport {
             selected: stale.len(),
@@ -153,7 +293,9 @@ impl Reaper {
                 () = tokio::time::sleep(every) => {}
             }
             match self.reap(options).await {
-                Ok(report) if report.selected > 0 => tracing::info!(%report, "reaped"),
+                Ok(report) if report.selected > 0 || report.redispatched > 0 => {
+                    tracing::info!(%report, "reaped");
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "reap failed"),
             }

@@ -44,7 +44,7 @@ pub(crate) async fn recover(
         return runtime.settle(run_id, Some(me), s, o).await;
     }
     let delay = inner.options.backoff.delay(run.requeue_count);
-    if !inner.store.requeue_owned(run_id, me).await? {
+    if !inner.store.requeue_owned(run_id, me, delay).await? {
         return Ok(Outcome::LeaseLost);
     }
     tracing::info!(courier.run.id = %run_id, courier.run.error_class = %class, delay_ms = delay.as_millis() as u64, "run requeued");

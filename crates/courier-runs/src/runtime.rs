@@ -28,6 +28,9 @@ pub struct RuntimeOptions {
     /// agent is cancelled promptly when another worker took it (default lease / 4; None: only at
     /// boundaries).
     pub lease_check_every: Option<Duration>,
+    /// How long past its due time a queued run waits before the reaper dispatches it again
+    /// (None: the lease).
+    pub redispatch_after: Option<Duration>,
 }
 
 impl Default for RuntimeOptions {
@@ -37,6 +40,7 @@ impl Default for RuntimeOptions {
             max_requeues: 3,
             backoff: Backoff::default(),
             lease_check_every: Some(Duration::from_secs(225)),
+            redispatch_after: None,
         }
     }
 }
@@ -66,6 +70,14 @@ pub enum RunError {
     /// The run does not exist.
     #[error("run {0} not found")]
     NotFound(Uuid),
+    /// An operator's requeue was refused.
+    #[error("run {run_id} was not requeued: {reason}")]
+    NotRequeued {
+        /// The run.
+        run_id: Uuid,
+        /// Why (its status, a live lease...).
+        reason: String,
+    },
     /// The run is not in the status the operation needs.
     #[error("run {run_id} is {status}, not {expected}")]
     WrongStatus {
@@ -244,11 +256,13 @@ impl Runtime {
     /// A reaper over the same store and bus.
     #[must_use]
     pub fn reaper(&self) -> Reaper {
+        let options = &self.inner.options;
         Reaper::new(
             self.inner.store.clone(),
             self.inner.bus.clone(),
-            self.inner.options.max_requeues,
+            options.max_requeues,
         )
+        .redispatch_after(options.redispatch_after.unwrap_or(options.lease))
     }
 
     pub(crate) async fn dispatch(

@@ -732,8 +732,22 @@ impl RunStore for HeartbeatAfterSelect {
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
         self.0.renew(id, worker, lease).await
     }
-    async fn requeue_owned(&self, id: Uuid, worker: &str) -> Result<bool, StoreError> {
-        self.0.requeue_owned(id, worker).await
+    async fn requeue_owned(
+        &self,
+        id: Uuid,
+        worker: &str,
+        due_in: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.requeue_owned(id, worker, due_in).await
+    }
+    async fn select_overdue(&self, after: Duration, limit: usize) -> Result<Vec<Run>, StoreError> {
+        self.0.select_overdue(after, limit).await
+    }
+    async fn redispatch_overdue(&self, id: Uuid, after: Duration) -> Result<bool, StoreError> {
+        self.0.redispatch_overdue(id, after).await
+    }
+    async fn redispatch_queued(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.0.redispatch_queued(id).await
     }
     async fn select_stale(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
         let runs = self.0.select_stale(limit).await?;

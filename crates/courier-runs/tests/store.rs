@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_runs::{
-    FailureClass, ReapOptions, RunStatus, RunStore, Settlement, StoreError, TerminationReason,
-    new_worker_identity,
+    FailureClass, ManualRequeue, ReapOptions, RunError, RunStatus, RunStore, Settlement,
+    StoreError, TerminationReason, new_worker_identity,
 };
 use support::{Fixture, dispatched, queued_runtime, refusing_runtime};
 
@@ -76,12 +76,17 @@ async fn owner_requeue_clears_claim_and_keeps_input(fx: &Fixture) {
     assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
     assert!(
         !fx.store
-            .requeue_owned(run.id, "worker:other:1:0")
+            .requeue_owned(run.id, "worker:other:1:0", Duration::ZERO)
             .await
             .unwrap(),
         "only the owner requeues"
     );
-    assert!(fx.store.requeue_owned(run.id, &me).await.unwrap());
+    assert!(
+        fx.store
+            .requeue_owned(run.id, &me, Duration::ZERO)
+            .await
+            .unwrap()
+    );
     let row = fx.run(run.id).await;
     assert_eq!(
         (
@@ -94,7 +99,10 @@ async fn owner_requeue_clears_claim_and_keeps_input(fx: &Fixture) {
     );
     assert_eq!(row.input, run.input);
     assert!(
-        !fx.store.requeue_owned(run.id, &me).await.unwrap(),
+        !fx.store
+            .requeue_owned(run.id, &me, Duration::ZERO)
+            .await
+            .unwrap(),
         "a queued run is not requeued twice"
     );
 }
@@ -281,7 +289,12 @@ async fn fail_queued_matches_only_the_queued_row(fx: &Fixture) {
             .unwrap(),
         "running: not matched"
     );
-    assert!(fx.store.requeue_owned(run.id, &me).await.unwrap());
+    assert!(
+        fx.store
+            .requeue_owned(run.id, &me, Duration::ZERO)
+            .await
+            .unwrap()
+    );
     assert!(
         fx.store
             .fail_queued(run.id, TerminationReason::DispatchFailed)
@@ -547,6 +560,153 @@ async fn stale_select_uses_the_status_lease_index(fx: &Fixture) {
     }
 }
 
+async fn a_queued_run_is_due_when_queued_or_after_its_backoff(fx: &Fixture) {
+    let me = new_worker_identity();
+    let fresh = fx.queued("scripted").await;
+    assert_eq!(fresh.due_at, fresh.created_at, "due at once when enqueued");
+    let later = fx.queued("scripted").await;
+    assert!(fx.store.claim(later.id, &me, LEASE).await.unwrap());
+    let delay = Duration::from_secs(600);
+    assert!(fx.store.requeue_owned(later.id, &me, delay).await.unwrap());
+    let row = fx.run(later.id).await;
+    assert_eq!(
+        row.due_at - row.updated_at,
+        600_000,
+        "due after the backoff"
+    );
+    let stale = fx.queued("scripted").await;
+    assert!(fx.store.claim(stale.id, &me, LEASE).await.unwrap());
+    fx.set_lease(stale.id, 1).await;
+    assert!(fx.store.requeue_stale(stale.id).await.unwrap());
+    let row = fx.run(stale.id).await;
+    assert_eq!(row.due_at, row.updated_at, "a stale requeue is due at once");
+    let after = Duration::from_secs(60);
+    assert!(
+        fx.store.select_overdue(after, 50).await.unwrap().is_empty(),
+        "nothing is overdue yet"
+    );
+}
+
+async fn overdue_queued_run_is_redispatched_once(fx: &Fixture) {
+    let me = new_worker_identity();
+    let (runtime, _bus, queue) = queued_runtime(fx.store.clone(), &me, Default::default());
+    let lost = fx.queued("scripted").await;
+    let backoff = fx.queued("scripted").await;
+    let fresh = fx.queued("scripted").await;
+    let running = fx.queued("scripted").await;
+    assert!(fx.store.claim(backoff.id, &me, LEASE).await.unwrap());
+    assert!(
+        fx.store
+            .requeue_owned(backoff.id, &me, Duration::from_secs(600))
+            .await
+            .unwrap()
+    );
+    assert!(fx.store.claim(running.id, &me, LEASE).await.unwrap());
+    // The lost message's run became due long ago; the one in backoff is due in the future even
+    // though it was queued long ago; the running one's due_at is old but it is not queued.
+    fx.set_due_at(lost.id, 1).await;
+    fx.set_due_at(running.id, 1).await;
+    let now = fx.store.now_ms().await.unwrap();
+    fx.set_due_at(backoff.id, now + 1_000).await;
+
+    let reaper = runtime.reaper();
+    let dry = reaper
+        .reap(ReapOptions {
+            dry_run: true,
+            ..ReapOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!((dry.selected, dry.redispatched), (0, 1));
+    assert!(queue.sent().is_empty(), "a dry run dispatches nothing");
+
+    let report = reaper.reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(report.redispatched, 1);
+    assert_eq!(
+        report.to_string(),
+        "Reaped 0 stale run(s): 0 requeued, 0 dead-lettered, 0 skipped, 1 re-dispatched."
+    );
+    assert_eq!(
+        dispatched(&queue),
+        [(lost.id, None)],
+        "one message, no delay"
+    );
+    let row = fx.run(lost.id).await;
+    assert_eq!(row.status, RunStatus::Queued);
+    assert_eq!(row.requeue_count, 0, "a re-dispatch is not a requeue");
+    assert!(row.due_at >= now, "due again from now");
+    for id in [backoff.id, fresh.id] {
+        assert_eq!(fx.run(id).await.status, RunStatus::Queued);
+    }
+    let again = reaper.reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(again.redispatched, 0, "the guard moved forward");
+    assert_eq!(queue.sent().len(), 1);
+}
+
+async fn concurrent_reapers_redispatch_an_overdue_run_once(fx: &Fixture) {
+    let me = new_worker_identity();
+    let (runtime, _bus, queue) = queued_runtime(fx.store.clone(), &me, Default::default());
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let run = fx.queued("scripted").await;
+        fx.set_due_at(run.id, 1).await;
+        ids.push(run.id);
+    }
+    let (a, b) = (runtime.reaper(), runtime.reaper());
+    let (ra, rb) = tokio::join!(
+        a.reap(ReapOptions::default()),
+        b.reap(ReapOptions::default())
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(ra.redispatched + rb.redispatched, 10, "{ra} / {rb}");
+    let mut sent: Vec<_> = dispatched(&queue).into_iter().map(|(id, _)| id).collect();
+    sent.sort();
+    ids.sort();
+    assert_eq!(sent, ids, "one message per run");
+}
+
+async fn operator_requeue_redispatches_queued_and_requeues_stale(fx: &Fixture) {
+    let me = new_worker_identity();
+    let (runtime, _bus, queue) = queued_runtime(fx.store.clone(), &me, Default::default());
+    let reaper = runtime.reaper();
+    let queued = fx.queued("scripted").await;
+    assert_eq!(
+        reaper.requeue(queued.id).await.unwrap(),
+        ManualRequeue::Redispatched
+    );
+    assert_eq!(dispatched(&queue), [(queued.id, None)]);
+
+    let running = fx.queued("scripted").await;
+    assert!(fx.store.claim(running.id, &me, LEASE).await.unwrap());
+    let refused = reaper.requeue(running.id).await.unwrap_err();
+    assert!(
+        matches!(&refused, RunError::NotRequeued { reason, .. } if reason.contains("live lease")),
+        "{refused}"
+    );
+    fx.set_lease(running.id, 1).await;
+    assert_eq!(
+        reaper.requeue(running.id).await.unwrap(),
+        ManualRequeue::Requeued
+    );
+    let row = fx.run(running.id).await;
+    assert_eq!((row.status, row.requeue_count), (RunStatus::Queued, 1));
+    assert_eq!(dispatched(&queue).len(), 2);
+
+    let cancelled = fx.queued("scripted").await;
+    assert!(fx.store.cancel(cancelled.id).await.unwrap());
+    let refused = reaper.requeue(cancelled.id).await.unwrap_err();
+    assert!(
+        matches!(&refused, RunError::NotRequeued { reason, .. } if reason.contains("cancelled")),
+        "{refused}"
+    );
+    let missing = uuid::Uuid::new_v4();
+    assert!(matches!(
+        reaper.requeue(missing).await,
+        Err(RunError::NotFound(id)) if id == missing
+    ));
+    assert_eq!(dispatched(&queue).len(), 2, "refusals dispatch nothing");
+}
+
 macro_rules! store_tests {
     ($fixture:path, $ignore:tt, [$($name:ident),* $(,)?]) => {
         $(
@@ -603,6 +763,10 @@ macro_rules! all_store_tests {
             concurrent_reapers_never_double_requeue,
             list_is_newest_first_and_filters,
             stale_select_uses_the_status_lease_index,
+            a_queued_run_is_due_when_queued_or_after_its_backoff,
+            overdue_queued_run_is_redispatched_once,
+            concurrent_reapers_redispatch_an_overdue_run_once,
+            operator_requeue_redispatches_queued_and_requeues_stale,
         ]);
     };
 }

@@ -99,6 +99,7 @@ impl MemoryRunStore {
             started_at: (status == RunStatus::Running).then_some(now),
             finished_at: None,
             updated_at: now,
+            due_at: now,
         };
         self.lock().runs.insert(run.id, row.clone());
         row
@@ -107,6 +108,10 @@ impl MemoryRunStore {
 
 fn is_stale(run: &Run, now: i64) -> bool {
     run.status == RunStatus::Running && run.lease_expires > 0 && run.lease_expires < now
+}
+
+fn is_overdue(run: &Run, now: i64, after: Duration) -> bool {
+    run.status == RunStatus::Queued && run.due_at < now - lease_ms(after)
 }
 
 fn owned_by(run: &Run, worker: &str) -> bool {
@@ -185,8 +190,50 @@ impl RunStore for MemoryRunStore {
         ))
     }
 
-    async fn requeue_owned(&self, id: Uuid, worker: &str) -> Result<bool, StoreError> {
-        Ok(self.guarded(id, |r, _| owned_by(r, worker), |r, _| requeue(r)))
+    async fn requeue_owned(
+        &self,
+        id: Uuid,
+        worker: &str,
+        due_in: Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, _| owned_by(r, worker),
+            |r, now| {
+                requeue(r);
+                r.due_at = now + lease_ms(due_in);
+            },
+        ))
+    }
+
+    async fn select_overdue(&self, after: Duration, limit: usize) -> Result<Vec<Run>, StoreError> {
+        let now = self.clock();
+        let mut runs: Vec<Run> = self
+            .lock()
+            .runs
+            .values()
+            .filter(|r| is_overdue(r, now, after))
+            .cloned()
+            .collect();
+        runs.sort_by_key(|r| (r.due_at, r.id));
+        runs.truncate(limit);
+        Ok(runs)
+    }
+
+    async fn redispatch_overdue(&self, id: Uuid, after: Duration) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, now| is_overdue(r, now, after),
+            |r, now| r.due_at = now,
+        ))
+    }
+
+    async fn redispatch_queued(&self, id: Uuid) -> Result<bool, StoreError> {
+        Ok(self.guarded(
+            id,
+            |r, _| r.status == RunStatus::Queued,
+            |r, now| r.due_at = now,
+        ))
     }
 
     async fn select_stale(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
@@ -204,7 +251,10 @@ impl RunStore for MemoryRunStore {
     }
 
     async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError> {
-        Ok(self.guarded(id, is_stale, |r, _| requeue(r)))
+        Ok(self.guarded(id, is_stale, |r, now| {
+            requeue(r);
+            r.due_at = now;
+        }))
     }
 
     async fn dead_letter_stale(

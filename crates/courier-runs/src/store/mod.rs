@@ -48,6 +48,9 @@ pub struct Run {
     pub finished_at: Option<i64>,
     /// Last write, epoch ms.
     pub updated_at: i64,
+    /// When a queued run is due, epoch ms: when it was queued, plus the delay of a requeue with
+    /// backoff. The reaper re-dispatches a run still queued long past it (its message was lost).
+    pub due_at: i64,
 }
 
 /// One persisted step of a run.
@@ -151,10 +154,24 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
     async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError>;
     /// Renew: `id AND status='running' AND claimed_by=worker` -> lease = now + lease.
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError>;
-    /// Owner requeue: the renew guard -> queued, requeue_count+1, claim and lease cleared.
-    async fn requeue_owned(&self, id: Uuid, worker: &str) -> Result<bool, StoreError>;
+    /// Owner requeue: the renew guard -> queued, requeue_count+1, claim and lease cleared, due
+    /// after `due_in` (the delay its `RunAgent` message is dispatched with).
+    async fn requeue_owned(
+        &self,
+        id: Uuid,
+        worker: &str,
+        due_in: Duration,
+    ) -> Result<bool, StoreError>;
     /// Stale select: running with `0 < lease_expires < now`, oldest lease first.
     async fn select_stale(&self, limit: usize) -> Result<Vec<Run>, StoreError>;
+    /// Overdue select: queued with `due_at < now - after` (its message is presumably lost),
+    /// longest overdue first.
+    async fn select_overdue(&self, after: Duration, limit: usize) -> Result<Vec<Run>, StoreError>;
+    /// Overdue re-dispatch: `id AND queued AND due_at < now - after` -> due now. Moving `due_at`
+    /// forward is what makes a concurrent reaper's identical write match nothing.
+    async fn redispatch_overdue(&self, id: Uuid, after: Duration) -> Result<bool, StoreError>;
+    /// Operator re-dispatch: `id AND status='queued'` -> due now.
+    async fn redispatch_queued(&self, id: Uuid) -> Result<bool, StoreError>;
     /// Stale requeue, staleness re-checked inside the write.
     async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError>;
     /// Stale dead-letter (`failed` + reason), staleness re-checked inside the write.

@@ -12,6 +12,7 @@ use super::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError, lease_ms};
 use crate::{RunStatus, TerminationReason};
 
 mod queries;
+mod setup;
 
 use queries::Queries;
 #[cfg(test)]
@@ -387,6 +388,7 @@ fn decode_run(row: &AnyRow) -> Result<Run, StoreError> {
         started_at: get(row, "started_at")?,
         finished_at: get(row, "finished_at")?,
         updated_at: get(row, "updated_at")?,
+        due_at: get(row, "due_at")?,
     })
 }
 
@@ -397,23 +399,7 @@ fn limit(n: usize) -> i64 {
 #[async_trait]
 impl RunStore for SqlRunStore {
     async fn setup(&self) -> Result<(), StoreError> {
-        let sql = self
-            .dialect
-            .migration()
-            .replace("courier_run_events", &self.options.events_table)
-            .replace("courier_runs", &self.options.runs_table);
-        let body: String = sql
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        for statement in body.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-            sqlx::query(statement)
-                .execute(&self.pool)
-                .await
-                .map_err(db("setup"))?;
-        }
-        Ok(())
+        self.locked_setup().await
     }
 
     async fn now_ms(&self) -> Result<i64, StoreError> {
@@ -488,12 +474,46 @@ impl RunStore for SqlRunStore {
         self.write("renew", q).await
     }
 
-    async fn requeue_owned(&self, id: Uuid, worker: &str) -> Result<bool, StoreError> {
+    async fn requeue_owned(
+        &self,
+        id: Uuid,
+        worker: &str,
+        due_in: Duration,
+    ) -> Result<bool, StoreError> {
         self.write(
             "requeue",
             sqlx::query(&self.q.requeue_owned)
+                .bind(lease_ms(due_in))
                 .bind(id.to_string())
                 .bind(worker),
+        )
+        .await
+    }
+
+    async fn select_overdue(&self, after: Duration, n: usize) -> Result<Vec<Run>, StoreError> {
+        self.runs(
+            "select overdue",
+            sqlx::query(&self.q.select_overdue)
+                .bind(lease_ms(after))
+                .bind(limit(n)),
+        )
+        .await
+    }
+
+    async fn redispatch_overdue(&self, id: Uuid, after: Duration) -> Result<bool, StoreError> {
+        self.write(
+            "re-dispatch overdue",
+            sqlx::query(&self.q.redispatch_overdue)
+                .bind(id.to_string())
+                .bind(lease_ms(after)),
+        )
+        .await
+    }
+
+    async fn redispatch_queued(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.write(
+            "re-dispatch queued",
+            sqlx::query(&self.q.redispatch_queued).bind(id.to_string()),
         )
         .await
     }

@@ -106,6 +106,23 @@ impl Fixture {
         }
     }
 
+    /// Rewrites `due_at` (1 = due long ago).
+    pub async fn set_due_at(&self, id: Uuid, due_at: i64) {
+        match &self.backend {
+            Backend::Memory(m) => assert!(m.rewrite(id, |r| r.due_at = due_at)),
+            Backend::Sql(s) => {
+                let sql = format!(
+                    "UPDATE {} SET due_at = {due_at} WHERE id = '{id}'",
+                    s.runs_table()
+                );
+                sqlx::query(&sql)
+                    .execute(s.pool())
+                    .await
+                    .expect("rewrite due_at");
+            }
+        }
+    }
+
     /// Moves the claim to another worker (it now owns the row).
     pub async fn give_to(&self, id: Uuid, worker: &str) {
         match &self.backend {

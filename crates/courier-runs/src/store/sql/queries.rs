@@ -3,9 +3,11 @@
 use super::Dialect;
 
 const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
-    lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at";
+    lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at, due_at";
 const NON_TERMINAL: &str = "('queued', 'running', 'waiting_for_approval', 'waiting_for_input')";
 const STALE: &str = "status = 'running' AND lease_expires > 0 AND lease_expires < {now}";
+/// A queued run past its due time by more than the bound threshold (ms).
+const OVERDUE: &str = "status = 'queued' AND due_at < {now} - ?";
 
 #[derive(Debug)]
 pub(super) struct Queries {
@@ -19,6 +21,9 @@ pub(super) struct Queries {
     pub(super) renew: String,
     pub(super) requeue_owned: String,
     pub(super) select_stale: String,
+    pub(super) select_overdue: String,
+    pub(super) redispatch_overdue: String,
+    pub(super) redispatch_queued: String,
     pub(super) requeue_stale: String,
     pub(super) dead_letter_stale: String,
     pub(super) settle_owned: String,
@@ -38,6 +43,7 @@ impl Queries {
         let render = |sql: &str| {
             let sql = sql
                 .replace("{stale}", STALE)
+                .replace("{overdue}", OVERDUE)
                 .replace("{cols}", COLUMNS)
                 .replace("{nonterminal}", NON_TERMINAL)
                 .replace("{now}", dialect.now_ms_sql())
@@ -60,11 +66,13 @@ impl Queries {
         };
         let requeue = "status = 'queued', requeue_count = requeue_count + 1, claimed_by = NULL, lease_expires = 0, \
             updated_at = {now}";
+        // due_at is written first so that its `?` (the delay) is the first placeholder.
+        let requeue_later = format!("due_at = {{now}} + ?, {requeue}");
         Self {
             now: render("SELECT {now}"),
             insert_queued: render(
-                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, updated_at) \
-                 VALUES (?, ?, 'queued', ?, 0, 0, {now}, {now})",
+                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, updated_at, \
+                 due_at) VALUES (?, ?, 'queued', ?, 0, 0, {now}, {now}, {now})",
             ),
             insert_interactive: render(
                 "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, started_at, \
@@ -84,14 +92,24 @@ impl Queries {
                  WHERE id = ? AND status = 'running' AND claimed_by = ?",
             ),
             requeue_owned: render(&format!(
-                "UPDATE {{runs}} SET {requeue} WHERE id = ? AND status = 'running' AND claimed_by = ?"
+                "UPDATE {{runs}} SET {requeue_later} WHERE id = ? AND status = 'running' AND claimed_by = ?"
             )),
             select_stale: render(
                 "SELECT {cols} FROM {runs} WHERE {stale} ORDER BY lease_expires LIMIT ?",
             ),
             requeue_stale: render(&format!(
-                "UPDATE {{runs}} SET {requeue} WHERE id = ? AND {{stale}}"
+                "UPDATE {{runs}} SET due_at = {{now}}, {requeue} WHERE id = ? AND {{stale}}"
             )),
+            select_overdue: render(
+                "SELECT {cols} FROM {runs} WHERE {overdue} ORDER BY due_at LIMIT ?",
+            ),
+            // Moving due_at to now is what makes a second reaper's identical UPDATE match nothing.
+            redispatch_overdue: render(
+                "UPDATE {runs} SET due_at = {now}, updated_at = {now} WHERE id = ? AND {overdue}",
+            ),
+            redispatch_queued: render(
+                "UPDATE {runs} SET due_at = {now}, updated_at = {now} WHERE id = ? AND status = 'queued'",
+            ),
             dead_letter_stale: render(
                 "UPDATE {runs} SET status = 'failed', termination_reason = ?, lease_expires = 0, \
                  finished_at = {now}, updated_at = {now} WHERE id = ? AND {stale}",
