@@ -83,7 +83,7 @@
 //!
 //! `stream`, `group`, `consumer` (default `host:pid:random`, unique per transport),
 //! `delete_after_ack` (default true), `stream_max_entries` (`MAXLEN ~`), `redeliver_timeout`
-//! (default 1h), `claim_interval`, `db` and `poll_window` (default 1s), see [`RedisOptions`].
+//! (default 30s), `claim_interval`, `db` and `poll_window` (default 1s), see [`RedisOptions`].
 //! `rediss://` needs the `tls` feature.
 
 mod admin;

@@ -26,7 +26,7 @@ pub struct RedisOptions {
     /// Trimming drops the oldest entries even when undelivered.
     pub stream_max_entries: Option<u64>,
     /// A delivery idle (not acked, no keepalive) for longer than this is claimed by another
-    /// consumer (`XAUTOCLAIM`). Default 1 h.
+    /// consumer (`XAUTOCLAIM`). Default 30 s; the worker keeps what it holds alive.
     pub redeliver_timeout: Duration,
     /// How often `get` looks for stale deliveries. Default a quarter of `redeliver_timeout`,
     /// between 10 ms and 1 min.
@@ -46,7 +46,7 @@ impl Default for RedisOptions {
             consumer: default_consumer(),
             delete_after_ack: true,
             stream_max_entries: None,
-            redeliver_timeout: Duration::from_secs(3600),
+            redeliver_timeout: Duration::from_secs(30),
             claim_interval: None,
             db: None,
             poll_window: Duration::from_secs(1),

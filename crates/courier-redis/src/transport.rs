@@ -529,27 +529,38 @@ impl Transport for RedisTransport {
     }
 
     async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        let Some(d) = delivery(envelope) else {
+        self.keepalive_batch(std::slice::from_ref(envelope)).await
+    }
+
+    /// Resets the idle time of every delivery that is still this consumer's, in one round trip.
+    async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        let deliveries: Vec<Delivery<'_>> = envelopes.iter().filter_map(delivery).collect();
+        if deliveries.is_empty() {
             return Ok(());
-        };
-        let mut cmd = self.scripts.keepalive.cmd(&[&self.options.stream]);
-        cmd.arg(&self.options.group)
-            .arg(&self.options.consumer)
-            .arg(d.id)
-            .arg(d.count);
+        }
         let mut pipe = redis::pipe();
-        pipe.add_command(cmd);
+        for d in &deliveries {
+            let mut cmd = self.scripts.keepalive.cmd(&[&self.options.stream]);
+            cmd.arg(&self.options.group)
+                .arg(&self.options.consumer)
+                .arg(d.id)
+                .arg(d.count);
+            pipe.add_command(cmd);
+        }
         let requested_at = Instant::now();
-        let (kept,): (u64,) = self
+        let kept: Vec<u64> = self
             .query(&pipe)
             .await
             .map_err(|e| self.error(e, "cannot keep alive"))?;
-        if kept == 1
-            && let Some(id) = d.stream_id
-            && let Some(entry) = self.in_flight().get_mut(&id)
-            && d.count.parse() == Ok(entry.0)
-        {
-            entry.1 = requested_at;
+        let mut in_flight = self.in_flight();
+        for (d, kept) in deliveries.iter().zip(kept) {
+            if kept == 1
+                && let Some(id) = d.stream_id
+                && let Some(entry) = in_flight.get_mut(&id)
+                && d.count.parse() == Ok(entry.0)
+            {
+                entry.1 = requested_at;
+            }
         }
         Ok(())
     }
@@ -605,6 +616,6 @@ impl Transport for RedisTransport {
         Capabilities::none()
             .with_delay(None)
             .with_blocking_get()
-            .with_redelivery()
+            .with_redeliver_after(self.options.redeliver_timeout)
     }
 }

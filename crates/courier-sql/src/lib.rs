@@ -43,8 +43,9 @@
 //!   `UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING` (it takes the write lock up front).
 //!   Order: priority descending, then `available_at`, then id. Each claim stamps a fresh random
 //!   `delivery_id`, returned as [`DeliveryTagStamp`](courier_core::DeliveryTagStamp).
-//! - A row delivered more than `redeliver_timeout` (default 1 h) ago and not acked is claimable
-//!   again; `keepalive` refreshes `delivered_at`.
+//! - A row delivered more than `redeliver_timeout` (default 30 s) ago and not acked is claimable
+//!   again; `keepalive` refreshes `delivered_at`, and the worker keeps every row it holds alive,
+//!   so only a dead worker's rows wait the window out.
 //! - `ack`/`reject` delete by id **and** delivery id: the late ack of a superseded delivery
 //!   deletes nothing (a debug log says so). `ack_batch` is one DELETE, `send_batch` one
 //!   multi-row INSERT, `retry` one UPDATE (new headers, new `available_at`, delivery cleared).

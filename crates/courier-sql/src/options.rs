@@ -43,7 +43,7 @@ impl Default for SqlOptions {
         Self {
             table_name: DEFAULT_TABLE.to_owned(),
             queue_name: "default".to_owned(),
-            redeliver_timeout: Duration::from_secs(3600),
+            redeliver_timeout: Duration::from_secs(30),
             auto_setup: true,
             poll_window: Duration::from_secs(1),
             max_connections: None,
@@ -150,7 +150,8 @@ impl SqlOptions {
     }
 
     /// Sets how long a delivered, unacknowledged message waits before it is delivered again
-    /// (default 1 h).
+    /// (default 30 s; the worker keeps every message it holds alive at a third of it, so only a
+    /// dead worker's messages wait it out).
     #[must_use]
     pub fn redeliver_timeout(mut self, timeout: Duration) -> Self {
         self.redeliver_timeout = timeout;

@@ -395,7 +395,7 @@ impl Transport for SqlTransport {
             .with_delay(None)
             .with_priority()
             .with_blocking_get()
-            .with_redelivery()
+            .with_redeliver_after(self.options.redeliver_timeout)
     }
 }
 

@@ -22,7 +22,8 @@ use crate::{
 pub struct InMemoryOptions {
     /// The transport's name in errors. Default `"in-memory"`.
     pub name: String,
-    /// How long a received, unacknowledged message stays invisible. Default 1 h.
+    /// How long a received, unacknowledged message stays invisible (the worker keeps
+    /// what it holds alive). Default 30 s.
     pub redeliver_timeout: Duration,
     /// Encode on send and decode on get, as a real transport would (needs a registry).
     /// Default false: envelopes are stored as values, without their local stamps.
@@ -33,7 +34,7 @@ impl Default for InMemoryOptions {
     fn default() -> Self {
         Self {
             name: "in-memory".into(),
-            redeliver_timeout: Duration::from_secs(3600),
+            redeliver_timeout: Duration::from_secs(30),
             serialize: false,
         }
     }
@@ -360,7 +361,7 @@ impl Transport for InMemoryTransport {
         Capabilities::none()
             .with_delay(None)
             .with_priority()
-            .with_redelivery()
+            .with_redeliver_after(self.options.redeliver_timeout)
     }
 }
 

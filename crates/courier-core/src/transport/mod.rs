@@ -34,6 +34,10 @@ pub struct Capabilities {
     pub blocking_get: bool,
     /// Messages received and never acknowledged come back after a redelivery window.
     pub redelivery: bool,
+    /// The redelivery window, when the transport has one: a received message not acked, and not
+    /// kept alive with [`Transport::keepalive`], is delivered again this long after it was
+    /// received. The worker keeps every message it holds alive at a third of this window.
+    pub redeliver_after: Option<Duration>,
 }
 
 impl Capabilities {
@@ -46,6 +50,7 @@ impl Capabilities {
             priority: false,
             blocking_get: false,
             redelivery: false,
+            redeliver_after: None,
         }
     }
 
@@ -75,6 +80,14 @@ impl Capabilities {
     #[must_use]
     pub const fn with_redelivery(mut self) -> Self {
         self.redelivery = true;
+        self
+    }
+
+    /// Sets [`Capabilities::redelivery`] with its window, [`Capabilities::redeliver_after`].
+    #[must_use]
+    pub const fn with_redeliver_after(mut self, window: Duration) -> Self {
+        self.redelivery = true;
+        self.redeliver_after = Some(window);
         self
     }
 
@@ -153,6 +166,15 @@ pub trait Transport: Send + Sync + Debug {
 
     /// Tells the transport the envelope is still being worked on (extends its redelivery window).
     async fn keepalive(&self, _envelope: &Envelope) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    /// Keeps several received envelopes alive (what the worker calls for everything it holds).
+    /// The default loops over [`Transport::keepalive`] and stops at the first error.
+    async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        for envelope in envelopes {
+            self.keepalive(envelope).await?;
+        }
         Ok(())
     }
 

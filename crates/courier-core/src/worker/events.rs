@@ -126,6 +126,9 @@ pub struct WorkerStats {
     pub moved_to_failure: u64,
     /// Messages left on their transport for redelivery (a move or ack failed, or shutdown).
     pub left_for_redelivery: u64,
+    /// Fetched messages that were never started and were put back on their transport when the
+    /// worker stopped.
+    pub released: u64,
     /// Why the worker stopped.
     pub stop_reason: Option<StopReason>,
 }

@@ -13,6 +13,8 @@
 //! messages stay on their transport for redelivery.
 
 mod events;
+mod io;
+mod process;
 mod run;
 
 use std::collections::HashMap;
@@ -238,7 +240,10 @@ impl WorkerBuilder {
         self
     }
 
-    /// Calls `keepalive` on every in-flight message at this interval (default off).
+    /// Calls `keepalive` on every message the worker holds, started or not, at this interval.
+    /// Default (`None`): a third of the shortest redelivery window among the receivers
+    /// ([`Capabilities::redeliver_after`](crate::Capabilities::redeliver_after)), so a live
+    /// worker's messages are never delivered twice and a dead worker's come back within it.
     #[must_use]
     pub fn keepalive(mut self, interval: Option<Duration>) -> Self {
         self.worker.options.keepalive = interval;

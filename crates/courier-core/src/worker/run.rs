@@ -1,45 +1,66 @@
-//! The worker loop.
+//! The worker loop: handlers in front, I/O beside them.
+//!
+//! One task polls the in-flight handlers, the next fetch, the shutdown signal and the grace
+//! timer together, and awaits nothing else: acks are flushed by a task per receiver, every held
+//! message is kept alive by a keepalive task, and unstarted messages are released on tasks of
+//! their own. So a server that stalls delays only the I/O that waits on it; handlers (and the
+//! run heartbeats inside them), keepalives and the grace timer go on.
+//!
+//! The next batch is fetched while the current one is handled, at most one batch ahead: a fetch
+//! starts once half of the current batch has started, and asks for no more than brings the
+//! unstarted messages back to `fetch_size`. A worker therefore holds at most
+//! `fetch_size + concurrency` messages, every one of them kept alive, and a dead worker's
+//! messages come back within the transport's redelivery window.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
-use super::{Receiver, StopReason, Worker, WorkerError, WorkerEvent, WorkerStats};
-use crate::retry::{RetryDecision, decide};
-use crate::{
-    BusError, BusNameStamp, Envelope, ErrorDetailsStamp, RedeliveryStamp,
-    SentToFailureTransportStamp, TraceContextStamp, retry_count, with_trace_context,
-};
-
-/// What became of one message.
-enum Outcome {
-    /// Handled: ack it.
-    Ack(Envelope),
-    /// Moved to the failure transport: ack it.
-    Moved(Envelope),
-    /// Put back by `Transport::retry` (which acked the old delivery itself).
-    Retried,
-    /// Not acked: it will be delivered again.
-    Left,
-}
-
-struct Done {
-    outcome: Outcome,
-    failed: bool,
-}
+use super::io::{self, AbortOnDrop, AckStats, Acker, Held};
+use super::process::{Done, Outcome};
+use super::{StopReason, Worker, WorkerError, WorkerEvent, WorkerStats};
+use crate::{Envelope, TransportError};
 
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(30);
 
+/// How long a stopping worker may take past its grace period to flush acks and release
+/// unstarted messages, whatever the servers do.
+const SHUTDOWN_SLACK: Duration = Duration::from_secs(1);
+
+/// The shortest keepalive interval derived from a transport's redelivery window.
+const MIN_KEEPALIVE: Duration = Duration::from_millis(50);
+
+/// One fetch over the receivers in priority order.
+struct Fetched {
+    /// The first receiver that had messages, and its batch.
+    batch: Option<(usize, Vec<Envelope>)>,
+    /// The receivers whose `get` failed on the way.
+    errors: Vec<(usize, TransportError)>,
+}
+
+type Handling<'a> = Pin<Box<dyn Future<Output = (usize, u64, Done)> + Send + 'a>>;
+
+/// The tasks beside the loop.
+struct Beside {
+    held: Arc<Held>,
+    ackers: Vec<Acker>,
+    ack_tasks: Vec<JoinHandle<AckStats>>,
+    keepalive: Option<AbortOnDrop<()>>,
+    releases: Vec<JoinHandle<u64>>,
+}
+
 impl Worker {
     /// Runs until a limit is reached or `shutdown` is cancelled; then lets in-flight handlers
-    /// finish within the grace period and flushes their acks.
+    /// finish within the grace period, releases unstarted messages and flushes the acks, taking
+    /// at most a second past the grace period whatever the servers do.
     ///
     /// # Errors
     /// [`WorkerError`] when the worker cannot start (no receivers). Once running, transport and
@@ -48,6 +69,7 @@ impl Worker {
         if self.receivers.is_empty() {
             return Err(WorkerError::NoReceivers);
         }
+        let mut beside = self.start_beside();
         let mut state = RunState {
             stats: WorkerStats::default(),
             started: Instant::now(),
@@ -57,73 +79,8 @@ impl Worker {
         self.emit(&WorkerEvent::Started {
             transports: self.receivers.iter().map(|r| r.name.clone()).collect(),
         });
-        let all_block = self
-            .receivers
-            .iter()
-            .all(|r| r.transport.capabilities().blocking_get);
-        'outer: while state.stop.is_none() {
-            if shutdown.is_cancelled() {
-                state.stop = Some(StopReason::Shutdown);
-                break;
-            }
-            let mut got_any = false;
-            for receiver in &self.receivers {
-                let want = match self.options.limit {
-                    Some(limit) => usize::try_from(limit.saturating_sub(state.stats.received))
-                        .unwrap_or(usize::MAX),
-                    None => usize::MAX,
-                }
-                .min(self.options.fetch_size);
-                if want == 0 {
-                    state.stop = Some(StopReason::MessageLimit);
-                    break 'outer;
-                }
-                let fetched = tokio::select! {
-                    r = receiver.transport.get(want) => r,
-                    () = shutdown.cancelled() => {
-                        state.stop = Some(StopReason::Shutdown);
-                        break 'outer;
-                    }
-                };
-                match fetched {
-                    Ok(batch) if batch.is_empty() => {
-                        state.error_backoff = Duration::ZERO;
-                    }
-                    Ok(batch) => {
-                        state.error_backoff = Duration::ZERO;
-                        got_any = true;
-                        self.process_batch(receiver, batch, &shutdown, &mut state)
-                            .await;
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(messaging.destination.name = %receiver.name, error = %e, "get failed");
-                        self.emit(&WorkerEvent::TransportError {
-                            transport: receiver.name.clone(),
-                            error: e.to_string(),
-                        });
-                        state.error_backoff = (state.error_backoff * 2)
-                            .clamp(Duration::from_millis(100), MAX_ERROR_BACKOFF);
-                        tokio::select! {
-                            () = tokio::time::sleep(state.error_backoff) => {}
-                            () = shutdown.cancelled() => {}
-                        }
-                    }
-                }
-            }
-            if state.stop.is_none() {
-                state.stop = self.limit_reached(&state);
-            }
-            if !got_any && state.stop.is_none() {
-                self.emit_with(|| WorkerEvent::Idle);
-                if !all_block {
-                    tokio::select! {
-                        () = tokio::time::sleep(self.options.sleep) => {}
-                        () = shutdown.cancelled() => {}
-                    }
-                }
-            }
-        }
+        let stopped_at = self.run_loop(&shutdown, &mut beside, &mut state).await;
+        self.finish(beside, stopped_at, &mut state).await;
         state.stats.stop_reason = state.stop;
         let reason = state.stop.unwrap_or(StopReason::Shutdown);
         tracing::info!(reason = ?reason, handled = state.stats.handled, failed = state.stats.failed, "worker stopped");
@@ -131,14 +88,353 @@ impl Worker {
         Ok(state.stats)
     }
 
-    fn emit(&self, event: &WorkerEvent) {
+    fn start_beside(&self) -> Beside {
+        let held = Arc::new(Held::default());
+        let max_batch = self.options.fetch_size.saturating_mul(2).max(1);
+        let (ackers, ack_tasks) = self
+            .receivers
+            .iter()
+            .map(|r| {
+                io::spawn_acker(
+                    r.name.clone(),
+                    r.transport.clone(),
+                    held.clone(),
+                    self.listeners.clone(),
+                    self.options.ack_linger,
+                    max_batch,
+                )
+            })
+            .unzip();
+        let keepalive = self.keepalive_interval().map(|interval| {
+            let receivers = self
+                .receivers
+                .iter()
+                .map(|r| (r.name.clone(), r.transport.clone()))
+                .collect();
+            AbortOnDrop(io::spawn_keepalive(receivers, held.clone(), interval))
+        });
+        Beside {
+            held,
+            ackers,
+            ack_tasks,
+            keepalive,
+            releases: Vec::new(),
+        }
+    }
+
+    /// The keepalive interval: the one configured, else a third of the shortest redelivery
+    /// window among the receivers (none when no receiver has one).
+    pub(super) fn keepalive_interval(&self) -> Option<Duration> {
+        self.options.keepalive.or_else(|| {
+            self.receivers
+                .iter()
+                .filter_map(|r| r.transport.capabilities().redeliver_after)
+                .min()
+                .map(|window| (window / 3).max(MIN_KEEPALIVE))
+        })
+    }
+
+    /// Consumes until a stop; returns when it began. In-flight handlers are done (or abandoned
+    /// past the grace period) when it returns.
+    async fn run_loop(
+        &self,
+        shutdown: &CancellationToken,
+        beside: &mut Beside,
+        state: &mut RunState,
+    ) -> Instant {
+        let all_block = self
+            .receivers
+            .iter()
+            .all(|r| r.transport.capabilities().blocking_get);
+        let concurrency = self.options.concurrency;
+        let low_water = (self.options.fetch_size / 2).max(concurrency);
+        let mut queue: VecDeque<(usize, u64, Envelope)> = VecDeque::new();
+        let mut inflight: FuturesUnordered<Handling<'_>> = FuturesUnordered::new();
+        // The next fetch runs on a task of its own, so it makes progress while handlers run.
+        let mut fetching: Option<AbortOnDrop<Fetched>> = None;
+        // When the next fetch may start (after an idle round or a failed get).
+        let mut next_fetch: Option<Instant> = None;
+        let mut stopped_at: Option<Instant> = None;
+        let mut grace_at: Option<Instant> = None;
+        // Timers live across iterations: creating them per message would register and
+        // deregister them with the runtime for every message.
+        let far = Instant::now() + Duration::from_secs(86_400 * 365);
+        let fetch_timer = tokio::time::sleep_until(far);
+        let grace_timer = tokio::time::sleep_until(far);
+        let drain_timer = tokio::time::sleep_until(far);
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(fetch_timer, grace_timer, drain_timer, cancelled);
+        if shutdown.is_cancelled() {
+            state.stop = Some(StopReason::Shutdown);
+        }
+        loop {
+            while state.stop.is_none() && inflight.len() < concurrency {
+                let Some((r, key, envelope)) = queue.pop_front() else {
+                    break;
+                };
+                state.stats.received += 1;
+                let receiver = &self.receivers[r];
+                inflight.push(Box::pin(async move {
+                    (r, key, self.process(receiver, envelope).await)
+                }));
+            }
+            if state.stop.is_some() && stopped_at.is_none() {
+                let now = Instant::now();
+                stopped_at = Some(now);
+                // A fetch under way may still bring a batch back: give it a moment, then
+                // release what it brought rather than strand it.
+                drain_timer.as_mut().reset(now + SHUTDOWN_SLACK);
+                self.release(beside, queue.drain(..).collect());
+            }
+            if state.stop.is_none()
+                && fetching.is_none()
+                && next_fetch.is_none()
+                && queue.len() <= low_water
+            {
+                let want = self.want(state, queue.len());
+                if want > 0 {
+                    fetching = Some(AbortOnDrop(tokio::spawn(self.fetch(want))));
+                } else if inflight.is_empty() && queue.is_empty() {
+                    state.stop = Some(StopReason::MessageLimit);
+                    continue;
+                }
+            }
+            if inflight.is_empty() && (state.stop.is_some() && fetching.is_none()) {
+                break;
+            }
+            tokio::select! {
+                biased;
+                Some((r, key, done)) = inflight.next() => {
+                    self.settle(beside, r, key, done, state);
+                    if queue.is_empty() && inflight.is_empty() {
+                        // The batch is done: flush its acks now rather than after the linger.
+                        beside.ackers[r].flush();
+                    }
+                    if state.stop.is_none() {
+                        state.stop = self.limit_reached(state);
+                    }
+                }
+                fetched = join_fetch(fetching.as_mut().map(|f| &mut f.0)), if fetching.is_some() => {
+                    fetching = None;
+                    let delay = self.fetched(beside, fetched, &mut queue, all_block, state);
+                    if let Some(delay) = delay {
+                        let at = Instant::now() + delay;
+                        next_fetch = Some(at);
+                        fetch_timer.as_mut().reset(at);
+                    }
+                    if state.stop.is_none() {
+                        state.stop = self.limit_reached(state);
+                    }
+                }
+                () = &mut fetch_timer, if next_fetch.is_some() => {
+                    next_fetch = None;
+                }
+                () = &mut cancelled, if grace_at.is_none() => {
+                    state.stop.get_or_insert(StopReason::Shutdown);
+                    let at = Instant::now() + self.options.grace;
+                    grace_at = Some(at);
+                    grace_timer.as_mut().reset(at);
+                }
+                () = &mut grace_timer, if grace_at.is_some() && !inflight.is_empty() => {
+                    tracing::warn!(abandoned = inflight.len(), "grace period over: leaving in-flight messages for redelivery");
+                    break;
+                }
+                () = &mut drain_timer, if stopped_at.is_some() && inflight.is_empty() => {
+                    // The fetch under way did not come back in time; whatever it claims comes
+                    // back after the redelivery window.
+                    break;
+                }
+            }
+        }
+        drop(fetching);
+        drop(inflight);
+        stopped_at.unwrap_or_else(Instant::now)
+    }
+
+    /// How many messages the next fetch may ask for.
+    fn want(&self, state: &RunState, queued: usize) -> usize {
+        let room = self.options.fetch_size.saturating_sub(queued).max(1);
+        match self.options.limit {
+            Some(limit) => {
+                let left = limit.saturating_sub(state.stats.received + queued as u64);
+                room.min(usize::try_from(left).unwrap_or(usize::MAX))
+            }
+            None => room,
+        }
+    }
+
+    /// One round over the receivers in priority order (the first batch wins), as a task.
+    fn fetch(&self, want: usize) -> impl Future<Output = Fetched> + Send + 'static {
+        let transports: Vec<_> = self.receivers.iter().map(|r| r.transport.clone()).collect();
+        async move {
+            let mut errors = Vec::new();
+            for (i, transport) in transports.iter().enumerate() {
+                match transport.get(want).await {
+                    Ok(batch) if batch.is_empty() => {}
+                    Ok(batch) => {
+                        return Fetched {
+                            batch: Some((i, batch)),
+                            errors,
+                        };
+                    }
+                    Err(e) => errors.push((i, e)),
+                }
+            }
+            Fetched {
+                batch: None,
+                errors,
+            }
+        }
+    }
+
+    /// Takes a fetch's result: holds and queues its batch (or releases it when stopping) and
+    /// says how long to wait before the next fetch.
+    fn fetched(
+        &self,
+        beside: &mut Beside,
+        fetched: Fetched,
+        queue: &mut VecDeque<(usize, u64, Envelope)>,
+        all_block: bool,
+        state: &mut RunState,
+    ) -> Option<Duration> {
+        for (i, e) in &fetched.errors {
+            let name = &self.receivers[*i].name;
+            tracing::warn!(messaging.destination.name = %name, error = %e, "get failed");
+            self.emit(&WorkerEvent::TransportError {
+                transport: name.clone(),
+                error: e.to_string(),
+            });
+        }
+        let failed = !fetched.errors.is_empty();
+        state.error_backoff = if failed {
+            (state.error_backoff * 2).clamp(Duration::from_millis(100), MAX_ERROR_BACKOFF)
+        } else {
+            Duration::ZERO
+        };
+        match fetched.batch {
+            Some((r, batch)) => {
+                let held: Vec<_> = batch
+                    .into_iter()
+                    .map(|envelope| (beside.held.hold(r, envelope.clone()), envelope))
+                    .collect();
+                if state.stop.is_some() {
+                    self.release(beside, held.into_iter().map(|(k, e)| (r, k, e)).collect());
+                } else {
+                    queue.extend(held.into_iter().map(|(k, e)| (r, k, e)));
+                }
+                failed.then_some(state.error_backoff)
+            }
+            None if failed => Some(state.error_backoff),
+            None => {
+                self.emit_with(|| WorkerEvent::Idle);
+                (!all_block).then_some(self.options.sleep)
+            }
+        }
+    }
+
+    /// Records what became of a message and hands its ack to the receiver's flusher.
+    fn settle(&self, beside: &mut Beside, r: usize, key: u64, done: Done, state: &mut RunState) {
+        if done.failed {
+            state.stats.failed += 1;
+        }
+        match done.outcome {
+            Outcome::Ack(envelope) => {
+                state.stats.handled += 1;
+                beside.ackers[r].ack(key, envelope);
+            }
+            Outcome::Moved(envelope) => {
+                state.stats.moved_to_failure += 1;
+                beside.ackers[r].ack(key, envelope);
+            }
+            Outcome::Retried => {
+                state.stats.retried += 1;
+                beside.held.release_keys([key]);
+            }
+            Outcome::Left => {
+                state.stats.left_for_redelivery += 1;
+                beside.held.release_keys([key]);
+            }
+        }
+    }
+
+    /// Puts unstarted messages back on their transports, on tasks beside the loop.
+    fn release(&self, beside: &mut Beside, messages: Vec<(usize, u64, Envelope)>) {
+        let mut by_receiver: Vec<Vec<(u64, Envelope)>> = vec![Vec::new(); self.receivers.len()];
+        for (r, key, envelope) in messages {
+            by_receiver[r].push((key, envelope));
+        }
+        for (receiver, messages) in self.receivers.iter().zip(by_receiver) {
+            if messages.is_empty() {
+                continue;
+            }
+            beside.releases.push(io::spawn_release(
+                receiver.name.clone(),
+                receiver.transport.clone(),
+                beside.held.clone(),
+                messages,
+            ));
+        }
+    }
+
+    /// Flushes the last acks and waits for the releases, until the grace period has passed
+    /// since the stop and one second more; what is still held then is left for redelivery.
+    async fn finish(&self, beside: Beside, stopped_at: Instant, state: &mut RunState) {
+        let Beside {
+            held,
+            ackers,
+            ack_tasks,
+            keepalive,
+            releases,
+        } = beside;
+        drop(ackers);
+        let deadline = (stopped_at + self.options.grace).max(Instant::now()) + SHUTDOWN_SLACK;
+        for task in ack_tasks {
+            let abort = task.abort_handle();
+            match tokio::time::timeout_at(deadline, task).await {
+                Ok(Ok(stats)) => state.stats.left_for_redelivery += stats.failed,
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    abort.abort();
+                    tracing::warn!(
+                        "ack flush did not finish in time; the messages will be redelivered"
+                    );
+                }
+            }
+        }
+        for task in releases {
+            let abort = task.abort_handle();
+            match tokio::time::timeout_at(deadline, task).await {
+                Ok(Ok(released)) => state.stats.released += released,
+                Ok(Err(_)) => {}
+                Err(_) => abort.abort(),
+            }
+        }
+        drop(keepalive);
+        let left = held.drain();
+        if !left.is_empty() {
+            tracing::warn!(
+                count = left.len(),
+                "stopping with unsettled messages; they will be redelivered"
+            );
+        }
+        state.stats.left_for_redelivery += left.len() as u64;
+        for (r, envelope) in left {
+            self.emit_with(|| WorkerEvent::LeftForRedelivery {
+                transport: self.receivers[r].name.clone(),
+                id: envelope.id().map(str::to_owned),
+                reason: "not settled when the worker stopped".into(),
+            });
+        }
+    }
+
+    pub(super) fn emit(&self, event: &WorkerEvent) {
         for l in &self.listeners {
             l(event);
         }
     }
 
     /// Emits an event built only when someone listens (events allocate; the hot path must not).
-    fn emit_with(&self, event: impl FnOnce() -> WorkerEvent) {
+    pub(super) fn emit_with(&self, event: impl FnOnce() -> WorkerEvent) {
         if !self.listeners.is_empty() {
             self.emit(&event());
         }
@@ -162,297 +458,23 @@ impl Worker {
         }
         None
     }
+}
 
-    async fn process_batch(
-        &self,
-        receiver: &Receiver,
-        batch: Vec<Envelope>,
-        shutdown: &CancellationToken,
-        state: &mut RunState,
-    ) {
-        type Task<'a> = Pin<Box<dyn Future<Output = (usize, Done)> + Send + 'a>>;
-        let mut queue: VecDeque<(usize, Envelope)> = batch.into_iter().enumerate().collect();
-        let mut inflight: FuturesUnordered<Task<'_>> = FuturesUnordered::new();
-        let mut live: Vec<Option<Envelope>> = vec![None; queue.len()];
-        let mut pending_acks: Vec<Envelope> = Vec::new();
-        let mut linger: Option<Instant> = None;
-        let mut grace: Option<Instant> = None;
-        // Timers and the shutdown wait live across iterations: creating them per message would
-        // register and deregister them with the runtime for every message.
-        let far = Duration::from_secs(86_400 * 365);
-        let linger_timer = tokio::time::sleep(far);
-        let grace_timer = tokio::time::sleep(far);
-        let cancelled = shutdown.cancelled();
-        tokio::pin!(linger_timer, grace_timer, cancelled);
-        let mut keepalive = self
-            .options
-            .keepalive
-            .map(|i| tokio::time::interval_at(Instant::now() + i, i));
-        // In-flight envelopes are kept only for whoever needs them: keepalive and listeners.
-        let track = self.options.keepalive.is_some() || !self.listeners.is_empty();
-        loop {
-            while state.stop.is_none() && inflight.len() < self.options.concurrency {
-                let Some((idx, envelope)) = queue.pop_front() else {
-                    break;
-                };
-                state.stats.received += 1;
-                if track {
-                    live[idx] = Some(envelope.clone());
-                }
-                inflight.push(Box::pin(async move {
-                    (idx, self.process(receiver, envelope).await)
-                }));
-            }
-            if inflight.is_empty() {
-                break;
-            }
-            tokio::select! {
-                biased;
-                Some((idx, done)) = inflight.next() => {
-                    live[idx] = None;
-                    if done.failed {
-                        state.stats.failed += 1;
-                    }
-                    match done.outcome {
-                        Outcome::Ack(envelope) => {
-                            state.stats.handled += 1;
-                            pending_acks.push(envelope);
-                        }
-                        Outcome::Moved(envelope) => {
-                            state.stats.moved_to_failure += 1;
-                            pending_acks.push(envelope);
-                        }
-                        Outcome::Retried => state.stats.retried += 1,
-                        Outcome::Left => state.stats.left_for_redelivery += 1,
-                    }
-                    if linger.is_none() && !pending_acks.is_empty() {
-                        let at = Instant::now() + self.options.ack_linger;
-                        linger = Some(at);
-                        linger_timer.as_mut().reset(at);
-                    }
-                    if state.stop.is_none() {
-                        state.stop = self.limit_reached(state);
-                    }
-                }
-                () = &mut linger_timer, if linger.is_some() => {
-                    self.flush_acks(receiver, &mut pending_acks, state).await;
-                    linger = None;
-                }
-                () = &mut cancelled, if grace.is_none() => {
-                    state.stop.get_or_insert(StopReason::Shutdown);
-                    let at = Instant::now() + self.options.grace;
-                    grace = Some(at);
-                    grace_timer.as_mut().reset(at);
-                }
-                () = &mut grace_timer, if grace.is_some() => {
-                    let abandoned = inflight.len() as u64;
-                    tracing::warn!(abandoned, "grace period over: leaving in-flight messages for redelivery");
-                    state.stats.left_for_redelivery += abandoned;
-                    for envelope in live.iter().flatten() {
-                        self.emit_with(|| WorkerEvent::LeftForRedelivery {
-                            transport: receiver.name.clone(),
-                            id: envelope.id().map(str::to_owned),
-                            reason: "grace period over".into(),
-                        });
-                    }
-                    break;
-                }
-                _ = async { match keepalive.as_mut() { Some(k) => k.tick().await, None => std::future::pending().await } } => {
-                    for envelope in live.iter().flatten() {
-                        if let Err(e) = receiver.transport.keepalive(envelope).await {
-                            tracing::warn!(messaging.destination.name = %receiver.name, error = %e, "keepalive failed");
-                        }
-                    }
-                }
+/// Waits for the fetch task (a fetch that panicked counts as an empty round); without one,
+/// never resolves (the select's guard has ruled that branch out).
+async fn join_fetch(fetch: Option<&mut JoinHandle<Fetched>>) -> Fetched {
+    let Some(fetch) = fetch else {
+        return std::future::pending().await;
+    };
+    match fetch.await {
+        Ok(fetched) => fetched,
+        Err(e) => {
+            tracing::error!(error = %e, "the fetch task failed");
+            Fetched {
+                batch: None,
+                errors: Vec::new(),
             }
         }
-        drop(inflight);
-        self.flush_acks(receiver, &mut pending_acks, state).await;
-        if !queue.is_empty() {
-            // Stopping mid-batch: put the unprocessed messages back at once, unchanged.
-            for (_, envelope) in queue {
-                if let Err(e) = receiver.transport.retry(envelope, Duration::ZERO).await {
-                    tracing::warn!(messaging.destination.name = %receiver.name, error = %e, "could not release a message; it will be redelivered");
-                }
-            }
-        }
-    }
-
-    async fn flush_acks(
-        &self,
-        receiver: &Receiver,
-        pending: &mut Vec<Envelope>,
-        state: &mut RunState,
-    ) {
-        if pending.is_empty() {
-            return;
-        }
-        let batch = std::mem::take(pending);
-        if let Err(e) = receiver.transport.ack_batch(&batch).await {
-            tracing::warn!(messaging.destination.name = %receiver.name, error = %e, count = batch.len(), "ack failed; the messages will be redelivered");
-            self.emit(&WorkerEvent::TransportError {
-                transport: receiver.name.clone(),
-                error: e.to_string(),
-            });
-            state.stats.left_for_redelivery += batch.len() as u64;
-        }
-    }
-
-    async fn process(&self, receiver: &Receiver, envelope: Envelope) -> Done {
-        let id = envelope.id().map(str::to_owned);
-        let span = tracing::info_span!(
-            "courier.handle",
-            messaging.system = "courier",
-            messaging.destination.name = %receiver.name,
-            messaging.message.id = id.as_deref().unwrap_or(""),
-            messaging.message.type = envelope.message_name(),
-        );
-        self.process_inner(receiver, envelope.with_shared(&receiver.received), id)
-            .instrument(span)
-            .await
-    }
-
-    async fn process_inner(
-        &self,
-        receiver: &Receiver,
-        envelope: Envelope,
-        id: Option<String>,
-    ) -> Done {
-        self.emit_with(|| WorkerEvent::Received {
-            transport: receiver.name.clone(),
-            message: envelope.message_name().to_owned(),
-            id: id.clone(),
-        });
-        if let Some(error) = envelope.decode_error() {
-            let details = ErrorDetailsStamp::from_error("decode", error);
-            tracing::warn!(error = %error, "message does not decode");
-            self.emit_with(|| WorkerEvent::Failed {
-                transport: receiver.name.clone(),
-                message: envelope.message_name().to_owned(),
-                id: id.clone(),
-                error: error.to_string(),
-                will_retry: false,
-            });
-            let outcome = self
-                .move_to_failure(receiver, envelope.clone(), envelope, details, id)
-                .await;
-            return Done {
-                outcome,
-                failed: true,
-            };
-        }
-        let bus = envelope
-            .last::<BusNameStamp>()
-            .and_then(|b| self.buses.get(&b.0))
-            .unwrap_or(&self.default_bus);
-        let trace = envelope.last::<TraceContextStamp>().cloned();
-        let started = Instant::now();
-        let err = match with_trace_context(trace, bus.dispatch(envelope.clone())).await {
-            Ok(_) => {
-                self.emit_with(|| WorkerEvent::Handled {
-                    transport: receiver.name.clone(),
-                    message: envelope.message_name().to_owned(),
-                    id,
-                    elapsed: started.elapsed(),
-                });
-                return Done {
-                    outcome: Outcome::Ack(envelope),
-                    failed: false,
-                };
-            }
-            Err(e) => e,
-        };
-        let decision = decide(&*receiver.retry, &envelope, &err);
-        let will_retry = matches!(decision, RetryDecision::Retry(_));
-        tracing::warn!(error = %err, will_retry, "handling failed");
-        self.emit_with(|| WorkerEvent::Failed {
-            transport: receiver.name.clone(),
-            message: envelope.message_name().to_owned(),
-            id: id.clone(),
-            error: err.to_string(),
-            will_retry,
-        });
-        let details = ErrorDetailsStamp::from_error(err.class(), &err);
-        let after = match err {
-            BusError::HandlerFailed {
-                envelope: handled, ..
-            } => *handled,
-            _ => envelope.clone(),
-        };
-        let outcome = match decision {
-            RetryDecision::Retry(delay) => {
-                let count = retry_count(&envelope) + 1;
-                let next = after
-                    .with_error_details(details)
-                    .with(RedeliveryStamp::new(count));
-                match receiver.transport.retry(next, delay).await {
-                    Ok(()) => {
-                        self.emit_with(|| WorkerEvent::Retried {
-                            transport: receiver.name.clone(),
-                            id,
-                            retry_count: count,
-                            delay,
-                        });
-                        Outcome::Retried
-                    }
-                    Err(e) => self.left(receiver, id, format!("retry failed: {e}")),
-                }
-            }
-            RetryDecision::Reject => {
-                self.move_to_failure(receiver, envelope, after, details, id)
-                    .await
-            }
-        };
-        Done {
-            outcome,
-            failed: true,
-        }
-    }
-
-    async fn move_to_failure(
-        &self,
-        receiver: &Receiver,
-        original: Envelope,
-        after: Envelope,
-        details: ErrorDetailsStamp,
-        id: Option<String>,
-    ) -> Outcome {
-        let Some((failure_name, failure)) = &receiver.failure else {
-            return self.left(
-                receiver,
-                id,
-                "failed and no failure transport is configured".into(),
-            );
-        };
-        let moved = after
-            .with_error_details(details)
-            .with(SentToFailureTransportStamp::new(receiver.name.clone()))
-            .without_all::<crate::DelayStamp>();
-        match failure.send(moved).await {
-            Ok(_) => {
-                self.emit_with(|| WorkerEvent::MovedToFailureTransport {
-                    transport: receiver.name.clone(),
-                    failure_transport: failure_name.clone(),
-                    id,
-                });
-                Outcome::Moved(original)
-            }
-            Err(e) => self.left(
-                receiver,
-                id,
-                format!("could not move to failure transport `{failure_name}`: {e}"),
-            ),
-        }
-    }
-
-    fn left(&self, receiver: &Receiver, id: Option<String>, reason: String) -> Outcome {
-        tracing::warn!(messaging.destination.name = %receiver.name, reason = %reason, "message left for redelivery");
-        self.emit_with(|| WorkerEvent::LeftForRedelivery {
-            transport: receiver.name.clone(),
-            id,
-            reason,
-        });
-        Outcome::Left
     }
 }
 

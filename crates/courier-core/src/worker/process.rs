@@ -1,0 +1,187 @@
+//! What the worker does with one message: dispatch it, then ack, retry or move it.
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::{Receiver, Worker, WorkerEvent};
+use crate::retry::{RetryDecision, decide};
+use crate::{
+    BusError, BusNameStamp, Envelope, ErrorDetailsStamp, RedeliveryStamp,
+    SentToFailureTransportStamp, TraceContextStamp, retry_count, with_trace_context,
+};
+
+/// What became of one message.
+pub(super) enum Outcome {
+    /// Handled: ack it.
+    Ack(Envelope),
+    /// Moved to the failure transport: ack it.
+    Moved(Envelope),
+    /// Put back by `Transport::retry` (which acked the old delivery itself).
+    Retried,
+    /// Not acked: it will be delivered again.
+    Left,
+}
+
+pub(super) struct Done {
+    pub(super) outcome: Outcome,
+    pub(super) failed: bool,
+}
+
+impl Worker {
+    pub(super) async fn process(&self, receiver: &Receiver, envelope: Envelope) -> Done {
+        let id = envelope.id().map(str::to_owned);
+        let span = tracing::info_span!(
+            "courier.handle",
+            messaging.system = "courier",
+            messaging.destination.name = %receiver.name,
+            messaging.message.id = id.as_deref().unwrap_or(""),
+            messaging.message.type = envelope.message_name(),
+        );
+        self.process_inner(receiver, envelope.with_shared(&receiver.received), id)
+            .instrument(span)
+            .await
+    }
+
+    async fn process_inner(
+        &self,
+        receiver: &Receiver,
+        envelope: Envelope,
+        id: Option<String>,
+    ) -> Done {
+        self.emit_with(|| WorkerEvent::Received {
+            transport: receiver.name.clone(),
+            message: envelope.message_name().to_owned(),
+            id: id.clone(),
+        });
+        if let Some(error) = envelope.decode_error() {
+            let details = ErrorDetailsStamp::from_error("decode", error);
+            tracing::warn!(error = %error, "message does not decode");
+            self.emit_with(|| WorkerEvent::Failed {
+                transport: receiver.name.clone(),
+                message: envelope.message_name().to_owned(),
+                id: id.clone(),
+                error: error.to_string(),
+                will_retry: false,
+            });
+            let outcome = self
+                .move_to_failure(receiver, envelope.clone(), envelope, details, id)
+                .await;
+            return Done {
+                outcome,
+                failed: true,
+            };
+        }
+        let bus = envelope
+            .last::<BusNameStamp>()
+            .and_then(|b| self.buses.get(&b.0))
+            .unwrap_or(&self.default_bus);
+        let trace = envelope.last::<TraceContextStamp>().cloned();
+        let started = Instant::now();
+        let err = match with_trace_context(trace, bus.dispatch(envelope.clone())).await {
+            Ok(_) => {
+                self.emit_with(|| WorkerEvent::Handled {
+                    transport: receiver.name.clone(),
+                    message: envelope.message_name().to_owned(),
+                    id,
+                    elapsed: started.elapsed(),
+                });
+                return Done {
+                    outcome: Outcome::Ack(envelope),
+                    failed: false,
+                };
+            }
+            Err(e) => e,
+        };
+        let decision = decide(&*receiver.retry, &envelope, &err);
+        let will_retry = matches!(decision, RetryDecision::Retry(_));
+        tracing::warn!(error = %err, will_retry, "handling failed");
+        self.emit_with(|| WorkerEvent::Failed {
+            transport: receiver.name.clone(),
+            message: envelope.message_name().to_owned(),
+            id: id.clone(),
+            error: err.to_string(),
+            will_retry,
+        });
+        let details = ErrorDetailsStamp::from_error(err.class(), &err);
+        let after = match err {
+            BusError::HandlerFailed {
+                envelope: handled, ..
+            } => *handled,
+            _ => envelope.clone(),
+        };
+        let outcome = match decision {
+            RetryDecision::Retry(delay) => {
+                let count = retry_count(&envelope) + 1;
+                let next = after
+                    .with_error_details(details)
+                    .with(RedeliveryStamp::new(count));
+                match receiver.transport.retry(next, delay).await {
+                    Ok(()) => {
+                        self.emit_with(|| WorkerEvent::Retried {
+                            transport: receiver.name.clone(),
+                            id,
+                            retry_count: count,
+                            delay,
+                        });
+                        Outcome::Retried
+                    }
+                    Err(e) => self.left(receiver, id, format!("retry failed: {e}")),
+                }
+            }
+            RetryDecision::Reject => {
+                self.move_to_failure(receiver, envelope, after, details, id)
+                    .await
+            }
+        };
+        Done {
+            outcome,
+            failed: true,
+        }
+    }
+
+    async fn move_to_failure(
+        &self,
+        receiver: &Receiver,
+        original: Envelope,
+        after: Envelope,
+        details: ErrorDetailsStamp,
+        id: Option<String>,
+    ) -> Outcome {
+        let Some((failure_name, failure)) = &receiver.failure else {
+            return self.left(
+                receiver,
+                id,
+                "failed and no failure transport is configured".into(),
+            );
+        };
+        let moved = after
+            .with_error_details(details)
+            .with(SentToFailureTransportStamp::new(receiver.name.clone()))
+            .without_all::<crate::DelayStamp>();
+        match failure.send(moved).await {
+            Ok(_) => {
+                self.emit_with(|| WorkerEvent::MovedToFailureTransport {
+                    transport: receiver.name.clone(),
+                    failure_transport: failure_name.clone(),
+                    id,
+                });
+                Outcome::Moved(original)
+            }
+            Err(e) => self.left(
+                receiver,
+                id,
+                format!("could not move to failure transport `{failure_name}`: {e}"),
+            ),
+        }
+    }
+
+    fn left(&self, receiver: &Receiver, id: Option<String>, reason: String) -> Outcome {
+        tracing::warn!(messaging.destination.name = %receiver.name, reason = %reason, "message left for redelivery");
+        self.emit_with(|| WorkerEvent::LeftForRedelivery {
+            transport: receiver.name.clone(),
+            id,
+            reason,
+        });
+        Outcome::Left
+    }
+}

@@ -1,0 +1,203 @@
+//! The worker's I/O beside its handlers: every held message kept alive, a dead worker's messages
+//! back within the redelivery window, and a stalled server that delays nothing but itself.
+//! On tokio's paused clock.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use courier_core::{
+    CancellationToken, Capabilities, Envelope, HandlerError, InMemoryTransport, Message,
+    MessageBus, StopReason, Transport, TransportError, Worker, async_trait,
+};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct Job(u32);
+impl Message for Job {
+    const NAME: &'static str = "test.job";
+}
+
+async fn queue_with(n: u32) -> Arc<InMemoryTransport> {
+    let q = Arc::new(InMemoryTransport::new());
+    for i in 0..n {
+        q.send(Envelope::new(Job(i))).await.unwrap();
+    }
+    q
+}
+
+/// A bus whose handler takes `each` per message and counts the messages it finished.
+fn slow_bus(each: Duration) -> (MessageBus, Arc<AtomicUsize>) {
+    let done = Arc::new(AtomicUsize::new(0));
+    let d = done.clone();
+    let bus = MessageBus::builder()
+        .handler_fn("slow", move |_: Arc<Job>| {
+            let d = d.clone();
+            async move {
+                tokio::time::sleep(each).await;
+                d.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .build();
+    (bus, done)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_workers_unstarted_messages_come_back_within_the_default_window() {
+    let q = queue_with(10).await;
+    let (bus, _) = slow_bus(Duration::from_secs(3600));
+    let worker = Worker::builder(bus).receiver("async", q.clone()).build();
+    let run = tokio::spawn(worker.run(CancellationToken::new()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        q.get(32).await.unwrap().is_empty(),
+        "the worker holds all ten"
+    );
+    run.abort(); // the worker dies without releasing anything
+    let _ = run.await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(
+        q.get(32).await.unwrap().len(),
+        10,
+        "a dead worker's messages, started or not, are back within a minute"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_live_workers_unstarted_messages_are_kept_alive() {
+    let q = queue_with(10).await;
+    let (bus, done) = slow_bus(Duration::from_secs(60));
+    let worker = Worker::builder(bus).receiver("async", q.clone()).build();
+    let token = CancellationToken::new();
+    let run = tokio::spawn(worker.run(token.clone()));
+    tokio::time::sleep(Duration::from_secs(150)).await;
+    assert_eq!(done.load(Ordering::SeqCst), 2);
+    assert!(
+        q.get(32).await.unwrap().is_empty(),
+        "minutes past the window, nothing the live worker holds is delivered again"
+    );
+    token.cancel();
+    let stats = run.await.unwrap().unwrap();
+    assert_eq!((stats.handled, stats.released), (3, 7));
+    assert_eq!(q.get(32).await.unwrap().len(), 7, "released at shutdown");
+}
+
+/// An in-memory transport whose server stops answering acks and releases while `stalled` is
+/// set; counts keepalive calls.
+#[derive(Debug)]
+struct Stalling {
+    inner: Arc<InMemoryTransport>,
+    stalled: AtomicBool,
+    keepalives: AtomicUsize,
+}
+
+impl Stalling {
+    async fn stall(&self) {
+        if self.stalled.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for Stalling {
+    async fn send(&self, e: Envelope) -> Result<Envelope, TransportError> {
+        self.inner.send(e).await
+    }
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.inner.get(max).await
+    }
+    async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.stall().await;
+        self.inner.ack(e).await
+    }
+    async fn reject(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.reject(e).await
+    }
+    async fn retry(&self, e: Envelope, delay: Duration) -> Result<(), TransportError> {
+        self.stall().await;
+        self.inner.retry(e, delay).await
+    }
+    async fn keepalive(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.keepalives.fetch_add(1, Ordering::SeqCst);
+        self.inner.keepalive(e).await
+    }
+    async fn ack_batch(&self, es: &[Envelope]) -> Result<(), TransportError> {
+        self.stall().await;
+        self.inner.ack_batch(es).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+async fn stalling(n: u32) -> Arc<Stalling> {
+    Arc::new(Stalling {
+        inner: queue_with(n).await,
+        stalled: AtomicBool::new(true),
+        keepalives: AtomicUsize::new(0),
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ack_stalled_on_the_server_stops_neither_handlers_nor_keepalives() {
+    let t = stalling(3).await;
+    let (bus, done) = slow_bus(Duration::from_secs(1));
+    let worker = Worker::builder(bus)
+        .receiver("async", t.clone())
+        .keepalive(Some(Duration::from_secs(1)))
+        .build();
+    let token = CancellationToken::new();
+    let run = tokio::spawn(worker.run(token.clone()));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        3,
+        "every handler ran while the first ack hung"
+    );
+    assert!(
+        t.keepalives.load(Ordering::SeqCst) >= 9,
+        "keepalives went on during the stall: {}",
+        t.keepalives.load(Ordering::SeqCst)
+    );
+    assert!(
+        t.inner.get(10).await.unwrap().is_empty(),
+        "handled but unacked messages are still kept alive, not redelivered"
+    );
+    t.stalled.store(false, Ordering::SeqCst);
+    token.cancel();
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_takes_at_most_a_second_past_the_grace_period_whatever_the_server_does() {
+    let t = stalling(8).await;
+    let (bus, _) = slow_bus(Duration::from_secs(3));
+    let worker = Worker::builder(bus)
+        .receiver("async", t.clone())
+        .grace(Duration::from_secs(5))
+        .build();
+    let token = CancellationToken::new();
+    let run = tokio::spawn(worker.run(token.clone()));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let asked = Instant::now();
+    token.cancel();
+    let stats = run.await.unwrap().unwrap();
+    let took = asked.elapsed();
+    assert_eq!(stats.stop_reason, Some(StopReason::Shutdown));
+    assert!(
+        took <= Duration::from_secs(6),
+        "grace 5 s + 1 s at most, took {took:?}"
+    );
+    assert_eq!(
+        stats.handled, 2,
+        "the in-flight handler finished in the grace"
+    );
+    assert_eq!(
+        stats.left_for_redelivery, 8,
+        "nothing could be acked or released: all eight are left for redelivery"
+    );
+}
