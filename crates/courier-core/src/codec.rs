@@ -8,8 +8,14 @@
 //! | `content-type` | `application/json` |
 //! | `x-courier-stamp-<name>` | a JSON list of the sendable stamps of that kind, oldest first |
 //!
-//! Any other header is kept verbatim. A producer in another language enqueues a message by
-//! writing that body and the `type` header:
+//! Any other header is kept verbatim. A message that does not decode keeps its wire form: sent
+//! on (to the failure transport, and back by `failed retry`) it has the same body bytes and
+//! headers, plus the stamps added since, so it stays undecodable for the same reason. A body
+//! that is not UTF-8 travels as base64 under `x-courier-body-encoding: base64`, and headers
+//! that were not a JSON object travel verbatim in `x-courier-raw-headers`.
+//!
+//! A producer in another language enqueues a message by writing that body and the `type`
+//! header:
 //!
 //! ```
 //! use courier_core::{Encoded, Message, MessageRegistry, RedeliveryStamp};
@@ -38,6 +44,15 @@ use serde_json::value::RawValue;
 use crate::Message;
 use crate::envelope::{RawSlot, Slot};
 use crate::message::{AnyMessage, Payload};
+
+mod raw;
+
+pub(crate) use raw::RawParts;
+pub use raw::{
+    BASE64_ENCODING, BODY_ENCODING_HEADER, RAW_HEADERS_BASE64_HEADER, RAW_HEADERS_HEADER,
+};
+use raw::{ContentType, push_raw_headers, unreadable_headers};
+use raw::{base64_decode, base64_encode};
 
 /// The `type` header.
 pub const TYPE_HEADER: &str = "type";
@@ -153,6 +168,20 @@ pub enum DecodeError {
         #[source]
         source: serde_json::Error,
     },
+    /// The body's bytes are not UTF-8 text (a binary body, or a value of another type read
+    /// as bytes).
+    #[error("body is not UTF-8 text")]
+    BodyNotText {
+        /// Where the bytes stop being UTF-8.
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    /// The body's [`BODY_ENCODING_HEADER`] is unknown, or the body does not decode with it.
+    #[error("body does not decode as `{encoding}` (the only known body encoding is base64)")]
+    InvalidBodyEncoding {
+        /// The encoding named.
+        encoding: String,
+    },
 }
 
 /// Could not encode an envelope.
@@ -259,7 +288,24 @@ impl MessageRegistry {
     pub fn decode_json(&self, body: String, headers: &str) -> Envelope {
         match serde_json::from_str::<HeaderSink<'_>>(headers) {
             Ok(sink) => sink.finish(self, body),
-            Err(source) => invalid_headers(body, source),
+            Err(source) => unreadable_headers(body.into_bytes(), headers.as_bytes(), source),
+        }
+    }
+
+    /// Decodes a message whose body may not be UTF-8 text (an AMQP body, say). Never fails: a
+    /// body that is not UTF-8 gives an envelope whose [`Envelope::decode_error`] is
+    /// [`DecodeError::BodyNotText`], keeping the bytes (see [`Envelope::undecodable_body`]).
+    #[must_use]
+    pub fn decode_bytes(&self, body: Vec<u8>, headers: BTreeMap<String, String>) -> Envelope {
+        match String::from_utf8(body) {
+            Ok(body) => self.decode(Encoded { body, headers }),
+            Err(e) => {
+                let mut sink = HeaderSink::with_capacity(headers.len());
+                for (key, value) in headers {
+                    sink.push(Cow::Owned(key), Cow::Owned(value));
+                }
+                sink.finish_not_text(self, e)
+            }
         }
     }
 
@@ -310,6 +356,31 @@ impl fmt::Debug for JsonDecoder<'_> {
 }
 
 impl JsonDecoder<'_> {
+    /// Decodes one message stored as bytes: a body that may not be UTF-8 and headers that may
+    /// be missing (`None`, read as no headers) or not text. Never fails, and never fails on the
+    /// bytes: what does not decode is an envelope whose [`Envelope::decode_error`] says why and
+    /// that keeps the bytes, so it can go to the failure transport as it was stored.
+    #[must_use]
+    pub fn decode_bytes(&mut self, body: Vec<u8>, headers: Option<&[u8]>) -> Envelope {
+        let headers = headers.unwrap_or(b"{}");
+        let text = match std::str::from_utf8(headers) {
+            Ok(text) => text,
+            Err(e) => {
+                let source = <serde_json::Error as serde::de::Error>::custom(format_args!(
+                    "headers are not UTF-8 text ({e})"
+                ));
+                return unreadable_headers(body, headers, source);
+            }
+        };
+        match String::from_utf8(body) {
+            Ok(body) => self.decode(body, text),
+            Err(e) => match serde_json::from_str::<HeaderSink<'_>>(text) {
+                Ok(sink) => sink.finish_not_text(self.registry, e),
+                Err(source) => unreadable_headers(e.into_bytes(), headers, source),
+            },
+        }
+    }
+
     /// Decodes one message, exactly as [`MessageRegistry::decode_json`] does.
     #[must_use]
     pub fn decode(&mut self, body: String, headers: &str) -> Envelope {
@@ -328,22 +399,10 @@ impl JsonDecoder<'_> {
                     self.last = Some((headers.to_owned(), prepared));
                     envelope
                 }
-                Err(rejected) => rejected.envelope(body),
+                Err(rejected) => rejected.envelope(body.into_bytes()),
             },
-            Err(source) => invalid_headers(body, source),
+            Err(source) => unreadable_headers(body.into_bytes(), headers.as_bytes(), source),
         }
-    }
-}
-
-fn invalid_headers(body: String, source: serde_json::Error) -> Envelope {
-    Envelope {
-        payload: Payload::Undecodable {
-            name: None,
-            body: Arc::from(body),
-            error: Arc::new(DecodeError::InvalidHeaders { source }),
-        },
-        stamps: Vec::with_capacity(4),
-        extra_headers: None,
     }
 }
 
@@ -354,52 +413,101 @@ struct Prepared {
     decode: DecodeFn,
     stamps: Vec<Slot>,
     extra_headers: Option<Arc<BTreeMap<String, String>>>,
+    content_type: ContentType,
+    /// The body is base64 ([`BODY_ENCODING_HEADER`]).
+    base64: bool,
 }
 
 impl Prepared {
     fn envelope(&self, body: String) -> Envelope {
         let mut stamps = Vec::with_capacity(self.stamps.len() + 4);
         stamps.extend(self.stamps.iter().cloned());
-        Self::finish(
-            self.name,
-            self.decode,
-            stamps,
-            self.extra_headers.clone(),
-            body,
-        )
+        Self::finish(self.parts(), stamps, self.extra_headers.clone(), body)
     }
 
     fn into_envelope(self, body: String) -> Envelope {
-        Self::finish(
-            self.name,
-            self.decode,
-            self.stamps,
-            self.extra_headers,
-            body,
-        )
+        let Self {
+            name,
+            decode,
+            stamps,
+            extra_headers,
+            content_type,
+            base64,
+        } = self;
+        let parts = Parts {
+            name,
+            decode,
+            content_type: &content_type,
+            base64,
+        };
+        Self::finish(parts, stamps, extra_headers, body)
+    }
+
+    fn parts(&self) -> Parts<'_> {
+        Parts {
+            name: self.name,
+            decode: self.decode,
+            content_type: &self.content_type,
+            base64: self.base64,
+        }
     }
 
     fn finish(
-        name: &'static str,
-        decode: DecodeFn,
+        parts: Parts<'_>,
         stamps: Vec<Slot>,
         extra_headers: Option<Arc<BTreeMap<String, String>>>,
         body: String,
     ) -> Envelope {
-        let payload = match decode(&body) {
-            Ok(message) => Payload::Typed {
-                name,
-                message,
-                body: Some(Arc::from(body)),
-            },
-            Err(source) => Payload::Undecodable {
-                name: Some(Arc::from(name)),
+        let undecodable = |body: Vec<u8>, error: DecodeError, body_encoding: Option<String>| {
+            Payload::Undecodable {
+                name: Some(Arc::from(parts.name)),
                 body: Arc::from(body),
-                error: Arc::new(DecodeError::InvalidBody {
-                    name: name.to_owned(),
-                    source,
+                error: Arc::new(error),
+                raw: Arc::new(RawParts {
+                    content_type: parts.content_type.header(),
+                    body_encoding,
+                    ..RawParts::default()
                 }),
+            }
+        };
+        let text = if parts.base64 {
+            match base64_decode(&body).map(String::from_utf8) {
+                Some(Ok(text)) => Ok(text),
+                Some(Err(e)) => Err(undecodable(
+                    e.as_bytes().to_vec(),
+                    DecodeError::BodyNotText {
+                        source: e.utf8_error(),
+                    },
+                    None,
+                )),
+                None => Err(undecodable(
+                    body.into_bytes(),
+                    DecodeError::InvalidBodyEncoding {
+                        encoding: BASE64_ENCODING.to_owned(),
+                    },
+                    Some(BASE64_ENCODING.to_owned()),
+                )),
+            }
+        } else {
+            Ok(body)
+        };
+        let payload = match text {
+            Ok(body) => match (parts.decode)(&body) {
+                Ok(message) => Payload::Typed {
+                    name: parts.name,
+                    message,
+                    body: Some(Arc::from(body)),
+                },
+                Err(source) => undecodable(
+                    body.into_bytes(),
+                    DecodeError::InvalidBody {
+                        name: parts.name.to_owned(),
+                        source,
+                    },
+                    None,
+                ),
             },
+            Err(payload) => payload,
         };
         Envelope {
             payload,
@@ -409,21 +517,46 @@ impl Prepared {
     }
 }
 
+/// What [`Prepared::finish`] needs of a [`Prepared`] besides its stamps.
+#[derive(Clone, Copy)]
+struct Parts<'p> {
+    name: &'static str,
+    decode: DecodeFn,
+    content_type: &'p ContentType,
+    base64: bool,
+}
+
 /// Headers that do not name a usable type: every message carrying them is undecodable.
 struct Rejected {
     name: Option<String>,
     error: DecodeError,
     stamps: Vec<Slot>,
     extra_headers: Option<Arc<BTreeMap<String, String>>>,
+    raw: Box<RawParts>,
 }
 
 impl Rejected {
-    fn envelope(self, body: String) -> Envelope {
+    fn envelope(mut self, body: Vec<u8>) -> Envelope {
+        // A base64 body is kept as its bytes (written back as base64 when they are not text);
+        // one that is not base64 is kept as it came, with its encoding header.
+        let body = match self.raw.body_encoding.as_deref() {
+            Some(BASE64_ENCODING) => {
+                match std::str::from_utf8(&body).ok().and_then(base64_decode) {
+                    Some(bytes) => {
+                        self.raw.body_encoding = None;
+                        bytes
+                    }
+                    None => body,
+                }
+            }
+            _ => body,
+        };
         Envelope {
             payload: Payload::Undecodable {
                 name: self.name.map(Arc::from),
                 body: Arc::from(body),
                 error: Arc::new(self.error),
+                raw: Arc::from(self.raw),
             },
             stamps: self.stamps,
             extra_headers: self.extra_headers,
@@ -464,8 +597,11 @@ impl<'de> serde::Deserialize<'de> for HeaderSink<'de> {
 struct HeaderSink<'a> {
     stamps: Vec<Slot>,
     stamp_error: Option<DecodeError>,
+    /// Stamp headers that are not JSON lists, verbatim.
+    bad_stamps: Vec<(String, String)>,
     name: Option<Cow<'a, str>>,
     content_type: Option<Cow<'a, str>>,
+    body_encoding: Option<Cow<'a, str>>,
     extra: BTreeMap<String, String>,
 }
 
@@ -475,8 +611,10 @@ impl<'a> HeaderSink<'a> {
             // Room for the stamps a receiving worker adds (id, delivery tag, received, handled).
             stamps: Vec::with_capacity(headers + 4),
             stamp_error: None,
+            bad_stamps: Vec::new(),
             name: None,
             content_type: None,
+            body_encoding: None,
             extra: BTreeMap::new(),
         }
     }
@@ -495,6 +633,7 @@ impl<'a> HeaderSink<'a> {
                             header: key.clone().into_owned(),
                             source,
                         });
+                    self.bad_stamps.push((key.into_owned(), value.into_owned()));
                 }
             }
             return;
@@ -502,6 +641,7 @@ impl<'a> HeaderSink<'a> {
         match &*key {
             TYPE_HEADER => self.name = Some(value),
             CONTENT_TYPE_HEADER => self.content_type = Some(value),
+            BODY_ENCODING_HEADER => self.body_encoding = Some(value),
             _ => {
                 self.extra.insert(key.into_owned(), value.into_owned());
             }
@@ -511,7 +651,37 @@ impl<'a> HeaderSink<'a> {
     fn finish(self, registry: &MessageRegistry, body: String) -> Envelope {
         match self.prepare(registry) {
             Ok(prepared) => prepared.into_envelope(body),
-            Err(rejected) => rejected.envelope(body),
+            Err(rejected) => rejected.envelope(body.into_bytes()),
+        }
+    }
+
+    /// The envelope of a message whose body is not UTF-8: undecodable whatever its headers say.
+    fn finish_not_text(
+        self,
+        registry: &MessageRegistry,
+        e: std::string::FromUtf8Error,
+    ) -> Envelope {
+        let error = DecodeError::BodyNotText {
+            source: e.utf8_error(),
+        };
+        let body = e.into_bytes();
+        match self.prepare(registry) {
+            Ok(p) => Rejected {
+                name: Some(p.name.to_owned()),
+                error,
+                stamps: p.stamps,
+                extra_headers: p.extra_headers,
+                raw: Box::new(RawParts {
+                    content_type: p.content_type.header(),
+                    ..RawParts::default()
+                }),
+            }
+            .envelope(body),
+            Err(mut rejected) => {
+                // The bytes are kept as they are; a body encoding named does not apply to them.
+                rejected.raw.body_encoding = None;
+                rejected.envelope(body)
+            }
         }
     }
 
@@ -520,8 +690,10 @@ impl<'a> HeaderSink<'a> {
         let Self {
             stamps,
             stamp_error,
+            bad_stamps,
             name,
             content_type,
+            body_encoding,
             extra,
         } = self;
         let extra_headers = (!extra.is_empty()).then(|| Arc::new(extra));
@@ -536,7 +708,16 @@ impl<'a> HeaderSink<'a> {
                     .is_some_and(|c| !c.starts_with(JSON_CONTENT_TYPE)) =>
             {
                 DecodeError::UnsupportedContentType {
-                    content_type: content_type.map(Cow::into_owned).unwrap_or_default(),
+                    content_type: content_type.as_deref().unwrap_or_default().to_owned(),
+                }
+            }
+            (Some(_), None)
+                if body_encoding
+                    .as_deref()
+                    .is_some_and(|e| e != BASE64_ENCODING) =>
+            {
+                DecodeError::InvalidBodyEncoding {
+                    encoding: body_encoding.as_deref().unwrap_or_default().to_owned(),
                 }
             }
             (Some(n), None) => match registry.decoders.get_key_value(&**n) {
@@ -546,6 +727,8 @@ impl<'a> HeaderSink<'a> {
                         decode: *decode,
                         stamps,
                         extra_headers,
+                        content_type: ContentType::new(content_type),
+                        base64: body_encoding.is_some(),
                     });
                 }
                 None => DecodeError::UnknownType {
@@ -558,6 +741,12 @@ impl<'a> HeaderSink<'a> {
             error,
             stamps,
             extra_headers,
+            raw: Box::new(RawParts {
+                content_type: content_type.map(Cow::into_owned),
+                bad_stamp_headers: bad_stamps,
+                body_encoding: body_encoding.map(Cow::into_owned),
+                unreadable_headers: None,
+            }),
         })
     }
 }
@@ -635,6 +824,7 @@ pub fn encode_json_into(envelope: &Envelope, out: &mut EncodedJson) -> Result<()
     out.headers.clear();
     write_body(envelope, &mut out.body)?;
     let plain = envelope.extra_headers.is_none()
+        && matches!(envelope.payload, Payload::Typed { .. })
         && envelope.stamps.iter().all(|slot| match slot {
             Slot::Typed(s) => !s.sendable(),
             Slot::Raw(_) => false,
@@ -664,10 +854,10 @@ pub fn encode_json_into(envelope: &Envelope, out: &mut EncodedJson) -> Result<()
 
 /// A header name as a prefix and the rest (`x-courier-stamp-` and `delay`), so stamp headers
 /// need no allocation of their own.
-type HeaderKey<'a> = (&'static str, &'a str);
+pub(crate) type HeaderKey<'a> = (&'static str, &'a str);
 
 /// Headers by name, values borrowed from the envelope where they can be.
-type Headers<'a> = Vec<(HeaderKey<'a>, Cow<'a, str>)>;
+pub(crate) type Headers<'a> = Vec<(HeaderKey<'a>, Cow<'a, str>)>;
 
 /// The wire name the payload carries, if any.
 fn payload_name(envelope: &Envelope) -> Option<&str> {
@@ -682,9 +872,15 @@ fn write_body(envelope: &Envelope, out: &mut String) -> Result<(), EncodeError> 
     match &envelope.payload {
         Payload::Typed {
             body: Some(body), ..
-        }
-        | Payload::Undecodable { body, .. } => {
+        } => {
             out.push_str(body);
+            Ok(())
+        }
+        Payload::Undecodable { body, .. } => {
+            match std::str::from_utf8(body) {
+                Ok(text) => out.push_str(text),
+                Err(_) => base64_encode(body, out),
+            }
             Ok(())
         }
         Payload::Typed {
@@ -707,7 +903,8 @@ fn write_body(envelope: &Envelope, out: &mut String) -> Result<(), EncodeError> 
 
 /// The headers of an envelope sorted by name with no duplicates: what the envelope itself sets
 /// (type, content type, one JSON list per stamp kind) wins over an extra header of the same
-/// name.
+/// name. An undecodable envelope gets back the headers it was read with (see
+/// [`push_raw_headers`]), plus the stamps it carries now.
 fn header_list(envelope: &Envelope) -> Result<Headers<'_>, EncodeError> {
     let name = payload_name(envelope);
     let extra = envelope.extra_headers.as_deref();
@@ -715,7 +912,12 @@ fn header_list(envelope: &Envelope) -> Result<Headers<'_>, EncodeError> {
     if let Some(name) = name {
         headers.push((("", TYPE_HEADER), Cow::Borrowed(name)));
     }
-    headers.push((("", CONTENT_TYPE_HEADER), Cow::Borrowed(JSON_CONTENT_TYPE)));
+    match &envelope.payload {
+        Payload::Typed { .. } => {
+            headers.push((("", CONTENT_TYPE_HEADER), Cow::Borrowed(JSON_CONTENT_TYPE)));
+        }
+        Payload::Undecodable { body, raw, .. } => push_raw_headers(&mut headers, body, raw),
+    }
     // One JSON list per stamp kind, written straight into its header value, oldest first.
     let first_stamp = headers.len();
     for slot in &envelope.stamps {
@@ -950,6 +1152,201 @@ mod tests {
         let again = encode(&env).unwrap_or_default();
         assert_eq!(again.body, "{not json");
         assert_eq!(again.headers["type"], "test.greet");
+    }
+
+    /// What the worker does to an undecodable envelope it moves to the failure transport.
+    fn moved_to_failure(env: Envelope) -> Envelope {
+        env.with_error_details(ErrorDetailsStamp::new("decode", "undecodable", vec![]))
+            .with(crate::SentToFailureTransportStamp::new("async"))
+            .without_all::<DelayStamp>()
+    }
+
+    /// Poison messages as stored: body bytes and headers (`Err`: headers that are no map).
+    /// Stored headers: a map, or bytes that are no map.
+    type StoredHeaders = Result<BTreeMap<String, String>, Vec<u8>>;
+
+    fn poisons() -> Vec<(&'static str, Vec<u8>, StoredHeaders)> {
+        let map = |pairs: &[(&str, &str)]| {
+            Ok(pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect())
+        };
+        vec![
+            (
+                "content type",
+                br#"{"who":"a"}"#.to_vec(),
+                map(&[("type", "test.greet"), ("content-type", "text/plain")]),
+            ),
+            (
+                "bad stamp header",
+                br#"{"who":"a"}"#.to_vec(),
+                map(&[
+                    ("type", "test.greet"),
+                    ("x-courier-stamp-redelivery", "{oops"),
+                ]),
+            ),
+            (
+                "bad stamp header beside a good one",
+                br#"{"who":"a"}"#.to_vec(),
+                map(&[
+                    ("type", "test.greet"),
+                    ("x-courier-stamp-handled", "nope"),
+                    ("x-courier-stamp-delay", "[5]"),
+                    ("x-extra", "kept"),
+                ]),
+            ),
+            (
+                "unknown type",
+                br#"{"who":"a"}"#.to_vec(),
+                map(&[
+                    ("type", "test.nobody"),
+                    ("content-type", "application/json"),
+                ]),
+            ),
+            (
+                "bad json",
+                b"{not json".to_vec(),
+                map(&[("type", "test.greet")]),
+            ),
+            ("no type", br#"{"who":"a"}"#.to_vec(), map(&[])),
+            (
+                "binary body",
+                b"\xff\xfe{\"who\":\"a\"}".to_vec(),
+                map(&[("type", "test.greet"), ("content-type", "application/json")]),
+            ),
+            (
+                "unknown body encoding",
+                br#"{"who":"a"}"#.to_vec(),
+                map(&[("type", "test.greet"), ("x-courier-body-encoding", "gzip")]),
+            ),
+            (
+                "base64 body that is not base64",
+                br#"{"who":"a"}"#.to_vec(),
+                map(&[
+                    ("type", "test.greet"),
+                    ("x-courier-body-encoding", "base64"),
+                ]),
+            ),
+            (
+                "headers not json",
+                br#"{"who":"a"}"#.to_vec(),
+                Err(b"not json".to_vec()),
+            ),
+            (
+                "headers not text",
+                b"\x80body".to_vec(),
+                Err(b"{\"type\":\"test.greet\xff\"}".to_vec()),
+            ),
+        ]
+    }
+
+    fn stored(body: &[u8], headers: &StoredHeaders) -> Envelope {
+        match headers {
+            Ok(map) => registry().decode_bytes(body.to_vec(), map.clone()),
+            Err(bytes) => registry()
+                .json_decoder()
+                .decode_bytes(body.to_vec(), Some(bytes)),
+        }
+    }
+
+    #[test]
+    fn an_undecodable_message_moved_to_another_transport_comes_back_as_it_was() {
+        let without_failure_stamps = |e: Envelope| {
+            e.without_all::<ErrorDetailsStamp>()
+                .without_all::<crate::SentToFailureTransportStamp>()
+        };
+        for (what, body, headers) in poisons() {
+            let first = stored(&body, &headers);
+            assert!(first.decode_error().is_some(), "{what}");
+            assert_eq!(first.undecodable_body(), Some(&body[..]), "{what}");
+            let sent = moved_to_failure(first.clone());
+            // Through a transport that stores a header map (AMQP, in-memory) ...
+            let wire = encode(&sent).unwrap_or_default();
+            let back = registry().decode(wire.clone());
+            // ... and one that stores the headers as one JSON text (SQL, Redis).
+            let json = encode_json(&sent).unwrap_or_default();
+            let back_json = registry().json_decoder().decode_bytes(
+                json.body.clone().into_bytes(),
+                Some(json.headers.as_bytes()),
+            );
+            for back in [back, back_json] {
+                assert!(back.decode_error().is_some(), "{what}: still undecodable");
+                assert_eq!(
+                    back.undecodable_body(),
+                    Some(&body[..]),
+                    "{what}: same bytes"
+                );
+                assert_eq!(back.message_name(), first.message_name(), "{what}");
+                assert!(back.last::<ErrorDetailsStamp>().is_some(), "{what}");
+                assert!(
+                    back.last::<crate::SentToFailureTransportStamp>().is_some(),
+                    "{what}"
+                );
+                assert_eq!(encode(&back).ok(), Some(wire.clone()), "{what}: stable");
+                // Retried: the failure stamps go, the message is the one first stored.
+                let retried = without_failure_stamps(back).without_all::<DelayStamp>();
+                let again = registry().decode(encode(&retried).unwrap_or_default());
+                assert!(
+                    again.decode_error().is_some(),
+                    "{what}: retried, still undecodable"
+                );
+                assert_eq!(again.undecodable_body(), Some(&body[..]), "{what}");
+                if let Ok(original) = &headers {
+                    let mut expected = original.clone();
+                    expected.remove("x-courier-stamp-delay");
+                    if std::str::from_utf8(&body).is_err() {
+                        // Bytes that are not text travel as base64, and say so.
+                        expected.insert(BODY_ENCODING_HEADER.to_owned(), "base64".to_owned());
+                    }
+                    assert_eq!(
+                        encode(&retried).map(|w| w.headers).ok(),
+                        Some(expected),
+                        "{what}: the headers as stored"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_is_named_and_travels_as_base64() {
+        let env = registry()
+            .json_decoder()
+            .decode_bytes(vec![0xff, b'{', b'}'], Some(br#"{"type":"test.greet"}"#));
+        assert!(
+            matches!(env.decode_error(), Some(DecodeError::BodyNotText { .. })),
+            "{:?}",
+            env.decode_error()
+        );
+        let wire = encode(&env).unwrap_or_default();
+        assert_eq!(wire.body, "/3t9");
+        assert_eq!(wire.headers[BODY_ENCODING_HEADER], "base64");
+        assert_eq!(wire.headers["type"], "test.greet");
+    }
+
+    #[test]
+    fn a_base64_body_from_a_producer_decodes() {
+        let env = registry().decode(
+            Encoded::new("eyJ3aG8iOiJiNjQifQ==")
+                .header("type", "test.greet")
+                .header(BODY_ENCODING_HEADER, "base64"),
+        );
+        assert_eq!(env.message::<Greet>(), Some(&Greet { who: "b64".into() }));
+        let wire = encode(&env).unwrap_or_default();
+        assert_eq!(wire.body, r#"{"who":"b64"}"#);
+        assert!(!wire.headers.contains_key(BODY_ENCODING_HEADER));
+    }
+
+    #[test]
+    fn missing_headers_read_as_no_headers() {
+        let env = registry()
+            .json_decoder()
+            .decode_bytes(br#"{"who":"a"}"#.to_vec(), None);
+        assert!(matches!(
+            env.decode_error(),
+            Some(DecodeError::MissingHeader { header: "type" })
+        ));
     }
 
     #[test]

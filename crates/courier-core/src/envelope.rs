@@ -157,6 +157,16 @@ impl Envelope {
         }
     }
 
+    /// The body's bytes as they were stored, for an envelope whose message could not be
+    /// decoded ([`Envelope::decode_error`]); they need not be UTF-8.
+    #[must_use]
+    pub fn undecodable_body(&self) -> Option<&[u8]> {
+        match &self.payload {
+            Payload::Typed { .. } => None,
+            Payload::Undecodable { body, .. } => Some(body),
+        }
+    }
+
     /// Adds a stamp (after any of the same kind).
     #[must_use]
     pub fn with<S: Stamp>(mut self, stamp: S) -> Self {

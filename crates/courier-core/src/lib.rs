@@ -55,9 +55,9 @@ pub use bus::{
     with_trace_context,
 };
 pub use codec::{
-    CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded, EncodedJson, JSON_CONTENT_TYPE,
-    JsonDecoder, MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode, encode_json,
-    encode_json_into,
+    BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,
+    EncodedJson, JSON_CONTENT_TYPE, JsonDecoder, MessageRegistry, RAW_HEADERS_BASE64_HEADER,
+    RAW_HEADERS_HEADER, STAMP_HEADER_PREFIX, TYPE_HEADER, encode, encode_json, encode_json_into,
 };
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;

@@ -63,8 +63,11 @@ pub(crate) enum Payload {
     },
     Undecodable {
         name: Option<Arc<str>>,
-        body: Arc<str>,
+        /// The body's bytes as stored (not necessarily UTF-8).
+        body: Arc<[u8]>,
         error: Arc<crate::DecodeError>,
+        /// What else of the wire form must survive a move to another transport.
+        raw: Arc<crate::codec::RawParts>,
     },
 }
 

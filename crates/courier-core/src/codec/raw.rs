@@ -1,0 +1,193 @@
+//! What an undecodable message keeps of its wire form, so that moving it to another transport
+//! (the failure transport) and back gives the same message: the same body bytes, the same
+//! headers, and the same reason not to decode.
+//!
+//! Bodies are text on every transport Courier writes; a body that is not UTF-8 travels as
+//! base64 with the header [`BODY_ENCODING_HEADER`]` = base64` (read back as the original bytes).
+//! Headers that were not a JSON object of strings travel verbatim in the header
+//! [`RAW_HEADERS_HEADER`] (or, when not UTF-8, as base64 in [`RAW_HEADERS_BASE64_HEADER`]); such
+//! a message has no `type` header, so it stays undecodable wherever it goes.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use super::{CONTENT_TYPE_HEADER, DecodeError, Headers, JSON_CONTENT_TYPE};
+use crate::Envelope;
+use crate::message::Payload;
+
+/// The header saying how the body is encoded on the wire; the only value Courier knows is
+/// `base64` (the body's bytes are not UTF-8 text).
+pub const BODY_ENCODING_HEADER: &str = "x-courier-body-encoding";
+/// The value of [`BODY_ENCODING_HEADER`] for a base64 body.
+pub const BASE64_ENCODING: &str = "base64";
+/// The header holding, verbatim, headers that could not be read as a JSON object of strings.
+pub const RAW_HEADERS_HEADER: &str = "x-courier-raw-headers";
+/// As [`RAW_HEADERS_HEADER`], base64, for headers that were not even UTF-8 text.
+pub const RAW_HEADERS_BASE64_HEADER: &str = "x-courier-raw-headers-base64";
+
+/// The parts of an undecodable message's headers that a typed envelope does not keep.
+#[derive(Debug, Default)]
+pub(crate) struct RawParts {
+    /// The `content-type` header as read (absent stays absent).
+    pub(crate) content_type: Option<String>,
+    /// Stamp headers whose value is not a JSON list, verbatim (name, value).
+    pub(crate) bad_stamp_headers: Vec<(String, String)>,
+    /// The [`BODY_ENCODING_HEADER`] as read.
+    pub(crate) body_encoding: Option<String>,
+    /// Headers that could not be read as a JSON object of strings, as stored.
+    pub(crate) unreadable_headers: Option<Box<[u8]>>,
+}
+
+/// An envelope for headers that are not a JSON object of strings: they are kept as stored.
+pub(super) fn unreadable_headers(
+    body: Vec<u8>,
+    headers: &[u8],
+    source: serde_json::Error,
+) -> Envelope {
+    Envelope {
+        payload: Payload::Undecodable {
+            name: None,
+            body: Arc::from(body),
+            error: Arc::new(DecodeError::InvalidHeaders { source }),
+            raw: Arc::new(RawParts {
+                unreadable_headers: Some(headers.into()),
+                ..RawParts::default()
+            }),
+        },
+        stamps: Vec::with_capacity(4),
+        extra_headers: None,
+    }
+}
+
+/// The `content-type` a decodable message came with, kept without allocating in the usual
+/// cases.
+#[derive(Clone)]
+pub(super) enum ContentType {
+    Absent,
+    Json,
+    Other(String),
+}
+
+impl ContentType {
+    pub(super) fn new(found: Option<Cow<'_, str>>) -> Self {
+        match found {
+            None => Self::Absent,
+            Some(c) if c == JSON_CONTENT_TYPE => Self::Json,
+            Some(c) => Self::Other(c.into_owned()),
+        }
+    }
+
+    pub(super) fn header(&self) -> Option<String> {
+        match self {
+            Self::Absent => None,
+            Self::Json => Some(JSON_CONTENT_TYPE.to_owned()),
+            Self::Other(c) => Some(c.clone()),
+        }
+    }
+}
+
+/// Whether an undecodable body goes on the wire as base64: when its bytes are not UTF-8 (and
+/// the body is not the wire text of an encoding that did not decode, kept verbatim).
+pub(super) fn base64_body(body: &[u8], raw: &RawParts) -> bool {
+    raw.body_encoding.is_none() && std::str::from_utf8(body).is_err()
+}
+
+/// The headers an undecodable message was read with that a typed envelope does not carry:
+/// its own `content-type`, stamp headers that did not parse, its body encoding, or headers
+/// that could not be read at all. Pushed before the stamps, so they win over them: a stamp
+/// header that did not parse stays as it was (it is why the message does not decode), even
+/// over stamps of its kind added since.
+pub(super) fn push_raw_headers<'e>(headers: &mut Headers<'e>, body: &[u8], raw: &'e RawParts) {
+    if let Some(bytes) = &raw.unreadable_headers {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => headers.push((("", RAW_HEADERS_HEADER), Cow::Borrowed(text))),
+            Err(_) => {
+                let mut text = String::new();
+                base64_encode(bytes, &mut text);
+                headers.push((("", RAW_HEADERS_BASE64_HEADER), Cow::Owned(text)));
+            }
+        }
+    }
+    if let Some(c) = &raw.content_type {
+        headers.push((("", CONTENT_TYPE_HEADER), Cow::Borrowed(c)));
+    }
+    match &raw.body_encoding {
+        Some(e) => headers.push((("", BODY_ENCODING_HEADER), Cow::Borrowed(e))),
+        None if base64_body(body, raw) => {
+            headers.push((("", BODY_ENCODING_HEADER), Cow::Borrowed(BASE64_ENCODING)));
+        }
+        None => {}
+    }
+    for (name, value) in &raw.bad_stamp_headers {
+        headers.push((("", name), Cow::Borrowed(value)));
+    }
+}
+
+const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding.
+pub(crate) fn base64_encode(bytes: &[u8], out: &mut String) {
+    out.reserve(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+}
+
+/// Decodes standard base64 (padding optional, no whitespace); `None` if it is not base64.
+pub(crate) fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim_end_matches('=');
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let mut acc: u32 = 0;
+    let mut bits = 0;
+    for c in text.bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push(((acc >> bits) & 0xff) as u8);
+        }
+    }
+    // Leftover bits must be zero padding of a 2- or 3-character tail.
+    (bits < 6 && acc & ((1 << bits) - 1) == 0).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_round_trips_every_tail_length() {
+        for len in 0..40usize {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 37 + 200) as u8).collect();
+            let mut text = String::new();
+            base64_encode(&bytes, &mut text);
+            assert_eq!(text.len() % 4, 0);
+            assert_eq!(base64_decode(&text), Some(bytes), "{text}");
+        }
+        let mut text = String::new();
+        base64_encode(b"\xff\xfe hello", &mut text);
+        assert_eq!(text, "//4gaGVsbG8=");
+        assert_eq!(base64_decode("not base64!"), None);
+        assert_eq!(base64_decode("A"), None);
+    }
+}
