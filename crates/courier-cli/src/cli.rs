@@ -40,6 +40,15 @@ pub(crate) enum Command {
     /// Create tables / queues / streams for every transport (idempotent)
     Setup,
     /// Consume messages from transports (all non-failure transports when none is named)
+    ///
+    /// A broker or database that is down at start is retried with capped exponential backoff
+    /// (0.5 s doubling up to 30 s), each attempt logged with the transport (or run store), its
+    /// redacted DSN and the error, until it comes up or the worker is stopped (exit 0). A DSN or
+    /// option that is wrong exits 2 at once.
+    ///
+    /// SIGINT/SIGTERM stops fetching and lets in-flight messages finish within --grace (exit 0);
+    /// a second signal exits at once with code 130, after logging how many in-flight messages it
+    /// leaves for redelivery.
     Consume(ConsumeArgs),
     /// Message counts per transport
     Stats {
@@ -54,7 +63,8 @@ pub(crate) enum Command {
     /// Durable agent runs
     #[command(subcommand)]
     Runs(RunsCommand),
-    /// Requeue or dead-letter runs whose lease expired
+    /// Requeue or dead-letter runs whose lease expired; re-dispatch queued runs overdue by more
+    /// than `[runs] redispatch_after` (default: the lease), their message presumably lost
     Reap(ReapArgs),
     /// The main job on the embedded default: scripted runs, workers, a crash, the reaper
     Demo(DemoArgs),
@@ -93,7 +103,7 @@ pub(crate) struct ConsumeArgs {
     /// How long in-flight messages may finish after SIGINT/SIGTERM
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) grace: Duration,
-    /// Run the stale-run reaper at this interval inside the worker
+    /// Run the stale-run reaper at this interval inside the worker (at most `[runs] lease`)
     #[arg(long, value_parser = parse_duration)]
     pub(crate) reap_every: Option<Duration>,
 }
@@ -164,6 +174,12 @@ pub(crate) enum RunsCommand {
     },
     /// Cancel a run that has not finished
     Cancel {
+        /// The run id
+        id: String,
+    },
+    /// Dispatch a run again: a queued run whose message was lost is re-dispatched; a running run
+    /// whose lease expired is requeued. Anything else is refused (exit 1, saying why)
+    Requeue {
         /// The run id
         id: String,
     },

@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use crate::app::App;
 use crate::cli::{Cli, Format};
-use crate::error::{CliError, CliResult, remember_secret};
+use crate::connect::Failure;
+use crate::error::{CliError, CliResult, chain, remember_secret};
 
 /// The configuration used when there is no `--config`, `COURIER_CONFIG` or `./courier.toml`:
 /// SQLite `courier.db` in the working directory.
@@ -94,6 +95,29 @@ impl<'a> Ctx<'a> {
             .config
             .connect(&self.app.factories, Arc::new(self.registry()))
             .await?)
+    }
+
+    /// Connects every configured transport, telling a server that is down (worth retrying:
+    /// see [`crate::connect`]) from a transport that cannot work.
+    pub(crate) async fn try_connect(&self) -> Result<Transports, Failure> {
+        self.config
+            .connect(&self.app.factories, Arc::new(self.registry()))
+            .await
+            .map_err(|e| {
+                if !e.is_transient() {
+                    return Failure::Fatal(e.into());
+                }
+                let name = e.transport().to_owned();
+                let dsn = self
+                    .config
+                    .effective_dsn(&name)
+                    .map(|d| format!(" ({d})"))
+                    .unwrap_or_default();
+                Failure::Down {
+                    what: format!("transport `{name}`{dsn}"),
+                    error: chain(&e),
+                }
+            })
     }
 
     /// A bus over `transports` with the application's handlers, plus `extra`.

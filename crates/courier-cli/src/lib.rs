@@ -20,6 +20,7 @@
 mod app;
 mod cli;
 mod commands;
+mod connect;
 mod context;
 mod dispatch;
 mod error;

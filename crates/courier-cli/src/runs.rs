@@ -3,13 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use courier_core::config::Transports;
 use courier_core::{CancellationToken, MessageBusBuilder, MessageRegistry};
 use courier_runs::{
     Agent, AgentError, AgentOutcome, RunAgent, RunContext, RunStore, RunsConfig, Runtime,
-    ScriptedAgent, SqlRunStore, SqlRunStoreOptions, async_trait,
+    ScriptedAgent, SqlRunStore, SqlRunStoreOptions, StoreError, async_trait,
 };
 
+use crate::connect::{Failure, until_up};
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, chain, remember_secret};
 
@@ -93,27 +93,40 @@ pub(crate) fn store_dsn(configured: Option<&str>) -> String {
     dsn.to_owned()
 }
 
-/// Connects the run store and creates its tables if missing.
+/// Connects the run store and creates its tables if missing (no retrying: a store that is
+/// down fails the command, exit 1; a DSN that does not parse is a configuration error, exit 2).
 pub(crate) async fn open_store(config: &RunsConfig) -> CliResult<Arc<dyn RunStore>> {
+    try_open_store(config).await.map_err(Failure::into_error)
+}
+
+/// [`open_store`], telling a store that is down (worth retrying) from one that cannot work.
+pub(crate) async fn try_open_store(config: &RunsConfig) -> Result<Arc<dyn RunStore>, Failure> {
     let dsn = store_dsn(config.store.as_deref());
     let shown = courier_core::redact(&dsn);
+    let classify = |doing: &str, e: StoreError| {
+        if e.is_config() {
+            return Failure::Fatal(CliError::usage(match e {
+                StoreError::UnsupportedDsn(_) => format!(
+                    "runs.store: unsupported run store DSN `{shown}` (sqlite://, postgres://, mysql://)"
+                ),
+                other => format!("runs.store: invalid DSN `{shown}`: {}", chain(&other)),
+            }));
+        }
+        if e.is_transient() {
+            return Failure::Down {
+                what: format!("the run store `{shown}`"),
+                error: chain(&e),
+            };
+        }
+        Failure::Fatal(CliError::runtime(format!(
+            "cannot {doing} the run store `{shown}`: {}",
+            chain(&e)
+        )))
+    };
     let store = SqlRunStore::connect(&dsn, SqlRunStoreOptions::default())
         .await
-        .map_err(|e| match e {
-            courier_runs::StoreError::UnsupportedDsn(_) => CliError::usage(format!(
-                "runs.store: unsupported run store DSN `{shown}` (sqlite://, postgres://, mysql://)"
-            )),
-            other => CliError::runtime(format!(
-                "cannot open the run store `{shown}`: {}",
-                chain(&other)
-            )),
-        })?;
-    store.setup().await.map_err(|e| {
-        CliError::runtime(format!(
-            "cannot set up the run store `{shown}`: {}",
-            chain(&e)
-        ))
-    })?;
+        .map_err(|e| classify("open", e))?;
+    store.setup().await.map_err(|e| classify("set up", e))?;
     Ok(Arc::new(store))
 }
 
@@ -181,15 +194,14 @@ pub(crate) struct WorkerParts {
 }
 
 impl WorkerParts {
-    /// The runtime for a worker over the configured store.
-    pub(crate) async fn new(
-        ctx: &Ctx<'_>,
-        _transports: &Transports,
-        reap_every: Option<Duration>,
-    ) -> CliResult<Self> {
+    /// Validates the `[runs]` table and `--reap-every` (against the lease, like
+    /// `runs.reap_every`) before anything connects.
+    pub(crate) fn prepare(ctx: &Ctx<'_>, reap_every: Option<Duration>) -> CliResult<Self> {
         let config = settings(ctx)?;
-        if reap_every.is_some_and(|every| every.is_zero()) {
-            return Err(CliError::usage("--reap-every: must be longer than 0s"));
+        if let Some(every) = reap_every {
+            config
+                .check_reap_every(every)
+                .map_err(|message| CliError::usage(format!("--reap-every: {message}")))?;
         }
         if !enabled(ctx) {
             if reap_every.is_some() {
@@ -203,14 +215,30 @@ impl WorkerParts {
                 reap_every: None,
             });
         }
-        let store = open_store(&config).await?;
-        let runtime = Some(runtime(ctx, &config, store));
         let reap_every = reap_every.or(config.reap_every);
         Ok(Self {
-            runtime,
+            runtime: None,
             config,
             reap_every,
         })
+    }
+
+    /// Opens the run store (when runs are wired), retrying while it is down; `false` when
+    /// `shutdown` came first.
+    pub(crate) async fn connect(
+        &mut self,
+        ctx: &Ctx<'_>,
+        shutdown: &courier_core::CancellationToken,
+    ) -> CliResult<bool> {
+        if !enabled(ctx) {
+            return Ok(true);
+        }
+        let config = &self.config;
+        let Some(store) = until_up(shutdown, || try_open_store(config)).await? else {
+            return Ok(false);
+        };
+        self.runtime = Some(runtime(ctx, &self.config, store));
+        Ok(true)
     }
 
     /// Registers the `RunAgent` handler and links the runtime to the bus.
@@ -237,7 +265,9 @@ impl WorkerParts {
                     () = tokio::time::sleep(every) => {}
                 }
                 match reaper.reap(options).await {
-                    Ok(report) if report.selected > 0 && !quiet => eprintln!("{report}"),
+                    Ok(report) if (report.selected > 0 || report.redispatched > 0) && !quiet => {
+                        eprintln!("{report}");
+                    }
                     Ok(_) => {}
                     Err(e) => {
                         tracing::warn!(error = %crate::error::scrub(&chain(&e)), "reap failed")

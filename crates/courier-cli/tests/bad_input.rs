@@ -159,3 +159,49 @@ fn a_server_that_is_down_gives_a_clear_error_without_the_password() {
     let bad = env.run(&["bench", "--dsn", "not a dsn"]);
     bad.fails(2);
 }
+
+#[test]
+fn a_reap_interval_longer_than_the_lease_names_the_flag() {
+    let env = Env::with_config();
+    let err = env
+        .run(&["consume", "--reap-every", "1h", "--limit", "1"])
+        .fails(2)
+        .to_owned();
+    assert!(
+        err.contains("--reap-every") && err.contains("runs.lease"),
+        "{err}"
+    );
+    env.run(&["consume", "--reap-every", "0s", "--limit", "1"])
+        .fails(2);
+}
+
+#[test]
+fn a_lease_under_one_second_is_a_config_error() {
+    let env = Env::empty();
+    env.write(
+        "short.toml",
+        "[transports.async]\ndsn = \"sqlite://courier.db\"\n[runs]\nlease = \"1ms\"\n",
+    );
+    let err = env
+        .run(&["--config", "short.toml", "runs", "list"])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("runs.lease") && err.contains("1s"), "{err}");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_run_store_dsn_that_does_not_parse_is_a_config_error() {
+    let env = Env::empty();
+    env.write(
+        "store.toml",
+        "[transports.async]\ndsn = \"sqlite://courier.db\"\n\
+         [runs]\nstore = \"postgres://app:ab/cd+ef==@127.0.0.1:1/app\"\n",
+    );
+    for args in [&["runs", "list"][..], &["consume", "--limit", "1"][..]] {
+        let mut all = vec!["--config", "store.toml"];
+        all.extend_from_slice(args);
+        let err = env.run(&all).fails(2).to_owned();
+        assert!(err.contains("runs.store"), "{args:?}: {err}");
+    }
+}

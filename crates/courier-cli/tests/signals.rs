@@ -41,3 +41,26 @@ fn past_the_grace_period_the_message_is_left_for_redelivery_and_the_exit_is_stil
     let stats = env.run(&["stats", "async", "--format", "json"]).json();
     assert_eq!(stats["async"], 1, "the message stays for redelivery");
 }
+
+#[test]
+fn a_second_signal_exits_at_once_and_says_what_it_leaves_for_redelivery() {
+    let env = Env::with_config();
+    let id = env.submit(r#"{"steps":[{"sleep_ms":10},{"hang_ms":30000},{"output":"late"}]}"#);
+    let child = env.spawn(&["consume", "--sleep", "20ms", "--grace", "30s"]);
+    eventually("the run to start", || env.show(&id)["status"] == "running");
+    signal(&child, "INT");
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = Instant::now();
+    signal(&child, "TERM");
+    let out = wait(child, Duration::from_secs(15));
+    assert_eq!(out.code, 130, "{}", out.stderr);
+    assert!(sent.elapsed() < Duration::from_secs(5), "exited at once");
+    assert!(
+        out.stderr
+            .contains("1 in-flight message(s) left for redelivery"),
+        "{}",
+        out.stderr
+    );
+    let stats = env.run(&["stats", "async", "--format", "json"]).json();
+    assert_eq!(stats["async"], 1, "the message stays for redelivery");
+}

@@ -834,6 +834,28 @@ async fn a_run_store_on_a_server_that_is_down_fails_at_once() {
             "{scheme}: {shown}"
         );
         assert!(shown.contains("refused"), "{scheme}: {shown}");
+        assert!(
+            err.is_transient(),
+            "{scheme}: a closed port is worth retrying"
+        );
+        assert!(!err.is_config(), "{scheme}: {shown}");
         assert!(!shown.contains("hunter2"), "{scheme}: {shown}");
     }
+}
+
+/// A DSN the driver cannot parse is a configuration error, never worth retrying.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_run_store_dsn_that_does_not_parse_is_a_config_error() {
+    let dsn = "postgres://app:ab/cd+ef==@127.0.0.1:5432/test";
+    let connecting =
+        courier_runs::SqlRunStore::connect(dsn, courier_runs::SqlRunStoreOptions::default());
+    let Err(err) = tokio::time::timeout(Duration::from_secs(8), connecting)
+        .await
+        .expect("a bad DSN fails at once")
+    else {
+        panic!("connected with a DSN that does not parse");
+    };
+    assert!(err.is_config(), "{err:?}");
+    assert!(!err.is_transient(), "{err:?}");
 }

@@ -9,6 +9,7 @@ use courier_core::{CancellationToken, StopReason, WorkerError, WorkerEvent, Work
 
 use crate::cli::ConsumeArgs;
 use crate::commands::stop;
+use crate::connect;
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult};
 
@@ -24,19 +25,53 @@ struct Counters {
 
 pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     ctx.check_transports(&args.transports)?;
-    let transports = ctx.connect().await?;
     #[cfg(feature = "runs")]
-    let runs = crate::runs::WorkerParts::new(ctx, &transports, args.reap_every).await?;
+    let mut runs = crate::runs::WorkerParts::prepare(ctx, args.reap_every)?;
     #[cfg(not(feature = "runs"))]
     if args.reap_every.is_some() {
         return Err(CliError::usage("`--reap-every` needs the `runs` feature"));
+    }
+    let counters = Arc::new(Counters::default());
+    let shutdown = CancellationToken::new();
+    let helpers = CancellationToken::new();
+    // Signals are watched from the start: a worker still waiting for its servers stops too.
+    let mut tasks = vec![
+        tokio::spawn(watch_signals(
+            shutdown.clone(),
+            helpers.clone(),
+            args.grace,
+            ctx.quiet,
+            counters.clone(),
+        )),
+        tokio::spawn(watch_stop_file(
+            ctx.stop_file(),
+            shutdown.clone(),
+            helpers.clone(),
+        )),
+    ];
+    let connected = connect::until_up(&shutdown, || ctx.try_connect()).await;
+    let transports = match connected {
+        Ok(Some(transports)) => transports,
+        Ok(None) => return stopped_before_start(ctx, &helpers, tasks).await,
+        Err(e) => {
+            helpers.cancel();
+            return Err(e);
+        }
+    };
+    #[cfg(feature = "runs")]
+    match runs.connect(ctx, &shutdown).await {
+        Ok(true) => {}
+        Ok(false) => return stopped_before_start(ctx, &helpers, tasks).await,
+        Err(e) => {
+            helpers.cancel();
+            return Err(e);
+        }
     }
     let bus = ctx.bus(&transports, |b| {
         #[cfg(feature = "runs")]
         let b = runs.bus_hook(b);
         b
     });
-    let counters = Arc::new(Counters::default());
     let verbose = ctx.verbose >= 1;
     let listen = counters.clone();
     let mut builder = transports
@@ -61,21 +96,6 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     }
     let worker = builder.build();
 
-    let shutdown = CancellationToken::new();
-    let helpers = CancellationToken::new();
-    let mut tasks = vec![
-        tokio::spawn(watch_signals(
-            shutdown.clone(),
-            helpers.clone(),
-            args.grace,
-            ctx.quiet,
-        )),
-        tokio::spawn(watch_stop_file(
-            ctx.stop_file(),
-            shutdown.clone(),
-            helpers.clone(),
-        )),
-    ];
     if !ctx.quiet && !ctx.json() {
         let names = if args.transports.is_empty() {
             "every transport".to_owned()
@@ -178,35 +198,112 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
     }
 }
 
+/// Messages received and not finished (handled or failed): what a forced exit leaves for
+/// redelivery.
+fn in_flight(c: &Counters) -> u64 {
+    let finished = c.handled.load(Ordering::Relaxed) + c.failed.load(Ordering::Relaxed);
+    c.received.load(Ordering::Relaxed).saturating_sub(finished)
+}
+
+/// SIGINT and SIGTERM, as one stream.
+struct Signals {
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Self {
+                interrupt: signal(SignalKind::interrupt()).ok(),
+                terminate: signal(SignalKind::terminate()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// The next SIGINT or SIGTERM.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                () = recv(&mut self.interrupt) => {}
+                () = recv(&mut self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// The first SIGINT/SIGTERM stops the worker gracefully (exit 0); a second one exits at once
+/// with [`FORCED_EXIT`], after saying how many messages it leaves for redelivery.
 async fn watch_signals(
     shutdown: CancellationToken,
     done: CancellationToken,
     grace: Duration,
     quiet: bool,
+    counters: Arc<Counters>,
 ) {
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
+    let mut signals = Signals::new();
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+        () = signals.next() => {}
         () = done.cancelled() => return,
     }
     if !quiet {
         eprintln!(
-            "\nStopping: finishing in-flight messages (up to {}).",
+            "\nStopping: finishing in-flight messages (up to {}); a second Ctrl-C exits at once.",
             humantime::format_duration(grace)
         );
     }
     shutdown.cancel();
+    tokio::select! {
+        () = signals.next() => {}
+        () = done.cancelled() => return,
+    }
+    let left = in_flight(&counters);
+    tracing::warn!(
+        in_flight = left,
+        "second signal: exiting at once; in-flight messages are left for redelivery"
+    );
+    eprintln!(
+        "Second signal: exiting at once; {left} in-flight message(s) left for redelivery \
+         (delivered again after the transport's redelivery window)."
+    );
+    std::process::exit(i32::from(FORCED_EXIT));
+}
+
+/// The exit code of a `consume` stopped by a second signal (128 + SIGINT).
+pub(crate) const FORCED_EXIT: u8 = 130;
+
+/// `consume` was asked to stop while still waiting for its servers: exit 0, nothing consumed.
+async fn stopped_before_start(
+    ctx: &Ctx<'_>,
+    helpers: &CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+) -> CliResult {
+    helpers.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut stats = WorkerStats::default();
+    stats.stop_reason = Some(StopReason::Shutdown);
+    report(ctx, &stats)
 }
 
 async fn watch_stop_file(

@@ -1,9 +1,9 @@
-//! `courier runs submit|show|list|events|cancel` and `courier reap`.
+//! `courier runs submit|show|list|events|cancel|requeue` and `courier reap`.
 
 use std::sync::Arc;
 
 use courier_runs::{
-    ReapOptions, Run, RunError, RunEvent, RunStatus, RunStore, RunsConfig, Runtime,
+    ManualRequeue, ReapOptions, Run, RunError, RunEvent, RunStatus, RunStore, RunsConfig, Runtime,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -61,6 +61,10 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
             }
             print!("{}", events_table(&events));
             Ok(())
+        }
+        RunsCommand::Requeue { id } => {
+            let id = parse_id(id)?;
+            requeue(ctx, &config, id).await
         }
         RunsCommand::Cancel { id } => {
             let id = parse_id(id)?;
@@ -294,6 +298,7 @@ pub(crate) async fn reap(ctx: &Ctx<'_>, args: &ReapArgs) -> CliResult {
             "requeued": report.requeued,
             "dead_lettered": report.dead_lettered,
             "skipped": report.skipped,
+            "redispatched": report.redispatched,
             "dry_run": args.dry_run,
         }));
     }
@@ -302,5 +307,27 @@ pub(crate) async fn reap(ctx: &Ctx<'_>, args: &ReapArgs) -> CliResult {
     } else {
         println!("{report}");
     }
+    Ok(())
+}
+
+/// `courier runs requeue ID`: the operator's re-dispatch (queued) or requeue (lease expired).
+async fn requeue(ctx: &Ctx<'_>, config: &RunsConfig, id: Uuid) -> CliResult {
+    let store = open_store(config).await?;
+    let runtime = runtime(ctx, config, store);
+    let transports = ctx.connect().await?;
+    let _bus = ctx.bus(&transports, |b| runtime.register(b));
+    let done = runtime.reaper().requeue(id).await.map_err(runtime_error)?;
+    let (action, text) = match done {
+        ManualRequeue::Redispatched => ("redispatched", format!("Re-dispatched queued run {id}.")),
+        ManualRequeue::Requeued => (
+            "requeued",
+            format!("Requeued run {id} (its lease had expired) and dispatched it."),
+        ),
+        _ => ("requeued", format!("Requeued run {id}.")),
+    };
+    if ctx.json() {
+        return ctx.print_json(&json!({ "id": id, "action": action }));
+    }
+    println!("{text}");
     Ok(())
 }

@@ -1,10 +1,20 @@
 //! `courier stats [TRANSPORT...]`: message counts per transport.
+//!
+//! A count includes every stored message, among them `RunAgent` messages whose run already
+//! reached a terminal status (a run cancelled while queued, a duplicate re-dispatch): a worker
+//! acks those without running anything. When runs are wired, `stats` looks at the oldest
+//! [`SCAN_LIMIT`] messages of each listable transport and says on stderr how many are such
+//! leftovers; the JSON on stdout keeps its shape (`{transport: count | null}`).
 
 use std::collections::BTreeMap;
 
 use crate::context::Ctx;
 use crate::error::CliResult;
 use crate::table::Table;
+
+/// How many stored messages per transport `stats` inspects for leftovers of settled runs.
+#[cfg(feature = "runs")]
+const SCAN_LIMIT: usize = 1_000;
 
 pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String]) -> CliResult {
     ctx.check_transports(names)?;
@@ -21,15 +31,76 @@ pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String]) -> CliResult {
         counts.insert(name.clone(), count);
     }
     if ctx.json() {
-        return ctx.print_json(&counts);
+        ctx.print_json(&counts)?;
+    } else {
+        let mut table = Table::new(&["TRANSPORT", "MESSAGES"]);
+        for (name, count) in &counts {
+            table.row(vec![
+                name.clone(),
+                count.map_or_else(|| "n/a".to_owned(), |c| c.to_string()),
+            ]);
+        }
+        print!("{}", table.render());
     }
-    let mut table = Table::new(&["TRANSPORT", "MESSAGES"]);
-    for (name, count) in &counts {
-        table.row(vec![
-            name.clone(),
-            count.map_or_else(|| "n/a".to_owned(), |c| c.to_string()),
-        ]);
-    }
-    print!("{}", table.render());
+    #[cfg(feature = "runs")]
+    settled_leftovers(ctx, &transports, &counts).await;
     Ok(())
+}
+
+/// Notes, per transport, the pending `RunAgent` messages whose run is already terminal.
+/// Best effort: a store or transport that fails here only loses the note.
+#[cfg(feature = "runs")]
+async fn settled_leftovers(
+    ctx: &Ctx<'_>,
+    transports: &courier_core::config::Transports,
+    counts: &BTreeMap<String, Option<u64>>,
+) {
+    use courier_runs::RunAgent;
+
+    if !crate::runs::enabled(ctx) || ctx.quiet {
+        return;
+    }
+    let Ok(config) = crate::runs::settings(ctx) else {
+        return;
+    };
+    let store = match crate::runs::open_store(&config).await {
+        Ok(store) => store,
+        Err(e) => {
+            tracing::debug!(error = %e, "stats: no run store to check leftovers against");
+            return;
+        }
+    };
+    for (name, count) in counts {
+        let (Some(count), Some(transport)) = (count, transports.get(name)) else {
+            continue;
+        };
+        let Some(listable) = transport.as_listable().filter(|_| *count > 0) else {
+            continue;
+        };
+        let Ok(messages) = listable.list(SCAN_LIMIT).await else {
+            continue;
+        };
+        let mut settled = 0_u64;
+        for envelope in &messages {
+            let Some(message) = envelope.message::<RunAgent>() else {
+                continue;
+            };
+            if let Ok(Some(run)) = store.find(message.run_id).await
+                && run.status.is_terminal()
+            {
+                settled += 1;
+            }
+        }
+        if settled > 0 {
+            let scope = if messages.len() < SCAN_LIMIT {
+                String::new()
+            } else {
+                format!(" (of the oldest {SCAN_LIMIT})")
+            };
+            ctx.note(format!(
+                "note: {settled} message(s){scope} counted in `{name}` are RunAgent messages of runs \
+                 already settled; a worker acks them without running anything."
+            ));
+        }
+    }
 }

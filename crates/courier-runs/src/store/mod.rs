@@ -134,6 +134,50 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the same operation may succeed later: the database could not be reached, the
+    /// connection broke, the pool timed out, or the server cannot accept connections right now
+    /// (starting up, too many connections).
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Database { source, .. } => source
+                .downcast_ref::<sqlx::Error>()
+                .is_some_and(sqlx_is_transient),
+            Self::Corrupt(_) | Self::UnsupportedDsn(_) | Self::DuplicateSequence { .. } => false,
+        }
+    }
+
+    /// Whether the DSN or the options are at fault (an unsupported scheme, a DSN the driver
+    /// cannot parse), so retrying cannot help.
+    #[must_use]
+    pub fn is_config(&self) -> bool {
+        match self {
+            Self::UnsupportedDsn(_) => true,
+            Self::Database { source, .. } => matches!(
+                source.downcast_ref::<sqlx::Error>(),
+                Some(sqlx::Error::Configuration(_))
+            ),
+            Self::Corrupt(_) | Self::DuplicateSequence { .. } => false,
+        }
+    }
+}
+
+fn sqlx_is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // SQLSTATE class 08: connection exception; 57P03: cannot connect now (starting up);
+        // 53300: too many connections.
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c == "57P03" || c == "53300"),
+        _ => false,
+    }
+}
+
 /// Storage of runs and their events. Each method is ONE guarded write judged by rows matched,
 /// with "now" from the store's clock; `bool` results say whether the guard matched.
 #[async_trait]
