@@ -158,6 +158,47 @@ impl std::error::Error for TransportError {
     }
 }
 
+/// An error and its causes (its `source` chain) displayed on one line, `: `-separated, a cause
+/// whose text the line already holds skipped: what a log line or a command's message shows, so
+/// that "claiming messages" is followed by the driver's own words.
+///
+/// ```
+/// use courier_core::{TransportError, TransportErrorKind, error_chain};
+///
+/// let io = std::io::Error::other("connection reset by peer");
+/// let err = TransportError::new(TransportErrorKind::Connection, "async")
+///     .with_context("claiming messages")
+///     .with_source(io);
+/// assert_eq!(
+///     error_chain(&err).to_string(),
+///     "transport `async`: connection failed: claiming messages: connection reset by peer"
+/// );
+/// ```
+#[must_use]
+pub fn error_chain<'e>(error: &'e (dyn std::error::Error + 'static)) -> ErrorChain<'e> {
+    ErrorChain(error)
+}
+
+/// See [`error_chain`].
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorChain<'e>(&'e (dyn std::error::Error + 'static));
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            if !shown.contains(&text) {
+                shown.push_str(": ");
+                shown.push_str(&text);
+            }
+            source = cause.source();
+        }
+        f.write_str(&shown)
+    }
+}
+
 /// What a handler says about its failure, and so whether the worker retries.
 ///
 /// Any `std::error::Error` converts into [`HandlerError::Other`] with `?`; use the

@@ -62,8 +62,8 @@ pub use codec::{
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;
 pub use error::{
-    BoxError, BusError, HandlerError, HandlerFailure, HandlerResultExt, TransportError,
-    TransportErrorKind,
+    BoxError, BusError, ErrorChain, HandlerError, HandlerFailure, HandlerResultExt, TransportError,
+    TransportErrorKind, error_chain,
 };
 pub use message::Message;
 pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};

@@ -18,12 +18,15 @@ pub(crate) struct NewRow {
     pub(crate) delay_ms: i64,
 }
 
-/// A stored message as read back.
+/// A stored message as read back. Body and headers are read as bytes, in a way that cannot
+/// fail on their type or encoding (a BLOB, an integer, bytes that are not UTF-8, a NULL), so one
+/// bad row never fails a claim: it decodes to an undecodable envelope that keeps its bytes.
 #[derive(Debug)]
 pub(crate) struct StoredRow {
     pub(crate) id: i64,
-    pub(crate) body: String,
-    pub(crate) headers: String,
+    pub(crate) body: Vec<u8>,
+    /// `None` when NULL or unreadable.
+    pub(crate) headers: Option<Vec<u8>>,
     pub(crate) priority: i16,
     pub(crate) available_at: i64,
 }
@@ -34,15 +37,35 @@ where
     i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     i16: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database>,
 {
     fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
         Ok(Self {
             id: row.try_get("id")?,
-            body: row.try_get("body")?,
-            headers: row.try_get("headers")?,
-            priority: row.try_get("priority")?,
-            available_at: row.try_get("available_at")?,
+            body: column_bytes(row, "body").unwrap_or_default(),
+            headers: column_bytes(row, "headers"),
+            // Only used to order a claim: a value of the wrong type sorts as 0.
+            priority: row.try_get("priority").unwrap_or_default(),
+            available_at: row.try_get("available_at").unwrap_or_default(),
         })
+    }
+}
+
+/// A text column's bytes: as text when it is text, else as whatever bytes the driver has for
+/// it (SQLite gives a BLOB's bytes, or an integer's digits; MySQL the raw bytes). `None` when
+/// NULL or unreadable.
+fn column_bytes<'r, R: sqlx::Row>(row: &'r R, column: &'static str) -> Option<Vec<u8>>
+where
+    &'static str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database>,
+{
+    match row.try_get::<Option<String>, _>(column) {
+        Ok(text) => text.map(String::into_bytes),
+        Err(_) => row
+            .try_get_unchecked::<Option<Vec<u8>>, _>(column)
+            .ok()
+            .flatten(),
     }
 }
 

@@ -145,8 +145,9 @@ impl SqlTransport {
         })
     }
 
-    /// Decodes rows. Headers that are not a JSON object give an undecodable envelope that names
-    /// the problem, bound for the failure transport with its body kept.
+    /// Decodes rows. A row whose body or headers do not decode (headers that are not a JSON
+    /// object, a body that is not UTF-8 text) gives an undecodable envelope that names the
+    /// problem, bound for the failure transport with its bytes kept.
     fn decode_all<'a, I>(&'a self, rows: I) -> impl Iterator<Item = Envelope> + 'a
     where
         I: IntoIterator<Item = StoredRow>,
@@ -155,7 +156,7 @@ impl SqlTransport {
         let mut decoder = self.registry.json_decoder();
         rows.into_iter().map(move |row| {
             decoder
-                .decode(row.body, &row.headers)
+                .decode_bytes(row.body, row.headers.as_deref())
                 .with(TransportMessageIdStamp(row.id.to_string()))
         })
     }

@@ -40,7 +40,7 @@ pub use concurrency::concurrent_consumers_get_disjoint_messages;
 pub use connection::connection_loss;
 pub use decode::{
     bad_json_surfaces_as_decode_error, missing_type_surfaces_as_decode_error,
-    unknown_type_surfaces_as_decode_error,
+    poison_messages_surface_as_decode_errors, unknown_type_surfaces_as_decode_error,
 };
 pub use delay::{
     DELAY, delay_beyond_max_is_refused, delay_is_refused_without_capability,
@@ -111,6 +111,7 @@ macro_rules! __with_cases {
             unknown_type_surfaces_as_decode_error,
             bad_json_surfaces_as_decode_error,
             missing_type_surfaces_as_decode_error,
+            poison_messages_surface_as_decode_errors,
             // 10. connection loss
             connection_loss,
             // batch equivalence

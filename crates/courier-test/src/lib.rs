@@ -65,6 +65,45 @@ pub fn registry() -> Arc<MessageRegistry> {
     Arc::new(MessageRegistry::new().with::<TestMessage>())
 }
 
+/// A stored message no producer should write, which must still surface as a decode-error
+/// envelope (and never fail a `get` or hold up the messages beside it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Poison {
+    /// A body whose bytes are not UTF-8 ([`POISON_BODY`]), with headers naming
+    /// [`TestMessage`].
+    BinaryBody,
+    /// A body stored as a value of another type (SQL: an integer), where the storage allows it.
+    BodyOfAnotherType,
+    /// No body at all (SQL: NULL; Redis: no `body` field), where the storage allows it.
+    MissingBody,
+    /// Headers whose bytes are not UTF-8 text.
+    BinaryHeaders,
+    /// Headers that are text but not a JSON object (`not json`).
+    HeadersNotJson,
+    /// No headers at all (SQL: NULL; Redis: no `headers` field; AMQP: no `type` header).
+    MissingHeaders,
+}
+
+impl Poison {
+    /// Every kind, for the conformance case.
+    pub const ALL: [Poison; 6] = [
+        Poison::BinaryBody,
+        Poison::BodyOfAnotherType,
+        Poison::MissingBody,
+        Poison::BinaryHeaders,
+        Poison::HeadersNotJson,
+        Poison::MissingHeaders,
+    ];
+}
+
+/// The body of [`Poison::BinaryBody`]: JSON for a [`TestMessage`] behind bytes that are not
+/// UTF-8.
+pub const POISON_BODY: &[u8] = b"\xff\xfe\x00{\"seq\":1,\"text\":\"x\"}";
+
+/// The headers most poisons carry: `type` naming [`TestMessage`], as a JSON object.
+pub const POISON_HEADERS: &str = r#"{"content-type":"application/json","type":"courier.test"}"#;
+
 /// What the conformance suite needs from a backend beyond the [`Transport`] trait.
 #[async_trait]
 pub trait Harness: Send + Sync {
@@ -79,6 +118,13 @@ pub trait Harness: Send + Sync {
 
     /// Stores a message in wire form, as a producer in another language would.
     async fn send_raw(&self, transport: &Arc<dyn Transport>, encoded: Encoded);
+
+    /// Stores a poison message straight into the transport's storage with the raw driver
+    /// (see [`Poison`]), as a buggy producer or a hand edit would; returns `false` when the
+    /// storage cannot hold that kind of poison (the case then skips it).
+    async fn store_poison(&self, _transport: &Arc<dyn Transport>, _poison: Poison) -> bool {
+        false
+    }
 
     /// Breaks the transport's server connections (kill them or restart the server); returns
     /// `false` when the backend has no connection to break (in-process transports).

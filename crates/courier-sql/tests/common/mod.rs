@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use courier_core::{Dsn, Encoded, Transport, async_trait};
 use courier_sql::SqlTransport;
-use courier_test::Harness;
+use courier_test::{Harness, Poison};
 
 /// The admin connection a harness uses for what the transport must not do itself.
 pub(crate) enum Admin {
@@ -202,6 +202,53 @@ impl Harness for SqlHarness {
         self.admin
             .exec(&sql, &[t.options().queue(), &encoded.body, &headers])
             .await;
+    }
+
+    async fn store_poison(&self, transport: &Arc<dyn Transport>, poison: Poison) -> bool {
+        let (t, table) = self.find(transport);
+        let now = self.admin.now();
+        // Body and headers as SQL: a bound value (`?`) or a literal.
+        let (body, headers): (&str, &str) = match (&self.admin, poison) {
+            (_, Poison::HeadersNotJson) => ("?", "'not json'"),
+            #[cfg(feature = "sqlite")]
+            (Admin::Sqlite(_), Poison::BinaryBody) => ("?", "?"),
+            #[cfg(feature = "sqlite")]
+            (Admin::Sqlite(_), Poison::BodyOfAnotherType) => ("42", "?"),
+            #[cfg(feature = "sqlite")]
+            (Admin::Sqlite(_), Poison::BinaryHeaders) => ("?", "X'7b22ff22'"),
+            // NOT NULL columns; PostgreSQL and MariaDB keep text columns valid UTF-8.
+            _ => return false,
+        };
+        let sql = format!(
+            "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at) \
+             VALUES (?, {body}, {headers}, 0, {now}, {now})"
+        );
+        let good_body = r#"{"seq":2,"text":"x"}"#;
+        match &self.admin {
+            #[cfg(feature = "sqlite")]
+            Admin::Sqlite(p) => {
+                let mut q = sqlx::query(&sql).bind(t.options().queue().to_owned());
+                if body == "?" {
+                    q = if poison == Poison::BinaryBody {
+                        q.bind(courier_test::POISON_BODY.to_vec())
+                    } else {
+                        q.bind(good_body)
+                    };
+                }
+                if headers == "?" {
+                    q = q.bind(courier_test::POISON_HEADERS);
+                }
+                q.execute(p)
+                    .await
+                    .unwrap_or_else(|e| panic!("storing {poison:?}: {e}"));
+            }
+            _ => {
+                self.admin
+                    .exec(&sql, &[t.options().queue(), good_body])
+                    .await;
+            }
+        }
+        true
     }
 
     async fn break_connection(&self, transport: &Arc<dyn Transport>) -> bool {
