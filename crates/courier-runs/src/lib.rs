@@ -29,7 +29,17 @@
 //! runtime queries, tested against SQLite (bundled, WAL), PostgreSQL 15 and MariaDB 10.11 (crate
 //! features `sqlite` (default), `postgres`, `mysql`). Every transition is one guarded statement
 //! judged by rows matched (sqlx's MySQL driver always connects with `CLIENT_FOUND_ROWS`), with
-//! "now" read from the database clock; tables and index are in `migrations/*/0002_courier_runs.sql`.
+//! "now" read from the database clock; tables and indexes are in `migrations/*/0002_courier_runs.sql`
+//! and `0003_courier_runs_due_at.sql`. [`RunStore::setup`] is safe when several workers start at
+//! once: it holds a per-table lock (PostgreSQL `pg_advisory_xact_lock`, MySQL `GET_LOCK`, SQLite
+//! `BEGIN IMMEDIATE`) while it creates the tables, and adds `due_at` to tables created before it.
+//!
+//! **Lost messages.** A queued run records when it is due (`due_at`: when it was queued, plus the
+//! backoff its `RunAgent` was dispatched with). The [`Reaper`] also re-dispatches runs still
+//! queued more than `redispatch_after` (default: the lease) past that time, because their message
+//! is gone (a broker restarted without its data) or stranded: one guarded UPDATE moves `due_at` to
+//! now, so two reapers never both dispatch, and a message that was only late is harmless (the
+//! claim is guarded). [`Reaper::requeue`] (`courier runs requeue ID`) does it for an operator.
 //!
 //! Choices where DESIGN is silent: every agent failure is `provider_failed` and the class
 //! decides whether it is retried; an agent's own stop (`max_steps`, `budget_exhausted`...) is never
