@@ -16,6 +16,11 @@ fn reap_redispatches_a_queued_run_whose_message_was_lost() {
     env.sql("DELETE FROM courier_messages");
     let report = env.run(&["reap", "--format", "json"]).json();
     assert_eq!(report["redispatched"], 0, "not overdue yet: {report}");
+    let run = env.show(&id);
+    assert!(
+        run["due_at"].is_string(),
+        "a queued run shows when it is due: {run}"
+    );
     env.sql(&format!(
         "UPDATE courier_runs SET due_at = 1 WHERE id = '{id}'"
     ));
@@ -32,7 +37,9 @@ fn reap_redispatches_a_queued_run_whose_message_was_lost() {
     assert_eq!(stats["async"], 1, "one new message: {stats}");
     env.run(&["consume", "async", "--limit", "1", "--sleep", "20ms"])
         .ok();
-    assert_eq!(env.show(&id)["status"], "completed");
+    let run = env.show(&id);
+    assert_eq!(run["status"], "completed");
+    assert!(run["due_at"].is_null(), "{run}");
 }
 
 #[test]

@@ -184,6 +184,8 @@ pub(crate) fn run_json(r: &Run) -> Value {
         "started_at": ms(r.started_at),
         "finished_at": ms(r.finished_at),
         "updated_at": rfc3339_ms(r.updated_at),
+        // When a queued run is due (the reaper re-dispatches it well past that); null otherwise.
+        "due_at": (r.status == RunStatus::Queued).then(|| rfc3339_ms(r.due_at)),
     })
 }
 
