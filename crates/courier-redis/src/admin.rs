@@ -18,15 +18,25 @@ fn delayed_parts(payload: &str) -> (&str, &str) {
 }
 
 impl RedisTransport {
-    fn listed(decoder: &mut JsonDecoder<'_>, id: String, body: String, headers: &str) -> Envelope {
+    fn listed(
+        decoder: &mut JsonDecoder<'_>,
+        id: String,
+        body: Vec<u8>,
+        headers: Option<&[u8]>,
+    ) -> Envelope {
         decoder
-            .decode(body, headers)
+            .decode_bytes(body, headers)
             .with(TransportMessageIdStamp(id))
     }
 
     fn listed_delayed(decoder: &mut JsonDecoder<'_>, id: String, payload: &str) -> Envelope {
         let (headers, body) = delayed_parts(payload);
-        Self::listed(decoder, id, body.to_owned(), headers)
+        Self::listed(
+            decoder,
+            id,
+            body.as_bytes().to_vec(),
+            Some(headers.as_bytes()),
+        )
     }
 }
 
@@ -97,7 +107,7 @@ impl Listable for RedisTransport {
         let mut decoder = self.registry.json_decoder();
         let mut out: Vec<Envelope> = reply::entries(range)
             .into_iter()
-            .map(|e| Self::listed(&mut decoder, e.id, e.body, &e.headers))
+            .map(|e| Self::listed(&mut decoder, e.id, e.body, e.headers.as_deref()))
             .collect();
         let room = limit.saturating_sub(out.len());
         let delayed: Vec<String> = delayed.into_iter().take(room).collect();
@@ -139,7 +149,7 @@ impl Listable for RedisTransport {
             .map_err(|e| self.error(e, "cannot find"))?;
         Ok(reply::entries(range).into_iter().next().map(|e| {
             let mut decoder = self.registry.json_decoder();
-            Self::listed(&mut decoder, e.id, e.body, &e.headers)
+            Self::listed(&mut decoder, e.id, e.body, e.headers.as_deref())
         }))
     }
 

@@ -2,13 +2,15 @@
 
 use redis::Value;
 
-/// One stream entry as read: id, body, headers (JSON text, empty when missing), delivery count
-/// (1 for a first delivery).
+/// One stream entry as read: id, body bytes (empty when missing), headers bytes (JSON text;
+/// `None` when missing), delivery count (1 for a first delivery). Body and headers are kept as
+/// the bytes stored, UTF-8 or not, so an entry no producer should write still decodes to an
+/// undecodable envelope that keeps them.
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) id: String,
-    pub(crate) body: String,
-    pub(crate) headers: String,
+    pub(crate) body: Vec<u8>,
+    pub(crate) headers: Option<Vec<u8>>,
     pub(crate) count: u64,
 }
 
@@ -41,6 +43,16 @@ pub(crate) fn int(v: &Value) -> Option<i64> {
     }
 }
 
+/// A field's bytes as stored.
+fn into_bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        Value::Int(i) => Some(i.to_string().into_bytes()),
+        _ => None,
+    }
+}
+
 fn into_items(v: Value) -> Vec<Value> {
     match v {
         Value::Array(items) | Value::Set(items) => items,
@@ -57,16 +69,17 @@ fn is(field: &Value, name: &str) -> bool {
     }
 }
 
-/// The body and headers JSON in an entry's fields. A missing field reads as empty text, which
-/// [`MessageRegistry::decode_json`](courier_core::MessageRegistry::decode_json) turns into a
-/// decode error naming the headers.
-pub(crate) fn fields(fields: Value) -> (String, String) {
-    let (mut body, mut headers) = (String::new(), String::new());
+/// The body and headers JSON in an entry's fields, as bytes. A missing body reads as empty,
+/// missing headers as `None`, which
+/// [`JsonDecoder::decode_bytes`](courier_core::JsonDecoder::decode_bytes) turns into a decode
+/// error.
+pub(crate) fn fields(fields: Value) -> (Vec<u8>, Option<Vec<u8>>) {
+    let (mut body, mut headers) = (Vec::new(), None);
     let mut set = |k: &Value, v: Value| {
         if is(k, "body") {
-            body = into_text(v).unwrap_or_default();
+            body = into_bytes(v).unwrap_or_default();
         } else if is(k, "headers") {
-            headers = into_text(v).unwrap_or_default();
+            headers = into_bytes(v);
         }
     };
     match fields {
@@ -164,8 +177,8 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].id, "1-0");
         assert_eq!(got[0].count, 1);
-        assert_eq!(got[0].body, "{\"a\":1}");
-        assert_eq!(got[0].headers, "{\"type\":\"t\"}");
+        assert_eq!(got[0].body, b"{\"a\":1}");
+        assert_eq!(got[0].headers.as_deref(), Some(&b"{\"type\":\"t\"}"[..]));
         assert!(read_reply(Value::Nil).is_empty());
     }
 
@@ -177,9 +190,12 @@ mod tests {
             bulk("body"),
             bulk("x"),
         ]);
-        assert_eq!(fields(f), ("x".to_owned(), "not json".to_owned()));
-        let f = Value::Map(vec![(Value::SimpleString("body".into()), bulk("y"))]);
-        assert_eq!(fields(f), ("y".to_owned(), String::new()));
+        assert_eq!(fields(f), (b"x".to_vec(), Some(b"not json".to_vec())));
+        let f = Value::Map(vec![(
+            Value::SimpleString("body".into()),
+            Value::BulkString(vec![0xff, b'y']),
+        )]);
+        assert_eq!(fields(f), (vec![0xff, b'y'], None));
     }
 
     #[test]

@@ -438,7 +438,7 @@ impl RedisTransport {
                     Arc::new(DeliveryTagStamp(e.count.to_string()))
                 };
                 decoder
-                    .decode(e.body, &e.headers)
+                    .decode_bytes(e.body, e.headers.as_deref())
                     .with(TransportMessageIdStamp(e.id))
                     .with_arc(tag)
             })

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use courier_core::{Encoded, Transport, async_trait};
 use courier_redis::{RedisOptions, RedisTransport};
-use courier_test::Harness;
+use courier_test::{Harness, Poison};
 
 /// The harness's redelivery window: long, so live deliveries never expire by themselves;
 /// `expire_deliveries` rewrites idle times instead.
@@ -188,6 +188,30 @@ impl Harness for RedisHarness {
             .query_async(&mut conn)
             .await
             .expect("XADD");
+    }
+
+    async fn store_poison(&self, transport: &Arc<dyn Transport>, poison: Poison) -> bool {
+        let t = self.concrete(transport);
+        let good_body: &[u8] = br#"{"seq":2,"text":"x"}"#;
+        let headers = courier_test::POISON_HEADERS.as_bytes();
+        // Field name and value pairs of the entry, as bytes.
+        let fields: Vec<(&str, &[u8])> = match poison {
+            Poison::BinaryBody => vec![("body", courier_test::POISON_BODY), ("headers", headers)],
+            Poison::MissingBody => vec![("headers", headers)],
+            Poison::BinaryHeaders => vec![("body", good_body), ("headers", b"{\"\xff\"")],
+            Poison::HeadersNotJson => vec![("body", good_body), ("headers", b"not json")],
+            Poison::MissingHeaders => vec![("body", good_body)],
+            // Every field value is a string of bytes.
+            _ => return false,
+        };
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&t.options().stream).arg("*");
+        for (k, v) in fields {
+            cmd.arg(k).arg(v);
+        }
+        let mut conn = self.conn().await;
+        let _: String = cmd.query_async(&mut conn).await.expect("XADD");
+        true
     }
 
     async fn break_connection(&self, transport: &Arc<dyn Transport>) -> bool {
