@@ -1,0 +1,883 @@
+//! One scenario per transport: produce messages and runs, SIGKILL a random worker every couple
+//! of seconds, kill the server twice mid-consume, inject poison, then check everything.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use sqlx::Connection as _;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use courier_core::config::Config;
+use courier_core::{Envelope, MessageRegistry, Transport, TransportRegistry};
+use courier_runs::{RunAgent, RunStore, Runtime, SqlRunStore, SqlRunStoreOptions};
+use serde_json::json;
+use sqlx::SqlitePool;
+use tokio::process::{Child, Command};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use uuid::Uuid;
+
+use crate::ChaosItem;
+use crate::poison::{self, Poison, Storage};
+use crate::report::Report;
+use crate::server::{Kind, Server};
+use crate::sink::{self, now_ms};
+
+/// The transports a scenario runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A SQLite file (no server: workers are killed while they write).
+    Sqlite,
+    /// A private PostgreSQL cluster.
+    Postgres,
+    /// A private MariaDB server.
+    Mariadb,
+    /// A private Redis server with an append-only file.
+    Redis,
+    /// A second RabbitMQ node.
+    Rabbitmq,
+}
+
+impl Target {
+    /// Every transport, in the order the suite runs them.
+    pub const ALL: [Self; 5] = [
+        Self::Sqlite,
+        Self::Postgres,
+        Self::Mariadb,
+        Self::Redis,
+        Self::Rabbitmq,
+    ];
+
+    /// The name used on the command line and in the report.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+            Self::Mariadb => "mariadb",
+            Self::Redis => "redis",
+            Self::Rabbitmq => "rabbitmq",
+        }
+    }
+
+    /// The server the scenario starts, if any.
+    #[must_use]
+    pub fn server(self) -> Option<Kind> {
+        match self {
+            Self::Sqlite => None,
+            Self::Postgres => Some(Kind::Postgres),
+            Self::Mariadb => Some(Kind::Mariadb),
+            Self::Redis => Some(Kind::Redis),
+            Self::Rabbitmq => Some(Kind::Rabbitmq),
+        }
+    }
+}
+
+impl FromStr for Target {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| {
+                format!("unknown transport `{s}` (sqlite, postgres, mariadb, redis, rabbitmq)")
+            })
+    }
+}
+
+/// How hard a scenario pushes.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Plain messages produced.
+    pub messages: u64,
+    /// Durable runs submitted (one in five `scripted`, the rest `chaos`).
+    pub runs: u32,
+    /// Workers consuming at once.
+    pub workers: usize,
+    /// Messages are produced evenly over this long, while the chaos goes on.
+    pub produce_for: Duration,
+    /// A random worker is SIGKILLed and restarted this often while producing.
+    pub kill_every: Duration,
+    /// Times the server is killed and restarted.
+    pub server_kills: u32,
+    /// How long the server stays down.
+    pub downtime: Duration,
+    /// The workers' `fetch_size` (the `consume` default).
+    pub fetch_size: u64,
+    /// `[runs] lease`.
+    pub lease: Duration,
+    /// `consume --reap-every`.
+    pub reap_every: Duration,
+    /// The transports' `redeliver_timeout`.
+    pub redeliver: Duration,
+    /// How long to wait after the last kill for everything to finish before reporting.
+    pub drain_limit: Duration,
+}
+
+impl Plan {
+    /// The short variant: 2,000 messages and 50 runs, about half a minute per transport.
+    #[must_use]
+    pub fn short() -> Self {
+        Self {
+            messages: 2_000,
+            runs: 50,
+            workers: 3,
+            produce_for: Duration::from_secs(16),
+            kill_every: Duration::from_secs(2),
+            server_kills: 2,
+            downtime: Duration::from_secs(3),
+            fetch_size: 32,
+            lease: Duration::from_secs(5),
+            reap_every: Duration::from_secs(2),
+            redeliver: Duration::from_secs(5),
+            drain_limit: Duration::from_secs(30),
+        }
+    }
+
+    /// The long variant: 100,000 messages and 500 runs per transport.
+    #[must_use]
+    pub fn long() -> Self {
+        Self {
+            messages: 100_000,
+            runs: 500,
+            produce_for: Duration::from_secs(90),
+            drain_limit: Duration::from_secs(120),
+            ..Self::short()
+        }
+    }
+
+    /// The time every run must be terminal in after the last kill: lease + reap + redeliver.
+    #[must_use]
+    pub fn runs_bound(&self) -> Duration {
+        self.lease + self.reap_every + self.redeliver
+    }
+}
+
+fn log(target: Target, t0: Instant, message: &str) {
+    eprintln!(
+        "[{} +{:5.1}s] {message}",
+        target.name(),
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+fn humantime(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+/// The DSNs and storages of one scenario.
+struct Layout {
+    dsn: String,
+    failed_dsn: String,
+    store: String,
+    options: bool,
+    poison: Storage,
+    failed: Storage,
+}
+
+fn layout(target: Target, dir: &Path, server: Option<&Server>) -> Layout {
+    let sqlite = |file: &str| format!("sqlite://{}", dir.join(file).display());
+    let runs = format!("{}?mode=rwc", sqlite("runs.db"));
+    let base = server.map(Server::dsn).unwrap_or_default();
+    match target {
+        Target::Sqlite => Layout {
+            dsn: format!("{}?mode=rwc", sqlite("messages.db")),
+            failed_dsn: format!("{}?mode=rwc&queue_name=failed", sqlite("messages.db")),
+            store: runs,
+            options: true,
+            poison: Storage::Sql {
+                url: sqlite("messages.db"),
+            },
+            failed: Storage::Sql {
+                url: sqlite("messages.db"),
+            },
+        },
+        Target::Postgres | Target::Mariadb => Layout {
+            dsn: base.clone(),
+            failed_dsn: format!("{base}?queue_name=failed"),
+            store: base.clone(),
+            options: true,
+            poison: Storage::Sql { url: base.clone() },
+            failed: Storage::Sql { url: base },
+        },
+        Target::Redis => Layout {
+            dsn: format!("{base}?stream=chaos"),
+            failed_dsn: format!("{base}?stream=failed"),
+            store: runs,
+            options: true,
+            poison: Storage::Redis {
+                url: base.clone(),
+                stream: "chaos".into(),
+            },
+            failed: Storage::Redis {
+                url: base,
+                stream: "failed".into(),
+            },
+        },
+        Target::Rabbitmq => Layout {
+            dsn: base.clone(),
+            failed_dsn: format!("{}?mode=rwc&queue_name=failed", sqlite("failed.db")),
+            store: runs,
+            options: false,
+            poison: Storage::Amqp {
+                url: base,
+                queue: "async".into(),
+            },
+            failed: Storage::Sql {
+                url: sqlite("failed.db"),
+            },
+        },
+    }
+}
+
+fn config_text(layout: &Layout, plan: &Plan) -> String {
+    let options = if layout.options {
+        format!(
+            "options = {{ redeliver_timeout = \"{}\" }}\n",
+            humantime(plan.redeliver)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"[transports.async]
+dsn = "{dsn}"
+failure_transport = "failed"
+retry = {{ max_retries = 3, delay = "200ms", multiplier = 2.0 }}
+{options}
+[transports.failed]
+dsn = "{failed}"
+
+[routing]
+"chaos.item" = "async"
+"courier.run_agent" = "async"
+
+[runs]
+store = "{store}"
+lease = "{lease}"
+reap_every = "{reap}"
+"#,
+        dsn = layout.dsn,
+        failed = layout.failed_dsn,
+        store = layout.store,
+        lease = humantime(plan.lease),
+        reap = humantime(plan.reap_every),
+    )
+}
+
+/// The worker processes, by slot.
+struct Workers {
+    exe: PathBuf,
+    config: PathBuf,
+    sink: PathBuf,
+    dir: PathBuf,
+    reap_every: Duration,
+    fetch_size: u64,
+    slots: Vec<Option<Child>>,
+    started: u32,
+}
+
+impl Workers {
+    fn spawn(&mut self, slot: usize) -> anyhow::Result<()> {
+        self.started += 1;
+        let log =
+            std::fs::File::create(self.dir.join(format!("worker-{slot}-{}.log", self.started)))?;
+        let child = Command::new(&self.exe)
+            .arg("consume")
+            .arg("--config")
+            .arg(&self.config)
+            .args(["--reap-every", &humantime(self.reap_every)])
+            .args(["--fetch-size", &self.fetch_size.to_string()])
+            .env(sink::SINK_ENV, &self.sink)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", self.exe.display()))?;
+        self.slots[slot] = Some(child);
+        Ok(())
+    }
+
+    async fn kill(&mut self, slot: usize) {
+        if let Some(mut child) = self.slots[slot].take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    async fn kill_all(&mut self) {
+        for slot in 0..self.slots.len() {
+            self.kill(slot).await;
+        }
+    }
+}
+
+fn factories() -> TransportRegistry {
+    let mut f = TransportRegistry::new();
+    f.register(Arc::new(courier_sql::SqlTransportFactory));
+    f.register(Arc::new(courier_redis::RedisTransportFactory));
+    f.register(Arc::new(courier_amqp::AmqpTransportFactory));
+    f
+}
+
+async fn setup(worker: &Path, config: &Path, dir: &Path) -> anyhow::Result<()> {
+    let out = Command::new(worker)
+        .arg("setup")
+        .arg("--config")
+        .arg(config)
+        .env(sink::SINK_ENV, dir.join("sink.db"))
+        .output()
+        .await?;
+    if !out.status.success() {
+        bail!(
+            "`chaos-worker setup` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Sends `ids` in batches spread over `over`; a failed batch is sent again (its ids are
+/// remembered as possibly duplicated by the producer).
+async fn produce(
+    transport: Arc<dyn Transport>,
+    messages: u64,
+    over: Duration,
+    resent: Arc<Mutex<HashSet<u64>>>,
+) {
+    let batches = (over.as_millis() / 100).max(1) as u64;
+    let per_batch = messages.div_ceil(batches).max(1);
+    let start = Instant::now();
+    let mut next = 0;
+    let mut n = 0u64;
+    while next < messages {
+        let end = (next + per_batch).min(messages);
+        loop {
+            let envelopes: Vec<Envelope> = (next..end)
+                .map(|id| Envelope::new(ChaosItem { id }))
+                .collect();
+            match timeout(Duration::from_secs(10), transport.send_batch(envelopes)).await {
+                Ok(Ok(_)) => break,
+                _ => {
+                    if let Ok(mut r) = resent.lock() {
+                        r.extend(next..end);
+                    }
+                    sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+        next = end;
+        n += 1;
+        sleep_until(start + Duration::from_millis(100) * u32::try_from(n).unwrap_or(u32::MAX))
+            .await;
+    }
+}
+
+async fn distinct_handled(sink: &SqlitePool) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(DISTINCT id) FROM chaos_log")
+        .fetch_one(sink)
+        .await
+        .unwrap_or(0)
+}
+
+/// Runs the scenario for `target` with `worker` (the `chaos-worker` binary) and checks it.
+///
+/// # Errors
+/// The harness itself failed (a server did not start, the configuration was refused); the
+/// checks' failures are in [`Report::failures`].
+pub async fn run(target: Target, plan: &Plan, worker: &Path) -> anyhow::Result<Report> {
+    poison::install_drivers();
+    let t0 = Instant::now();
+    let dir = std::env::temp_dir().join(format!(
+        "courier-chaos-{}-{:08x}",
+        target.name(),
+        fastrand::u32(..)
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let result = run_in(target, plan, worker, &dir, t0).await;
+    match &result {
+        Ok(r) if r.failures.is_empty() && std::env::var_os("CHAOS_KEEP").is_none() => {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        _ => {}
+    }
+    result
+}
+
+#[allow(clippy::too_many_lines, reason = "one scenario read top to bottom")]
+async fn run_in(
+    target: Target,
+    plan: &Plan,
+    worker: &Path,
+    dir: &Path,
+    t0: Instant,
+) -> anyhow::Result<Report> {
+    let mut report = Report {
+        transport: target.name().into(),
+        messages: plan.messages,
+        runs: plan.runs as usize,
+        runs_bound_ms: i64::try_from(plan.runs_bound().as_millis()).unwrap_or(i64::MAX),
+        ..Report::default()
+    };
+    let mut server = match target.server() {
+        Some(kind) => {
+            let s = Server::start(kind, &dir.join("server")).await?;
+            log(
+                target,
+                t0,
+                &format!("{kind:?} up on 127.0.0.1:{}", s.port()),
+            );
+            Some(s)
+        }
+        None => None,
+    };
+    let sink_path = dir.join("sink.db");
+    let sink = sink::open(&sink_path).await?;
+    let layout = layout(target, dir, server.as_ref());
+    let config_path = dir.join("chaos.toml");
+    std::fs::write(&config_path, config_text(&layout, plan))?;
+    setup(worker, &config_path, dir).await?;
+
+    // The producer side: the same configuration through the library.
+    let config = Config::load(&config_path)?;
+    let mut registry = MessageRegistry::new();
+    registry.register::<ChaosItem>();
+    registry.register::<RunAgent>();
+    let transports = config.connect(&factories(), Arc::new(registry)).await?;
+    let store: Arc<dyn RunStore> =
+        Arc::new(SqlRunStore::connect(&layout.store, SqlRunStoreOptions::default()).await?);
+    let runtime = Runtime::builder(store.clone()).build();
+    let _bus = runtime.register(transports.bus_builder()).build();
+    let transport = transports
+        .get("async")
+        .cloned()
+        .context("no transport `async`")?;
+
+    let (poison, refused) = poison::inject(target, &layout.poison).await?;
+    report.poison = poison.iter().map(|p| p.kind.to_owned()).collect();
+    for r in refused {
+        report
+            .notes
+            .push(format!("poison refused by the storage: {r}"));
+    }
+    let mut run_ids = Vec::new();
+    for i in 0..plan.runs {
+        let (agent, input) = if i % 5 == 4 {
+            (
+                "scripted",
+                json!({"steps": [{"sleep_ms": 50}, {"sleep_ms": 50}, {"output": "done"}]}),
+            )
+        } else {
+            ("chaos", json!({"steps": 4, "sleep_ms": 100}))
+        };
+        run_ids.push(runtime.enqueue(agent, input).await?);
+    }
+    log(
+        target,
+        t0,
+        &format!(
+            "{} poison, {} runs submitted; starting {} workers",
+            poison.len(),
+            run_ids.len(),
+            plan.workers
+        ),
+    );
+
+    let mut workers = Workers {
+        exe: worker.to_owned(),
+        config: config_path.clone(),
+        sink: sink_path.clone(),
+        dir: dir.to_owned(),
+        reap_every: plan.reap_every,
+        fetch_size: plan.fetch_size,
+        slots: (0..plan.workers).map(|_| None).collect(),
+        started: 0,
+    };
+    for slot in 0..plan.workers {
+        workers.spawn(slot)?;
+    }
+    let chaos_start = Instant::now();
+    let resent = Arc::new(Mutex::new(HashSet::new()));
+    let producer = tokio::spawn(produce(
+        transport.clone(),
+        plan.messages,
+        plan.produce_for,
+        resent.clone(),
+    ));
+
+    // Server kills at 30% and 65% of the production (SQLite: a worker killed mid-write instead).
+    let kill_at: Vec<Instant> = (0..plan.server_kills)
+        .map(|k| {
+            let frac = 0.3 + 0.35 * f64::from(k);
+            chaos_start + plan.produce_for.mul_f64(frac.min(0.95))
+        })
+        .collect();
+    let server_task = {
+        let kill_at = kill_at.clone();
+        let downtime = plan.downtime;
+        let mut server = server.take();
+        tokio::spawn(async move {
+            let mut backs = Vec::new();
+            if let Some(s) = server.as_mut() {
+                for at in kill_at {
+                    sleep_until(at).await;
+                    s.kill();
+                    log(target, t0, "server killed (kill -9)");
+                    sleep(downtime).await;
+                    if let Err(e) = s.restart().await {
+                        return (server, backs, Some(format!("server restart failed: {e:#}")));
+                    }
+                    let back = now_ms();
+                    log(target, t0, "server restarted and accepting connections");
+                    backs.push(back);
+                }
+            }
+            (server, backs, None)
+        })
+    };
+
+    let kill_until = chaos_start + plan.produce_for + plan.kill_every;
+    let mut next_kill = chaos_start + plan.kill_every;
+    let mut mid_write = kill_at
+        .iter()
+        .copied()
+        .filter(|_| target == Target::Sqlite)
+        .collect::<Vec<_>>();
+    let mut last_kill = now_ms();
+    while next_kill <= kill_until {
+        let at = match mid_write.first() {
+            Some(m) if *m < next_kill => mid_write.remove(0),
+            _ => {
+                let at = next_kill;
+                next_kill += plan.kill_every;
+                at
+            }
+        };
+        sleep_until(at).await;
+        let slot = fastrand::usize(..plan.workers);
+        workers.kill(slot).await;
+        workers.spawn(slot)?;
+        report.worker_kills += 1;
+        last_kill = now_ms();
+    }
+    log(
+        target,
+        t0,
+        &format!("{} worker kills done; draining", report.worker_kills),
+    );
+    let _ = producer.await;
+    let (server_back, backs, server_error) = server_task.await?;
+    server = server_back;
+    if let Some(e) = server_error {
+        report.failures.push(e);
+    }
+    if target.server().is_some() {
+        report.server_restarts = Some(u32::try_from(backs.len()).unwrap_or(u32::MAX));
+    } else {
+        report.notes.push(format!(
+            "no server: {} of the worker kills were timed mid-write in place of server restarts",
+            kill_at.len()
+        ));
+    }
+    if target == Target::Rabbitmq {
+        report.notes.push("the server restarts are kill -9 and restart of a second RabbitMQ node (not only connection loss)".into());
+    }
+
+    // Drain: wait for every message and every run, at most drain_limit after the last kill.
+    let mut pending: Vec<Uuid> = run_ids.clone();
+    let deadline = Instant::now() + plan.drain_limit;
+    let expected = i64::try_from(plan.messages).unwrap_or(i64::MAX);
+    loop {
+        if report.messages_done_ms.is_none() && distinct_handled(&sink).await >= expected {
+            report.messages_done_ms = Some((now_ms() - last_kill).max(0));
+        }
+        if report.runs_terminal_ms.is_none() {
+            let mut still = Vec::new();
+            for id in pending {
+                match store.find(id).await {
+                    Ok(Some(run)) if run.status.is_terminal() => {}
+                    _ => still.push(id),
+                }
+            }
+            pending = still;
+            if pending.is_empty() {
+                report.runs_terminal_ms = Some((now_ms() - last_kill).max(0));
+            }
+        }
+        if (report.messages_done_ms.is_some() && report.runs_terminal_ms.is_some())
+            || Instant::now() > deadline
+        {
+            break;
+        }
+        sleep(Duration::from_millis(250)).await;
+    }
+    // Let the last acks and failure moves land, then stop the workers.
+    sleep(Duration::from_secs(1)).await;
+    workers.kill_all().await;
+    log(target, t0, "workers stopped; checking");
+
+    check_messages(&mut report, &sink, plan, &resent, &backs).await?;
+    check_runs(&mut report, store.as_ref(), &run_ids).await?;
+    check_failed(&mut report, &layout.failed, &poison).await;
+    leftovers(&mut report, &layout.poison).await;
+    worker_warnings(&mut report, dir);
+    if !report.failures.is_empty() {
+        if let Some(s) = server.as_mut() {
+            s.keep();
+        }
+        report.kept = Some(dir.to_owned());
+    }
+    drop(server);
+    Ok(report)
+}
+
+async fn check_messages(
+    report: &mut Report,
+    sink: &SqlitePool,
+    plan: &Plan,
+    resent: &Mutex<HashSet<u64>>,
+    backs: &[i64],
+) -> anyhow::Result<()> {
+    let rows: Vec<(i64, i64)> = sqlx::query_as("SELECT id, COUNT(*) FROM chaos_log GROUP BY id")
+        .fetch_all(sink)
+        .await?;
+    let counts: HashMap<u64, i64> = rows
+        .into_iter()
+        .filter_map(|(id, n)| u64::try_from(id).ok().map(|id| (id, n)))
+        .collect();
+    let resent = resent.lock().map(|r| r.clone()).unwrap_or_default();
+    report.resent = resent.len() as u64;
+    report.lost = (0..plan.messages)
+        .filter(|id| !counts.contains_key(id))
+        .collect();
+    report.handled_twice = counts
+        .iter()
+        .filter(|(id, n)| **n > 1 && !resent.contains(id))
+        .count() as u64;
+    let server_kills = u64::from(report.server_restarts.unwrap_or(0));
+    report.twice_bound =
+        plan.fetch_size * (u64::from(report.worker_kills) + plan.workers as u64 * server_kills);
+    if !report.lost.is_empty() {
+        let shown: Vec<String> = report.lost.iter().take(40).map(u64::to_string).collect();
+        report.failures.push(format!(
+            "{} message(s) never handled (lost or stuck), ids: {}{}",
+            report.lost.len(),
+            shown.join(" "),
+            if report.lost.len() > 40 { " ..." } else { "" }
+        ));
+    }
+    let strangers = counts.keys().filter(|id| **id >= plan.messages).count();
+    if strangers > 0 {
+        report
+            .failures
+            .push(format!("{strangers} handled id(s) were never produced"));
+    }
+    if report.handled_twice > report.twice_bound {
+        report.failures.push(format!(
+            "{} id(s) handled more than once, more than the bound fetch_size {} x (worker kills {} + workers {} x server kills {}) = {}",
+            report.handled_twice, plan.fetch_size, report.worker_kills, plan.workers, server_kills, report.twice_bound
+        ));
+    }
+    for (i, back) in backs.iter().enumerate() {
+        let first: Option<i64> =
+            sqlx::query_scalar("SELECT MIN(at_ms) FROM chaos_log WHERE at_ms >= ?")
+                .bind(back)
+                .fetch_one(sink)
+                .await?;
+        match first {
+            Some(at) => report.recover_ms.push(at - back),
+            None => report.failures.push(format!(
+                "nothing was handled after server restart {}",
+                i + 1
+            )),
+        }
+    }
+    Ok(())
+}
+
+async fn check_runs(report: &mut Report, store: &dyn RunStore, ids: &[Uuid]) -> anyhow::Result<()> {
+    let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
+    let mut stuck = Vec::new();
+    for &id in ids {
+        let Some(run) = store.find(id).await? else {
+            report
+                .failures
+                .push(format!("run {id} is missing from the store"));
+            continue;
+        };
+        let label = match run.termination_reason {
+            Some(reason) if run.status.as_str() != "completed" => {
+                format!("{}:{}", run.status.as_str(), reason.as_str())
+            }
+            _ => run.status.as_str().to_owned(),
+        };
+        *statuses.entry(label).or_default() += 1;
+        if !run.status.is_terminal() {
+            stuck.push(format!(
+                "{id} {} (requeues {}, claimed_by {}, lease_expires {})",
+                run.status.as_str(),
+                run.requeue_count,
+                run.claimed_by.as_deref().unwrap_or("-"),
+                run.lease_expires
+            ));
+        }
+        let events = store.events(id).await?;
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+        let want: Vec<i64> = (1..=i64::try_from(seqs.len()).unwrap_or(0)).collect();
+        if seqs != want {
+            report.failures.push(format!(
+                "run {id}: event seqs not contiguous from 1: {seqs:?}"
+            ));
+        }
+        // Owners: each execution's steps form one block in seq order and in time.
+        let mut blocks: Vec<(String, i64, i64)> = Vec::new();
+        for e in events.iter().filter(|e| e.kind == "chaos") {
+            let owner = e
+                .payload
+                .get("owner")
+                .and_then(|o| o.as_str())
+                .unwrap_or("?")
+                .to_owned();
+            match blocks.last_mut() {
+                Some((o, _, end)) if *o == owner => *end = e.created_at,
+                _ => blocks.push((owner, e.created_at, e.created_at)),
+            }
+        }
+        let mut seen = HashSet::new();
+        for (i, (owner, start, _)) in blocks.iter().enumerate() {
+            if !seen.insert(owner.clone()) {
+                report.failures.push(format!("run {id}: owner {owner} wrote steps again after another owner took over (two owners at once)"));
+            }
+            if i > 0 && blocks[i - 1].2 > *start {
+                report.failures.push(format!(
+                    "run {id}: owner {} wrote until {} but owner {owner} started at {start} (two owners at once)",
+                    blocks[i - 1].0,
+                    blocks[i - 1].2
+                ));
+            }
+        }
+    }
+    for (label, n) in &statuses {
+        if label != "completed" && !label.starts_with("queued") && !label.starts_with("running") {
+            report.notes.push(format!(
+                "{n} run(s) ended `{label}` although every agent step succeeds (an outage or a kill dead-lettered them)"
+            ));
+        }
+    }
+    report.run_statuses = statuses.into_iter().collect();
+    if !stuck.is_empty() {
+        report.failures.push(format!(
+            "{} run(s) not terminal: {}",
+            stuck.len(),
+            stuck.join("; ")
+        ));
+    }
+    match report.runs_terminal_ms {
+        Some(ms) if ms > report.runs_bound_ms => report.failures.push(format!(
+            "runs became terminal {ms} ms after the last kill, past the bound of {} ms (lease + reap interval + redeliver window)",
+            report.runs_bound_ms
+        )),
+        _ => {}
+    }
+    Ok(())
+}
+
+async fn check_failed(report: &mut Report, storage: &Storage, poison: &[Poison]) {
+    let rows = match poison::failed_rows(storage).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            report
+                .failures
+                .push(format!("cannot read the failure transport: {e:#}"));
+            return;
+        }
+    };
+    let mut found: HashMap<&str, usize> = HashMap::new();
+    for row in &rows {
+        match row.poison(poison) {
+            Some(p) => *found.entry(p.kind).or_default() += 1,
+            None => report.failures.push(format!(
+                "failure transport holds a message that is not poison: {}",
+                row.describe()
+            )),
+        }
+    }
+    for p in poison {
+        match found.get(p.kind).copied().unwrap_or(0) {
+            1 => {}
+            0 => report.failures.push(format!(
+                "poison `{}` is not in the failure transport",
+                p.kind
+            )),
+            n => report.failures.push(format!(
+                "poison `{}` is in the failure transport {n} times",
+                p.kind
+            )),
+        }
+    }
+}
+
+/// Notes what is still stored in the consumed queue (SQL rows, Redis entries).
+async fn leftovers(report: &mut Report, storage: &Storage) {
+    let count = match storage {
+        Storage::Sql { url } => match sqlx::AnyConnection::connect(url).await {
+            Ok(mut c) => sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM courier_messages WHERE queue_name = 'default'",
+            )
+            .fetch_one(&mut c)
+            .await
+            .ok(),
+            Err(_) => None,
+        },
+        Storage::Redis { url, stream } => match redis::Client::open(url.as_str()) {
+            Ok(client) => match client.get_multiplexed_async_connection().await {
+                Ok(mut c) => redis::cmd("XLEN")
+                    .arg(stream)
+                    .query_async::<i64>(&mut c)
+                    .await
+                    .ok(),
+                Err(_) => None,
+            },
+            Err(_) => None,
+        },
+        Storage::Amqp { .. } => None,
+    };
+    if let Some(n) = count.filter(|n| *n > 0) {
+        report.notes.push(format!(
+            "{n} message(s) still stored in the consumed queue at the end"
+        ));
+    }
+}
+
+/// Notes the most frequent warnings and errors the workers logged (timestamps stripped).
+fn worker_warnings(report: &mut Report, dir: &Path) {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("worker-") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        for line in text.lines() {
+            if line.contains("WARN") || line.contains("ERROR") || line.starts_with("Error") {
+                let key = line.split_once(' ').map_or(line, |(_, rest)| rest).trim();
+                *counts.entry(key.chars().take(200).collect()).or_default() += 1;
+            }
+        }
+    }
+    let mut top: Vec<(String, usize)> = counts.into_iter().collect();
+    top.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    for (line, n) in top.into_iter().take(5) {
+        report.notes.push(format!("workers logged {n}x: {line}"));
+    }
+}
