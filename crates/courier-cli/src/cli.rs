@@ -200,8 +200,8 @@ pub(crate) struct DemoArgs {
     /// Runs to submit
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) runs: u32,
-    /// Workers to run in this process
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    /// Worker processes to start (`courier consume`); one is killed, another finishes its run
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(2..=64))]
     pub(crate) workers: u16,
     /// Database file (default: courier.db in the working directory)
     #[arg(long, value_name = "FILE")]

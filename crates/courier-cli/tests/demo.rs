@@ -1,22 +1,99 @@
-//! `courier demo` with small numbers: the summary adds up and matches the store.
+//! `courier demo` with small numbers: a real worker process is SIGKILLed, its run is reaped once
+//! and finished by another worker process, and the summary matches the store.
 
 mod common;
 
-use common::Env;
+use std::time::Duration;
 
+use common::{Env, wait};
+use serde_json::Value;
+
+fn u32_of(v: &Value) -> u32 {
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or_else(|| panic!("not a pid: {v}"))
+}
+
+/// The pid in a worker identity (`worker:<host>:<pid>:<random>`).
+fn pid_in(identity: &str) -> u32 {
+    identity
+        .rsplit(':')
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {identity}"))
+}
+
+#[cfg(unix)]
 #[test]
-fn the_demo_summary_adds_up_to_the_runs_submitted_and_matches_the_store() {
+fn the_demo_kills_a_worker_process_whose_run_is_reaped_once_and_finished_by_another() {
     let env = Env::empty();
-    let s = env
-        .run(&["demo", "--runs", "24", "--workers", "2", "--format", "json"])
-        .json();
+    let demo = env.spawn(&["demo", "--runs", "24", "--workers", "2", "--format", "json"]);
+    let demo_pid = demo.id();
+    let out = wait(demo, Duration::from_secs(90));
+    let s = out.json();
+
+    // The killed worker: a child process of its own, dead of SIGKILL.
+    let k = &s["killed_worker"];
+    let killed = u32_of(&k["pid"]);
+    let workers: Vec<u32> = s["worker_pids"]
+        .as_array()
+        .expect("worker_pids")
+        .iter()
+        .map(u32_of)
+        .collect();
+    assert_eq!(u32_of(&s["demo_pid"]), demo_pid, "{s}");
+    assert_eq!(workers.len(), 2, "{s}");
+    assert!(
+        !workers.contains(&demo_pid),
+        "workers are other processes: {s}"
+    );
+    assert!(workers.contains(&killed), "{s}");
+    assert_eq!(k["signal"], 9, "the worker exited by SIGKILL: {s}");
+    assert_eq!(s["workers_killed"], 1, "{s}");
+    let reaper = u32_of(&k["reaped_by_pid"]);
+    let finisher = u32_of(&k["finished_by_pid"]);
+    assert!(reaper != killed && workers.contains(&reaper), "{s}");
+    assert!(finisher != killed && workers.contains(&finisher), "{s}");
+    assert_eq!(
+        s["reaped"], 1,
+        "one run reaped, by a worker's own reaper: {s}"
+    );
+
+    // The store agrees: claimed by the killed process, reaped once, finished by another.
+    let worker_id = k["worker_id"].as_str().expect("worker_id");
+    assert_eq!(pid_in(worker_id), killed);
+    let run = env.show(k["run_id"].as_str().expect("run_id"));
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(k["finished_status"], "completed", "{s}");
+    assert_eq!(run["requeue_count"], 1, "reaped exactly once: {run}");
+    let owner = run["claimed_by"].as_str().expect("claimed_by");
+    assert_ne!(owner, worker_id, "another worker finished it");
+    assert_eq!(pid_in(owner), finisher, "{run}");
+    let seqs: Vec<u64> = run["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .collect();
+    let before = k["steps_before_kill"].as_u64().expect("steps_before_kill");
+    let steps = 11; // the crash run's 10 sleeps and its output
+    assert!(
+        (before + steps..2 * steps).contains(&(seqs.len() as u64)),
+        "the killed worker persisted part of the run, the next one all of it: {seqs:?}"
+    );
+    assert!(
+        seqs.iter().zip(1..).all(|(s, i)| *s == i),
+        "no step lost or written twice: {seqs:?}"
+    );
+
+    // The summary adds up and matches the store.
     let completed = s["completed"].as_u64().expect("completed");
     let dead = s["dead_lettered"].as_u64().expect("dead_lettered");
     let other: u64 = s["other"]
         .as_object()
         .expect("other")
         .values()
-        .filter_map(serde_json::Value::as_u64)
+        .filter_map(Value::as_u64)
         .sum();
     assert_eq!(completed + dead + other, 24, "{s}");
     assert_eq!(other, 0, "every run finished: {s}");
@@ -24,12 +101,9 @@ fn the_demo_summary_adds_up_to_the_runs_submitted_and_matches_the_store() {
         .as_object()
         .expect("reasons")
         .values()
-        .filter_map(serde_json::Value::as_u64)
+        .filter_map(Value::as_u64)
         .sum();
     assert_eq!(by_reason, dead);
-    assert_eq!(s["reaped"], 1, "the killed worker's run was reaped: {s}");
-    assert_eq!(s["workers_killed"], 1);
-    assert!(s["requeued"].as_u64().expect("requeued") >= 1);
     for reason in [
         "not_retryable (auth)",
         "not_retryable (client_error)",
@@ -40,7 +114,6 @@ fn the_demo_summary_adds_up_to_the_runs_submitted_and_matches_the_store() {
             "{reason} in {s}"
         );
     }
-
     let runs = env
         .run(&["runs", "list", "--limit", "1000", "--format", "json"])
         .json();
@@ -54,11 +127,30 @@ fn the_demo_summary_adds_up_to_the_runs_submitted_and_matches_the_store() {
         .filter_map(|r| r["requeue_count"].as_u64())
         .sum();
     assert_eq!(requeued, s["requeued"].as_u64().expect("requeued"));
+    let first_try = runs
+        .iter()
+        .filter(|r| r["status"] == "completed" && r["requeue_count"] == 0)
+        .count() as u64;
+    assert_eq!(first_try, s["completed_first_try"].as_u64().expect("first"));
+}
 
-    let text = env.run(&["demo", "--runs", "5", "--workers", "1"]);
-    let out = text.ok();
-    assert!(
-        out.contains("completed") && out.lines().all(|l| l.chars().count() <= 80),
-        "{out}"
-    );
+#[cfg(unix)]
+#[test]
+fn the_demo_in_text_tells_which_worker_process_died_and_who_finished_its_run() {
+    let env = Env::empty();
+    let run = env.run(&["demo", "--runs", "5", "--workers", "2"]);
+    let out = run.ok();
+    assert!(out.contains("completed"), "{out}");
+    assert!(out.contains("died of signal 9"), "{out}");
+    assert!(out.lines().all(|l| l.chars().count() <= 80), "{out}");
+    for said in ["killed worker", "requeued", "by worker"] {
+        assert!(run.stderr.contains(said), "{said} in {}", run.stderr);
+    }
+}
+
+#[test]
+fn the_demo_needs_two_workers() {
+    let env = Env::empty();
+    let err = env.run(&["demo", "--runs", "5", "--workers", "1"]);
+    assert!(err.fails(2).contains("--workers"), "{}", err.stderr);
 }
