@@ -266,9 +266,9 @@ impl AmqpTransport {
             .get(queue)
             .map(|q| q.name.clone())
             .unwrap_or_default();
-        let encoded = wire::incoming(delivery.data, &delivery.properties);
+        let headers = wire::incoming(&delivery.properties);
         self.registry
-            .decode(encoded)
+            .decode_bytes(delivery.data, headers)
             .with(TransportMessageIdStamp(id))
             .with(DeliveryTagStamp(tag))
             .with(AmqpReceivedStamp { queue })

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use courier_core::{CONTENT_TYPE_HEADER, Encoded, JSON_CONTENT_TYPE};
+use courier_core::{CONTENT_TYPE_HEADER, Encoded};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
@@ -35,10 +35,11 @@ pub(crate) fn outgoing(
 ) -> Outgoing {
     let Encoded { body, headers } = encoded;
     let mut table = FieldTable::default();
-    let mut content_type = JSON_CONTENT_TYPE.to_owned();
+    // Absent stays absent: an undecodable message read without one goes on without one.
+    let mut content_type = None;
     for (name, value) in headers {
         if name == CONTENT_TYPE_HEADER {
-            content_type = value;
+            content_type = Some(value);
         } else {
             table.insert(
                 ShortString::from(name),
@@ -53,9 +54,11 @@ pub(crate) fn outgoing(
         );
     }
     let mut properties = BasicProperties::default()
-        .with_content_type(ShortString::from(content_type))
         .with_message_id(ShortString::from(message_id))
         .with_headers(table);
+    if let Some(content_type) = content_type {
+        properties = properties.with_content_type(ShortString::from(content_type));
+    }
     if persistent {
         properties = properties.with_delivery_mode(2);
     }
@@ -68,11 +71,11 @@ pub(crate) fn outgoing(
     }
 }
 
-/// Reads a delivery back into wire form: string headers (numbers and booleans written as text,
-/// tables and arrays skipped), the `content_type` property as `content-type`.
-pub(crate) fn incoming(body: Vec<u8>, properties: &BasicProperties) -> Encoded {
-    let body = String::from_utf8(body)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+/// Reads a delivery's headers back into wire form: string headers (numbers and booleans written
+/// as text, tables and arrays skipped), the `content_type` property as `content-type`. The body
+/// stays bytes: one that is not UTF-8 decodes to an undecodable envelope that keeps them
+/// ([`MessageRegistry::decode_bytes`](courier_core::MessageRegistry::decode_bytes)).
+pub(crate) fn incoming(properties: &BasicProperties) -> BTreeMap<String, String> {
     let mut headers = BTreeMap::new();
     if let Some(table) = properties.headers() {
         for (name, value) in table.inner() {
@@ -88,7 +91,7 @@ pub(crate) fn incoming(body: Vec<u8>, properties: &BasicProperties) -> Encoded {
     if let Some(ct) = properties.content_type() {
         headers.insert(CONTENT_TYPE_HEADER.to_owned(), ct.as_str().to_owned());
     }
-    Encoded { body, headers }
+    headers
 }
 
 fn text_of(value: &AMQPValue) -> Option<String> {
@@ -134,7 +137,17 @@ mod tests {
         );
         assert_eq!(*out.properties.delivery_mode(), Some(2));
         assert_eq!(*out.properties.priority(), Some(3));
-        let back = incoming(out.body, &out.properties);
+        let back = Encoded {
+            body: String::from_utf8(out.body).unwrap_or_default(),
+            headers: incoming(&out.properties),
+        };
         assert_eq!(back, encoded);
+    }
+
+    #[test]
+    fn a_message_without_content_type_goes_without_one() {
+        let out = outgoing(Encoded::new("x"), "id-1", false, None, None);
+        assert_eq!(out.properties.content_type(), &None);
+        assert!(!incoming(&out.properties).contains_key(CONTENT_TYPE_HEADER));
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use courier_amqp::{AmqpOptions, AmqpTransport, QueueOptions};
 use courier_core::{Encoded, Transport, async_trait};
-use courier_test::Harness;
+use courier_test::{Harness, Poison};
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -82,13 +82,30 @@ impl AmqpHarness {
 
     /// Publishes wire-form messages to `exchange` as a producer in another language would.
     pub async fn publish_raw(&self, exchange: &str, routing_key: &str, encoded: Encoded) {
+        self.publish_bytes(
+            exchange,
+            routing_key,
+            encoded.body.as_bytes(),
+            encoded.headers,
+        )
+        .await;
+    }
+
+    /// Publishes a body of any bytes with these headers (`content-type` as the property).
+    pub async fn publish_bytes(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        wire_headers: std::collections::BTreeMap<String, String>,
+    ) {
         let conn = Connection::connect(&self.url, ConnectionProperties::default())
             .await
             .expect("connect");
         let ch = conn.create_channel().await.expect("channel");
         let mut headers = FieldTable::default();
         let mut props = BasicProperties::default();
-        for (k, v) in encoded.headers {
+        for (k, v) in wire_headers {
             if k == "content-type" {
                 props = props.with_content_type(ShortString::from(v));
             } else {
@@ -107,7 +124,7 @@ impl AmqpHarness {
                 exchange.into(),
                 routing_key.into(),
                 BasicPublishOptions::default(),
-                encoded.body.as_bytes(),
+                body,
                 props,
             )
             .await
@@ -197,6 +214,25 @@ impl Harness for AmqpHarness {
         let t = self.find(transport);
         let exchange = t.options().exchange_name().to_owned();
         self.publish_raw(&exchange, "", encoded).await;
+    }
+
+    async fn store_poison(&self, transport: &Arc<dyn Transport>, poison: Poison) -> bool {
+        let t = self.find(transport);
+        let exchange = t.options().exchange_name().to_owned();
+        let typed: std::collections::BTreeMap<String, String> = [
+            ("type".to_owned(), "courier.test".to_owned()),
+            ("content-type".to_owned(), "application/json".to_owned()),
+        ]
+        .into();
+        let (body, headers): (&[u8], _) = match poison {
+            Poison::BinaryBody => (courier_test::POISON_BODY, typed),
+            Poison::MissingBody => (b"", typed),
+            Poison::MissingHeaders => (br#"{"seq":2,"text":"x"}"#, Default::default()),
+            // Headers are an AMQP table, never one JSON text.
+            _ => return false,
+        };
+        self.publish_bytes(&exchange, "", body, headers).await;
+        true
     }
 
     async fn break_connection(&self, transport: &Arc<dyn Transport>) -> bool {
