@@ -518,6 +518,23 @@ mod tests {
     }
 
     #[test]
+    fn a_transport_dsn_that_does_not_parse_never_shows_its_password() {
+        for dsn in [
+            "postgres://user:ab/cd+ef==@db:nope/app",
+            "postgres://user:s3cr#t@db:nope/app",
+            "redis://:pa?ss@db:nope",
+        ] {
+            let err = parse(&format!("[transports.a]\ndsn = \"{dsn}\""))
+                .err()
+                .unwrap_or_default();
+            assert!(err.contains("invalid port `nope`"), "{err}");
+            for secret in ["ab/cd", "ef==", "s3cr#t", "pa?ss"] {
+                assert!(!err.contains(secret), "{err}");
+            }
+        }
+    }
+
+    #[test]
     fn interpolation_uses_the_variable_then_the_default() {
         let c =
             parse("[transports.a]\ndsn = \"${SET}\"\n[transports.b]\ndsn = \"${UNSET:-sync://}\"")
