@@ -36,7 +36,7 @@ impl FailedRow {
     /// The poison this row is, if any.
     #[must_use]
     pub fn poison<'p>(&self, poison: &'p [Poison]) -> Option<&'p Poison> {
-        let body = String::from_utf8_lossy(&self.body);
+        let body = String::from_utf8_lossy(&self.original_body()).into_owned();
         poison.iter().find(|p| {
             if p.kind == "integer-body" {
                 body.trim() == p.marker
@@ -44,6 +44,24 @@ impl FailedRow {
                 body.contains(&p.marker)
             }
         })
+    }
+
+    /// The body as first stored: a body kept as base64 under `x-courier-body-encoding: base64`
+    /// (Courier's wire form for a body that is not UTF-8) is decoded.
+    #[must_use]
+    pub fn original_body(&self) -> Vec<u8> {
+        let base64 = serde_json::from_str::<serde_json::Value>(&self.headers)
+            .ok()
+            .and_then(|h| {
+                h.get("x-courier-body-encoding")
+                    .and_then(|v| v.as_str())
+                    .map(|v| v == "base64")
+            })
+            .unwrap_or(false);
+        if base64 && let Some(decoded) = base64_decode(&self.body) {
+            return decoded;
+        }
+        self.body.clone()
     }
 
     /// A short description for the report: id, `type` header, and the chaos id or body prefix.
@@ -363,4 +381,32 @@ pub async fn failed_rows(storage: &Storage) -> anyhow::Result<Vec<FailedRow>> {
 /// Installs the sqlx `Any` drivers (idempotent).
 pub fn install_drivers() {
     sqlx::any::install_default_drivers();
+}
+
+/// Standard base64 (with or without padding); `None` on a foreign character.
+fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    let value = |c: u8| -> Option<u32> {
+        Some(u32::from(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        }))
+    };
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &c in text
+        .iter()
+        .filter(|c| !c.is_ascii_whitespace() && **c != b'=')
+    {
+        acc = (acc << 6) | value(c)?;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push(u8::try_from((acc >> bits) & 0xff).ok()?);
+        }
+    }
+    Some(out)
 }
