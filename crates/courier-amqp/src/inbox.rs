@@ -348,8 +348,8 @@ impl Inbox {
         ack: bool,
     ) -> Result<(), TransportError> {
         let name = link.name();
-        // Plan under the lock, send without it: a caller that stops polling this future (a
-        // worker flushing acks while a retry is parked) must never block other settles.
+        // Plan under the lock, send without it: the worker's ack task and its handlers' retries
+        // and rejects settle at the same time, and a frame in flight must not hold up the others.
         let (channel, generation, mine, multi_to) = {
             let mut live = self.lock_live();
             let Some(channel) = live.channel.clone() else {

@@ -522,8 +522,8 @@ async fn acks_of_a_fetched_batch_are_flushed_together() {
         .unwrap();
     assert_eq!(stats.handled, 64);
     assert_eq!(q.acked().len(), 64);
-    // The next batch is fetched once half the current one has started, topping the unstarted
-    // messages back up to 32: batches of 32, 16 and 16, each acked with one `ack_batch`.
+    // The next batch of 32 is fetched once half the current one has started; acks go out per
+    // batch (when it is done, or after the linger), never one per message.
     let flushes = counted.1.load(Ordering::SeqCst);
     assert!(
         (2..=4).contains(&flushes),

@@ -216,7 +216,7 @@ mod tests {
     fn default_consumers_are_unique_and_claim_interval_follows_timeout() {
         let (a, b) = (RedisOptions::default(), RedisOptions::default());
         assert_ne!(a.consumer, b.consumer);
-        assert_eq!(a.effective_claim_interval(), Duration::from_secs(60));
+        assert_eq!(a.effective_claim_interval(), Duration::from_millis(7_500));
         let short = a.redeliver_timeout(Duration::from_millis(200));
         assert_eq!(short.effective_claim_interval(), Duration::from_millis(50));
     }

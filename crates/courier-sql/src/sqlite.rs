@@ -26,6 +26,10 @@ const CHUNK: usize = 500;
 #[derive(Debug)]
 pub(crate) struct SqliteBackend {
     pool: SqlitePool,
+    /// SQLite has one writer: this process's writes take turns here instead of meeting in
+    /// SQLite's busy handler, which sleeps in steps of milliseconds (a worker's claim of the
+    /// next batch and its ack flush of the last one run at the same time).
+    writer: tokio::sync::Mutex<()>,
     table: String,
     queue: String,
     redeliver_ms: i64,
@@ -65,6 +69,7 @@ impl SqliteBackend {
         let t = &o.table_name;
         Ok(Self {
             pool,
+            writer: tokio::sync::Mutex::new(()),
             table: t.clone(),
             queue: o.queue_name.clone(),
             redeliver_ms: i64::try_from(o.redeliver_timeout.as_millis()).unwrap_or(i64::MAX),
@@ -133,6 +138,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
+        let _writer = self.writer.lock().await;
         if let [r] = rows {
             // One row: no RETURNING round through the row stream, just the rowid.
             let done = sqlx::query(&self.insert_one_sql)
@@ -203,6 +209,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error> {
+        let _writer = self.writer.lock().await;
         let mut rows: Vec<StoredRow> = sqlx::query_as(&self.claim_sql)
             .bind(delivery_id)
             .bind(&self.queue)
@@ -223,6 +230,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn delete(&self, deliveries: &[(i64, i64)]) -> Result<u64, sqlx::Error> {
+        let _writer = self.writer.lock().await;
         let mut deleted = 0;
         for chunk in deliveries.chunks(CHUNK) {
             let (sql, binds) = grouped_delete(&self.table, chunk);
@@ -236,6 +244,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn delete_id(&self, id: i64) -> Result<u64, sqlx::Error> {
+        let _writer = self.writer.lock().await;
         Ok(sqlx::query(&self.delete_id_sql)
             .bind(&self.queue)
             .bind(id)
@@ -245,6 +254,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn keepalive(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error> {
+        let _writer = self.writer.lock().await;
         Ok(sqlx::query(&self.keepalive_sql)
             .bind(id)
             .bind(delivery_id)
@@ -259,6 +269,7 @@ impl Backend for SqliteBackend {
         delivery_id: i64,
         row: &NewRow,
     ) -> Result<u64, sqlx::Error> {
+        let _writer = self.writer.lock().await;
         Ok(sqlx::query(&self.reschedule_sql)
             .bind(id)
             .bind(delivery_id)

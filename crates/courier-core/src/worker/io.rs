@@ -71,112 +71,85 @@ pub(super) struct AckStats {
     pub(super) failed: u64,
 }
 
-/// What the worker sends its ack flushers.
-enum AckCommand {
-    /// Ack this envelope in the next flush, then release `key` from [`Held`].
-    Ack(u64, Envelope),
-    /// Flush now: the worker has nothing else to handle at the moment.
-    Flush,
-}
-
 /// The sending half of one receiver's ack flusher.
-#[derive(Debug, Clone)]
+///
+/// The loop gathers acks itself (a batch is handed over when it is done, when `linger` has
+/// passed since its first ack, or when it is full), so the flusher wakes once per batch, not
+/// once per message.
+#[derive(Debug)]
 pub(super) struct Acker {
-    tx: mpsc::UnboundedSender<AckCommand>,
-    /// Acks sent since the last flush request.
-    waiting: usize,
+    tx: mpsc::UnboundedSender<Vec<(u64, Envelope)>>,
+    pending: Vec<(u64, Envelope)>,
 }
 
 impl Acker {
-    /// Queues an envelope for the next `ack_batch`; `key` is released from [`Held`] once flushed.
-    pub(super) fn ack(&mut self, key: u64, envelope: Envelope) {
-        self.waiting += 1;
-        // The flusher outlives the loop that sends to it; a closed channel cannot happen while
-        // the worker runs, and would only mean redelivery.
-        let _ = self.tx.send(AckCommand::Ack(key, envelope));
+    /// Adds an envelope to the batch being gathered; `key` is released from [`Held`] once it is
+    /// flushed. Returns whether it was the batch's first (time to start the linger).
+    pub(super) fn push(&mut self, key: u64, envelope: Envelope) -> bool {
+        self.pending.push((key, envelope));
+        self.pending.len() == 1
     }
 
-    /// Flushes what is waiting without lingering (the batch is done).
+    /// Acks waiting to be handed over.
+    pub(super) fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Hands the gathered batch to the flusher.
     pub(super) fn flush(&mut self) {
-        if self.waiting > 0 {
-            self.waiting = 0;
-            let _ = self.tx.send(AckCommand::Flush);
+        if !self.pending.is_empty() {
+            // The flusher outlives the loop that sends to it; a closed channel cannot happen
+            // while the worker runs, and would only mean redelivery.
+            let _ = self.tx.send(std::mem::take(&mut self.pending));
         }
     }
 }
 
-impl std::fmt::Debug for AckCommand {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Ack(key, _) => f.debug_tuple("Ack").field(key).finish(),
-            Self::Flush => f.write_str("Flush"),
-        }
-    }
-}
-
-/// Starts the ack flusher of one receiver: it gathers acks for `linger` (or until `max_batch`
-/// are waiting), flushes them with one `ack_batch`, and gathers the next ones meanwhile.
+/// Starts the ack flusher of one receiver: it flushes each batch it is handed with one
+/// `ack_batch` (batches that queued up meanwhile go together, up to `max_batch`).
 pub(super) fn spawn_acker(
     name: String,
     transport: Arc<dyn Transport>,
     held: Arc<Held>,
     listeners: Vec<Listener>,
-    linger: Duration,
     max_batch: usize,
 ) -> (Acker, JoinHandle<AckStats>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<AckCommand>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(u64, Envelope)>>();
     let span = tracing::debug_span!("courier.ack", messaging.destination.name = %name);
     let task = async move {
         let mut stats = AckStats::default();
-        let mut keys = Vec::new();
         let mut batch = Vec::new();
-        while let Some(command) = rx.recv().await {
-            let AckCommand::Ack(key, envelope) = command else {
-                continue;
-            };
-            keys.push(key);
-            batch.push(envelope);
-            let deadline = Instant::now() + linger;
-            while batch.len() < max_batch {
-                // Take what is already waiting without a timer; wait out the linger only when
-                // nothing is.
-                let next = match rx.try_recv() {
-                    Ok(command) => Some(command),
-                    Err(mpsc::error::TryRecvError::Disconnected) => None,
-                    Err(mpsc::error::TryRecvError::Empty) if linger.is_zero() => None,
-                    Err(mpsc::error::TryRecvError::Empty) => {
-                        tokio::time::timeout_at(deadline, rx.recv())
-                            .await
-                            .ok()
-                            .flatten()
-                    }
-                };
-                match next {
-                    Some(AckCommand::Ack(key, envelope)) => {
-                        keys.push(key);
-                        batch.push(envelope);
-                    }
-                    Some(AckCommand::Flush) | None => break,
+        while let Some(first) = rx.recv().await {
+            let (mut keys, mut envelopes): (Vec<u64>, Vec<Envelope>) = first.into_iter().unzip();
+            while envelopes.len() < max_batch {
+                let Ok(more) = rx.try_recv() else { break };
+                for (key, envelope) in more {
+                    keys.push(key);
+                    envelopes.push(envelope);
                 }
             }
+            std::mem::swap(&mut batch, &mut envelopes);
             if let Err(e) = transport.ack_batch(&batch).await {
-                tracing::warn!(error = %e, count = batch.len(), "ack failed; the messages will be redelivered");
+                tracing::warn!(error = %crate::error_chain(&e), count = batch.len(), "ack failed; the messages will be redelivered");
                 let event = WorkerEvent::TransportError {
                     transport: name.clone(),
-                    error: e.to_string(),
+                    error: crate::error_chain(&e).to_string(),
                 };
                 for l in &listeners {
                     l(&event);
                 }
                 stats.failed += batch.len() as u64;
             }
-            held.release_keys(keys.drain(..));
+            held.release_keys(keys);
             batch.clear();
         }
         stats
     };
     (
-        Acker { tx, waiting: 0 },
+        Acker {
+            tx,
+            pending: Vec::new(),
+        },
         tokio::spawn(task.instrument(span)),
     )
 }
@@ -213,7 +186,7 @@ pub(super) fn spawn_keepalive(
                 match tokio::time::timeout(interval, transport.keepalive_batch(&envelopes)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => {
-                        tracing::warn!(messaging.destination.name = %name, error = %e, count = envelopes.len(), "keepalive failed");
+                        tracing::warn!(messaging.destination.name = %name, error = %crate::error_chain(&e), count = envelopes.len(), "keepalive failed");
                     }
                     Err(_) => {
                         tracing::warn!(messaging.destination.name = %name, count = envelopes.len(), "keepalive timed out");
@@ -239,7 +212,7 @@ pub(super) fn spawn_release(
             match transport.retry(envelope, Duration::ZERO).await {
                 Ok(()) => released += 1,
                 Err(e) => {
-                    tracing::warn!(messaging.destination.name = %name, error = %e, "could not release a message; it will be redelivered");
+                    tracing::warn!(messaging.destination.name = %name, error = %crate::error_chain(&e), "could not release a message; it will be redelivered");
                 }
             }
             held.release_keys([key]);

@@ -7,10 +7,9 @@
 //! run heartbeats inside them), keepalives and the grace timer go on.
 //!
 //! The next batch is fetched while the current one is handled, at most one batch ahead: a fetch
-//! starts once half of the current batch has started, and asks for no more than brings the
-//! unstarted messages back to `fetch_size`. A worker therefore holds at most
-//! `fetch_size + concurrency` messages, every one of them kept alive, and a dead worker's
-//! messages come back within the transport's redelivery window.
+//! of `fetch_size` starts once half of the current batch has started. A worker therefore holds
+//! at most `1.5 x fetch_size + concurrency` messages, every one of them kept alive, and a dead
+//! worker's messages come back within the transport's redelivery window.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -100,7 +99,6 @@ impl Worker {
                     r.transport.clone(),
                     held.clone(),
                     self.listeners.clone(),
-                    self.options.ack_linger,
                     max_batch,
                 )
             })
@@ -162,8 +160,17 @@ impl Worker {
         let fetch_timer = tokio::time::sleep_until(far);
         let grace_timer = tokio::time::sleep_until(far);
         let drain_timer = tokio::time::sleep_until(far);
+        let linger_timer = tokio::time::sleep_until(far);
+        let mut lingering = false;
+        let max_acks = self.options.fetch_size.max(1);
         let cancelled = shutdown.cancelled();
-        tokio::pin!(fetch_timer, grace_timer, drain_timer, cancelled);
+        tokio::pin!(
+            fetch_timer,
+            grace_timer,
+            drain_timer,
+            linger_timer,
+            cancelled
+        );
         if shutdown.is_cancelled() {
             state.stop = Some(StopReason::Shutdown);
         }
@@ -205,9 +212,15 @@ impl Worker {
             tokio::select! {
                 biased;
                 Some((r, key, done)) = inflight.next() => {
-                    self.settle(beside, r, key, done, state);
+                    if self.settle(beside, r, key, done, state) && !lingering {
+                        lingering = true;
+                        linger_timer.as_mut().reset(Instant::now() + self.options.ack_linger);
+                    }
                     if queue.is_empty() && inflight.is_empty() {
                         // The batch is done: flush its acks now rather than after the linger.
+                        beside.ackers.iter_mut().for_each(Acker::flush);
+                        lingering = false;
+                    } else if beside.ackers[r].pending() >= max_acks {
                         beside.ackers[r].flush();
                     }
                     if state.stop.is_none() {
@@ -225,6 +238,10 @@ impl Worker {
                     if state.stop.is_none() {
                         state.stop = self.limit_reached(state);
                     }
+                }
+                () = &mut linger_timer, if lingering => {
+                    beside.ackers.iter_mut().for_each(Acker::flush);
+                    lingering = false;
                 }
                 () = &mut fetch_timer, if next_fetch.is_some() => {
                     next_fetch = None;
@@ -248,12 +265,13 @@ impl Worker {
         }
         drop(fetching);
         drop(inflight);
+        beside.ackers.iter_mut().for_each(Acker::flush);
         stopped_at.unwrap_or_else(Instant::now)
     }
 
     /// How many messages the next fetch may ask for.
     fn want(&self, state: &RunState, queued: usize) -> usize {
-        let room = self.options.fetch_size.saturating_sub(queued).max(1);
+        let room = self.options.fetch_size;
         match self.options.limit {
             Some(limit) => {
                 let left = limit.saturating_sub(state.stats.received + queued as u64);
@@ -299,10 +317,10 @@ impl Worker {
     ) -> Option<Duration> {
         for (i, e) in &fetched.errors {
             let name = &self.receivers[*i].name;
-            tracing::warn!(messaging.destination.name = %name, error = %e, "get failed");
+            tracing::warn!(messaging.destination.name = %name, error = %crate::error_chain(e), "get failed");
             self.emit(&WorkerEvent::TransportError {
                 transport: name.clone(),
-                error: e.to_string(),
+                error: crate::error_chain(e).to_string(),
             });
         }
         let failed = !fetched.errors.is_empty();
@@ -332,27 +350,37 @@ impl Worker {
         }
     }
 
-    /// Records what became of a message and hands its ack to the receiver's flusher.
-    fn settle(&self, beside: &mut Beside, r: usize, key: u64, done: Done, state: &mut RunState) {
+    /// Records what became of a message and adds its ack to the receiver's batch; returns
+    /// whether the ack started a new batch.
+    fn settle(
+        &self,
+        beside: &mut Beside,
+        r: usize,
+        key: u64,
+        done: Done,
+        state: &mut RunState,
+    ) -> bool {
         if done.failed {
             state.stats.failed += 1;
         }
         match done.outcome {
             Outcome::Ack(envelope) => {
                 state.stats.handled += 1;
-                beside.ackers[r].ack(key, envelope);
+                beside.ackers[r].push(key, envelope)
             }
             Outcome::Moved(envelope) => {
                 state.stats.moved_to_failure += 1;
-                beside.ackers[r].ack(key, envelope);
+                beside.ackers[r].push(key, envelope)
             }
             Outcome::Retried => {
                 state.stats.retried += 1;
                 beside.held.release_keys([key]);
+                false
             }
             Outcome::Left => {
                 state.stats.left_for_redelivery += 1;
                 beside.held.release_keys([key]);
+                false
             }
         }
     }
