@@ -122,8 +122,9 @@ impl Reaper {
 
     /// One pass, DESIGN §5's order for each stale run: a non-idempotent effect in flight ->
     /// dead-letter `not_retryable`; budget spent -> dead-letter `retries_exhausted`; else stale
-    /// requeue (refused = skipped) and dispatch with no delay; a dispatch failure settles the run
-    /// `failed`/`dispatch_failed`. Then each queued run overdue by more than
+    /// requeue (refused = skipped) and dispatch with no delay; a dispatch the transport could not
+    /// take for now (connection, timeout) leaves the run queued for the overdue pass, any other
+    /// dispatch failure settles it `failed`/`dispatch_failed`. Then each queued run overdue by more than
     /// [`redispatch_after`](Self::redispatch_after): the guarded re-dispatch (refused: another
     /// reaper or a worker won) and a `RunAgent` with no delay; a dispatch failure leaves the run
     /// queued for the next pass.
@@ -174,7 +175,8 @@ impl Reaper {
     ///
     /// # Errors
     /// [`RunError::NotFound`], [`RunError::NotRequeued`], [`RunError::Dispatch`] (a queued run
-    /// stays queued; a requeued one is settled `failed`/`dispatch_failed`), store failures.
+    /// stays queued, and so does a requeued one when the transport is unreachable for now;
+    /// otherwise a requeued one is settled `failed`/`dispatch_failed`), store failures.
     pub async fn requeue(&self, run_id: Uuid) -> Result<ManualRequeue, RunError> {
         let run = self
             .store
@@ -212,9 +214,11 @@ impl Reaper {
                     return refused("its lease was renewed or it was settled meanwhile".into());
                 }
                 if let Err(e) = dispatch_run(&self.bus, run_id, None).await {
-                    self.store
-                        .fail_queued(run_id, TerminationReason::DispatchFailed)
-                        .await?;
+                    if !e.is_transient_dispatch() {
+                        self.store
+                            .fail_queued(run_id, TerminationReason::DispatchFailed)
+                            .await?;
+                    }
                     return Err(e);
                 }
                 tracing::info!(courier.run.id = %run_id, "stale run requeued by an operator");
@@ -265,6 +269,10 @@ impl Reaper {
             match dispatch_run(&self.bus, run.id, None).await {
                 Ok(()) => {
                     tracing::info!(courier.run.id = %run.id, "stale run requeued");
+                    report.requeued += 1;
+                }
+                Err(e) if e.is_transient_dispatch() => {
+                    tracing::warn!(courier.run.id = %run.id, error = %e, "dispatch after stale requeue failed; the run stays queued and is dispatched again once overdue");
                     report.requeued += 1;
                 }
                 Err(e) => {

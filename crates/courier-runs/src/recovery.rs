@@ -8,7 +8,9 @@ use crate::{FailureClass, Outcome, Settlement, TerminationReason};
 /// DESIGN §5's recovery hook, in order: not retryable -> `not_retryable`; a non-idempotent effect
 /// in flight -> `not_retryable`; budget spent -> `retries_exhausted`; else owner requeue (refused:
 /// lease lost, no settle) and dispatch `RunAgent` with `DelayStamp(min(base * 2^count, cap))`,
-/// count taken before the increment. A dispatch failure after the requeue settles the queued row
+/// count taken before the increment. A dispatch that fails because the transport is unreachable
+/// leaves the run queued (the reaper dispatches overdue queued runs again, so an outage
+/// dead-letters nothing); any other dispatch failure settles the queued row
 /// `failed`/`dispatch_failed`.
 pub(crate) async fn recover(
     runtime: &Runtime,
@@ -49,6 +51,10 @@ pub(crate) async fn recover(
     }
     tracing::info!(courier.run.id = %run_id, courier.run.error_class = %class, delay_ms = delay.as_millis() as u64, "run requeued");
     if let Err(e) = runtime.dispatch(run_id, Some(delay)).await {
+        if e.is_transient_dispatch() {
+            tracing::warn!(courier.run.id = %run_id, error = %e, "dispatch after requeue failed; the run stays queued and the reaper dispatches it again");
+            return Ok(Outcome::Requeued { delay });
+        }
         tracing::error!(courier.run.id = %run_id, error = %e, "dispatch after requeue failed; run dead-lettered");
         inner
             .store

@@ -99,6 +99,22 @@ pub enum RunError {
     },
 }
 
+impl RunError {
+    /// Whether this is a dispatch that failed because its transport is unreachable for now
+    /// (connection lost, timed out): the message may be sent later, so a run already requeued
+    /// stays queued for the reaper to dispatch again instead of being dead-lettered.
+    #[must_use]
+    pub fn is_transient_dispatch(&self) -> bool {
+        matches!(
+            self,
+            Self::Dispatch {
+                source: BusError::Send { source, .. },
+                ..
+            } if source.is_transient()
+        )
+    }
+}
+
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn RunStore>,
     pub(crate) agents: HashMap<String, Arc<dyn Agent>>,

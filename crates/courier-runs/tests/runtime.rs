@@ -13,7 +13,7 @@ use courier_runs::{
     ScriptedAgent, Settlement, Step, StoreError, TerminationReason,
 };
 use serde_json::json;
-use support::{dispatched, queued_runtime, refusing_runtime};
+use support::{dispatched, queued_runtime, refusing_runtime, unreachable_runtime};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -864,4 +864,59 @@ async fn reaper_runs_every_interval_until_shutdown() {
     assert_eq!(dispatched(&queue).last(), Some(&(id, None)));
     shutdown.cancel();
     task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transport_outage_after_a_requeue_leaves_the_run_queued_for_the_reaper() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus) = unreachable_runtime(Arc::new(store.clone()), A);
+    let run = courier_runs::NewRun {
+        id: Uuid::new_v4(),
+        agent: "scripted".into(),
+        input: json!({"steps": [{"fail": "server_error"}]}),
+    };
+    store.insert_queued(&run).await.unwrap();
+    let outcome = rt.run_queued(run.id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Requeued {
+            delay: Duration::from_secs(30)
+        }
+    );
+    let now = row(&store, run.id).await;
+    assert_eq!(
+        (now.status, now.requeue_count, now.termination_reason),
+        (RunStatus::Queued, 1, None),
+        "an outage dead-letters nothing: the run waits for the reaper's overdue pass"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transport_outage_after_a_stale_requeue_leaves_the_run_queued() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus) = unreachable_runtime(Arc::new(store.clone()), A);
+    let run = courier_runs::NewRun {
+        id: Uuid::new_v4(),
+        agent: "scripted".into(),
+        input: json!({"steps": []}),
+    };
+    store.insert_queued(&run).await.unwrap();
+    assert!(
+        store
+            .claim(run.id, B, Duration::from_secs(1))
+            .await
+            .unwrap()
+    );
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let report = rt
+        .reaper()
+        .reap(courier_runs::ReapOptions::default())
+        .await
+        .unwrap();
+    assert_eq!((report.requeued, report.dead_lettered), (1, 0));
+    let now = row(&store, run.id).await;
+    assert_eq!(
+        (now.status, now.termination_reason),
+        (RunStatus::Queued, None)
+    );
 }

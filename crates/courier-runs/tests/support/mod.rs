@@ -179,17 +179,14 @@ impl Fixture {
     }
 }
 
-/// A transport whose sends always fail.
+/// A transport whose sends always fail with this kind of error.
 #[derive(Debug)]
-pub struct RefusingTransport;
+pub struct RefusingTransport(pub TransportErrorKind);
 
 #[courier_core::async_trait]
 impl Transport for RefusingTransport {
     async fn send(&self, _: Envelope) -> Result<Envelope, TransportError> {
-        Err(
-            TransportError::new(TransportErrorKind::Connection, "refusing")
-                .with_context("test: sends fail"),
-        )
+        Err(TransportError::new(self.0, "refusing").with_context("test: sends fail"))
     }
     async fn get(&self, _: usize) -> Result<Vec<Envelope>, TransportError> {
         Ok(vec![])
@@ -227,8 +224,21 @@ pub fn queued_runtime(
     (runtime, bus, queue)
 }
 
-/// A runtime whose dispatches all fail.
+/// A runtime whose dispatches all fail for good (a misconfigured transport).
 pub fn refusing_runtime(store: Arc<dyn RunStore>, worker: &str) -> (Runtime, MessageBus) {
+    failing_runtime(store, worker, TransportErrorKind::Config)
+}
+
+/// A runtime whose transport is unreachable for now (its dispatches fail, transiently).
+pub fn unreachable_runtime(store: Arc<dyn RunStore>, worker: &str) -> (Runtime, MessageBus) {
+    failing_runtime(store, worker, TransportErrorKind::Connection)
+}
+
+fn failing_runtime(
+    store: Arc<dyn RunStore>,
+    worker: &str,
+    kind: TransportErrorKind,
+) -> (Runtime, MessageBus) {
     let runtime = Runtime::builder(store)
         .agent("scripted", courier_runs::ScriptedAgent)
         .worker_identity(worker)
@@ -236,7 +246,7 @@ pub fn refusing_runtime(store: Arc<dyn RunStore>, worker: &str) -> (Runtime, Mes
     let bus = runtime
         .register(
             MessageBus::builder()
-                .transport("refusing", Arc::new(RefusingTransport))
+                .transport("refusing", Arc::new(RefusingTransport(kind)))
                 .route("courier.run_agent", ["refusing"]),
         )
         .build();
