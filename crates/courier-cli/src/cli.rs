@@ -69,6 +69,30 @@ pub(crate) enum Command {
     /// The main job on the embedded default: scripted runs, workers, a crash, the reaper
     Demo(DemoArgs),
     /// Send/consume benchmark through the real worker path
+    ///
+    /// Modes: the default measures produce and consume throughput (and a short latency sample);
+    /// --raw adds the raw driver doing the same protocol work (sqlx on SQLite and PostgreSQL,
+    /// redis-rs on Redis Streams, lapin on RabbitMQ: publish a batch then await its confirms,
+    /// basic.qos = fetch size, basic.ack multiple) in paired rounds, medians reported. --runs
+    /// executes scripted 3-step no-op runs with --workers workers and counts the statements each
+    /// run costs. --latency times send -> handler with an idle worker, beside the raw floor
+    /// (Redis XREADGROUP BLOCK, PostgreSQL LISTEN/NOTIFY + claim, RabbitMQ push consumer,
+    /// SQLite polling on the transport's schedule).
+    ///
+    /// JSON (--format json), one object:
+    ///   default: {"mode": "throughput", "dsn", "messages", "size", "fetch_size", "concurrency",
+    ///     "rounds", "produce_per_s", "consume_per_s", "p50_ms", "p99_ms", "raw": {produce_per_s,
+    ///     consume_per_s, p50_ms, p99_ms} | null, "ratio": courier / raw consume | null,
+    ///     "produce_ratio": courier / raw produce | null}
+    ///   --runs: {"mode": "runs", "dsn", "runs", "workers", "steps_per_run", "fetch_size",
+    ///     "concurrency", "submit_per_s", "runs_per_s", "store_statements_per_run",
+    ///     "store_statements": {"submit", "execute"} (per run), "store_calls_per_run": {method:
+    ///     calls}, "transport_statements_per_run", "transport_calls_per_run": {method: calls},
+    ///     "empty_gets_per_run"}
+    ///   --latency: {"mode": "latency", "dsn", "samples", "size", "fetch_size", "rounds",
+    ///     "courier": {"p50_ms", "p99_ms"}, "raw": {"p50_ms", "p99_ms", "floor"} | null,
+    ///     "ratio": courier p50 / raw p50 | null}
+    #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
 }
 
@@ -213,9 +237,10 @@ pub(crate) struct BenchArgs {
     /// Transport to measure (default: a fresh SQLite file in the temp directory)
     #[arg(long)]
     pub(crate) dsn: Option<String>,
-    /// Messages to send and consume
-    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    pub(crate) messages: u64,
+    /// Messages to send and consume (default 20,000); with --runs, runs to execute (default
+    /// 1,000)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub(crate) messages: Option<u64>,
     /// Handlers running at once
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) concurrency: u16,
@@ -232,6 +257,20 @@ pub(crate) struct BenchArgs {
     /// --raw, else 1)
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=20))]
     pub(crate) rounds: Option<u8>,
+    /// Measure durable runs: scripted runs of 3 no-op steps executed by --workers workers
+    /// (runs/s, store statements per run)
+    #[arg(long, conflicts_with_all = ["latency", "raw"])]
+    pub(crate) runs: bool,
+    /// In-process workers on the same bus (with --runs)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) workers: u16,
+    /// Measure pickup latency: an idle worker, one message at a time, beside the raw driver's
+    /// floor
+    #[arg(long)]
+    pub(crate) latency: bool,
+    /// Latency samples per side (with --latency)
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) samples: u32,
 }
 
 /// `250ms`, `30s`, `10min`, `1h`.

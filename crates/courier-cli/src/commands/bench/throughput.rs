@@ -1,107 +1,51 @@
-//! `courier bench`: send then consume N messages through the real worker path, then measure
-//! send -> handler latency with an idle worker; with `--raw`, the raw driver doing the same
-//! protocol work in the same run.
+//! The default mode: produce then consume N messages through the real worker path, then a short
+//! latency sample with an idle worker; with `--raw`, the raw driver in paired rounds.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use courier_core::{
-    CancellationToken, Dsn, Envelope, FactoryContext, HandlerError, Message, MessageBus,
-    MessageRegistry, Transport, Worker,
+    CancellationToken, Dsn, Envelope, FactoryContext, MessageRegistry, Transport, Worker,
 };
-use serde::{Deserialize, Serialize};
 
+use super::{
+    BENCH, BenchMessage, Figures, Work, bench_bus, chatty, isolate, payload, per_second,
+    percentiles, print_json, remove_isolated,
+};
 use crate::app::App;
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
 
-/// The benchmark transport's name (the AMQP exchange and queue are named after it).
-const BENCH: &str = "courier_bench";
-
-/// The benchmark message.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct BenchMessage {
-    seq: u64,
-    payload: String,
-}
-
-impl Message for BenchMessage {
-    const NAME: &'static str = "courier.bench";
-}
-
-/// Throughput and latency of one implementation.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct Figures {
-    pub(crate) produce_per_s: f64,
-    pub(crate) consume_per_s: f64,
-    pub(crate) p50_ms: f64,
-    pub(crate) p99_ms: f64,
-}
-
-/// What the raw driver is asked to do.
-#[derive(Debug, Clone)]
-#[cfg_attr(
-    not(feature = "sql"),
-    allow(dead_code, reason = "read by the raw SQL benchmark")
-)]
-pub(crate) struct Work {
-    pub(crate) messages: u64,
-    pub(crate) size: usize,
-    pub(crate) fetch_size: usize,
-    pub(crate) latency_samples: usize,
-}
-
-pub(crate) async fn run(app: &App, cli: &Cli, args: &BenchArgs) -> CliResult {
-    let (dsn, temp) = match &args.dsn {
-        Some(raw) => (
-            Dsn::parse(raw).map_err(|e| CliError::usage(format!("--dsn: {e}")))?,
-            None,
-        ),
-        None => {
-            let path = std::env::temp_dir().join(format!(
-                "courier-bench-{}.db",
-                uuid::Uuid::new_v4().simple()
-            ));
-            (
-                Dsn::parse(&format!("sqlite://{}", path.display()))
-                    .map_err(|e| CliError::usage(e.to_string()))?,
-                Some(path),
-            )
-        }
-    };
-    if let Some(p) = dsn.password() {
-        crate::error::remember_secret(p);
-    }
-    let work = Work {
-        messages: args.messages,
-        size: usize::try_from(args.size).unwrap_or(200),
-        fetch_size: usize::from(args.fetch_size),
-        latency_samples: usize::try_from(args.messages / 20)
-            .unwrap_or(500)
-            .clamp(20, 500),
-    };
-    let result = measure(app, cli, args, &dsn, &work).await;
-    if let Some(path) = temp {
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let mut p = path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
-    }
+pub(super) async fn measure(
+    app: &App,
+    cli: &Cli,
+    args: &BenchArgs,
+    dsn: &Dsn,
+    work: &Work,
+) -> CliResult {
+    let queue = format!("bench_{}", fastrand::u32(..));
+    let isolated = isolate(dsn, &queue, args.fetch_size);
+    let result = rounds(app, cli, args, dsn, &isolated, work).await;
+    remove_isolated(&isolated, dsn).await;
     result
 }
 
-async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work) -> CliResult {
-    let queue = format!("bench_{}", fastrand::u32(..));
-    let isolated = isolate(dsn, &queue);
+async fn rounds(
+    app: &App,
+    cli: &Cli,
+    args: &BenchArgs,
+    dsn: &Dsn,
+    isolated: &Dsn,
+    work: &Work,
+) -> CliResult {
     let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
     let ctx = FactoryContext::new(BENCH, isolated.clone()).registry(registry);
     let transport = app.factories.create(ctx).await?;
     if let Some(setup) = transport.as_setup() {
         setup.setup().await?;
     }
-    if cli.format == Format::Text && !cli.quiet {
+    if chatty(cli) {
         eprintln!(
             "Benchmarking {dsn}: {} messages of {} B, fetch size {}, concurrency {}{}",
             work.messages,
@@ -118,18 +62,21 @@ async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work)
         // ABBA order, so neither side always runs on the colder (or fuller) database.
         let raw_first = args.raw && round % 2 == 1;
         if raw_first {
-            theirs.extend(crate::raw::measure(&isolated, work).await?);
+            theirs.extend(crate::raw::measure(isolated, work).await?);
         }
         ours.push(courier_figures(&transport, work, usize::from(args.concurrency)).await?);
         if args.raw && !raw_first {
-            theirs.extend(crate::raw::measure(&isolated, work).await?);
+            theirs.extend(crate::raw::measure(isolated, work).await?);
         }
     }
+    drop(transport);
     let courier = median(&ours);
     let raw = (!theirs.is_empty()).then(|| median(&theirs));
     let ratio = raw.map(|r| courier.consume_per_s / r.consume_per_s);
+    let produce_ratio = raw.map(|r| courier.produce_per_s / r.produce_per_s);
     if cli.format == Format::Json {
         let mut value = serde_json::json!({
+            "mode": "throughput",
             "dsn": dsn.to_string(),
             "messages": work.messages,
             "size": work.size,
@@ -138,16 +85,14 @@ async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work)
             "rounds": rounds,
             "raw": raw,
             "ratio": ratio,
+            "produce_ratio": produce_ratio,
         });
         if let (Some(obj), Ok(serde_json::Value::Object(figs))) =
             (value.as_object_mut(), serde_json::to_value(courier))
         {
             obj.extend(figs);
         }
-        let text =
-            serde_json::to_string_pretty(&value).map_err(|e| CliError::runtime(e.to_string()))?;
-        println!("{text}");
-        return Ok(());
+        return print_json(&value);
     }
     println!(
         "{:<10} {:>12} {:>12} {:>9} {:>9}",
@@ -160,36 +105,15 @@ async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work)
         );
     };
     line("courier", &courier);
-    match (&raw, ratio) {
-        (Some(r), Some(ratio)) => {
+    match (&raw, ratio, produce_ratio) {
+        (Some(r), Some(ratio), Some(produce)) => {
             line("raw", r);
-            println!("ratio (courier / raw consume): {ratio:.2}");
+            println!("ratio (courier / raw): produce {produce:.2}, consume {ratio:.2}");
         }
         _ if args.raw => println!("raw: no raw implementation for `{}`", dsn.scheme()),
         _ => {}
     }
     Ok(())
-}
-
-/// The DSN with a queue of its own, so the benchmark never touches application messages: a
-/// fresh SQL `queue_name`, the Redis stream `courier_bench` (AMQP: the transport name).
-fn isolate(dsn: &Dsn, queue: &str) -> Dsn {
-    match dsn.scheme() {
-        "sqlite" | "postgres" | "postgresql" | "mysql" | "mariadb"
-            if dsn.option("queue_name").is_none() =>
-        {
-            dsn.clone().with_option("queue_name", queue)
-        }
-        "redis" | "rediss" if dsn.option("stream").is_none() => {
-            dsn.clone().with_option("stream", BENCH)
-        }
-        _ => dsn.clone(),
-    }
-}
-
-/// A payload of `size` bytes of JSON-safe text.
-pub(crate) fn payload(size: usize) -> String {
-    "x".repeat(size)
 }
 
 async fn courier_figures(
@@ -283,27 +207,6 @@ async fn courier_figures(
     })
 }
 
-fn bench_bus(
-    transport: &Arc<dyn Transport>,
-    on: impl Fn(u64) + Send + Sync + 'static,
-) -> MessageBus {
-    let on = Arc::new(on);
-    MessageBus::builder()
-        .transport(BENCH, transport.clone())
-        .handler_fn("bench", move |m: Arc<BenchMessage>| {
-            let on = on.clone();
-            async move {
-                on(m.seq);
-                Ok::<(), HandlerError>(())
-            }
-        })
-        .build()
-}
-
-pub(crate) fn per_second(n: u64, elapsed: Duration) -> f64 {
-    n as f64 / elapsed.as_secs_f64().max(1e-9)
-}
-
 /// The median of each figure.
 fn median(all: &[Figures]) -> Figures {
     let pick = |f: fn(&Figures) -> f64| {
@@ -317,17 +220,4 @@ fn median(all: &[Figures]) -> Figures {
         p50_ms: pick(|f| f.p50_ms),
         p99_ms: pick(|f| f.p99_ms),
     }
-}
-
-/// p50 and p99 in milliseconds.
-pub(crate) fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
-    if samples.is_empty() {
-        return (0.0, 0.0);
-    }
-    samples.sort_unstable();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
-        samples[i].as_secs_f64() * 1000.0
-    };
-    (at(0.50), at(0.99))
 }

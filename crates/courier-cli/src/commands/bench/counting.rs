@@ -1,0 +1,352 @@
+//! Decorators that count what `courier bench --runs` costs the databases.
+//!
+//! [`CountingStore`] wraps the run store and counts calls per [`RunStore`] method. Every call of
+//! [`SqlRunStore`](courier_runs::SqlRunStore) is one SQL statement, except (read from
+//! `courier-runs/src/store/sql.rs`): `insert_queued` and `insert_interactive` are two (the INSERT,
+//! then a SELECT of the new row), and on MySQL `append_event` is two (the INSERT, then a SELECT
+//! of the sequence number it got). [`CountingStore::statements`] applies exactly those rules.
+//!
+//! [`CountingTransport`] wraps the RunAgent transport and counts calls per [`Transport`] method,
+//! splitting `get` into the calls that returned messages (one claim statement on the SQL
+//! transports) and the empty ones (idle polling: on SQL, one claim and one next-due statement
+//! per poll inside the poll window, so they are reported apart). On the SQL transports `send`,
+//! `send_batch`, `ack`, `ack_batch`, `reject` and `retry` are one statement each, and `keepalive`
+//! one per message (`keepalive_batch` loops).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use courier_core::{
+    Capabilities, Envelope, Listable, MessageCount, Setup, Transport, TransportError,
+};
+use courier_runs::{
+    Dialect, NewRun, Run, RunEvent, RunStatus, RunStore, Settlement, StoreError, TerminationReason,
+    async_trait,
+};
+use uuid::Uuid;
+
+/// The run store methods, in the order of [`CountingStore::calls`].
+pub(super) const STORE_METHODS: [&str; 22] = [
+    "setup",
+    "now_ms",
+    "insert_queued",
+    "insert_interactive",
+    "find",
+    "list",
+    "claim",
+    "renew",
+    "requeue_owned",
+    "select_stale",
+    "select_overdue",
+    "redispatch_overdue",
+    "redispatch_queued",
+    "requeue_stale",
+    "dead_letter_stale",
+    "settle",
+    "fail_queued",
+    "resume",
+    "cancel",
+    "set_pending_effect",
+    "append_event",
+    "events",
+];
+
+fn index(method: &str) -> usize {
+    STORE_METHODS
+        .iter()
+        .position(|m| *m == method)
+        .unwrap_or(STORE_METHODS.len() - 1)
+}
+
+/// Calls per method, indexed like [`STORE_METHODS`].
+pub(super) type StoreCalls = [u64; STORE_METHODS.len()];
+
+/// A run store that counts its calls (see the module docs) and the runs it settled.
+#[derive(Debug)]
+pub(super) struct CountingStore {
+    inner: Arc<dyn RunStore>,
+    dialect: Dialect,
+    calls: [AtomicU64; STORE_METHODS.len()],
+    settled: AtomicU64,
+    settled_changed: tokio::sync::Notify,
+}
+
+impl CountingStore {
+    pub(super) fn new(inner: Arc<dyn RunStore>, dialect: Dialect) -> Self {
+        Self {
+            inner,
+            dialect,
+            calls: std::array::from_fn(|_| AtomicU64::new(0)),
+            settled: AtomicU64::new(0),
+            settled_changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn bump(&self, method: &str) {
+        self.calls[index(method)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Calls so far, per method.
+    pub(super) fn calls(&self) -> StoreCalls {
+        std::array::from_fn(|i| self.calls[i].load(Ordering::Relaxed))
+    }
+
+    /// The SQL statements these calls cost (see the module docs).
+    pub(super) fn statements(&self, calls: &StoreCalls) -> u64 {
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let per_call = match STORE_METHODS[i] {
+                    "insert_queued" | "insert_interactive" => 2,
+                    "append_event" if self.dialect == Dialect::Mysql => 2,
+                    _ => 1,
+                };
+                n * per_call
+            })
+            .sum()
+    }
+
+    /// Waits until `n` runs were settled (a settle whose guard matched), or `idle` passed
+    /// without one; returns how many were settled.
+    pub(super) async fn settled_at_least(&self, n: u64, idle: Duration) -> u64 {
+        loop {
+            let changed = self.settled_changed.notified();
+            let now = self.settled.load(Ordering::Acquire);
+            if now >= n {
+                return now;
+            }
+            if tokio::time::timeout(idle, changed).await.is_err() {
+                return self.settled.load(Ordering::Acquire);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl RunStore for CountingStore {
+    async fn setup(&self) -> Result<(), StoreError> {
+        self.bump("setup");
+        self.inner.setup().await
+    }
+    async fn now_ms(&self) -> Result<i64, StoreError> {
+        self.bump("now_ms");
+        self.inner.now_ms().await
+    }
+    async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
+        self.bump("insert_queued");
+        self.inner.insert_queued(run).await
+    }
+    async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
+        self.bump("insert_interactive");
+        self.inner.insert_interactive(run).await
+    }
+    async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
+        self.bump("find");
+        self.inner.find(id).await
+    }
+    async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError> {
+        self.bump("list");
+        self.inner.list(status, limit).await
+    }
+    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        self.bump("claim");
+        self.inner.claim(id, worker, lease).await
+    }
+    async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        self.bump("renew");
+        self.inner.renew(id, worker, lease).await
+    }
+    async fn requeue_owned(
+        &self,
+        id: Uuid,
+        worker: &str,
+        due_in: Duration,
+    ) -> Result<bool, StoreError> {
+        self.bump("requeue_owned");
+        self.inner.requeue_owned(id, worker, due_in).await
+    }
+    async fn select_stale(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
+        self.bump("select_stale");
+        self.inner.select_stale(limit).await
+    }
+    async fn select_overdue(&self, after: Duration, limit: usize) -> Result<Vec<Run>, StoreError> {
+        self.bump("select_overdue");
+        self.inner.select_overdue(after, limit).await
+    }
+    async fn redispatch_overdue(&self, id: Uuid, after: Duration) -> Result<bool, StoreError> {
+        self.bump("redispatch_overdue");
+        self.inner.redispatch_overdue(id, after).await
+    }
+    async fn redispatch_queued(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.bump("redispatch_queued");
+        self.inner.redispatch_queued(id).await
+    }
+    async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.bump("requeue_stale");
+        self.inner.requeue_stale(id).await
+    }
+    async fn dead_letter_stale(
+        &self,
+        id: Uuid,
+        reason: TerminationReason,
+    ) -> Result<bool, StoreError> {
+        self.bump("dead_letter_stale");
+        self.inner.dead_letter_stale(id, reason).await
+    }
+    async fn settle(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        settlement: &Settlement,
+    ) -> Result<bool, StoreError> {
+        self.bump("settle");
+        let settled = self.inner.settle(id, owner, settlement).await?;
+        if settled && settlement.status.is_terminal() {
+            self.settled.fetch_add(1, Ordering::AcqRel);
+            self.settled_changed.notify_waiters();
+        }
+        Ok(settled)
+    }
+    async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
+        self.bump("fail_queued");
+        self.inner.fail_queued(id, reason).await
+    }
+    async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError> {
+        self.bump("resume");
+        self.inner.resume(id, from).await
+    }
+    async fn cancel(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.bump("cancel");
+        self.inner.cancel(id).await
+    }
+    async fn set_pending_effect(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        effect: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.bump("set_pending_effect");
+        self.inner.set_pending_effect(id, owner, effect).await
+    }
+    async fn append_event(
+        &self,
+        id: Uuid,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<i64, StoreError> {
+        self.bump("append_event");
+        self.inner.append_event(id, kind, payload).await
+    }
+    async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
+        self.bump("events");
+        self.inner.events(id).await
+    }
+}
+
+/// The transport operations counted, in the order of [`CountingTransport::calls`].
+pub(super) const TRANSPORT_METHODS: [&str; 9] = [
+    "send",
+    "send_batch",
+    "get",
+    "get_empty",
+    "ack",
+    "ack_batch",
+    "reject",
+    "retry",
+    "keepalive",
+];
+
+/// Calls per operation, indexed like [`TRANSPORT_METHODS`].
+pub(super) type TransportCalls = [u64; TRANSPORT_METHODS.len()];
+
+/// A transport that counts its operations (see the module docs).
+#[derive(Debug)]
+pub(super) struct CountingTransport {
+    inner: Arc<dyn Transport>,
+    calls: [AtomicU64; TRANSPORT_METHODS.len()],
+}
+
+impl CountingTransport {
+    pub(super) fn new(inner: Arc<dyn Transport>) -> Self {
+        Self {
+            inner,
+            calls: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    fn bump(&self, op: &str, n: u64) {
+        if let Some(i) = TRANSPORT_METHODS.iter().position(|m| *m == op) {
+            self.calls[i].fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Operations so far.
+    pub(super) fn calls(&self) -> TransportCalls {
+        std::array::from_fn(|i| self.calls[i].load(Ordering::Relaxed))
+    }
+
+    /// The statements of the busy path on a SQL transport: every operation but the empty gets.
+    pub(super) fn statements(calls: &TransportCalls) -> u64 {
+        TRANSPORT_METHODS
+            .iter()
+            .zip(calls)
+            .filter(|(m, _)| **m != "get_empty")
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+#[async_trait]
+impl Transport for CountingTransport {
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        self.bump("send", 1);
+        self.inner.send(envelope).await
+    }
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        let got = self.inner.get(max).await?;
+        self.bump(if got.is_empty() { "get_empty" } else { "get" }, 1);
+        Ok(got)
+    }
+    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.bump("ack", 1);
+        self.inner.ack(envelope).await
+    }
+    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.bump("reject", 1);
+        self.inner.reject(envelope).await
+    }
+    async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
+        self.bump("retry", 1);
+        self.inner.retry(envelope, delay).await
+    }
+    async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.bump("keepalive", 1);
+        self.inner.keepalive(envelope).await
+    }
+    async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        self.bump("keepalive", envelopes.len() as u64);
+        self.inner.keepalive_batch(envelopes).await
+    }
+    async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
+        self.bump("send_batch", 1);
+        self.inner.send_batch(envelopes).await
+    }
+    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        self.bump("ack_batch", 1);
+        self.inner.ack_batch(envelopes).await
+    }
+    fn as_setup(&self) -> Option<&dyn Setup> {
+        self.inner.as_setup()
+    }
+    fn as_listable(&self) -> Option<&dyn Listable> {
+        self.inner.as_listable()
+    }
+    fn as_message_count(&self) -> Option<&dyn MessageCount> {
+        self.inner.as_message_count()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}

@@ -1,0 +1,245 @@
+//! `courier bench --latency`: pickup latency of an idle worker, beside the raw driver's floor.
+//!
+//! Courier's side is a worker (`--fetch-size`, `--concurrency`, the worker's defaults otherwise)
+//! on one transport instance, and a second transport instance on the same DSN that sends, as
+//! another process would (so no in-process wake-up helps; `in-memory://` sends to itself). Each sample sends one message and
+//! times until the handler runs. The raw side ([`crate::raw::floor`]) does the same with the
+//! driver's cheapest wait. Before each sample the benchmark pauses 1-5 ms (uniformly random),
+//! so each send lands at a random point of the consumer's wait; 3 unrecorded warm-up messages
+//! open each side. `--rounds` splits the samples into rounds in ABBA order.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use courier_core::{
+    CancellationToken, Dsn, Envelope, FactoryContext, MessageRegistry, Transport, Worker,
+};
+use serde_json::json;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::{
+    BENCH, BenchMessage, bench_bus, chatty, isolate, payload, percentiles, print_json,
+    remove_isolated,
+};
+use crate::app::App;
+use crate::cli::{BenchArgs, Cli, Format};
+use crate::error::{CliError, CliResult};
+use crate::raw::Probe;
+
+/// Unrecorded messages that open each side.
+const WARM_UP: u64 = 3;
+/// The longest a sample may take.
+const SAMPLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(super) async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
+    let queue = format!("bench_{}", fastrand::u32(..));
+    let isolated = isolate(dsn, &queue, args.fetch_size);
+    let result = rounds(app, cli, args, dsn, &isolated).await;
+    remove_isolated(&isolated, dsn).await;
+    result
+}
+
+async fn rounds(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, isolated: &Dsn) -> CliResult {
+    let size = usize::try_from(args.size).unwrap_or(200);
+    let fetch_size = usize::from(args.fetch_size);
+    let samples = args.samples as usize;
+    let rounds = usize::from(args.rounds.unwrap_or(1)).min(samples).max(1);
+    if chatty(cli) {
+        eprintln!(
+            "Pickup latency on {dsn}: {samples} samples of {size} B per side, idle worker \
+             (fetch size {fetch_size}, concurrency {}), beside the raw driver",
+            args.concurrency
+        );
+    }
+    let (courier_tx, mut courier_rx) = unbounded_channel();
+    let courier = CourierProbe::start(
+        app,
+        isolated,
+        size,
+        fetch_size,
+        usize::from(args.concurrency),
+        courier_tx,
+    )
+    .await?;
+    let (raw_tx, mut raw_rx) = unbounded_channel();
+    let raw = match crate::raw::floor(isolated, size, fetch_size, raw_tx).await {
+        Ok(raw) => raw,
+        Err(e) => {
+            courier.close().await;
+            return Err(e);
+        }
+    };
+    let mut ours = Vec::with_capacity(samples);
+    let mut theirs = Vec::with_capacity(samples);
+    let mut seq = 0;
+    let result = async {
+        warm_up(&courier, &mut courier_rx, &mut seq).await?;
+        if let Some((probe, _)) = &raw {
+            warm_up(probe.as_ref(), &mut raw_rx, &mut seq).await?;
+        }
+        for round in 0..rounds {
+            let n = samples / rounds + usize::from(round < samples % rounds);
+            let raw_first = round % 2 == 1;
+            if raw_first && let Some((probe, _)) = &raw {
+                theirs.extend(sample(probe.as_ref(), &mut raw_rx, n, &mut seq).await?);
+            }
+            ours.extend(sample(&courier, &mut courier_rx, n, &mut seq).await?);
+            if !raw_first && let Some((probe, _)) = &raw {
+                theirs.extend(sample(probe.as_ref(), &mut raw_rx, n, &mut seq).await?);
+            }
+        }
+        Ok::<(), CliError>(())
+    }
+    .await;
+    courier.close().await;
+    if let Some((probe, _)) = &raw {
+        probe.close().await;
+    }
+    result?;
+
+    let (p50, p99) = percentiles(&mut ours);
+    let floor = raw.as_ref().map(|(_, name)| *name);
+    let raw_figures = floor.map(|name| {
+        let (p50, p99) = percentiles(&mut theirs);
+        (p50, p99, name)
+    });
+    let ratio = raw_figures.map(|(raw_p50, _, _)| p50 / raw_p50.max(1e-9));
+    if cli.format == Format::Json {
+        return print_json(&json!({
+            "mode": "latency",
+            "dsn": dsn.to_string(),
+            "samples": samples,
+            "size": size,
+            "fetch_size": fetch_size,
+            "concurrency": args.concurrency,
+            "rounds": rounds,
+            "courier": { "p50_ms": p50, "p99_ms": p99 },
+            "raw": raw_figures.map(|(p50, p99, floor)| json!({
+                "p50_ms": p50, "p99_ms": p99, "floor": floor,
+            })),
+            "ratio": ratio,
+        }));
+    }
+    println!("{:<10} {:>9} {:>9}", "", "p50 ms", "p99 ms");
+    println!("{:<10} {p50:>9.3} {p99:>9.3}", "courier");
+    match (raw_figures, ratio) {
+        (Some((raw_p50, raw_p99, floor)), Some(ratio)) => {
+            println!("{:<10} {raw_p50:>9.3} {raw_p99:>9.3}   ({floor})", "raw");
+            println!("ratio (courier / raw p50): {ratio:.2}");
+        }
+        _ => println!("raw: no raw implementation for `{}`", dsn.scheme()),
+    }
+    Ok(())
+}
+
+/// Sends a few unrecorded messages through `probe` (connections, listeners, consumers open).
+async fn warm_up(probe: &dyn Probe, rx: &mut UnboundedReceiver<u64>, seq: &mut u64) -> CliResult {
+    sample(probe, rx, WARM_UP as usize, seq).await.map(drop)
+}
+
+/// `n` samples: pause 1-5 ms, send one message, wait until it was handled.
+async fn sample(
+    probe: &dyn Probe,
+    rx: &mut UnboundedReceiver<u64>,
+    n: usize,
+    seq: &mut u64,
+) -> CliResult<Vec<Duration>> {
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        tokio::time::sleep(Duration::from_micros(fastrand::u64(1_000..=5_000))).await;
+        *seq += 1;
+        let expected = *seq;
+        let sent = Instant::now();
+        probe.send(expected).await?;
+        let deadline = tokio::time::Instant::now() + SAMPLE_TIMEOUT;
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(got)) if got == expected => break,
+                // A late copy of an earlier message (a redelivery): not this sample.
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(CliError::runtime("latency benchmark: consumer stopped")),
+                Err(_) => {
+                    return Err(CliError::runtime(format!(
+                        "latency benchmark: a message was not handled within {SAMPLE_TIMEOUT:?}"
+                    )));
+                }
+            }
+        }
+        samples.push(sent.elapsed());
+    }
+    Ok(samples)
+}
+
+/// Courier's side: a worker on one transport instance, a sender on another.
+struct CourierProbe {
+    sender: Arc<dyn Transport>,
+    stop: CancellationToken,
+    worker: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    body: String,
+}
+
+impl CourierProbe {
+    async fn start(
+        app: &App,
+        dsn: &Dsn,
+        size: usize,
+        fetch_size: usize,
+        concurrency: usize,
+        handled: UnboundedSender<u64>,
+    ) -> CliResult<Self> {
+        let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
+        let ctx = FactoryContext::new(BENCH, dsn.clone()).registry(registry.clone());
+        let transport = app.factories.create(ctx).await?;
+        if let Some(setup) = transport.as_setup() {
+            setup.setup().await?;
+        }
+        // A transport with no server (in-memory) is one queue per instance: it sends to itself.
+        let sender = if matches!(dsn.scheme(), "in-memory" | "sync") {
+            transport.clone()
+        } else {
+            let ctx = FactoryContext::new(BENCH, dsn.clone()).registry(registry);
+            app.factories.create(ctx).await?
+        };
+        let bus = bench_bus(&transport, move |seq| {
+            let _ = handled.send(seq);
+        });
+        let stop = CancellationToken::new();
+        let worker = Worker::builder(bus)
+            .receiver(BENCH, transport)
+            .fetch_size(fetch_size)
+            .concurrency(concurrency)
+            .build();
+        let running = worker.run(stop.clone());
+        let worker = tokio::spawn(async move {
+            if let Err(e) = running.await {
+                tracing::warn!(error = %e, "latency benchmark worker failed");
+            }
+        });
+        Ok(Self {
+            sender,
+            stop,
+            worker: tokio::sync::Mutex::new(Some(worker)),
+            body: payload(size),
+        })
+    }
+}
+
+#[courier_core::async_trait]
+impl Probe for CourierProbe {
+    async fn send(&self, seq: u64) -> CliResult {
+        self.sender
+            .send(Envelope::new(BenchMessage {
+                seq,
+                payload: self.body.clone(),
+            }))
+            .await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.stop.cancel();
+        if let Some(worker) = self.worker.lock().await.take() {
+            let _ = worker.await;
+        }
+    }
+}

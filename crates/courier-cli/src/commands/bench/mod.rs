@@ -1,0 +1,230 @@
+//! `courier bench`: three modes, each beside the raw driver where there is one.
+//!
+//! - default ([`throughput`]): send then consume N messages through the real worker path, then a
+//!   short send -> handler latency sample; with `--raw`, the raw driver doing the same protocol
+//!   work in paired rounds (ABBA order).
+//! - `--runs` ([`runs`]): N scripted 3-step no-op runs executed by W in-process workers, with the
+//!   run store's statements per run counted by a decorator.
+//! - `--latency` ([`latency`]): an idle worker, one message at a time, beside the raw driver's
+//!   floor (Redis blocking read, PostgreSQL LISTEN/NOTIFY + claim, RabbitMQ push, SQLite polling).
+
+#[cfg(feature = "runs")]
+mod counting;
+mod latency;
+#[cfg(feature = "runs")]
+mod runs;
+mod throughput;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_core::{Dsn, HandlerError, Message, MessageBus, Transport};
+use serde::{Deserialize, Serialize};
+
+use crate::app::App;
+use crate::cli::{BenchArgs, Cli, Format};
+use crate::error::{CliError, CliResult};
+
+/// The benchmark transport's name.
+pub(crate) const BENCH: &str = "courier_bench";
+
+/// Messages of the default mode when `--messages` is not given.
+const DEFAULT_MESSAGES: u64 = 20_000;
+
+/// The benchmark message.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct BenchMessage {
+    pub(crate) seq: u64,
+    pub(crate) payload: String,
+}
+
+impl Message for BenchMessage {
+    const NAME: &'static str = "courier.bench";
+}
+
+/// Throughput and latency of one implementation.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Figures {
+    pub(crate) produce_per_s: f64,
+    pub(crate) consume_per_s: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+}
+
+/// What the raw driver is asked to do.
+#[derive(Debug, Clone)]
+#[cfg_attr(
+    not(feature = "sql"),
+    allow(dead_code, reason = "read by the raw drivers")
+)]
+pub(crate) struct Work {
+    pub(crate) messages: u64,
+    pub(crate) size: usize,
+    pub(crate) fetch_size: usize,
+    pub(crate) latency_samples: usize,
+}
+
+pub(crate) async fn run(app: &App, cli: &Cli, args: &BenchArgs) -> CliResult {
+    let (dsn, temp) = match &args.dsn {
+        Some(raw) => (
+            Dsn::parse(raw).map_err(|e| CliError::usage(format!("--dsn: {e}")))?,
+            None,
+        ),
+        None => {
+            let path = std::env::temp_dir().join(format!(
+                "courier-bench-{}.db",
+                uuid::Uuid::new_v4().simple()
+            ));
+            (
+                Dsn::parse(&format!("sqlite://{}", path.display()))
+                    .map_err(|e| CliError::usage(e.to_string()))?,
+                Some(path),
+            )
+        }
+    };
+    if let Some(p) = dsn.password() {
+        crate::error::remember_secret(p);
+    }
+    let result = if args.runs {
+        runs_mode(app, cli, args, &dsn).await
+    } else if args.latency {
+        latency::measure(app, cli, args, &dsn).await
+    } else {
+        let messages = args.messages.unwrap_or(DEFAULT_MESSAGES);
+        let work = Work {
+            messages,
+            size: usize::try_from(args.size).unwrap_or(200),
+            fetch_size: usize::from(args.fetch_size),
+            latency_samples: usize::try_from(messages / 20).unwrap_or(500).clamp(20, 500),
+        };
+        throughput::measure(app, cli, args, &dsn, &work).await
+    };
+    if let Some(path) = temp {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut p = path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    result
+}
+
+#[cfg(feature = "runs")]
+async fn runs_mode(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
+    runs::measure(app, cli, args, dsn).await
+}
+
+#[cfg(not(feature = "runs"))]
+async fn runs_mode(_: &App, _: &Cli, _: &BenchArgs, _: &Dsn) -> CliResult {
+    Err(CliError::usage(
+        "--runs: this binary was built without the `runs` feature",
+    ))
+}
+
+/// The DSN with a queue of its own, so the benchmark never touches application messages: a
+/// fresh SQL `queue_name`, Redis stream or AMQP exchange and queue named `queue`, and on AMQP the
+/// prefetch set to the fetch size (unless the DSN sets them).
+pub(crate) fn isolate(dsn: &Dsn, queue: &str, fetch_size: u16) -> Dsn {
+    match dsn.scheme() {
+        "sqlite" | "postgres" | "postgresql" | "mysql" | "mariadb"
+            if dsn.option("queue_name").is_none() =>
+        {
+            dsn.clone().with_option("queue_name", queue)
+        }
+        "redis" | "rediss" if dsn.option("stream").is_none() => {
+            dsn.clone().with_option("stream", queue)
+        }
+        "amqp" | "amqps" => {
+            let mut d = dsn.clone();
+            if d.option("exchange").is_none() && d.option("queues").is_none() {
+                d = d
+                    .with_option("exchange", queue)
+                    .with_option("queues", queue);
+            }
+            if d.option("prefetch").is_none() {
+                d = d.with_option("prefetch", fetch_size.to_string());
+            }
+            d
+        }
+        _ => dsn.clone(),
+    }
+}
+
+/// Removes what [`isolate`] made the transport create on a server (AMQP: the exchange, its
+/// delay exchange and the queue; Redis: the stream and its delayed keys); SQL rows are consumed.
+pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
+    #[cfg(feature = "redis")]
+    if matches!(isolated.scheme(), "redis" | "rediss")
+        && original.option("stream").is_none()
+        && let Some(stream) = isolated.option("stream")
+    {
+        let keys = [
+            stream.to_owned(),
+            format!("{stream}:delayed"),
+            format!("{stream}:delayed:data"),
+        ];
+        crate::raw::redis_streams::delete(isolated, &keys.each_ref().map(String::as_str)).await;
+    }
+    #[cfg(feature = "amqp")]
+    if matches!(isolated.scheme(), "amqp" | "amqps")
+        && original.option("exchange").is_none()
+        && let (Some(exchange), Some(queue)) =
+            (isolated.option("exchange"), isolated.option("queues"))
+    {
+        let delay = format!("{exchange}.delay");
+        crate::raw::amqp::delete(isolated, &[queue], &[exchange, &delay]).await;
+    }
+    let _ = (isolated, original);
+}
+
+/// A payload of `size` bytes of JSON-safe text.
+pub(crate) fn payload(size: usize) -> String {
+    "x".repeat(size)
+}
+
+/// A bus with the benchmark handler, which calls `on` with each message's sequence number.
+pub(crate) fn bench_bus(
+    transport: &Arc<dyn Transport>,
+    on: impl Fn(u64) + Send + Sync + 'static,
+) -> MessageBus {
+    let on = Arc::new(on);
+    MessageBus::builder()
+        .transport(BENCH, transport.clone())
+        .handler_fn("bench", move |m: Arc<BenchMessage>| {
+            let on = on.clone();
+            async move {
+                on(m.seq);
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .build()
+}
+
+pub(crate) fn per_second(n: u64, elapsed: Duration) -> f64 {
+    n as f64 / elapsed.as_secs_f64().max(1e-9)
+}
+
+/// p50 and p99 in milliseconds.
+pub(crate) fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
+    if samples.is_empty() {
+        return (0.0, 0.0);
+    }
+    samples.sort_unstable();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
+        samples[i].as_secs_f64() * 1000.0
+    };
+    (at(0.50), at(0.99))
+}
+
+/// Prints a JSON value (pretty) on stdout.
+pub(crate) fn print_json(value: &serde_json::Value) -> CliResult {
+    let text = serde_json::to_string_pretty(value).map_err(|e| CliError::runtime(e.to_string()))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Whether to print progress on stderr.
+pub(crate) fn chatty(cli: &Cli) -> bool {
+    cli.format == Format::Text && !cli.quiet
+}

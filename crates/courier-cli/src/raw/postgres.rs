@@ -1,0 +1,146 @@
+//! PostgreSQL: the transport's statements on a pool of its own.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use courier_core::Dsn;
+use sqlx::Row;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinHandle;
+
+use super::{Driver, OnHandled, decode};
+use crate::error::{CliError, CliResult};
+
+const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
+
+pub(super) struct Raw {
+    pool: PgPool,
+    queue: String,
+    /// The channel every insert notifies (the latency floor), like the transport's `pg_notify`.
+    notify: Option<String>,
+    insert: String,
+    claim: String,
+    delete: String,
+}
+
+fn err(e: sqlx::Error) -> CliError {
+    CliError::runtime(format!("raw postgres benchmark: {e}"))
+}
+
+impl Raw {
+    /// A pool of its own on `dsn`'s table, a queue of its own; with `notify`, every insert
+    /// also notifies that channel in the same statement.
+    pub(super) async fn connect(dsn: &Dsn, notify: Option<String>) -> CliResult<Self> {
+        let options = PgConnectOptions::from_str(dsn.expose_without_query()).map_err(err)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(err)?;
+        let t = dsn.option("table_name").unwrap_or("courier_messages");
+        Ok(Self {
+            pool,
+            queue: format!("bench_raw_{}", fastrand::u32(..)),
+            insert: if notify.is_some() {
+                format!(
+                    "WITH ins AS (INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) \
+                     SELECT $1, x.body, $3, 0, {NOW}, {NOW} FROM UNNEST($2::TEXT[]) WITH ORDINALITY AS x(body, ord) \
+                     ORDER BY x.ord RETURNING id), wake AS (SELECT pg_notify($4, $1)) \
+                     SELECT array_agg(ins.id ORDER BY ins.id) FROM ins CROSS JOIN wake"
+                )
+            } else {
+                format!(
+                    "INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) \
+                     SELECT $1, x.body, $3, 0, {NOW}, {NOW} FROM UNNEST($2::TEXT[]) WITH ORDINALITY AS x(body, ord) \
+                     ORDER BY x.ord RETURNING id"
+                )
+            },
+            notify,
+            claim: format!(
+                "WITH picked AS (SELECT id FROM {t} WHERE queue_name = $1 AND available_at <= {NOW} \
+                 AND (delivered_at IS NULL OR delivered_at < {NOW} - 3600000) \
+                 ORDER BY priority DESC, available_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 UPDATE {t} SET delivered_at = {NOW}, delivery_id = $3 FROM picked WHERE {t}.id = picked.id \
+                 RETURNING {t}.id, {t}.body, {t}.headers, {t}.priority, {t}.available_at"
+            ),
+            delete: format!("DELETE FROM {t} WHERE id = ANY($1) AND delivery_id = $2"),
+        })
+    }
+}
+
+#[courier_core::async_trait]
+impl Driver for Raw {
+    async fn send(&self, bodies: &[String]) -> CliResult {
+        let mut q = sqlx::query(&self.insert)
+            .bind(&self.queue)
+            .bind(bodies)
+            .bind(HEADERS);
+        if let Some(channel) = &self.notify {
+            q = q.bind(channel);
+        }
+        q.fetch_all(&self.pool).await.map_err(err)?;
+        Ok(())
+    }
+
+    async fn consume(&self, max: usize, on: OnHandled<'_>) -> CliResult<usize> {
+        let delivery = i64::from(fastrand::u32(..));
+        let rows = sqlx::query(&self.claim)
+            .bind(&self.queue)
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .bind(delivery)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let body: String = row.try_get("body").map_err(err)?;
+            on(decode(body.as_bytes(), "postgres")?);
+            ids.push(row.try_get::<i64, _>("id").map_err(err)?);
+        }
+        if !ids.is_empty() {
+            sqlx::query(&self.delete)
+                .bind(&ids)
+                .bind(delivery)
+                .execute(&self.pool)
+                .await
+                .map_err(err)?;
+        }
+        Ok(ids.len())
+    }
+}
+
+/// The latency floor's consumer: `LISTEN` on a connection of its own; the claim statement runs
+/// at each notification, or after 1 s without one (the transport's poll window).
+pub(super) async fn listen(
+    raw: Arc<Raw>,
+    channel: String,
+    fetch_size: usize,
+    handled: UnboundedSender<u64>,
+) -> CliResult<JoinHandle<()>> {
+    let mut listener = PgListener::connect_with(&raw.pool).await.map_err(err)?;
+    listener.listen(&channel).await.map_err(err)?;
+    Ok(tokio::spawn(async move {
+        let on = move |seq: u64| {
+            let _ = handled.send(seq);
+        };
+        loop {
+            match raw.consume(fetch_size, &on).await {
+                Ok(0) => {
+                    let woken = tokio::time::timeout(Duration::from_secs(1), listener.recv()).await;
+                    if let Ok(Err(_)) = woken {
+                        // The listener lost its connection (it reconnects on the next recv).
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "raw postgres latency consumer failed");
+                    return;
+                }
+            }
+        }
+    }))
+}

@@ -1,0 +1,146 @@
+//! SQLite: the transport's statements on a pool of its own.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use courier_core::Dsn;
+use sqlx::Row;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::{Driver, OnHandled, decode};
+use crate::error::{CliError, CliResult};
+
+const NOW: &str = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";
+const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
+
+pub(super) struct Raw {
+    pool: SqlitePool,
+    queue: String,
+    table: String,
+    insert: Vec<String>,
+    claim: String,
+}
+
+fn err(e: sqlx::Error) -> CliError {
+    CliError::runtime(format!("raw sqlite benchmark: {e}"))
+}
+
+impl Raw {
+    pub(super) async fn connect(dsn: &Dsn, fetch_size: usize) -> CliResult<Self> {
+        let url = dsn.expose_without_query();
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(err)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(err)?;
+        let table = dsn.option("table_name").unwrap_or("courier_messages");
+        let insert = (1..=fetch_size)
+            .map(|n| {
+                let values = vec![format!("(?, ?, ?, 0, {NOW}, {NOW})"); n].join(", ");
+                format!(
+                    "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at) \
+                     VALUES {values} RETURNING id"
+                )
+            })
+            .collect();
+        let claim = format!(
+            "UPDATE {table} SET delivered_at = {NOW}, delivery_id = ?1 WHERE id IN (\
+             SELECT id FROM {table} WHERE queue_name = ?2 AND available_at <= {NOW} \
+             AND (delivered_at IS NULL OR delivered_at < {NOW} - 3600000) \
+             ORDER BY priority DESC, available_at, id LIMIT ?3) \
+             RETURNING id, body, headers, priority, available_at"
+        );
+        let queue = format!("bench_raw_{}", fastrand::u32(..));
+        Ok(Self {
+            pool,
+            queue,
+            table: table.to_owned(),
+            insert,
+            claim,
+        })
+    }
+}
+
+#[courier_core::async_trait]
+impl Driver for Raw {
+    async fn send(&self, bodies: &[String]) -> CliResult {
+        let mut q = sqlx::query(&self.insert[bodies.len() - 1]);
+        for body in bodies {
+            q = q.bind(&self.queue).bind(body).bind(HEADERS);
+        }
+        q.fetch_all(&self.pool).await.map_err(err)?;
+        Ok(())
+    }
+
+    async fn consume(&self, max: usize, on: OnHandled<'_>) -> CliResult<usize> {
+        let delivery = i64::from(fastrand::u32(..));
+        let rows = sqlx::query(&self.claim)
+            .bind(delivery)
+            .bind(&self.queue)
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let body: String = row.try_get("body").map_err(err)?;
+            on(decode(body.as_bytes(), "sqlite")?);
+            ids.push(row.try_get::<i64, _>("id").map_err(err)?);
+        }
+        let sql = format!(
+            "DELETE FROM {} WHERE delivery_id = ? AND id IN ({})",
+            self.table,
+            vec!["?"; ids.len()].join(", ")
+        );
+        let mut q = sqlx::query(&sql).bind(delivery);
+        for id in &ids {
+            q = q.bind(id);
+        }
+        q.execute(&self.pool).await.map_err(err)?;
+        Ok(ids.len())
+    }
+}
+
+/// The first idle wait of the latency floor's polling, doubled while the queue stays empty.
+const FIRST_IDLE_BACKOFF: Duration = Duration::from_millis(5);
+/// The longest idle wait (the transport's cap).
+const MAX_IDLE_BACKOFF: Duration = Duration::from_millis(250);
+
+/// The latency floor's consumer: the claim statement polled on the SQL transport's schedule
+/// (5 ms, doubling up to 250 ms while empty, back to 5 ms after a hit).
+pub(super) async fn poll(
+    raw: std::sync::Arc<Raw>,
+    fetch_size: usize,
+    handled: UnboundedSender<u64>,
+) {
+    let mut backoff = FIRST_IDLE_BACKOFF;
+    let on = move |seq: u64| {
+        let _ = handled.send(seq);
+    };
+    loop {
+        match raw.consume(fetch_size, &on).await {
+            Ok(0) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_IDLE_BACKOFF);
+            }
+            Ok(_) => backoff = FIRST_IDLE_BACKOFF,
+            Err(e) => {
+                tracing::warn!(error = %e, "raw sqlite latency consumer failed");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! `courier bench`: the output of each mode (throughput with the raw driver, `--runs`,
+//! `--latency`) on SQLite, and on the real servers (run with `--include-ignored`). Small numbers,
+//! shapes and counts only: never a wall-clock threshold.
+
+mod common;
+
+use common::Env;
+use serde_json::Value;
+
+fn positive(v: &Value) -> bool {
+    v.as_f64().is_some_and(|x| x > 0.0 && x.is_finite())
+}
+
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "redis", feature = "amqp")),
+    allow(dead_code, reason = "used by the service tests")
+)]
+fn url(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("set {var} (scripts/services prints it), e.g. COURIER_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f")
+    })
+}
+
+/// `bench --raw` as JSON: both sides measured, both ratios given.
+fn throughput_beside_raw(dsn: Option<&str>) -> Value {
+    let env = Env::empty();
+    let mut args = vec![
+        "bench",
+        "--raw",
+        "--messages",
+        "200",
+        "--fetch-size",
+        "16",
+        "--size",
+        "64",
+        "--rounds",
+        "2",
+        "--format",
+        "json",
+    ];
+    if let Some(dsn) = dsn {
+        args.extend(["--dsn", dsn]);
+    }
+    let out = env.run(&args).json();
+    assert_eq!(out["mode"], "throughput", "{out}");
+    assert_eq!(out["messages"], 200, "{out}");
+    assert_eq!(out["rounds"], 2, "{out}");
+    for key in ["produce_per_s", "consume_per_s", "p50_ms", "p99_ms"] {
+        assert!(positive(&out[key]), "{key}: {out}");
+        assert!(positive(&out["raw"][key]), "raw {key}: {out}");
+    }
+    assert!(
+        positive(&out["ratio"]) && positive(&out["produce_ratio"]),
+        "{out}"
+    );
+    out
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn bench_raw_reports_produce_and_consume_ratios_on_sqlite() {
+    throughput_beside_raw(None);
+}
+
+/// `bench --runs` as JSON: every run executed once, its statements counted.
+fn runs_are_counted(dsn: Option<&str>) -> Value {
+    let env = Env::empty();
+    let mut args = vec![
+        "bench",
+        "--runs",
+        "--messages",
+        "12",
+        "--workers",
+        "2",
+        "--format",
+        "json",
+    ];
+    if let Some(dsn) = dsn {
+        args.extend(["--dsn", dsn]);
+    }
+    let out = env.run(&args).json();
+    assert_eq!(out["mode"], "runs", "{out}");
+    assert_eq!(out["runs"], 12, "{out}");
+    assert_eq!(out["workers"], 2, "{out}");
+    assert_eq!(out["steps_per_run"], 3, "{out}");
+    assert!(
+        positive(&out["runs_per_s"]) && positive(&out["submit_per_s"]),
+        "{out}"
+    );
+    let calls = &out["store_calls_per_run"];
+    // Each run is inserted, claimed and settled exactly once, and checkpoints its 3 steps.
+    assert_eq!(calls["insert_queued"], 1.0, "{out}");
+    assert_eq!(calls["claim"], 1.0, "{out}");
+    assert_eq!(calls["settle"], 1.0, "{out}");
+    assert_eq!(calls["append_event"], 3.0, "{out}");
+    let submit = out["store_statements"]["submit"].as_f64().unwrap_or(0.0);
+    let execute = out["store_statements"]["execute"].as_f64().unwrap_or(0.0);
+    assert!(submit > 0.0 && execute > 0.0, "{out}");
+    let total = out["store_statements_per_run"].as_f64().unwrap_or(0.0);
+    assert!((total - submit - execute).abs() < 1e-9, "{out}");
+    // Statements are at least the calls (a call is one statement or more).
+    let calls_total: f64 = calls
+        .as_object()
+        .map(|m| m.values().filter_map(Value::as_f64).sum())
+        .unwrap_or(0.0);
+    assert!(total >= calls_total && calls_total > 0.0, "{out}");
+    // Each run's RunAgent message was sent once and came back in some batch.
+    assert_eq!(out["transport_calls_per_run"]["send"], 1.0, "{out}");
+    assert!(positive(&out["transport_calls_per_run"]["get"]), "{out}");
+    assert!(positive(&out["transport_statements_per_run"]), "{out}");
+    assert!(out["empty_gets_per_run"].as_f64().is_some(), "{out}");
+    out
+}
+
+#[cfg(all(feature = "runs", feature = "sqlite"))]
+#[test]
+fn bench_runs_reports_runs_per_second_and_statements_per_run_on_sqlite() {
+    runs_are_counted(None);
+    let env = Env::empty();
+    let text = env.run(&["bench", "--runs", "--messages", "3"]);
+    let stdout = text.ok();
+    assert!(stdout.contains("execute"), "{stdout}");
+    assert!(stdout.contains("store statements per run"), "{stdout}");
+    assert!(stdout.contains("transport statements per run"), "{stdout}");
+}
+
+#[cfg(feature = "runs")]
+#[test]
+fn bench_runs_refuses_a_dsn_without_sql() {
+    let env = Env::empty();
+    let err = env
+        .run(&["bench", "--runs", "--dsn", "in-memory://"])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("--runs"), "{err}");
+}
+
+/// `bench --latency` as JSON: the samples asked for on both sides, and the p50 ratio.
+fn latency_beside_floor(dsn: Option<&str>, floor: &str) -> Value {
+    let env = Env::empty();
+    let mut args = vec![
+        "bench",
+        "--latency",
+        "--samples",
+        "15",
+        "--rounds",
+        "2",
+        "--format",
+        "json",
+    ];
+    if let Some(dsn) = dsn {
+        args.extend(["--dsn", dsn]);
+    }
+    let out = env.run(&args).json();
+    assert_eq!(out["mode"], "latency", "{out}");
+    assert_eq!(out["samples"], 15, "{out}");
+    assert_eq!(out["rounds"], 2, "{out}");
+    for side in ["courier", "raw"] {
+        assert!(positive(&out[side]["p50_ms"]), "{side}: {out}");
+        let (p50, p99) = (
+            out[side]["p50_ms"].as_f64().unwrap_or(0.0),
+            out[side]["p99_ms"].as_f64().unwrap_or(0.0),
+        );
+        assert!(p99 >= p50, "{side}: {out}");
+    }
+    assert!(
+        out["raw"]["floor"]
+            .as_str()
+            .is_some_and(|f| f.contains(floor)),
+        "{out}"
+    );
+    assert!(positive(&out["ratio"]), "{out}");
+    out
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn bench_latency_reports_p50_beside_the_polling_floor_on_sqlite() {
+    latency_beside_floor(None, "polling");
+    let env = Env::empty();
+    let text = env.run(&["bench", "--latency", "--samples", "3"]);
+    let stdout = text.ok();
+    assert!(stdout.contains("ratio (courier / raw p50)"), "{stdout}");
+}
+
+#[test]
+fn bench_latency_without_a_raw_driver_says_so() {
+    let env = Env::empty();
+    let out = env
+        .run(&[
+            "bench",
+            "--latency",
+            "--samples",
+            "3",
+            "--dsn",
+            "in-memory://",
+            "--format",
+            "json",
+        ])
+        .json();
+    assert!(positive(&out["courier"]["p50_ms"]), "{out}");
+    assert!(out["raw"].is_null() && out["ratio"].is_null(), "{out}");
+}
+
+#[cfg(feature = "amqp")]
+#[test]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+fn bench_raw_on_rabbitmq_measures_lapin_beside_courier() {
+    throughput_beside_raw(Some(&url("COURIER_TEST_AMQP_URL")));
+}
+
+#[cfg(feature = "amqp")]
+#[test]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+fn bench_latency_on_rabbitmq_is_beside_a_push_consumer() {
+    latency_beside_floor(Some(&url("COURIER_TEST_AMQP_URL")), "basic.consume");
+}
+
+#[cfg(feature = "redis")]
+#[test]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+fn bench_latency_on_redis_is_beside_a_blocking_read() {
+    latency_beside_floor(Some(&url("COURIER_TEST_REDIS_URL")), "XREADGROUP BLOCK");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+fn bench_latency_on_postgres_is_beside_listen_notify() {
+    latency_beside_floor(Some(&url("COURIER_TEST_POSTGRES_URL")), "LISTEN/NOTIFY");
+}
+
+#[cfg(all(feature = "runs", feature = "postgres"))]
+#[test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+fn bench_runs_on_postgres_counts_statements_per_run() {
+    runs_are_counted(Some(&url("COURIER_TEST_POSTGRES_URL")));
+}
