@@ -387,6 +387,7 @@ fn report(ctx: &Ctx<'_>, s: &WorkerStats) -> CliResult {
             "retried": s.retried,
             "moved_to_failure": s.moved_to_failure,
             "left_for_redelivery": s.left_for_redelivery,
+            "released": s.released,
             "stop_reason": reason(s.stop_reason),
         }));
     }
@@ -401,6 +402,12 @@ fn report(ctx: &Ctx<'_>, s: &WorkerStats) -> CliResult {
         ctx.note(format!(
             "{} retried, {} moved to the failure transport, {} left for redelivery.",
             s.retried, s.moved_to_failure, s.left_for_redelivery
+        ));
+    }
+    if s.released > 0 {
+        ctx.note(format!(
+            "{} fetched but unstarted message(s) put back for other workers.",
+            s.released
         ));
     }
     Ok(())
