@@ -37,10 +37,7 @@ impl Agent for Summariser {
 async fn main() -> anyhow::Result<()> {
     let store = Arc::new(MemoryRunStore::new());
     let options = RuntimeOptions {
-        backoff: Backoff {
-            base: Duration::from_millis(200),
-            ..Backoff::default()
-        },
+        backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(600)),
         ..RuntimeOptions::default()
     };
     let runtime = Runtime::builder(store.clone())

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use courier_core::{TransportError, TransportErrorKind};
+use courier_core::{Backoff, TransportError, TransportErrorKind};
 use lapin::options::{
     ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
@@ -16,6 +16,9 @@ use tokio::time::Instant;
 
 use crate::AmqpOptions;
 use crate::delay::{DELAY_HEADER, DelayRoute, delay_exchange};
+
+/// The first reconnect wait; it doubles up to `max_backoff`.
+const RECONNECT_BASE: Duration = Duration::from_millis(100);
 
 /// A live connection with its confirming publisher channel.
 #[derive(Clone)]
@@ -159,9 +162,8 @@ impl Link {
 
     fn failed(&self, state: &mut State) {
         state.failures = state.failures.saturating_add(1);
-        let backoff = Duration::from_millis(100)
-            .saturating_mul(1u32 << state.failures.saturating_sub(1).min(16))
-            .min(self.options.max_backoff);
+        let backoff = Backoff::new(RECONNECT_BASE, self.options.max_backoff)
+            .delay(state.failures.saturating_sub(1));
         state.next_attempt = Some(Instant::now() + backoff);
         tracing::warn!(messaging.destination.name = %self.name, failures = state.failures, ?backoff, "amqp connect failed");
     }

@@ -7,14 +7,12 @@
 use std::future::Future;
 use std::time::Duration;
 
-use courier_core::CancellationToken;
+use courier_core::{Backoff, CancellationToken};
 
 use crate::error::{CliError, scrub};
 
-/// The first wait after a failed attempt.
-const FIRST_DELAY: Duration = Duration::from_millis(500);
-/// The longest wait between two attempts.
-const MAX_DELAY: Duration = Duration::from_secs(30);
+/// The waits between attempts: 0.5 s doubling up to 30 s.
+const CONNECT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
 
 /// Why an attempt to reach a server failed.
 #[derive(Debug)]
@@ -58,26 +56,19 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Failure>>,
 {
-    retry(shutdown, FIRST_DELAY, MAX_DELAY, attempt).await
-}
-
-/// The wait after `delay`: doubled, capped at `max`.
-fn next_delay(delay: Duration, max: Duration) -> Duration {
-    (delay * 2).min(max)
+    retry(shutdown, CONNECT_BACKOFF, attempt).await
 }
 
 async fn retry<T, F, Fut>(
     shutdown: &CancellationToken,
-    first: Duration,
-    max: Duration,
+    backoff: Backoff,
     mut attempt: F,
 ) -> Result<Option<T>, CliError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Failure>>,
 {
-    let mut delay = first;
-    let mut failures: u32 = 0;
+    let mut attempts = backoff.attempts();
     loop {
         let result = tokio::select! {
             result = attempt() => result,
@@ -85,16 +76,19 @@ where
         };
         match result {
             Ok(value) => {
-                if failures > 0 {
-                    tracing::warn!(attempts = failures + 1, "connected after retrying");
+                if attempts.failures() > 0 {
+                    tracing::warn!(
+                        attempts = attempts.failures() + 1,
+                        "connected after retrying"
+                    );
                 }
                 return Ok(Some(value));
             }
             Err(Failure::Fatal(e)) => return Err(e),
             Err(Failure::Down { what, error }) => {
-                failures += 1;
+                let delay = attempts.failed();
                 tracing::warn!(
-                    attempt = failures,
+                    attempt = attempts.failures(),
                     "{} is unavailable: {}; retrying in {} (stop with Ctrl-C)",
                     scrub(&what),
                     scrub(&error),
@@ -104,7 +98,6 @@ where
                     () = tokio::time::sleep(delay) => {}
                     () = shutdown.cancelled() => return Ok(None),
                 }
-                delay = next_delay(delay, max);
             }
         }
     }
@@ -116,13 +109,11 @@ mod tests {
 
     #[test]
     fn the_backoff_doubles_up_to_its_cap() {
-        let mut delay = FIRST_DELAY;
-        let mut seen = vec![delay];
-        for _ in 0..8 {
-            delay = next_delay(delay, MAX_DELAY);
-            seen.push(delay);
-        }
-        let secs: Vec<f64> = seen.iter().map(Duration::as_secs_f64).collect();
+        let secs: Vec<f64> = CONNECT_BACKOFF
+            .attempts()
+            .take(9)
+            .map(|d| d.as_secs_f64())
+            .collect();
         assert_eq!(secs, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]);
     }
 
@@ -131,7 +122,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let mut calls = 0;
         let ms = Duration::from_millis(1);
-        let got = retry(&shutdown, ms, ms * 4, || {
+        let got = retry(&shutdown, Backoff::new(ms, ms * 4), || {
             calls += 1;
             let n = calls;
             async move {
@@ -158,13 +149,14 @@ mod tests {
             stopper.cancel();
         });
         let ms = Duration::from_millis(1);
-        let got: Result<Option<()>, CliError> = retry(&shutdown, ms, ms * 4, || async {
-            Err(Failure::Down {
-                what: "run store".into(),
-                error: "refused".into(),
+        let got: Result<Option<()>, CliError> =
+            retry(&shutdown, Backoff::new(ms, ms * 4), || async {
+                Err(Failure::Down {
+                    what: "run store".into(),
+                    error: "refused".into(),
+                })
             })
-        })
-        .await;
+            .await;
         assert!(matches!(got, Ok(None)));
         let mut calls = 0;
         let got: Result<Option<()>, CliError> = until_up(&CancellationToken::new(), || {

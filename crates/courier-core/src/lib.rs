@@ -38,6 +38,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 
+mod backoff;
 mod bus;
 mod codec;
 pub mod config;
@@ -50,6 +51,7 @@ mod stamp;
 mod transport;
 pub mod worker;
 
+pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
     BusLink, DEFAULT_BUS, Handler, MessageBus, MessageBusBuilder, Middleware, Next, Router,
     with_trace_context,

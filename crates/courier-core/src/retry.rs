@@ -4,7 +4,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use crate::transport::retry_count;
-use crate::{BusError, Envelope, HandlerError};
+use crate::{Backoff, BusError, Envelope, HandlerError, Jitter};
 
 /// What to do with a failed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,8 +100,9 @@ pub fn decide(
 }
 
 /// Exponential backoff: `delay * multiplier^retries`, capped at `max_delay`, with `jitter`
-/// (a fraction: 0.1 = +-10 %), for at most `max_retries` retries. Symfony's defaults: 3 retries,
-/// 1 s, x2, no cap, 0.1 jitter.
+/// (a fraction: 0.1 = +-10 %), for at most `max_retries` retries; the waits come from a
+/// [`Backoff`] with [`Jitter::Spread`]. Symfony's defaults: 3 retries, 1 s, x2, no cap, 0.1
+/// jitter.
 ///
 /// ```
 /// use courier_core::MultiplierRetryStrategy;
@@ -119,20 +120,15 @@ pub fn decide(
 #[derive(Debug, Clone, PartialEq)]
 pub struct MultiplierRetryStrategy {
     max_retries: u32,
-    delay: Duration,
-    multiplier: f64,
-    max_delay: Option<Duration>,
-    jitter: f64,
+    backoff: Backoff,
 }
 
 impl Default for MultiplierRetryStrategy {
     fn default() -> Self {
         Self {
             max_retries: 3,
-            delay: Duration::from_secs(1),
-            multiplier: 2.0,
-            max_delay: None,
-            jitter: 0.1,
+            backoff: Backoff::new(Duration::from_secs(1), Duration::MAX)
+                .jitter(Jitter::Spread(0.1)),
         }
     }
 }
@@ -148,38 +144,40 @@ impl MultiplierRetryStrategy {
     /// Sets the first delay.
     #[must_use]
     pub fn delay(mut self, delay: Duration) -> Self {
-        self.delay = delay;
+        self.backoff.base = delay;
         self
     }
 
     /// Sets the multiplier (values below 1 are treated as 1).
     #[must_use]
     pub fn multiplier(mut self, multiplier: f64) -> Self {
-        self.multiplier = multiplier.max(1.0);
+        self.backoff.multiplier = multiplier.max(1.0);
         self
     }
 
     /// Sets the cap on the delay.
     #[must_use]
     pub fn max_delay(mut self, max: Option<Duration>) -> Self {
-        self.max_delay = max;
+        self.backoff.cap = max.unwrap_or(Duration::MAX);
         self
     }
 
     /// Sets the jitter fraction, clamped to 0..=1.
     #[must_use]
     pub fn jitter(mut self, jitter: f64) -> Self {
-        self.jitter = jitter.clamp(0.0, 1.0);
+        let jitter = jitter.clamp(0.0, 1.0);
+        self.backoff.jitter = if jitter > 0.0 {
+            Jitter::Spread(jitter)
+        } else {
+            Jitter::None
+        };
         self
     }
 
     /// The delay before retry number `retries + 1`, without jitter.
     #[must_use]
     pub fn delay_for(&self, retries: u32) -> Duration {
-        let exp = i32::try_from(retries).unwrap_or(i32::MAX);
-        let secs = self.delay.as_secs_f64() * self.multiplier.powi(exp);
-        let d = Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
-        self.max_delay.map_or(d, |max| d.min(max))
+        self.backoff.exact(retries)
     }
 }
 
@@ -189,12 +187,6 @@ impl RetryStrategy for MultiplierRetryStrategy {
     }
 
     fn waiting_time(&self, envelope: &Envelope, _error: Option<&HandlerError>) -> Duration {
-        let base = self.delay_for(retry_count(envelope));
-        if self.jitter == 0.0 {
-            return base;
-        }
-        let factor = 1.0 + self.jitter * (fastrand::f64() * 2.0 - 1.0);
-        let d = Duration::try_from_secs_f64(base.as_secs_f64() * factor).unwrap_or(base);
-        self.max_delay.map_or(d, |max| d.min(max))
+        self.backoff.delay(retry_count(envelope))
     }
 }

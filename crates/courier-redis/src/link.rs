@@ -5,16 +5,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use courier_core::Backoff;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError};
 use tokio::sync::Mutex;
 
 use crate::scripts::Scripts;
 
-/// The first reconnect waits this long; each failure doubles it up to [`MAX_BACKOFF`].
-const MIN_BACKOFF: Duration = Duration::from_millis(50);
-/// The longest wait between two connection attempts.
-pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The reconnect waits: 50 ms doubling up to 2 s.
+pub(crate) const RECONNECT: Backoff =
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
 
 pub(crate) struct Link {
     client: Client,
@@ -99,10 +99,9 @@ impl Link {
     }
 }
 
-/// The wait before attempt `failures + 1`: 50 ms doubling, capped at [`MAX_BACKOFF`].
+/// The wait before attempt `failures + 1` (after `failures` >= 1 failures): [`RECONNECT`].
 pub(crate) fn backoff(failures: u32) -> Duration {
-    let factor = 1u32 << failures.saturating_sub(1).min(10);
-    (MIN_BACKOFF * factor).min(MAX_BACKOFF)
+    RECONNECT.delay(failures.saturating_sub(1))
 }
 
 /// Whether a server error (alone or inside a pipeline failure) has this code (`NOGROUP`...).
@@ -128,6 +127,6 @@ mod tests {
         assert_eq!(backoff(1), Duration::from_millis(50));
         assert_eq!(backoff(2), Duration::from_millis(100));
         assert_eq!(backoff(5), Duration::from_millis(800));
-        assert_eq!(backoff(30), MAX_BACKOFF);
+        assert_eq!(backoff(30), Duration::from_secs(2));
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Backoff, ReapOptions, RuntimeOptions};
+use crate::{Backoff, Jitter, ReapOptions, RuntimeOptions};
 
 /// The `[runs]` table of `courier.toml`.
 ///
@@ -56,17 +56,17 @@ pub struct BackoffConfig {
     /// Longest delay (default 10 min).
     #[serde(with = "human")]
     pub cap: Duration,
-    /// Fraction taken off at random, 0 to 1 (default 0).
+    /// Fraction taken off at random, 0 to 1 (default 0): [`Jitter::Shorten`].
     pub jitter: f64,
 }
 
 impl Default for BackoffConfig {
     fn default() -> Self {
-        let b = Backoff::default();
+        let b = crate::runtime::REQUEUE_BACKOFF;
         Self {
             base: b.base,
             cap: b.cap,
-            jitter: b.jitter,
+            jitter: 0.0,
         }
     }
 }
@@ -208,11 +208,13 @@ impl RunsConfig {
         RuntimeOptions {
             lease: self.lease,
             max_requeues: self.max_requeues,
-            backoff: Backoff {
-                base: self.backoff.base,
-                cap: self.backoff.cap,
-                jitter: self.backoff.jitter,
-            },
+            backoff: Backoff::new(self.backoff.base, self.backoff.cap).jitter(
+                if self.backoff.jitter > 0.0 {
+                    Jitter::Shorten(self.backoff.jitter)
+                } else {
+                    Jitter::None
+                },
+            ),
             lease_check_every: Some(self.lease / 4),
             redispatch_after: Some(self.redispatch_after()),
         }

@@ -51,7 +51,6 @@
 //! interactively, in the caller's task.
 
 mod agent;
-mod backoff;
 mod classify;
 mod config;
 mod handler;
@@ -65,9 +64,9 @@ mod status;
 mod store;
 
 pub use agent::{Agent, AgentError, AgentOutcome, RunContext, RunObserver, Step, StepError};
-pub use backoff::Backoff;
 pub use classify::{FailureClass, ProviderError, classify};
 pub use config::{BackoffConfig, MIN_LEASE, MIN_REDISPATCH_AFTER, RunsConfig, RunsConfigError};
+pub use courier_core::{Backoff, Jitter};
 pub use handler::RunAgentHandler;
 pub use identity::{new_worker_identity, worker_identity};
 pub use message::RunAgent;

@@ -15,6 +15,10 @@ use crate::{
     Settlement, StoreError, TerminationReason, worker_identity,
 };
 
+/// The default requeue backoff: 30 s doubling up to 10 min, no jitter.
+pub(crate) const REQUEUE_BACKOFF: Backoff =
+    Backoff::new(Duration::from_secs(30), Duration::from_secs(600));
+
 /// Runtime settings (see [`RunsConfig`](crate::RunsConfig) for the file form).
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
@@ -22,7 +26,8 @@ pub struct RuntimeOptions {
     pub lease: Duration,
     /// Requeues allowed, failure retries and stale reclaims together (default 3).
     pub max_requeues: u32,
-    /// Requeue delays.
+    /// Requeue delays: attempt `n` is the requeue of a run requeued `n` times before (default
+    /// 30 s doubling up to 10 min, no jitter).
     pub backoff: Backoff,
     /// How often a worker run checks, between step boundaries, that it still owns its row, so the
     /// agent is cancelled promptly when another worker took it (default lease / 4; None: only at
@@ -38,7 +43,7 @@ impl Default for RuntimeOptions {
         Self {
             lease: Duration::from_secs(900),
             max_requeues: 3,
-            backoff: Backoff::default(),
+            backoff: REQUEUE_BACKOFF,
             lease_check_every: Some(Duration::from_secs(225)),
             redispatch_after: None,
         }

@@ -29,11 +29,7 @@ async fn completes_after_the_delays(fx: &Fixture, queue_dsn: &str) {
     let queue = Arc::new(queue);
     let base = Duration::from_millis(300);
     let options = RuntimeOptions {
-        backoff: Backoff {
-            base,
-            cap: Duration::from_secs(10),
-            jitter: 0.0,
-        },
+        backoff: Backoff::new(base, Duration::from_secs(10)),
         ..RuntimeOptions::default()
     };
     let runtime = Runtime::builder(fx.store.clone())

@@ -28,7 +28,9 @@ use super::process::{Done, Outcome};
 use super::{StopReason, Worker, WorkerError, WorkerEvent, WorkerStats};
 use crate::{Envelope, TransportError};
 
-const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(30);
+/// The wait after a failed `get`: 100 ms doubling up to 30 s.
+const ERROR_BACKOFF: crate::Backoff =
+    crate::Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
 
 /// How long a stopping worker may take past its grace period to flush acks and release
 /// unstarted messages, whatever the servers do.
@@ -72,7 +74,7 @@ impl Worker {
         let mut state = RunState {
             stats: WorkerStats::default(),
             started: Instant::now(),
-            error_backoff: Duration::ZERO,
+            error_backoff: ERROR_BACKOFF.attempts(),
             stop: None,
         };
         self.emit(&WorkerEvent::Started {
@@ -324,10 +326,11 @@ impl Worker {
             });
         }
         let failed = !fetched.errors.is_empty();
-        state.error_backoff = if failed {
-            (state.error_backoff * 2).clamp(Duration::from_millis(100), MAX_ERROR_BACKOFF)
+        let error_wait = if failed {
+            Some(state.error_backoff.failed())
         } else {
-            Duration::ZERO
+            state.error_backoff.succeeded();
+            None
         };
         match fetched.batch {
             Some((r, batch)) => {
@@ -340,9 +343,9 @@ impl Worker {
                 } else {
                     queue.extend(held.into_iter().map(|(k, e)| (r, k, e)));
                 }
-                failed.then_some(state.error_backoff)
+                error_wait
             }
-            None if failed => Some(state.error_backoff),
+            None if failed => error_wait,
             None => {
                 self.emit_with(|| WorkerEvent::Idle);
                 (!all_block).then_some(self.options.sleep)
@@ -509,7 +512,7 @@ async fn join_fetch(fetch: Option<&mut JoinHandle<Fetched>>) -> Fetched {
 struct RunState {
     stats: WorkerStats,
     started: Instant,
-    error_backoff: Duration,
+    error_backoff: crate::Attempts,
     stop: Option<StopReason>,
 }
 
