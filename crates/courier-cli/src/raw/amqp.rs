@@ -237,10 +237,9 @@ impl Driver for Raw {
         Ok(n)
     }
 
+    /// Deletes the queue first (the broker cancels the consumer, so nothing is pushed to a
+    /// closing channel), then the exchange, then closes the connection.
     async fn cleanup(&self) {
-        if let Some((channel, _)) = self.consumer.lock().await.take() {
-            let _ = channel.close(200, "bench done".into()).await;
-        }
         if let Ok(channel) = self.connection.create_channel().await {
             let _ = channel
                 .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())
@@ -249,6 +248,7 @@ impl Driver for Raw {
                 .exchange_delete(self.name.as_str().into(), ExchangeDeleteOptions::default())
                 .await;
         }
+        drop(self.consumer.lock().await.take());
         let _ = self.connection.close(200, "bench done".into()).await;
     }
 }

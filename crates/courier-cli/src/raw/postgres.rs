@@ -35,7 +35,9 @@ impl Raw {
     /// also notifies that channel in the same statement.
     pub(super) async fn connect(dsn: &Dsn, notify: Option<String>) -> CliResult<Self> {
         let options = PgConnectOptions::from_str(dsn.expose_without_query()).map_err(err)?;
+        // No ping per acquire, like the transport's pool (a ping is a round trip per statement).
         let pool = PgPoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(4)
             .connect_with(options)
             .await

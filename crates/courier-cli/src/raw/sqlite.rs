@@ -38,7 +38,9 @@ impl Raw {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(5));
+        // No ping per acquire, like the transport's pool.
         let pool = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(4)
             .connect_with(options)
             .await
