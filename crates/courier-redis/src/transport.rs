@@ -39,8 +39,13 @@ pub struct RedisTransport {
     pub(crate) scripts: Arc<Scripts>,
     pub(crate) shared: Link,
     pub(crate) reader: tokio::sync::Mutex<Reader>,
-    /// Deliveries handed out and not yet acked.
+    /// Deliveries handed out and not yet acked. An entry leaves when it is acked, rejected or
+    /// retried, when a keepalive finds the delivery no longer ours (another consumer claimed
+    /// it), or once it has gone a whole redelivery window without a keepalive (a delivery the
+    /// worker let go of: by then anyone may have claimed it).
     pub(crate) in_flight: Mutex<InFlight>,
+    /// When `deliver` next drops in-flight entries older than the redelivery window.
+    next_prune: Mutex<Instant>,
     pub(crate) due_hint: Mutex<Option<Instant>>,
     /// The delivery tag of every first delivery (count 1, nearly all of them), shared.
     first_delivery: Arc<DeliveryTagStamp>,
@@ -142,6 +147,7 @@ impl RedisTransport {
             shared,
             reader: tokio::sync::Mutex::new(Reader::new(reader_link)),
             in_flight: Mutex::new(InFlight::default()),
+            next_prune: Mutex::new(Instant::now()),
             due_hint: Mutex::new(None),
             first_delivery: Arc::new(DeliveryTagStamp("1".to_owned())),
             options,
@@ -421,10 +427,28 @@ impl RedisTransport {
         Ok(())
     }
 
+    /// At most once per redelivery window, drops the entries not delivered or kept alive for a
+    /// whole window: a worker that still holds one keeps it alive far more often, so such an
+    /// entry was let go of (dropped without an ack, or left at shutdown) or claimed by another
+    /// consumer, and would otherwise stay in the map (and in the recovery skip list) for good.
+    fn prune_stale(&self, in_flight: &mut InFlight, now: Instant) {
+        let window = self.options.redeliver_timeout;
+        let mut next = self
+            .next_prune
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if now < *next {
+            return;
+        }
+        *next = now + window;
+        in_flight.retain(|_, (_, at)| now.saturating_duration_since(*at) < window);
+    }
+
     /// Turns read entries into envelopes, remembering them as in flight since `requested_at`
     /// (a local time before the request that delivered them).
     pub(crate) fn deliver(&self, entries: Vec<Entry>, requested_at: Instant) -> Vec<Envelope> {
         let mut in_flight = self.in_flight();
+        self.prune_stale(&mut in_flight, requested_at);
         let mut decoder = self.registry.json_decoder();
         entries
             .into_iter()
@@ -554,12 +578,18 @@ impl Transport for RedisTransport {
             .map_err(|e| self.error(e, "cannot keep alive"))?;
         let mut in_flight = self.in_flight();
         for (d, kept) in deliveries.iter().zip(kept) {
-            if kept == 1
-                && let Some(id) = d.stream_id
-                && let Some(entry) = in_flight.get_mut(&id)
-                && d.count.parse() == Ok(entry.0)
-            {
+            let Some(id) = d.stream_id else { continue };
+            let Some(entry) = in_flight.get_mut(&id) else {
+                continue;
+            };
+            if d.count.parse() != Ok(entry.0) {
+                continue;
+            }
+            if kept == 1 {
                 entry.1 = requested_at;
+            } else {
+                // Another consumer claimed it (or it is gone): no longer ours to hold.
+                in_flight.remove(&id);
             }
         }
         Ok(())
@@ -617,5 +647,96 @@ impl Transport for RedisTransport {
             .with_delay(None)
             .with_blocking_get()
             .with_redeliver_after(self.options.redeliver_timeout)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+    use courier_test::TestMessage;
+
+    /// A short redelivery window, so another consumer claims a delivery quickly.
+    const WINDOW: Duration = Duration::from_millis(300);
+    const OP: Duration = Duration::from_secs(10);
+
+    async fn consumer(stream: &str, name: &str) -> RedisTransport {
+        let options = RedisOptions::default()
+            .stream(stream)
+            .consumer(name)
+            .redeliver_timeout(WINDOW)
+            .claim_interval(Some(Duration::from_millis(20)))
+            .poll_window(Duration::from_millis(100));
+        let url = courier_test::env::redis_url();
+        tokio::time::timeout(
+            OP,
+            RedisTransport::connect(&url, options, courier_test::registry()),
+        )
+        .await
+        .unwrap()
+        .unwrap()
+    }
+
+    async fn get_one(t: &RedisTransport) -> Envelope {
+        let deadline = Instant::now() + OP;
+        loop {
+            let mut got = tokio::time::timeout(OP, t.get(1)).await.unwrap().unwrap();
+            if let Some(e) = got.pop() {
+                return e;
+            }
+            assert!(Instant::now() < deadline, "nothing delivered");
+        }
+    }
+
+    async fn drop_keys(t: &RedisTransport) {
+        let client = Client::open(courier_test::env::redis_url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&t.options.stream)
+            .arg(&t.delayed_key)
+            .arg(&t.delayed_data_key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+    async fn a_keepalive_that_finds_a_delivery_claimed_by_another_consumer_forgets_it() {
+        let stream = courier_test::env::unique_name("courier_inflight_claimed");
+        let (a, b) = (consumer(&stream, "a").await, consumer(&stream, "b").await);
+        a.send(Envelope::new(TestMessage::new(1))).await.unwrap();
+        let held = get_one(&a).await;
+        assert_eq!(a.in_flight().len(), 1);
+        tokio::time::sleep(WINDOW + Duration::from_millis(50)).await;
+        let claimed = get_one(&b).await;
+        assert_eq!(
+            claimed.message::<TestMessage>().map(|m| m.seq),
+            Some(1),
+            "b claims a's stale delivery"
+        );
+        a.keepalive(&held).await.unwrap();
+        assert_eq!(a.in_flight().len(), 0, "a no longer holds what b claimed");
+        b.ack(&claimed).await.unwrap();
+        drop_keys(&a).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+    async fn deliveries_let_go_of_for_a_whole_window_leave_the_in_flight_map() {
+        let stream = courier_test::env::unique_name("courier_inflight_stale");
+        let (a, b) = (consumer(&stream, "a").await, consumer(&stream, "b").await);
+        a.send(Envelope::new(TestMessage::new(1))).await.unwrap();
+        let _dropped = get_one(&a).await; // never acked nor kept alive
+        tokio::time::sleep(WINDOW + Duration::from_millis(50)).await;
+        let claimed = get_one(&b).await;
+        b.ack(&claimed).await.unwrap();
+        a.send(Envelope::new(TestMessage::new(2))).await.unwrap();
+        let second = get_one(&a).await;
+        assert_eq!(second.message::<TestMessage>().map(|m| m.seq), Some(2));
+        assert_eq!(a.in_flight().len(), 1, "only the live delivery is left");
+        a.ack(&second).await.unwrap();
+        assert_eq!(a.in_flight().len(), 0);
+        drop_keys(&a).await;
     }
 }
