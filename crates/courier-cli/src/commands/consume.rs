@@ -11,7 +11,7 @@ use crate::cli::ConsumeArgs;
 use crate::commands::stop;
 use crate::connect;
 use crate::context::Ctx;
-use crate::error::{CliError, CliResult};
+use crate::error::{CliError, CliResult, scrub};
 
 /// Counters the progress line reads.
 #[derive(Debug, Default)]
@@ -35,19 +35,25 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     let shutdown = CancellationToken::new();
     let helpers = CancellationToken::new();
     // Signals are watched from the start: a worker still waiting for its servers stops too.
-    let mut tasks = vec![
-        tokio::spawn(watch_signals(
-            shutdown.clone(),
-            helpers.clone(),
-            args.grace,
-            ctx.quiet,
-            counters.clone(),
-        )),
-        tokio::spawn(watch_stop_file(
-            ctx.stop_file(),
-            shutdown.clone(),
-            helpers.clone(),
-        )),
+    let mut tasks: Vec<Helper> = vec![
+        (
+            "signal watcher",
+            tokio::spawn(watch_signals(
+                shutdown.clone(),
+                helpers.clone(),
+                args.grace,
+                ctx.quiet,
+                counters.clone(),
+            )),
+        ),
+        (
+            "stop-file watcher",
+            tokio::spawn(watch_stop_file(
+                ctx.stop_file(),
+                shutdown.clone(),
+                helpers.clone(),
+            )),
+        ),
     ];
     let connected = connect::until_up(&shutdown, || ctx.try_connect()).await;
     let transports = match connected {
@@ -103,25 +109,60 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
             args.transports.join(", ")
         };
         eprintln!("Consuming {names}; stop with Ctrl-C or `courier stop-workers`.");
-        tasks.push(tokio::spawn(progress(counters.clone(), helpers.clone())));
+        tasks.push((
+            "progress",
+            tokio::spawn(progress(counters.clone(), helpers.clone())),
+        ));
     }
     #[cfg(feature = "runs")]
     if let Some(task) = runs.spawn_reaper(helpers.clone(), ctx.quiet) {
-        tasks.push(task);
+        tasks.push(("reaper", task));
     }
 
     let result = worker.run(shutdown.clone()).await;
     helpers.cancel();
-    for t in tasks {
-        let _ = t.await;
-    }
+    let joined = join_helpers(tasks).await;
     let stats = result.map_err(|e| match e {
         WorkerError::NoReceivers => {
             CliError::usage("nothing to consume: name a transport (`courier consume async`)")
         }
         other => CliError::usage(other.to_string()),
     })?;
-    report(ctx, &stats)
+    report(ctx, &stats)?;
+    joined
+}
+
+/// A task beside the worker (signals, stop file, progress line, reaper), named for its errors.
+type Helper = (&'static str, tokio::task::JoinHandle<()>);
+
+/// Waits for the helper tasks (once told to stop). One that panicked is logged at ERROR and
+/// fails the command (exit 1): a reaper or progress line that died mid-run does not pass
+/// unnoticed behind a successful exit.
+async fn join_helpers(tasks: Vec<Helper>) -> CliResult {
+    let mut failed = None;
+    for (name, task) in tasks {
+        match task.await {
+            Ok(()) => {}
+            Err(e) if e.is_panic() => {
+                let message = scrub(&panic_message(e.into_panic().as_ref()));
+                tracing::error!(task = name, panic = %message, "a consume task panicked");
+                failed.get_or_insert_with(|| {
+                    CliError::runtime(format!("the {name} task panicked: {message}"))
+                });
+            }
+            Err(e) => tracing::warn!(task = name, error = %e, "a consume task was cancelled"),
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// The text of a panic payload (`panic!` with a literal or a formatted message).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
@@ -295,12 +336,10 @@ pub(crate) const FORCED_EXIT: u8 = 130;
 async fn stopped_before_start(
     ctx: &Ctx<'_>,
     helpers: &CancellationToken,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: Vec<Helper>,
 ) -> CliResult {
     helpers.cancel();
-    for t in tasks {
-        let _ = t.await;
-    }
+    join_helpers(tasks).await?;
     let mut stats = WorkerStats::default();
     stats.stop_reason = Some(StopReason::Shutdown);
     report(ctx, &stats)
@@ -411,4 +450,31 @@ fn report(ctx: &Ctx<'_>, s: &WorkerStats) -> CliResult {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_helper_task_that_panicked_fails_consume_with_its_name_and_message() {
+        let tasks: Vec<Helper> = vec![
+            ("progress", tokio::spawn(async {})),
+            ("reaper", tokio::spawn(async { panic!("store exploded") })),
+        ];
+        let err = join_helpers(tasks).await.err();
+        let err = err.expect("a panicked helper is an error");
+        assert_eq!(err.exit_code(), 1);
+        let text = err.to_string();
+        assert!(
+            text.contains("reaper") && text.contains("store exploded"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn helpers_that_ended_well_leave_consume_successful() {
+        let tasks: Vec<Helper> = vec![("progress", tokio::spawn(async {}))];
+        assert!(join_helpers(tasks).await.is_ok());
+    }
 }
