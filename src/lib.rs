@@ -45,8 +45,16 @@
 //! | `redis` | `redis::RedisTransport` (Redis Streams) |
 //! | `amqp` | `amqp::AmqpTransport` (RabbitMQ) |
 //! | `runs` (default) | [`runs`]: durable runs under a lease, heartbeat, reaper, retry per failure class |
-//! | `cli` (default) | [`cli`]: the `courier` command line as a library |
+//! | `cli` (default) | [`cli`]: the `courier` command line as a library (clap, tracing-subscriber; the binary adds mimalloc) |
 //! | `full` | everything |
+//!
+//! The defaults build the `courier` binary. A library turns them off and picks its transports,
+//! so that nothing of the command line is compiled and tokio gets only the features Courier uses
+//! (the runtime is the application's):
+//!
+//! ```toml
+//! courier = { version = "0.1", default-features = false, features = ["sql", "sqlite", "runs"] }
+//! ```
 
 pub use courier_core::*;
 

@@ -1,0 +1,90 @@
+//! A library user gets a library: `courier` without its default features pulls neither the
+//! command line's dependencies (clap, tracing-subscriber) nor the binary's C allocator
+//! (mimalloc), and tokio gets no signal, process or multi-threaded runtime code from Courier.
+//!
+//! Runs `cargo tree --locked --offline` on this workspace, so it needs no network and fails when
+//! the lock file would have to change.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+/// The dependency line the README's install section gives a library user.
+const LIBRARY: &str = "sql,sqlite,runs";
+/// Every transport and the run layer, still without the command line.
+const EVERY_TRANSPORT: &str = "sql,sqlite,postgres,mysql,redis,amqp,runs";
+/// What only the `courier` binary needs.
+const BINARY_ONLY: [&str; 4] = ["clap", "tracing-subscriber", "mimalloc", "courier-cli"];
+
+/// `cargo tree` for the facade with `args`, one line per entry, without the tree drawing.
+fn cargo_tree(args: &[&str]) -> String {
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let output = Command::new(env!("CARGO"))
+        .args(["tree", "--locked", "--offline", "--prefix", "none"])
+        .args(["--manifest-path", manifest, "-p", "courier"])
+        .args(args)
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "cargo tree {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("cargo tree prints UTF-8")
+}
+
+/// The crate names among the normal (non-dev, non-build) dependencies with these features.
+fn normal_dependencies(features: &[&str]) -> BTreeSet<String> {
+    let mut args = vec!["-e", "normal"];
+    args.extend_from_slice(features);
+    cargo_tree(&args)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The tokio features enabled with these facade features.
+fn tokio_features(features: &[&str]) -> BTreeSet<String> {
+    let mut args = vec!["-e", "normal,features", "-i", "tokio"];
+    args.extend_from_slice(features);
+    cargo_tree(&args)
+        .lines()
+        .filter_map(|line| line.strip_prefix("tokio feature \""))
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_default_build_has_the_command_line() {
+    let deps = normal_dependencies(&[]);
+    for name in BINARY_ONLY {
+        assert!(deps.contains(name), "{name} missing from {deps:?}");
+    }
+}
+
+#[test]
+fn a_library_user_gets_no_command_line_nor_allocator() {
+    for features in [LIBRARY, EVERY_TRANSPORT] {
+        let deps = normal_dependencies(&["--no-default-features", "--features", features]);
+        assert!(deps.contains("courier-core"), "{deps:?}");
+        for name in BINARY_ONLY {
+            assert!(
+                !deps.contains(name),
+                "`courier` with features {features} (no defaults) pulls {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_library_user_gets_no_signal_process_nor_multi_threaded_tokio() {
+    let features = tokio_features(&["--no-default-features", "--features", LIBRARY]);
+    assert!(features.contains("rt"), "{features:?}");
+    for feature in ["signal", "process", "rt-multi-thread"] {
+        assert!(
+            !features.contains(feature),
+            "`courier` with features {LIBRARY} (no defaults) enables tokio/{feature}: {features:?}"
+        );
+    }
+}
