@@ -1,9 +1,10 @@
 -- Courier's message table (SqlTransport). Times are epoch milliseconds from the database clock.
--- SqlTransport::setup runs this file with `courier_messages` replaced by the configured table name.
+-- A template: `{messages}` is the configured table name (SqlTransport::setup renders and applies it
+-- once, recorded in `{messages}_migrations`).
 -- MySQL 8 / MariaDB 10.6+ (SKIP LOCKED). The index is declared inline: MySQL has no
 -- CREATE INDEX IF NOT EXISTS, and index names are per table. Queue names compare exactly
 -- (binary collation); body and headers use a non-binary collation so drivers read them as text.
-CREATE TABLE IF NOT EXISTS courier_messages (
+CREATE TABLE IF NOT EXISTS {messages} (
     id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     queue_name VARCHAR(190) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     body LONGTEXT NOT NULL,

@@ -1,6 +1,8 @@
+-- A template: `{runs}` and `{events}` are the configured table names (applied once, recorded in
+-- `{runs}_migrations`).
 -- Durable runs (courier-runs): one row per run, one row per persisted step.
 -- Times are epoch milliseconds from the database clock; lease_expires = 0 means no lease.
-CREATE TABLE IF NOT EXISTS courier_runs (
+CREATE TABLE IF NOT EXISTS {runs} (
     id VARCHAR(36) NOT NULL PRIMARY KEY,
     agent VARCHAR(191) NOT NULL,
     status VARCHAR(32) NOT NULL,
@@ -16,13 +18,13 @@ CREATE TABLE IF NOT EXISTS courier_runs (
     started_at BIGINT NULL,
     finished_at BIGINT NULL,
     updated_at BIGINT NOT NULL,
-    INDEX courier_runs_status_lease_idx (status, lease_expires)
+    INDEX {runs}_status_lease_idx (status, lease_expires)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
-CREATE TABLE IF NOT EXISTS courier_run_events (
+CREATE TABLE IF NOT EXISTS {events} (
     run_id VARCHAR(36) NOT NULL,
     seq BIGINT NOT NULL,
     kind VARCHAR(191) NOT NULL,
     payload LONGTEXT NOT NULL,
     created_at BIGINT NOT NULL,
-    CONSTRAINT courier_run_events_run_seq_key UNIQUE (run_id, seq)
+    CONSTRAINT {events}_run_seq_key UNIQUE (run_id, seq)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

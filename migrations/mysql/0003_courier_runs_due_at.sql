@@ -1,6 +1,8 @@
+-- A template: `{runs}` and `{events}` are the configured table names (applied once, recorded in
+-- `{runs}_migrations`).
 -- Durable runs: when a queued run becomes due (epoch ms from the database clock), so the reaper
 -- can re-dispatch a run queued far past it whose message was lost. Rows queued before this
 -- migration count as due when they were last written. One ALTER: MySQL DDL does not roll back.
-ALTER TABLE courier_runs ADD COLUMN due_at BIGINT NOT NULL DEFAULT 0,
-    ADD INDEX courier_runs_status_due_idx (status, due_at);
-UPDATE courier_runs SET due_at = updated_at;
+ALTER TABLE {runs} ADD COLUMN due_at BIGINT NOT NULL DEFAULT 0,
+    ADD INDEX {runs}_status_due_idx (status, due_at);
+UPDATE {runs} SET due_at = updated_at;

@@ -1,6 +1,7 @@
 -- Courier's message table (SqlTransport). Times are epoch milliseconds from the database clock.
--- SqlTransport::setup runs this file with `courier_messages` replaced by the configured table name.
-CREATE TABLE IF NOT EXISTS courier_messages (
+-- A template: `{messages}` is the configured table name (SqlTransport::setup renders and applies it
+-- once, recorded in `{messages}_migrations`).
+CREATE TABLE IF NOT EXISTS {messages} (
     id BIGSERIAL PRIMARY KEY,
     queue_name VARCHAR(190) NOT NULL,
     body TEXT NOT NULL,
@@ -14,5 +15,5 @@ CREATE TABLE IF NOT EXISTS courier_messages (
 
 -- Covers the claim query: WHERE queue_name = ? AND available_at <= now AND (delivered_at ...)
 -- ORDER BY priority DESC, available_at, id.
-CREATE INDEX IF NOT EXISTS courier_messages_claim_idx
-    ON courier_messages (queue_name, priority DESC, available_at, id) INCLUDE (delivered_at);
+CREATE INDEX IF NOT EXISTS {messages}_claim_idx
+    ON {messages} (queue_name, priority DESC, available_at, id) INCLUDE (delivered_at);

@@ -1,7 +1,8 @@
 -- Courier's message table (SqlTransport). Times are epoch milliseconds from the database clock.
--- SqlTransport::setup runs this file with `courier_messages` replaced by the configured table name.
+-- A template: `{messages}` is the configured table name (SqlTransport::setup renders and applies it
+-- once, recorded in `{messages}_migrations`).
 -- AUTOINCREMENT: ids are never reused, so an id names one message for good.
-CREATE TABLE IF NOT EXISTS courier_messages (
+CREATE TABLE IF NOT EXISTS {messages} (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     queue_name TEXT NOT NULL,
     body TEXT NOT NULL,
@@ -15,5 +16,5 @@ CREATE TABLE IF NOT EXISTS courier_messages (
 
 -- Covers the claim query: WHERE queue_name = ? AND available_at <= now AND (delivered_at ...)
 -- ORDER BY priority DESC, available_at, id.
-CREATE INDEX IF NOT EXISTS courier_messages_claim_idx
-    ON courier_messages (queue_name, priority DESC, available_at, id, delivered_at);
+CREATE INDEX IF NOT EXISTS {messages}_claim_idx
+    ON {messages} (queue_name, priority DESC, available_at, id, delivered_at);

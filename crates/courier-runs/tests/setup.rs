@@ -80,74 +80,148 @@ async fn mysql_concurrent_setups_of_fresh_tables_all_succeed() {
     concurrent_setups_of_fresh_tables_all_succeed(&courier_test::env::mysql_url()).await;
 }
 
-/// Tables created by `0002_courier_runs.sql` alone (before `due_at`) are upgraded by `setup`:
-/// the column is added, and a run queued before counts as due when it was last written.
-async fn tables_from_the_previous_migration_are_upgraded(dsn: &str, migration: &str) {
+/// Tables created by a previous release (its migration files run by `.replace()`, no version
+/// table) are upgraded by `setup`: what is in place is recorded, the rest applied, and the data
+/// survives. `files` are the templates the previous release ran; `adds_due_at`: whether it had no
+/// `due_at` yet.
+async fn tables_from_a_previous_release_are_upgraded(dsn: &str, files: &[&str], adds_due_at: bool) {
     let prefix = courier_test::env::unique_name("upgrade");
     let options = SqlRunStoreOptions::default().table_prefix(&prefix);
     let store = tokio::time::timeout(Duration::from_secs(20), SqlRunStore::connect(dsn, options))
         .await
         .expect("connect timed out")
         .expect("connect");
-    let sql = migration
-        .replace("courier_run_events", store.events_table())
-        .replace("courier_runs", store.runs_table());
-    let body: String = sql
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    for statement in body.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        store.execute(statement).await.expect("old migration");
+    let tables = [
+        ("{runs}", store.runs_table()),
+        ("{events}", store.events_table()),
+    ];
+    for file in files {
+        let sql = courier_sql::migrate::render(file, &tables);
+        let body: String = sql
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for statement in body.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            store.execute(statement).await.expect("old migration");
+        }
     }
     let id = uuid::Uuid::new_v4();
     store
         .execute(&format!(
             "INSERT INTO {} (id, agent, status, input, lease_expires, requeue_count, created_at, updated_at) \
-             VALUES ('{id}', 'scripted', 'queued', '{{}}', 0, 0, 1000, 2000)",
+             VALUES ('{id}', 'scripted', 'queued', '{{\"n\": 7}}', 0, 0, 1000, 2000)",
             store.runs_table()
         ))
         .await
         .expect("old row");
+    if !adds_due_at {
+        // That release wrote due_at itself.
+        let due = format!(
+            "UPDATE {} SET due_at = 2000 WHERE id = '{id}'",
+            store.runs_table()
+        );
+        store.execute(&due).await.expect("old due_at");
+    }
+    store
+        .execute(&format!(
+            "INSERT INTO {} (run_id, seq, kind, payload, created_at) VALUES ('{id}', 1, 'step', '[1, 2]', 1500)",
+            store.events_table()
+        ))
+        .await
+        .expect("old event");
     let upgraded = async {
-        store.setup().await.expect("setup upgrades");
-        store
-            .setup()
-            .await
-            .expect("setup is idempotent after the upgrade");
+        let applied = store.migrate().await.expect("setup upgrades");
+        let again = store.migrate().await.expect("setup again");
         let run = store.find(id).await.expect("find").expect("the old row");
+        let events = store.events(id).await.expect("events");
         let overdue = store
             .select_overdue(Duration::from_secs(1), 10)
             .await
             .expect("overdue select");
-        (run, overdue)
+        let next = store
+            .append_event(id, "step", &serde_json::json!({"after": true}))
+            .await
+            .expect("append after the upgrade");
+        (applied, again, run, events, overdue, next)
     }
     .await;
     store.drop_tables().await.expect("drop tables");
-    let (run, overdue) = upgraded;
+    let (applied, again, run, events, overdue, next) = upgraded;
+    let recorded: Vec<i64> = applied.iter().map(|a| a.version).collect();
+    assert_eq!(recorded, [2, 3, 4], "every version recorded: {applied:?}");
+    let due_at_ran = applied.iter().any(|a| a.version == 3 && a.ran);
+    assert_eq!(
+        due_at_ran, adds_due_at,
+        "0003 runs only where due_at is missing: {applied:?}"
+    );
+    let native_ran = applied.iter().any(|a| a.version == 4 && a.ran);
+    assert_eq!(
+        native_ran,
+        store.dialect() == courier_runs::Dialect::Postgres,
+        "0004 is PostgreSQL's: {applied:?}"
+    );
+    assert!(again.is_empty(), "nothing left to apply: {again:?}");
+    assert_eq!(run.input, serde_json::json!({"n": 7}), "input survives");
     assert_eq!(run.due_at, 2000, "due when last written");
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        events[0].payload,
+        serde_json::json!([1, 2]),
+        "payload survives"
+    );
+    assert_eq!(next, 2);
     assert_eq!(overdue.iter().map(|r| r.id).collect::<Vec<_>>(), [id]);
+}
+
+/// The files of the release before due_at, and of the one after (yesterday's), per dialect.
+macro_rules! previous_releases {
+    ($dialect:literal) => {
+        (
+            [include_str!(concat!(
+                "../migrations/",
+                $dialect,
+                "/0002_courier_runs.sql"
+            ))],
+            [
+                include_str!(concat!(
+                    "../migrations/",
+                    $dialect,
+                    "/0002_courier_runs.sql"
+                )),
+                include_str!(concat!(
+                    "../migrations/",
+                    $dialect,
+                    "/0003_courier_runs_due_at.sql"
+                )),
+            ],
+        )
+    };
+}
+
+async fn both_previous_releases_are_upgraded(
+    dsn: &str,
+    (before_due_at, with_due_at): ([&str; 1], [&str; 2]),
+) {
+    tables_from_a_previous_release_are_upgraded(dsn, &before_due_at, true).await;
+    tables_from_a_previous_release_are_upgraded(dsn, &with_due_at, false).await;
 }
 
 #[cfg(feature = "sqlite")]
 #[tokio::test]
-async fn sqlite_tables_from_the_previous_migration_are_upgraded() {
+async fn sqlite_tables_from_a_previous_release_are_upgraded() {
     let dir = support::TempDir::new();
-    let dsn = format!("sqlite://{}?mode=rwc", dir.0.join("runs.db").display());
-    tables_from_the_previous_migration_are_upgraded(
-        &dsn,
-        include_str!("../migrations/sqlite/0002_courier_runs.sql"),
-    )
-    .await;
+    let dsn = format!("sqlite://{}", dir.0.join("runs.db").display());
+    both_previous_releases_are_upgraded(&dsn, previous_releases!("sqlite")).await;
 }
 
 #[cfg(feature = "postgres")]
 #[tokio::test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
-async fn postgres_tables_from_the_previous_migration_are_upgraded() {
-    tables_from_the_previous_migration_are_upgraded(
+async fn postgres_tables_from_a_previous_release_are_upgraded() {
+    both_previous_releases_are_upgraded(
         &courier_test::env::postgres_url(),
-        include_str!("../migrations/postgres/0002_courier_runs.sql"),
+        previous_releases!("postgres"),
     )
     .await;
 }
@@ -155,10 +229,10 @@ async fn postgres_tables_from_the_previous_migration_are_upgraded() {
 #[cfg(feature = "mysql")]
 #[tokio::test]
 #[ignore = "needs mysql: set COURIER_TEST_MYSQL_URL"]
-async fn mysql_tables_from_the_previous_migration_are_upgraded() {
-    tables_from_the_previous_migration_are_upgraded(
+async fn mysql_tables_from_a_previous_release_are_upgraded() {
+    both_previous_releases_are_upgraded(
         &courier_test::env::mysql_url(),
-        include_str!("../migrations/mysql/0002_courier_runs.sql"),
+        previous_releases!("mysql"),
     )
     .await;
 }

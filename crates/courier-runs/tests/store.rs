@@ -393,7 +393,7 @@ async fn events_continue_at_max_seq_and_never_duplicate(fx: &Fixture) {
             run.id
         );
         assert!(
-            sqlx::query(&dup).execute(sql.pool()).await.is_err(),
+            sql.execute(&dup).await.is_err(),
             "UNIQUE (run_id, seq) holds"
         );
     }

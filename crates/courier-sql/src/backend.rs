@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
+use crate::migrate::Applied;
+
 /// A message to insert.
 #[derive(Debug)]
 pub(crate) struct NewRow {
@@ -69,26 +71,6 @@ where
     }
 }
 
-/// Opens (and closes) one connection before the pool is built, so that a server that is down or
-/// refuses the credentials fails `connect` at once with the driver's own error ("connection
-/// refused", "password authentication failed"), not with the pool's "timed out" after its whole
-/// `acquire_timeout`. A server that does not answer within `within` is left to the pool.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) async fn probe<C: sqlx::Connection>(
-    options: &<C as sqlx::Connection>::Options,
-    within: std::time::Duration,
-) -> Result<(), sqlx::Error> {
-    match tokio::time::timeout(within, C::connect_with(options)).await {
-        Ok(Ok(conn)) => {
-            // The probe has done its job; a failed goodbye changes nothing.
-            let _ = conn.close().await;
-            Ok(())
-        }
-        Ok(Err(e)) => Err(e),
-        Err(_) => Ok(()),
-    }
-}
-
 /// Sorts claimed rows into claim order (`RETURNING` gives no order guarantee).
 pub(crate) fn sort_claimed(rows: &mut [StoredRow]) {
     rows.sort_by(|a, b| {
@@ -133,12 +115,12 @@ impl Wake {
     }
 }
 
-/// One database dialect. Every method is one statement or one short transaction; the caller
-/// retries transient errors.
+/// The message table on one database. Every method is one statement or one short transaction;
+/// the caller retries transient errors.
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + Debug {
-    /// Runs the messages migration (idempotent).
-    async fn setup(&self) -> Result<(), sqlx::Error>;
+    /// Applies the messages migrations not yet recorded; returns those it recorded.
+    async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error>;
     /// Inserts rows in one statement (or one transaction); returns their ids in order.
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
     /// Claims up to `max` available rows with `delivery_id`; returns them in claim order.
@@ -149,13 +131,14 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// Deletes rows by (id, delivery_id); returns how many went.
     async fn delete(&self, deliveries: &[(i64, i64)]) -> Result<u64, sqlx::Error>;
     /// Deletes one row by (id, delivery_id).
-    async fn delete_one(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error> {
-        self.delete(&[(id, delivery_id)]).await
-    }
+    async fn delete_one(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error>;
     /// Deletes a row of this queue by id alone.
     async fn delete_id(&self, id: i64) -> Result<u64, sqlx::Error>;
     /// Refreshes `delivered_at` of a live delivery.
     async fn keepalive(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error>;
+    /// Refreshes `delivered_at` of live deliveries by (id, delivery_id) in one statement per
+    /// chunk; returns how many were live.
+    async fn keepalive_many(&self, deliveries: &[(i64, i64)]) -> Result<u64, sqlx::Error>;
     /// Puts a live delivery back: new headers and priority, available after `delay_ms`,
     /// delivery cleared. One statement.
     async fn reschedule(&self, id: i64, delivery_id: i64, row: &NewRow)
@@ -167,88 +150,10 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// The number of rows of this queue.
     async fn count(&self) -> Result<i64, sqlx::Error>;
     /// Starts server push wake-ups if the dialect has them (idempotent).
-    fn start_listener(&self, _wake: &Arc<Wake>) {}
+    fn start_listener(&self, wake: &Arc<Wake>);
     /// Server-side ids of the pool's connections, for tests that kill them.
-    fn connection_ids(&self) -> Vec<u64> {
-        Vec::new()
-    }
+    fn connection_ids(&self) -> Vec<u64>;
     /// The cause behind a pool that timed out, when one direct connection attempt finds it
     /// (the server is down, the credentials are refused); else `e` unchanged.
-    async fn explain(&self, e: sqlx::Error) -> sqlx::Error {
-        e
-    }
-}
-
-/// Connect options kept by a backend. They hold the password, so their `Debug` shows nothing.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) struct Hidden<T>(pub(crate) T);
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-impl<T> Debug for Hidden<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<connect options>")
-    }
-}
-
-/// How long [`Backend::explain`] waits for its connection attempt at most.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) const EXPLAIN_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// [`Backend::explain`] for a dialect whose connections open with `options`.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) async fn explain_with<C: sqlx::Connection>(
-    options: &<C as sqlx::Connection>::Options,
-    within: std::time::Duration,
-    e: sqlx::Error,
-) -> sqlx::Error {
-    if !matches!(e, sqlx::Error::PoolTimedOut) {
-        return e;
-    }
-    match probe::<C>(options, within).await {
-        Err(cause) => cause,
-        Ok(()) => e,
-    }
-}
-
-/// `DELETE ... WHERE (delivery_id = ? AND id IN (?, ...)) OR ...` for `?`-placeholder dialects,
-/// grouping the pairs by delivery id (a fetched batch shares one); returns the SQL and the
-/// values to bind in order.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn grouped_delete(table: &str, deliveries: &[(i64, i64)]) -> (String, Vec<i64>) {
-    let mut groups: Vec<(i64, Vec<i64>)> = Vec::new();
-    for &(id, delivery) in deliveries {
-        match groups.iter_mut().find(|(d, _)| *d == delivery) {
-            Some((_, ids)) => ids.push(id),
-            None => groups.push((delivery, vec![id])),
-        }
-    }
-    let mut sql = format!("DELETE FROM {table} WHERE ");
-    let mut binds = Vec::with_capacity(deliveries.len() + groups.len());
-    for (i, (delivery, ids)) in groups.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(" OR ");
-        }
-        sql.push_str("(delivery_id = ? AND id IN (");
-        sql.push_str(&vec!["?"; ids.len()].join(", "));
-        sql.push_str("))");
-        binds.push(*delivery);
-        binds.extend(ids);
-    }
-    (sql, binds)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    #[cfg(any(feature = "sqlite", feature = "mysql"))]
-    fn grouped_delete_groups_by_delivery() {
-        let (sql, binds) = grouped_delete("t", &[(1, 9), (2, 9), (3, 7)]);
-        assert_eq!(
-            sql,
-            "DELETE FROM t WHERE (delivery_id = ? AND id IN (?, ?)) OR (delivery_id = ? AND id IN (?))"
-        );
-        assert_eq!(binds, vec![9, 1, 2, 7, 3]);
-    }
+    async fn explain(&self, e: sqlx::Error) -> sqlx::Error;
 }

@@ -96,7 +96,7 @@ pub(crate) async fn backend(
         "sqlite" => {
             let url = driver_url(dsn, SQLITE_DRIVER_OPTIONS).map_err(config)?;
             Ok(Box::new(
-                crate::sqlite::SqliteBackend::connect(&url, options)
+                crate::sqlite::connect(&url, options)
                     .await
                     .map_err(connection)?,
             ))
@@ -105,7 +105,7 @@ pub(crate) async fn backend(
         "postgres" | "postgresql" => {
             let url = driver_url(dsn, POSTGRES_DRIVER_OPTIONS).map_err(config)?;
             Ok(Box::new(
-                crate::postgres::PgBackend::connect(&url, options)
+                crate::postgres::connect(&url, options)
                     .await
                     .map_err(connection)?,
             ))
@@ -114,7 +114,7 @@ pub(crate) async fn backend(
         "mysql" | "mariadb" => {
             let url = driver_url(dsn, MYSQL_DRIVER_OPTIONS).map_err(config)?;
             Ok(Box::new(
-                crate::mysql::MySqlBackend::connect(&url, options)
+                crate::mysql::connect(&url, options)
                     .await
                     .map_err(connection)?,
             ))

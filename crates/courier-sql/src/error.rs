@@ -28,12 +28,13 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Whether retrying the same statement may succeed (exhaustive over what we recognise; every
-/// other error is permanent).
-pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+/// other error is permanent). A protocol error is permanent: the statement may have taken
+/// effect (an insert that reports a wrong row count), so running it again could repeat it.
+#[must_use]
+pub fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => {

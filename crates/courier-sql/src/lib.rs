@@ -70,17 +70,34 @@
 
 mod backend;
 mod connect;
+mod dialect;
 mod error;
 mod factory;
+mod messages;
+pub mod migrate;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod options;
+mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transport;
 
+pub use dialect::{
+    Dialect, MAX_TABLE_NAME_LEN, UnknownDialect, invalid_table_name, is_valid_identifier,
+};
+pub use error::is_transient;
 pub use factory::SqlTransportFactory;
-pub use options::{DEFAULT_TABLE, SqlOptions, is_valid_identifier};
+pub use options::{DEFAULT_TABLE, SqlOptions};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use pool::explain_timeout;
+#[cfg(feature = "postgres")]
+pub use pool::postgres_pool;
+#[cfg(feature = "sqlite")]
+pub use pool::sqlite_pool;
+#[cfg(feature = "mysql")]
+pub use pool::{ConnectionIds, mysql_pool};
+pub use pool::{PoolSettings, SqlDatabase};
 pub use transport::SqlTransport;

@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use courier_core::{Dsn, DsnError};
 
+use crate::PoolSettings;
+use crate::dialect::{invalid_table_name, is_valid_identifier};
+
 /// The options of a [`SqlTransport`](crate::SqlTransport).
 ///
 /// From a DSN query: `table_name`, `queue_name`, `redeliver_timeout`, `auto_setup`,
@@ -22,7 +25,7 @@ use courier_core::{Dsn, DsnError};
 ///
 /// let bad = Dsn::parse("sqlite://courier.db?table_name=x;DROP%20TABLE%20users")?;
 /// let err = SqlOptions::from_dsn(&bad).unwrap_err().to_string();
-/// assert!(err.contains("invalid table_name"), "{err}");
+/// assert!(err.contains("invalid table name"), "{err}");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,13 +73,16 @@ pub(crate) const COURIER_OPTIONS: &[&str] = &[
     "busy_timeout",
 ];
 
-/// Whether `name` is a valid table name: `[A-Za-z_][A-Za-z0-9_]{0,62}`.
-#[must_use]
-pub fn is_valid_identifier(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && name.len() <= 63
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+impl From<&SqlOptions> for PoolSettings {
+    fn from(o: &SqlOptions) -> Self {
+        Self {
+            max_connections: o.max_connections,
+            min_connections: o.min_connections,
+            acquire_timeout: o.acquire_timeout,
+            busy_timeout: o.busy_timeout,
+            read_committed: false,
+        }
+    }
 }
 
 impl SqlOptions {
@@ -89,10 +95,7 @@ impl SqlOptions {
         let bad = |reason: String| DsnError::new(dsn.expose(), reason);
         if let Some(t) = dsn.option("table_name") {
             if !is_valid_identifier(t) {
-                return Err(bad(format!(
-                    "invalid table_name `{}`: expected an identifier matching [A-Za-z_][A-Za-z0-9_]{{0,62}}",
-                    t.escape_debug()
-                )));
+                return Err(bad(format!("table_name: {}", invalid_table_name(t))));
             }
             o.table_name = t.to_owned();
         }
@@ -132,11 +135,11 @@ impl SqlOptions {
     /// Sets the table (default `courier_messages`).
     ///
     /// # Errors
-    /// A message naming the bad name when it is not `[A-Za-z_][A-Za-z0-9_]{0,62}`.
+    /// A message naming the bad name when [`is_valid_identifier`] refuses it.
     pub fn table_name(mut self, name: impl Into<String>) -> Result<Self, String> {
         let name = name.into();
         if !is_valid_identifier(&name) {
-            return Err(format!("invalid table_name `{}`", name.escape_debug()));
+            return Err(invalid_table_name(&name));
         }
         self.table_name = name;
         Ok(self)
@@ -224,25 +227,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn identifiers_are_validated() {
-        for ok in ["courier_messages", "_x", "A1", &"a".repeat(63)] {
-            assert!(is_valid_identifier(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "1abc",
-            "a-b",
-            "a b",
-            "x;drop table y",
-            "t\"",
-            "é",
-            &"a".repeat(64),
-        ] {
-            assert!(!is_valid_identifier(bad), "{bad}");
-        }
-    }
-
-    #[test]
     fn a_table_name_injection_in_the_dsn_is_rejected_with_a_clear_error() {
         let dsn = Dsn::parse(
             "postgres://app:hunter2@db/app?table_name=messages%3B%20DROP%20TABLE%20users%3B--",
@@ -253,7 +237,7 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(
-            err.contains("invalid table_name `messages; DROP TABLE users;--`"),
+            err.contains("invalid table name `messages; DROP TABLE users;--`"),
             "{err}"
         );
         assert!(!err.contains("hunter2"), "{err}");

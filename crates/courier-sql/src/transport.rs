@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::SqlOptions;
 use crate::backend::{Backend, NewRow, StoredRow, Wake};
 use crate::error::{retry_transient, transport_error};
+use crate::migrate::Applied;
 
 /// The longest pause between two polls of an idle queue when no server push is available.
 const MAX_IDLE_BACKOFF: Duration = Duration::from_millis(250);
@@ -83,7 +84,7 @@ impl SqlTransport {
             wake: Wake::new(),
         };
         if transport.options.auto_setup {
-            transport.run_setup().await?;
+            transport.migrate().await?;
         }
         Ok(transport)
     }
@@ -108,9 +109,24 @@ impl SqlTransport {
         self.backend.connection_ids()
     }
 
-    async fn run_setup(&self) -> Result<(), TransportError> {
-        self.attempt("creating the messages table", || self.backend.setup())
-            .await
+    /// Applies the messages migrations not yet recorded for this table (creating it on a fresh
+    /// database); returns those it recorded, oldest first (empty when up to date).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn migrate(&self) -> Result<Vec<Applied>, TransportError> {
+        let applied = self
+            .attempt("migrating the messages table", || self.backend.setup())
+            .await?;
+        for migration in &applied {
+            tracing::info!(
+                courier.transport = %self.name,
+                courier.sql.table = %self.options.table_name,
+                courier.sql.migration = %migration,
+                "applied migration"
+            );
+        }
+        Ok(applied)
     }
 
     fn error(&self, context: &'static str, e: sqlx::Error) -> TransportError {
@@ -379,6 +395,33 @@ impl Transport for SqlTransport {
         Ok(())
     }
 
+    async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        let pairs: Vec<(i64, i64)> = envelopes
+            .iter()
+            .filter_map(|envelope| match Self::delivery(envelope) {
+                (Some(id), Some(delivery)) => Some((id, delivery)),
+                _ => None,
+            })
+            .collect();
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let live = self
+            .attempt("refreshing deliveries", || {
+                self.backend.keepalive_many(&pairs)
+            })
+            .await?;
+        if live < pairs.len() as u64 {
+            tracing::debug!(
+                courier.transport = %self.name,
+                held = pairs.len(),
+                live,
+                "some kept-alive deliveries are no longer live"
+            );
+        }
+        Ok(())
+    }
+
     fn as_setup(&self) -> Option<&dyn Setup> {
         Some(self)
     }
@@ -403,7 +446,7 @@ impl Transport for SqlTransport {
 #[async_trait]
 impl Setup for SqlTransport {
     async fn setup(&self) -> Result<(), TransportError> {
-        self.run_setup().await
+        self.migrate().await.map(drop)
     }
 }
 

@@ -1,77 +1,29 @@
-//! The SQL run store: PostgreSQL, SQLite and MySQL/MariaDB through sqlx's `Any` driver with
-//! runtime queries, one guarded statement per transition, "now" from the database clock.
+//! The SQL run store: PostgreSQL, SQLite and MySQL/MariaDB on the SQL layer of `courier-sql`
+//! (its dialects, pools and migrations): one guarded statement per transition, "now" from the
+//! database clock, each statement a template rendered per dialect and run by one executor
+//! generic over the sqlx driver (`engine.rs`). Run ids and JSON are the database's own types
+//! where it has them (UUID and JSONB on PostgreSQL; text elsewhere).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Row};
+use courier_sql::migrate::Applied;
+use courier_sql::{PoolSettings, invalid_table_name, is_valid_identifier};
 use uuid::Uuid;
 
-use super::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError, lease_ms};
+use super::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError};
 use crate::{RunStatus, TerminationReason};
 
+mod engine;
 mod queries;
-mod setup;
 
-use queries::Queries;
-#[cfg(test)]
-use queries::numbered;
-
-type Query<'a> = sqlx::query::Query<'a, sqlx::Any, sqlx::any::AnyArguments<'a>>;
-
-const SQLITE_MIGRATION: &str = include_str!("../../migrations/sqlite/0002_courier_runs.sql");
-const POSTGRES_MIGRATION: &str = include_str!("../../migrations/postgres/0002_courier_runs.sql");
-const MYSQL_MIGRATION: &str = include_str!("../../migrations/mysql/0002_courier_runs.sql");
+pub use courier_sql::Dialect;
 
 /// How long the pool waits for a connection.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The SQL dialect of a store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Dialect {
-    /// SQLite 3.
-    Sqlite,
-    /// PostgreSQL.
-    Postgres,
-    /// MySQL 8 or MariaDB 10.6+.
-    Mysql,
-}
-
-impl Dialect {
-    /// The dialect a DSN names.
-    ///
-    /// # Errors
-    /// [`StoreError::UnsupportedDsn`] for other schemes.
-    pub fn from_dsn(dsn: &str) -> Result<Self, StoreError> {
-        let scheme = dsn.split(':').next().unwrap_or_default();
-        match scheme {
-            "sqlite" => Ok(Self::Sqlite),
-            "postgres" | "postgresql" => Ok(Self::Postgres),
-            "mysql" | "mariadb" => Ok(Self::Mysql),
-            _ => Err(StoreError::UnsupportedDsn(courier_core::redact(dsn))),
-        }
-    }
-
-    /// The expression giving the database clock in epoch milliseconds.
-    #[must_use]
-    pub fn now_ms_sql(self) -> &'static str {
-        match self {
-            Self::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
-            Self::Postgres => "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT)",
-            Self::Mysql => "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
-        }
-    }
-
-    fn migration(self) -> &'static str {
-        match self {
-            Self::Sqlite => SQLITE_MIGRATION,
-            Self::Postgres => POSTGRES_MIGRATION,
-            Self::Mysql => MYSQL_MIGRATION,
-        }
-    }
-}
+/// How long a SQLite writer waits for the file lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Options of a [`SqlRunStore`].
 #[derive(Debug, Clone)]
@@ -111,37 +63,32 @@ impl SqlRunStoreOptions {
     }
 }
 
-fn valid_identifier(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 48
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !name.starts_with(|c: char| c.is_ascii_digit())
+/// What the store does beyond [`RunStore`], on one dialect.
+#[async_trait]
+trait Engine: RunStore {
+    async fn migrate(&self) -> Result<Vec<Applied>, StoreError>;
+    async fn execute(&self, sql: &str) -> Result<u64, StoreError>;
+    async fn explain_stale(&self, limit: usize) -> Result<Vec<String>, StoreError>;
+    fn stale_query(&self) -> &str;
 }
-
-const SQLITE_PRAGMAS: [&str; 3] = [
-    "PRAGMA journal_mode = WAL",
-    "PRAGMA synchronous = NORMAL",
-    "PRAGMA busy_timeout = 5000",
-];
 
 /// The SQL run store.
 ///
 /// ```no_run
 /// use courier_runs::{RunStore, SqlRunStore, SqlRunStoreOptions};
 /// # async fn demo() -> Result<(), courier_runs::StoreError> {
-/// let store = SqlRunStore::connect("sqlite://courier.db?mode=rwc", SqlRunStoreOptions::default()).await?;
+/// let store = SqlRunStore::connect("sqlite://courier.db", SqlRunStoreOptions::default()).await?;
 /// store.setup().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqlRunStore {
-    pool: AnyPool,
     dialect: Dialect,
     options: SqlRunStoreOptions,
-    q: std::sync::Arc<Queries>,
+    engine: Arc<dyn Engine>,
 }
 
-fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+pub(super) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |e| StoreError::Database {
         context,
         source: Box::new(e),
@@ -150,72 +97,66 @@ fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
 
 impl SqlRunStore {
     /// Connects to `dsn` (`sqlite://`, `postgres://`, `mysql://`); the matching crate feature
-    /// must be on.
+    /// must be on. A SQLite file is created when missing.
     ///
     /// # Errors
     /// Unsupported DSN, bad table names, connection failure.
     pub async fn connect(dsn: &str, options: SqlRunStoreOptions) -> Result<Self, StoreError> {
-        let dialect = Dialect::from_dsn(dsn)?;
+        let dialect = Dialect::from_dsn(dsn)
+            .map_err(|_| StoreError::UnsupportedDsn(courier_core::redact(dsn)))?;
         for name in [&options.runs_table, &options.events_table] {
-            if !valid_identifier(name) {
-                return Err(StoreError::Corrupt(format!("invalid table name `{name}`")));
+            if !is_valid_identifier(name) {
+                return Err(StoreError::Corrupt(invalid_table_name(name)));
             }
         }
-        // Like the CLI's default `sqlite://courier.db`: create the file when it is missing.
-        let dsn = if dialect == Dialect::Sqlite && !dsn.contains("mode=") {
-            let sep = if dsn.contains('?') { '&' } else { '?' };
-            format!("{dsn}{sep}mode=rwc")
-        } else {
-            dsn.to_owned()
+        let settings = PoolSettings {
+            max_connections: Some(options.max_connections),
+            acquire_timeout: ACQUIRE_TIMEOUT,
+            busy_timeout: BUSY_TIMEOUT,
+            ..PoolSettings::default()
         };
-        sqlx::any::install_default_drivers();
-        let sqlite = dialect == Dialect::Sqlite;
-        if !sqlite {
-            // One connection first, so that a server that is down or refuses the credentials
-            // is named at once by the driver's own error instead of the pool's "timed out".
-            use sqlx::Connection as _;
-            if let Ok(probe) =
-                tokio::time::timeout(ACQUIRE_TIMEOUT, sqlx::AnyConnection::connect(&dsn)).await
-            {
-                // A failed goodbye after a successful probe changes nothing.
-                let _ = probe.map_err(db("connect"))?.close().await;
+        let engine: Arc<dyn Engine> = match dialect {
+            #[cfg(feature = "sqlite")]
+            Dialect::Sqlite => {
+                let pool = courier_sql::sqlite_pool(dsn, &settings)
+                    .await
+                    .map_err(db("connect"))?;
+                Arc::new(engine::Runs::new(pool, &options))
             }
-        }
-        let pool = AnyPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    if sqlite {
-                        // WAL with synchronous=NORMAL: one fsync per checkpoint instead of
-                        // several per commit; readers never block the writer.
-                        for pragma in SQLITE_PRAGMAS {
-                            sqlx::query(pragma).execute(&mut *conn).await?;
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .connect(&dsn)
-            .await
-            .map_err(db("connect"))?;
-        let q = std::sync::Arc::new(Queries::new(
-            dialect,
-            &options.runs_table,
-            &options.events_table,
-        ));
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres => {
+                let (pool, _) = courier_sql::postgres_pool(dsn, &settings)
+                    .await
+                    .map_err(db("connect"))?;
+                Arc::new(engine::Runs::new(pool, &options))
+            }
+            #[cfg(feature = "mysql")]
+            Dialect::Mysql => {
+                let (pool, _, _) = courier_sql::mysql_pool(dsn, &settings)
+                    .await
+                    .map_err(db("connect"))?;
+                Arc::new(engine::Runs::new(pool, &options))
+            }
+            #[allow(unreachable_patterns, reason = "every dialect's feature may be on")]
+            _ => {
+                let _ = settings;
+                return Err(StoreError::UnsupportedDsn(courier_core::redact(dsn)));
+            }
+        };
         Ok(Self {
-            pool,
             dialect,
             options,
-            q,
+            engine,
         })
     }
 
-    /// The pool (tests rewrite timestamps through it).
-    #[must_use]
-    pub fn pool(&self) -> &AnyPool {
-        &self.pool
+    /// Applies the run store's migrations not yet recorded (creating the tables on a fresh
+    /// database), under the setup lock; returns those it recorded, oldest first.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn migrate(&self) -> Result<Vec<Applied>, StoreError> {
+        self.engine.migrate().await
     }
 
     /// The dialect.
@@ -239,7 +180,7 @@ impl SqlRunStore {
     /// The query the reaper's stale select runs, with `?`/`$1` placeholders (for EXPLAIN).
     #[must_use]
     pub fn stale_query(&self) -> &str {
-        &self.q.select_stale
+        self.engine.stale_query()
     }
 
     /// Runs one statement on the store's pool (maintenance, tests, benches); returns the rows
@@ -248,11 +189,7 @@ impl SqlRunStore {
     /// # Errors
     /// The database failed.
     pub async fn execute(&self, sql: &str) -> Result<u64, StoreError> {
-        let done = sqlx::query(sql)
-            .execute(&self.pool)
-            .await
-            .map_err(db("execute"))?;
-        Ok(done.rows_affected())
+        self.engine.execute(sql).await
     }
 
     /// The database's plan for the reaper's stale select (`EXPLAIN QUERY PLAN` on SQLite,
@@ -262,216 +199,58 @@ impl SqlRunStore {
     /// # Errors
     /// The database failed.
     pub async fn explain_stale(&self, limit: usize) -> Result<Vec<String>, StoreError> {
-        let prefix = if self.dialect == Dialect::Sqlite {
-            "EXPLAIN QUERY PLAN "
-        } else {
-            "EXPLAIN "
-        };
-        let sql = format!("{prefix}{}", self.q.select_stale);
-        let rows = sqlx::query(&sql)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db("explain"))?;
-        let line = |row: &AnyRow| -> String {
-            match self.dialect {
-                Dialect::Sqlite => text_opt(row, "detail").ok().flatten().unwrap_or_default(),
-                Dialect::Postgres => text_opt(row, "QUERY PLAN")
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default(),
-                Dialect::Mysql => ["table", "type", "key", "rows", "Extra"]
-                    .iter()
-                    .map(|c| {
-                        let v = text_opt(row, c).ok().flatten().or_else(|| {
-                            row.try_get::<Option<i64>, _>(*c)
-                                .ok()
-                                .flatten()
-                                .map(|n| n.to_string())
-                        });
-                        format!("{c}={}", v.unwrap_or_else(|| "NULL".into()))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            }
-        };
-        Ok(rows.iter().map(line).collect())
+        self.engine.explain_stale(limit).await
     }
 
-    /// Drops both tables (tests).
+    /// Drops both tables and their migrations table (tests).
     ///
     /// # Errors
     /// The database failed.
     pub async fn drop_tables(&self) -> Result<(), StoreError> {
-        for t in [&self.options.events_table, &self.options.runs_table] {
-            sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
-                .execute(&self.pool)
-                .await
-                .map_err(db("drop"))?;
+        let runs = &self.options.runs_table;
+        for t in [
+            self.options.events_table.clone(),
+            runs.clone(),
+            format!("{runs}_migrations"),
+        ] {
+            self.execute(&format!("DROP TABLE IF EXISTS {t}")).await?;
         }
         Ok(())
     }
-
-    async fn write<'a>(&self, context: &'static str, q: Query<'a>) -> Result<bool, StoreError> {
-        let done = q.execute(&self.pool).await.map_err(db(context))?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    async fn runs<'a>(&self, context: &'static str, q: Query<'a>) -> Result<Vec<Run>, StoreError> {
-        let rows = q.fetch_all(&self.pool).await.map_err(db(context))?;
-        rows.iter().map(decode_run).collect()
-    }
-}
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_owned()))
-}
-
-fn get<'r, T: sqlx::Decode<'r, sqlx::Any> + sqlx::Type<sqlx::Any>>(
-    row: &'r AnyRow,
-    col: &str,
-) -> Result<T, StoreError> {
-    row.try_get(col)
-        .map_err(|e| StoreError::Corrupt(format!("column `{col}`: {e}")))
-}
-
-/// A text column; MySQL reports text with a binary collation as BLOB through the `Any` driver.
-fn text_opt(row: &AnyRow, col: &str) -> Result<Option<String>, StoreError> {
-    match row.try_get::<Option<String>, _>(col) {
-        Ok(v) => Ok(v),
-        Err(_) => get::<Option<Vec<u8>>>(row, col)?
-            .map(|b| {
-                String::from_utf8(b)
-                    .map_err(|e| StoreError::Corrupt(format!("column `{col}`: {e}")))
-            })
-            .transpose(),
-    }
-}
-
-fn text(row: &AnyRow, col: &str) -> Result<String, StoreError> {
-    text_opt(row, col)?.ok_or_else(|| StoreError::Corrupt(format!("column `{col}` is null")))
-}
-
-fn parse<T: std::str::FromStr>(value: Option<String>, col: &str) -> Result<Option<T>, StoreError>
-where
-    T::Err: std::fmt::Display,
-{
-    value
-        .map(|v| {
-            v.parse::<T>()
-                .map_err(|e| StoreError::Corrupt(format!("column `{col}`: {e}")))
-        })
-        .transpose()
-}
-
-fn uuid(text: &str) -> Result<Uuid, StoreError> {
-    Uuid::parse_str(text).map_err(|e| StoreError::Corrupt(format!("run id: {e}")))
-}
-
-fn decode_run(row: &AnyRow) -> Result<Run, StoreError> {
-    let status = text(row, "status")?;
-    Ok(Run {
-        id: uuid(&text(row, "id")?)?,
-        agent: text(row, "agent")?,
-        status: status
-            .parse()
-            .map_err(|e| StoreError::Corrupt(format!("{e}")))?,
-        input: json(&text(row, "input")?),
-        output: text_opt(row, "output")?.as_deref().map(json),
-        error_class: parse(text_opt(row, "error_class")?, "error_class")?,
-        termination_reason: parse(text_opt(row, "termination_reason")?, "termination_reason")?,
-        claimed_by: text_opt(row, "claimed_by")?,
-        lease_expires: get(row, "lease_expires")?,
-        requeue_count: u32::try_from(get::<i64>(row, "requeue_count")?).unwrap_or(u32::MAX),
-        pending_effect: text_opt(row, "pending_effect")?,
-        created_at: get(row, "created_at")?,
-        started_at: get(row, "started_at")?,
-        finished_at: get(row, "finished_at")?,
-        updated_at: get(row, "updated_at")?,
-        due_at: get(row, "due_at")?,
-    })
-}
-
-fn limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 #[async_trait]
 impl RunStore for SqlRunStore {
     async fn setup(&self) -> Result<(), StoreError> {
-        self.locked_setup().await
+        self.engine.migrate().await.map(drop)
     }
 
     async fn now_ms(&self) -> Result<i64, StoreError> {
-        let row = sqlx::query(&self.q.now)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db("now"))?;
-        row.try_get::<i64, _>(0)
-            .map_err(|e| StoreError::Corrupt(format!("clock: {e}")))
+        self.engine.now_ms().await
     }
 
     async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
-        let q = sqlx::query(&self.q.insert_queued)
-            .bind(run.id.to_string())
-            .bind(&run.agent)
-            .bind(run.input.to_string());
-        self.write("insert run", q).await?;
-        self.find(run.id)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("run {} vanished", run.id)))
+        self.engine.insert_queued(run).await
     }
 
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
-        let q = sqlx::query(&self.q.insert_interactive)
-            .bind(run.id.to_string())
-            .bind(&run.agent)
-            .bind(run.input.to_string());
-        self.write("insert run", q).await?;
-        self.find(run.id)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("run {} vanished", run.id)))
+        self.engine.insert_interactive(run).await
     }
 
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
-        Ok(self
-            .runs("find run", sqlx::query(&self.q.find).bind(id.to_string()))
-            .await?
-            .pop())
+        self.engine.find(id).await
     }
 
     async fn list(&self, status: Option<RunStatus>, n: usize) -> Result<Vec<Run>, StoreError> {
-        match status {
-            Some(s) => {
-                self.runs(
-                    "list runs",
-                    sqlx::query(&self.q.list_status)
-                        .bind(s.as_str())
-                        .bind(limit(n)),
-                )
-                .await
-            }
-            None => {
-                self.runs("list runs", sqlx::query(&self.q.list_all).bind(limit(n)))
-                    .await
-            }
-        }
+        self.engine.list(status, n).await
     }
 
     async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
-        let q = sqlx::query(&self.q.claim)
-            .bind(worker)
-            .bind(lease_ms(lease))
-            .bind(id.to_string());
-        self.write("claim", q).await
+        self.engine.claim(id, worker, lease).await
     }
 
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
-        let q = sqlx::query(&self.q.renew)
-            .bind(lease_ms(lease))
-            .bind(id.to_string())
-            .bind(worker);
-        self.write("renew", q).await
+        self.engine.renew(id, worker, lease).await
     }
 
     async fn requeue_owned(
@@ -480,58 +259,27 @@ impl RunStore for SqlRunStore {
         worker: &str,
         due_in: Duration,
     ) -> Result<bool, StoreError> {
-        self.write(
-            "requeue",
-            sqlx::query(&self.q.requeue_owned)
-                .bind(lease_ms(due_in))
-                .bind(id.to_string())
-                .bind(worker),
-        )
-        .await
+        self.engine.requeue_owned(id, worker, due_in).await
     }
 
     async fn select_overdue(&self, after: Duration, n: usize) -> Result<Vec<Run>, StoreError> {
-        self.runs(
-            "select overdue",
-            sqlx::query(&self.q.select_overdue)
-                .bind(lease_ms(after))
-                .bind(limit(n)),
-        )
-        .await
+        self.engine.select_overdue(after, n).await
     }
 
     async fn redispatch_overdue(&self, id: Uuid, after: Duration) -> Result<bool, StoreError> {
-        self.write(
-            "re-dispatch overdue",
-            sqlx::query(&self.q.redispatch_overdue)
-                .bind(id.to_string())
-                .bind(lease_ms(after)),
-        )
-        .await
+        self.engine.redispatch_overdue(id, after).await
     }
 
     async fn redispatch_queued(&self, id: Uuid) -> Result<bool, StoreError> {
-        self.write(
-            "re-dispatch queued",
-            sqlx::query(&self.q.redispatch_queued).bind(id.to_string()),
-        )
-        .await
+        self.engine.redispatch_queued(id).await
     }
 
     async fn select_stale(&self, n: usize) -> Result<Vec<Run>, StoreError> {
-        self.runs(
-            "select stale",
-            sqlx::query(&self.q.select_stale).bind(limit(n)),
-        )
-        .await
+        self.engine.select_stale(n).await
     }
 
     async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError> {
-        self.write(
-            "stale requeue",
-            sqlx::query(&self.q.requeue_stale).bind(id.to_string()),
-        )
-        .await
+        self.engine.requeue_stale(id).await
     }
 
     async fn dead_letter_stale(
@@ -539,10 +287,7 @@ impl RunStore for SqlRunStore {
         id: Uuid,
         reason: TerminationReason,
     ) -> Result<bool, StoreError> {
-        let q = sqlx::query(&self.q.dead_letter_stale)
-            .bind(reason.as_str())
-            .bind(id.to_string());
-        self.write("stale dead-letter", q).await
+        self.engine.dead_letter_stale(id, reason).await
     }
 
     async fn settle(
@@ -551,44 +296,19 @@ impl RunStore for SqlRunStore {
         owner: Option<&str>,
         s: &Settlement,
     ) -> Result<bool, StoreError> {
-        let sql = if owner.is_some() {
-            &self.q.settle_owned
-        } else {
-            &self.q.settle_interactive
-        };
-        let mut q = sqlx::query(sql)
-            .bind(s.status.as_str())
-            .bind(s.reason.map(|r| r.as_str().to_owned()))
-            .bind(s.class.map(|c| c.as_str().to_owned()))
-            .bind(s.output.as_ref().map(ToString::to_string))
-            .bind(i64::from(s.status.is_terminal()))
-            .bind(id.to_string());
-        if let Some(owner) = owner {
-            q = q.bind(owner.to_owned());
-        }
-        self.write("settle", q).await
+        self.engine.settle(id, owner, s).await
     }
 
     async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
-        let q = sqlx::query(&self.q.fail_queued)
-            .bind(reason.as_str())
-            .bind(id.to_string());
-        self.write("fail queued", q).await
+        self.engine.fail_queued(id, reason).await
     }
 
     async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError> {
-        self.write(
-            "resume",
-            sqlx::query(&self.q.resume)
-                .bind(id.to_string())
-                .bind(from.as_str()),
-        )
-        .await
+        self.engine.resume(id, from).await
     }
 
     async fn cancel(&self, id: Uuid) -> Result<bool, StoreError> {
-        self.write("cancel", sqlx::query(&self.q.cancel).bind(id.to_string()))
-            .await
+        self.engine.cancel(id).await
     }
 
     async fn set_pending_effect(
@@ -597,18 +317,7 @@ impl RunStore for SqlRunStore {
         owner: Option<&str>,
         effect: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let sql = if owner.is_some() {
-            &self.q.effect_owned
-        } else {
-            &self.q.effect_interactive
-        };
-        let mut q = sqlx::query(sql)
-            .bind(effect.map(str::to_owned))
-            .bind(id.to_string());
-        if let Some(owner) = owner {
-            q = q.bind(owner.to_owned());
-        }
-        self.write("pending effect", q).await
+        self.engine.set_pending_effect(id, owner, effect).await
     }
 
     async fn append_event(
@@ -617,91 +326,10 @@ impl RunStore for SqlRunStore {
         kind: &str,
         payload: &serde_json::Value,
     ) -> Result<i64, StoreError> {
-        // One statement computes MAX(seq)+1 and inserts; MySQL may report a deadlock (40001)
-        // between two concurrent INSERT ... SELECT: that statement did nothing and is retried.
-        let mut attempt = 0;
-        loop {
-            let q = sqlx::query(&self.q.append_event)
-                .bind(id.to_string())
-                .bind(kind)
-                .bind(payload.to_string())
-                .bind(id.to_string());
-            let done = if self.dialect == Dialect::Mysql {
-                q.execute(&self.pool).await.map(|_| None)
-            } else {
-                q.fetch_one(&self.pool).await.map(Some)
-            };
-            match done {
-                Ok(Some(row)) => return get(&row, "seq"),
-                Ok(None) => return self.max_seq(id).await,
-                Err(sqlx::Error::Database(d)) if d.is_unique_violation() => {
-                    let seq = self.max_seq(id).await?;
-                    return Err(StoreError::DuplicateSequence { run_id: id, seq });
-                }
-                Err(sqlx::Error::Database(d))
-                    if d.code().as_deref() == Some("40001") && attempt < 5 =>
-                {
-                    attempt += 1;
-                }
-                Err(e) => return Err(db("append event")(e)),
-            }
-        }
+        self.engine.append_event(id, kind, payload).await
     }
 
     async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
-        let rows = sqlx::query(&self.q.events)
-            .bind(id.to_string())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db("events"))?;
-        rows.iter()
-            .map(|row| {
-                Ok(RunEvent {
-                    run_id: uuid(&text(row, "run_id")?)?,
-                    seq: get(row, "seq")?,
-                    kind: text(row, "kind")?,
-                    payload: json(&text(row, "payload")?),
-                    created_at: get(row, "created_at")?,
-                })
-            })
-            .collect()
-    }
-}
-
-impl SqlRunStore {
-    async fn max_seq(&self, id: Uuid) -> Result<i64, StoreError> {
-        let row = sqlx::query(&self.q.max_seq)
-            .bind(id.to_string())
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db("max seq"))?;
-        get(&row, "seq")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn postgres_placeholders_are_numbered() {
-        assert_eq!(numbered("a = ? AND b = ?"), "a = $1 AND b = $2");
-    }
-
-    #[test]
-    fn dialect_comes_from_the_scheme() {
-        assert_eq!(
-            Dialect::from_dsn("sqlite://x.db").ok(),
-            Some(Dialect::Sqlite)
-        );
-        assert_eq!(
-            Dialect::from_dsn("postgresql://h/db").ok(),
-            Some(Dialect::Postgres)
-        );
-        assert_eq!(
-            Dialect::from_dsn("mariadb://h/db").ok(),
-            Some(Dialect::Mysql)
-        );
-        assert!(Dialect::from_dsn("redis://h").is_err());
+        self.engine.events(id).await
     }
 }

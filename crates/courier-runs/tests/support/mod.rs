@@ -98,10 +98,7 @@ impl Fixture {
                     "UPDATE {} SET lease_expires = {lease_expires} WHERE id = '{id}'",
                     s.runs_table()
                 );
-                sqlx::query(&sql)
-                    .execute(s.pool())
-                    .await
-                    .expect("rewrite lease");
+                s.execute(&sql).await.expect("rewrite lease");
             }
         }
     }
@@ -115,10 +112,7 @@ impl Fixture {
                     "UPDATE {} SET due_at = {due_at} WHERE id = '{id}'",
                     s.runs_table()
                 );
-                sqlx::query(&sql)
-                    .execute(s.pool())
-                    .await
-                    .expect("rewrite due_at");
+                s.execute(&sql).await.expect("rewrite due_at");
             }
         }
     }
@@ -134,10 +128,7 @@ impl Fixture {
                     "UPDATE {} SET claimed_by = '{worker}' WHERE id = '{id}'",
                     s.runs_table()
                 );
-                sqlx::query(&sql)
-                    .execute(s.pool())
-                    .await
-                    .expect("rewrite claim");
+                s.execute(&sql).await.expect("rewrite claim");
             }
         }
     }
@@ -151,10 +142,7 @@ impl Fixture {
                     "UPDATE {} SET requeue_count = {n} WHERE id = '{id}'",
                     s.runs_table()
                 );
-                sqlx::query(&sql)
-                    .execute(s.pool())
-                    .await
-                    .expect("rewrite count");
+                s.execute(&sql).await.expect("rewrite count");
             }
         }
     }

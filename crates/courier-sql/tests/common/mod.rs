@@ -306,9 +306,9 @@ impl Drop for SqlHarness {
         tokio::task::block_in_place(|| {
             handle.block_on(async {
                 for table in tables {
-                    admin
-                        .exec(&format!("DROP TABLE IF EXISTS {table}"), &[])
-                        .await;
+                    for t in [table.clone(), format!("{table}_migrations")] {
+                        admin.exec(&format!("DROP TABLE IF EXISTS {t}"), &[]).await;
+                    }
                 }
             });
         });

@@ -1,6 +1,7 @@
-//! The SQL text of every transition, rendered once per dialect and table names.
+//! The SQL text of every transition: one template each, rendered with
+//! [`Dialect::render`](courier_sql::Dialect::render) for the dialect and table names.
 
-use super::Dialect;
+use courier_sql::Dialect;
 
 const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
     lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at, due_at";
@@ -41,28 +42,23 @@ pub(super) struct Queries {
 impl Queries {
     pub(super) fn new(dialect: Dialect, runs: &str, events: &str) -> Self {
         let render = |sql: &str| {
-            let sql = sql
-                .replace("{stale}", STALE)
-                .replace("{overdue}", OVERDUE)
-                .replace("{cols}", COLUMNS)
-                .replace("{nonterminal}", NON_TERMINAL)
-                .replace("{now}", dialect.now_ms_sql())
-                .replace("{runs}", runs)
-                .replace("{events}", events)
-                // MySQL has no INSERT ... RETURNING: it reads MAX(seq) back instead.
-                .replace(
-                    "{returning}",
-                    if dialect == Dialect::Mysql {
-                        ""
-                    } else {
-                        " RETURNING seq"
-                    },
-                );
-            if dialect == Dialect::Postgres {
-                numbered(&sql)
-            } else {
-                sql
-            }
+            dialect.render(
+                &sql.replace("{stale}", STALE)
+                    .replace("{overdue}", OVERDUE)
+                    .replace("{cols}", COLUMNS)
+                    .replace("{nonterminal}", NON_TERMINAL)
+                    .replace("{runs}", runs)
+                    .replace("{events}", events)
+                    // MySQL has no INSERT ... RETURNING: it reads MAX(seq) back instead.
+                    .replace(
+                        "{returning}",
+                        if dialect == Dialect::Mysql {
+                            ""
+                        } else {
+                            " RETURNING seq"
+                        },
+                    ),
+            )
         };
         let requeue = "status = 'queued', requeue_count = requeue_count + 1, claimed_by = NULL, lease_expires = 0, \
             updated_at = {now}";
@@ -154,20 +150,4 @@ impl Queries {
             ),
         }
     }
-}
-
-/// `?` placeholders to PostgreSQL's `$1, $2...` (the queries hold no `?` in literals).
-pub(super) fn numbered(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut n = 0;
-    for c in sql.chars() {
-        if c == '?' {
-            n += 1;
-            out.push('$');
-            out.push_str(&n.to_string());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

@@ -1,0 +1,548 @@
+//! The run store's executor, generic over the sqlx driver: the same statements (rendered per
+//! dialect in `queries.rs`) and binds on every database. What differs is the type a run id
+//! travels as ([`RunDialect::Id`]) and, read from the dialect, MySQL's missing `RETURNING`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use courier_sql::migrate::{self, Applied};
+use courier_sql::{Dialect, SqlDatabase};
+use sqlx::{Pool, Row as _};
+use uuid::Uuid;
+
+use super::queries::Queries;
+use super::{Engine, SqlRunStoreOptions, db};
+use crate::store::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError, lease_ms};
+use crate::{RunStatus, TerminationReason};
+
+/// A database the run store runs on, with the type its run ids travel as: PostgreSQL's `UUID`,
+/// hyphenated text elsewhere.
+pub(super) trait RunDialect: SqlDatabase {
+    type Id: for<'q> sqlx::Encode<'q, Self>
+        + for<'r> sqlx::Decode<'r, Self>
+        + sqlx::Type<Self>
+        + Send
+        + Sync
+        + 'static;
+
+    fn id(id: Uuid) -> Self::Id;
+
+    fn uuid(id: Self::Id) -> Uuid;
+}
+
+#[cfg(feature = "postgres")]
+impl RunDialect for sqlx::Postgres {
+    type Id = Uuid;
+
+    fn id(id: Uuid) -> Uuid {
+        id
+    }
+
+    fn uuid(id: Uuid) -> Uuid {
+        id
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl RunDialect for sqlx::Sqlite {
+    type Id = uuid::fmt::Hyphenated;
+
+    fn id(id: Uuid) -> Self::Id {
+        id.hyphenated()
+    }
+
+    fn uuid(id: Self::Id) -> Uuid {
+        id.into_uuid()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl RunDialect for sqlx::MySql {
+    type Id = uuid::fmt::Hyphenated;
+
+    fn id(id: Uuid) -> Self::Id {
+        id.hyphenated()
+    }
+
+    fn uuid(id: Self::Id) -> Uuid {
+        id.into_uuid()
+    }
+}
+
+/// The run tables on the database `DB`.
+#[derive(Debug)]
+pub(super) struct Runs<DB: RunDialect> {
+    pool: Pool<DB>,
+    runs: String,
+    events: String,
+    q: Queries,
+}
+
+impl<DB: RunDialect> Runs<DB> {
+    pub(super) fn new(pool: Pool<DB>, options: &SqlRunStoreOptions) -> Self {
+        Self {
+            pool,
+            runs: options.runs_table.clone(),
+            events: options.events_table.clone(),
+            q: Queries::new(DB::DIALECT, &options.runs_table, &options.events_table),
+        }
+    }
+}
+
+fn corrupt(col: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
+    move |e| StoreError::Corrupt(format!("column `{col}`: {e}"))
+}
+
+/// A column read without the driver's type check (MySQL reports text of a binary collation as
+/// bytes), decoded all the same: a value that does not decode is an error.
+fn column<'r, R, T>(row: &'r R, col: &str) -> Result<T, StoreError>
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    T: sqlx::Decode<'r, R::Database>,
+{
+    row.try_get_unchecked(col).map_err(corrupt(col))
+}
+
+fn parsed<T: std::str::FromStr>(value: Option<String>, col: &str) -> Result<Option<T>, StoreError>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .map(|v| {
+            v.parse::<T>()
+                .map_err(|e| StoreError::Corrupt(format!("column `{col}`: {e}")))
+        })
+        .transpose()
+}
+
+impl<'r, R> sqlx::FromRow<'r, R> for Run
+where
+    R: sqlx::Row,
+    R::Database: RunDialect,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database>,
+    i64: sqlx::Decode<'r, R::Database>,
+    serde_json::Value: sqlx::Decode<'r, R::Database>,
+{
+    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+        decode_run(row).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    }
+}
+
+fn decode_run<'r, R>(row: &'r R) -> Result<Run, StoreError>
+where
+    R: sqlx::Row,
+    R::Database: RunDialect,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database>,
+    i64: sqlx::Decode<'r, R::Database>,
+    serde_json::Value: sqlx::Decode<'r, R::Database>,
+{
+    let status: String = column(row, "status")?;
+    let id: <R::Database as RunDialect>::Id = column(row, "id")?;
+    Ok(Run {
+        id: <R::Database as RunDialect>::uuid(id),
+        agent: column(row, "agent")?,
+        status: status
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("{e}")))?,
+        input: column(row, "input")?,
+        output: column(row, "output")?,
+        error_class: parsed(column(row, "error_class")?, "error_class")?,
+        termination_reason: parsed(column(row, "termination_reason")?, "termination_reason")?,
+        claimed_by: column(row, "claimed_by")?,
+        lease_expires: column(row, "lease_expires")?,
+        requeue_count: u32::try_from(column::<_, i64>(row, "requeue_count")?).unwrap_or(u32::MAX),
+        pending_effect: column(row, "pending_effect")?,
+        created_at: column(row, "created_at")?,
+        started_at: column(row, "started_at")?,
+        finished_at: column(row, "finished_at")?,
+        updated_at: column(row, "updated_at")?,
+        due_at: column(row, "due_at")?,
+    })
+}
+
+/// A decode failure inside `FromRow` back to the store's own error.
+fn rows_error(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |e| match e {
+        sqlx::Error::Decode(inner) => match inner.downcast::<StoreError>() {
+            Ok(store) => *store,
+            Err(other) => StoreError::Corrupt(other.to_string()),
+        },
+        e @ sqlx::Error::ColumnDecode { .. } => StoreError::Corrupt(e.to_string()),
+        e => db(context)(e),
+    }
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl<DB> RunStore for Runs<DB>
+where
+    DB: RunDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<&'q str>: sqlx::Encode<'q, DB>,
+    for<'q> Option<serde_json::Value>: sqlx::Encode<'q, DB>,
+    for<'r> Run: sqlx::FromRow<'r, DB::Row>,
+    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+    for<'r> String: sqlx::Decode<'r, DB>,
+    for<'r> i64: sqlx::Decode<'r, DB>,
+    for<'r> serde_json::Value: sqlx::Decode<'r, DB>,
+    for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
+{
+    async fn setup(&self) -> Result<(), StoreError> {
+        self.migrate().await.map(drop)
+    }
+
+    async fn now_ms(&self) -> Result<i64, StoreError> {
+        let (now,): (i64,) = sqlx::query_as(&self.q.now)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("now"))?;
+        Ok(now)
+    }
+
+    async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
+        self.insert(&self.q.insert_queued, run).await
+    }
+
+    async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
+        self.insert(&self.q.insert_interactive, run).await
+    }
+
+    async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
+        sqlx::query_as(&self.q.find)
+            .bind(DB::id(id))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(rows_error("find run"))
+    }
+
+    async fn list(&self, status: Option<RunStatus>, n: usize) -> Result<Vec<Run>, StoreError> {
+        let q = match status {
+            Some(s) => sqlx::query_as(&self.q.list_status)
+                .bind(s.as_str())
+                .bind(limit(n)),
+            None => sqlx::query_as(&self.q.list_all).bind(limit(n)),
+        };
+        q.fetch_all(&self.pool)
+            .await
+            .map_err(rows_error("list runs"))
+    }
+
+    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.claim)
+            .bind(worker)
+            .bind(lease_ms(lease))
+            .bind(DB::id(id));
+        self.matched("claim", q.execute(&self.pool).await)
+    }
+
+    async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.renew)
+            .bind(lease_ms(lease))
+            .bind(DB::id(id))
+            .bind(worker);
+        self.matched("renew", q.execute(&self.pool).await)
+    }
+
+    async fn requeue_owned(
+        &self,
+        id: Uuid,
+        worker: &str,
+        due_in: Duration,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.requeue_owned)
+            .bind(lease_ms(due_in))
+            .bind(DB::id(id))
+            .bind(worker);
+        self.matched("requeue", q.execute(&self.pool).await)
+    }
+
+    async fn select_overdue(&self, after: Duration, n: usize) -> Result<Vec<Run>, StoreError> {
+        sqlx::query_as(&self.q.select_overdue)
+            .bind(lease_ms(after))
+            .bind(limit(n))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(rows_error("select overdue"))
+    }
+
+    async fn redispatch_overdue(&self, id: Uuid, after: Duration) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.redispatch_overdue)
+            .bind(DB::id(id))
+            .bind(lease_ms(after));
+        self.matched("re-dispatch overdue", q.execute(&self.pool).await)
+    }
+
+    async fn redispatch_queued(&self, id: Uuid) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.redispatch_queued).bind(DB::id(id));
+        self.matched("re-dispatch queued", q.execute(&self.pool).await)
+    }
+
+    async fn select_stale(&self, n: usize) -> Result<Vec<Run>, StoreError> {
+        sqlx::query_as(&self.q.select_stale)
+            .bind(limit(n))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(rows_error("select stale"))
+    }
+
+    async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.requeue_stale).bind(DB::id(id));
+        self.matched("stale requeue", q.execute(&self.pool).await)
+    }
+
+    async fn dead_letter_stale(
+        &self,
+        id: Uuid,
+        reason: TerminationReason,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.dead_letter_stale)
+            .bind(reason.as_str())
+            .bind(DB::id(id));
+        self.matched("stale dead-letter", q.execute(&self.pool).await)
+    }
+
+    async fn settle(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        s: &Settlement,
+    ) -> Result<bool, StoreError> {
+        let sql = if owner.is_some() {
+            &self.q.settle_owned
+        } else {
+            &self.q.settle_interactive
+        };
+        let mut q = sqlx::query(sql)
+            .bind(s.status.as_str())
+            .bind(s.reason.map(|r| r.as_str()))
+            .bind(s.class.map(|c| c.as_str()))
+            .bind(s.output.clone())
+            .bind(i64::from(s.status.is_terminal()))
+            .bind(DB::id(id));
+        if let Some(owner) = owner {
+            q = q.bind(owner);
+        }
+        self.matched("settle", q.execute(&self.pool).await)
+    }
+
+    async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.fail_queued)
+            .bind(reason.as_str())
+            .bind(DB::id(id));
+        self.matched("fail queued", q.execute(&self.pool).await)
+    }
+
+    async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.resume)
+            .bind(DB::id(id))
+            .bind(from.as_str());
+        self.matched("resume", q.execute(&self.pool).await)
+    }
+
+    async fn cancel(&self, id: Uuid) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.cancel).bind(DB::id(id));
+        self.matched("cancel", q.execute(&self.pool).await)
+    }
+
+    async fn set_pending_effect(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        effect: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let sql = if owner.is_some() {
+            &self.q.effect_owned
+        } else {
+            &self.q.effect_interactive
+        };
+        let mut q = sqlx::query(sql).bind(effect).bind(DB::id(id));
+        if let Some(owner) = owner {
+            q = q.bind(owner);
+        }
+        self.matched("pending effect", q.execute(&self.pool).await)
+    }
+
+    async fn append_event(
+        &self,
+        id: Uuid,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<i64, StoreError> {
+        // One statement computes MAX(seq)+1 and inserts; MySQL may report a deadlock (40001)
+        // between two concurrent INSERT ... SELECT: that statement did nothing and is retried.
+        let mut attempt = 0;
+        loop {
+            let q = sqlx::query(&self.q.append_event)
+                .bind(DB::id(id))
+                .bind(kind)
+                .bind(payload.clone())
+                .bind(DB::id(id));
+            let done = if DB::DIALECT == Dialect::Mysql {
+                q.execute(&self.pool).await.map(|_| None)
+            } else {
+                q.fetch_one(&self.pool).await.map(Some)
+            };
+            let max_seq = || async {
+                let (seq,): (i64,) = sqlx::query_as(&self.q.max_seq)
+                    .bind(DB::id(id))
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(db("max seq"))?;
+                Ok::<_, StoreError>(seq)
+            };
+            match done {
+                Ok(Some(row)) => return row.try_get_unchecked("seq").map_err(corrupt("seq")),
+                Ok(None) => return max_seq().await,
+                Err(sqlx::Error::Database(d)) if d.is_unique_violation() => {
+                    let seq = max_seq().await?;
+                    return Err(StoreError::DuplicateSequence { run_id: id, seq });
+                }
+                Err(sqlx::Error::Database(d))
+                    if d.code().as_deref() == Some("40001") && attempt < 5 =>
+                {
+                    attempt += 1;
+                }
+                Err(e) => return Err(db("append event")(e)),
+            }
+        }
+    }
+
+    async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
+        let rows = sqlx::query(&self.q.events)
+            .bind(DB::id(id))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("events"))?;
+        rows.iter()
+            .map(|row| {
+                let run_id: DB::Id = column(row, "run_id")?;
+                Ok(RunEvent {
+                    run_id: DB::uuid(run_id),
+                    seq: column(row, "seq")?,
+                    kind: column(row, "kind")?,
+                    payload: column(row, "payload")?,
+                    created_at: column(row, "created_at")?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl<DB> Runs<DB>
+where
+    DB: RunDialect,
+    Self: RunStore,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    /// Inserts a run with one of the insert statements (binds: id, agent, input) and reads it
+    /// back.
+    async fn insert(&self, sql: &str, run: &NewRun) -> Result<Run, StoreError> {
+        sqlx::query(sql)
+            .bind(DB::id(run.id))
+            .bind(run.agent.as_str())
+            .bind(run.input.clone())
+            .execute(&self.pool)
+            .await
+            .map_err(db("insert run"))?;
+        self.find(run.id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("run {} vanished", run.id)))
+    }
+
+    /// Whether a guarded write matched its row.
+    fn matched(
+        &self,
+        context: &'static str,
+        done: Result<DB::QueryResult, sqlx::Error>,
+    ) -> Result<bool, StoreError> {
+        Ok(DB::rows_affected(&done.map_err(db(context))?) > 0)
+    }
+}
+
+#[async_trait]
+impl<DB> Engine for Runs<DB>
+where
+    Self: RunStore,
+    DB: RunDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+    for<'r> String: sqlx::Decode<'r, DB>,
+    for<'r> i64: sqlx::Decode<'r, DB>,
+    for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
+{
+    async fn migrate(&self) -> Result<Vec<Applied>, StoreError> {
+        let tables = [
+            ("{runs}", self.runs.as_str()),
+            ("{events}", self.events.as_str()),
+        ];
+        migrate::migrate(&self.pool, &migrate::RUNS, &tables)
+            .await
+            .map_err(db("setup"))
+    }
+
+    async fn execute(&self, sql: &str) -> Result<u64, StoreError> {
+        let done = sqlx::query(sql)
+            .execute(&self.pool)
+            .await
+            .map_err(db("execute"))?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn explain_stale(&self, n: usize) -> Result<Vec<String>, StoreError> {
+        let prefix = if DB::DIALECT == Dialect::Sqlite {
+            "EXPLAIN QUERY PLAN "
+        } else {
+            "EXPLAIN "
+        };
+        let sql = format!("{prefix}{}", self.q.select_stale);
+        let rows = sqlx::query(&sql)
+            .bind(limit(n))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("explain"))?;
+        let text = |row: &DB::Row, col: &str| -> String {
+            row.try_get_unchecked::<Option<String>, _>(col)
+                .ok()
+                .flatten()
+                .or_else(|| {
+                    row.try_get_unchecked::<Option<i64>, _>(col)
+                        .ok()
+                        .flatten()
+                        .map(|n| n.to_string())
+                })
+                .unwrap_or_else(|| "NULL".into())
+        };
+        Ok(rows
+            .iter()
+            .map(|row| match DB::DIALECT {
+                Dialect::Sqlite => text(row, "detail"),
+                Dialect::Postgres => text(row, "QUERY PLAN"),
+                _ => ["table", "type", "key", "rows", "Extra"]
+                    .iter()
+                    .map(|c| format!("{c}={}", text(row, c)))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            })
+            .collect())
+    }
+
+    fn stale_query(&self) -> &str {
+        &self.q.select_stale
+    }
+}

@@ -1,0 +1,479 @@
+//! The message table on any dialect: one executor generic over the sqlx driver, running the
+//! statements of [`Statements`] (one template each, rendered per dialect and table). What truly
+//! differs per dialect (inserting, batch predicates over PostgreSQL arrays, `LISTEN`, MySQL's
+//! connection ids) is a [`MessageDialect`] hook, in `sqlite.rs`, `postgres.rs` and `mysql.rs`.
+
+use std::fmt::{Debug, Write as _};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sqlx::Pool;
+use tokio::sync::{Mutex, MutexGuard};
+
+use crate::backend::{Backend, NewRow, StoredRow, Wake, sort_claimed};
+use crate::migrate::{self, Applied};
+use crate::{Dialect, SqlDatabase, SqlOptions};
+
+/// Rows per statement in batch statements (well under every dialect's bound-parameter limit).
+pub(crate) const CHUNK: usize = 500;
+
+/// The columns a stored message is read with.
+const COLUMNS: &str = "id, body, headers, priority, available_at";
+
+/// What differs per dialect beyond the SQL text. Each hook is one statement or one short
+/// transaction.
+#[async_trait]
+pub(crate) trait MessageDialect: SqlDatabase {
+    /// What the dialect keeps beside its pool.
+    type State: Send + Sync + Debug;
+
+    /// Where this process's writes take turns, if the database has a single writer (SQLite).
+    fn writer(_state: &Self::State) -> Option<&Mutex<()>> {
+        None
+    }
+
+    /// Inserts rows in one statement (or one transaction); returns their ids in order.
+    async fn insert(m: &Messages<Self>, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
+
+    /// Runs `head` (a `DELETE FROM t` or `UPDATE t SET ...`) for these deliveries in one
+    /// statement of the dialect's own (PostgreSQL: arrays); `None`: the caller uses the portable
+    /// grouped predicate.
+    async fn for_deliveries(
+        _m: &Messages<Self>,
+        _head: &str,
+        _deliveries: &[(i64, i64)],
+    ) -> Option<Result<u64, sqlx::Error>> {
+        None
+    }
+
+    /// Starts server push wake-ups (PostgreSQL `LISTEN`).
+    fn start_listener(_m: &Messages<Self>, _wake: &Arc<Wake>) {}
+
+    /// Server-side ids of the pool's connections (MySQL).
+    fn connection_ids(_m: &Messages<Self>) -> Vec<u64> {
+        Vec::new()
+    }
+
+    /// The cause behind a pool timeout, found by one direct connection attempt.
+    async fn explain(_m: &Messages<Self>, e: sqlx::Error) -> sqlx::Error {
+        e
+    }
+}
+
+/// The statements of one table and queue, rendered for one dialect.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// Claims in one statement (binds: queue, redelivery window, limit, delivery id); MySQL
+    /// selects `FOR UPDATE SKIP LOCKED` with the same first three binds, then updates.
+    pub(crate) claim: String,
+    pub(crate) next_due: String,
+    pub(crate) delete_one: String,
+    pub(crate) delete_id: String,
+    pub(crate) keepalive: String,
+    /// The head of a batch keepalive, before its deliveries predicate.
+    pub(crate) keepalive_head: String,
+    pub(crate) delete_head: String,
+    /// Binds: headers, priority, delay, id, delivery id (PostgreSQL then channel, queue).
+    pub(crate) reschedule: String,
+    pub(crate) list: String,
+    pub(crate) find: String,
+    pub(crate) count: String,
+}
+
+impl Statements {
+    fn new(dialect: Dialect, t: &str) -> Self {
+        let r = |template: String| dialect.render(&template);
+        let claim = match dialect {
+            Dialect::Postgres => format!(
+                "WITH picked AS (SELECT id FROM {t} WHERE queue_name = ? AND available_at <= {{now}} \
+                 AND (delivered_at IS NULL OR delivered_at < {{now}} - ?) \
+                 ORDER BY priority DESC, available_at, id LIMIT ? FOR UPDATE SKIP LOCKED) \
+                 UPDATE {t} SET delivered_at = {{now}}, delivery_id = ? FROM picked WHERE {t}.id = picked.id \
+                 RETURNING {t}.id, {t}.body, {t}.headers, {t}.priority, {t}.available_at"
+            ),
+            // An autocommit write takes SQLite's write lock up front: no two claims overlap.
+            Dialect::Sqlite => format!(
+                "UPDATE {t} SET delivered_at = {{now}}, delivery_id = ?4 WHERE id IN (\
+                 SELECT id FROM {t} WHERE queue_name = ?1 AND available_at <= {{now}} \
+                 AND (delivered_at IS NULL OR delivered_at < {{now}} - ?2) \
+                 ORDER BY priority DESC, available_at, id LIMIT ?3) RETURNING {COLUMNS}"
+            ),
+            Dialect::Mysql => format!(
+                "SELECT {COLUMNS} FROM {t} WHERE queue_name = ? AND available_at <= {{now}} \
+                 AND (delivered_at IS NULL OR delivered_at < {{now}} - ?) \
+                 ORDER BY priority DESC, available_at, id LIMIT ?{{skip_locked}}"
+            ),
+        };
+        let reschedule_update = format!(
+            "UPDATE {t} SET headers = ?, priority = ?, available_at = {{now}} + ?, \
+             delivered_at = NULL, delivery_id = NULL WHERE id = ? AND delivery_id = ?"
+        );
+        let reschedule = if dialect == Dialect::Postgres {
+            // The retried message wakes the queue's consumers in the same statement.
+            format!(
+                "WITH upd AS ({reschedule_update} RETURNING id), wake AS (SELECT pg_notify(?, ?)) \
+                 SELECT COUNT(*) FROM upd CROSS JOIN wake"
+            )
+        } else {
+            reschedule_update
+        };
+        Self {
+            claim: r(claim),
+            next_due: r(format!(
+                "SELECT CAST(MIN(CASE WHEN delivered_at IS NULL THEN available_at \
+                 ELSE {{greatest}}(available_at, delivered_at + ?) END) - {{now}} AS {{bigint}}) \
+                 FROM {t} WHERE queue_name = ?"
+            )),
+            delete_one: r(format!("DELETE FROM {t} WHERE id = ? AND delivery_id = ?")),
+            delete_id: r(format!("DELETE FROM {t} WHERE queue_name = ? AND id = ?")),
+            keepalive: r(format!(
+                "UPDATE {t} SET delivered_at = {{now}} WHERE id = ? AND delivery_id = ?"
+            )),
+            keepalive_head: r(format!("UPDATE {t} SET delivered_at = {{now}}")),
+            delete_head: format!("DELETE FROM {t}"),
+            reschedule: r(reschedule),
+            list: r(format!(
+                "SELECT {COLUMNS} FROM {t} WHERE queue_name = ? ORDER BY id LIMIT ?"
+            )),
+            find: r(format!(
+                "SELECT {COLUMNS} FROM {t} WHERE queue_name = ? AND id = ?"
+            )),
+            count: r(format!("SELECT COUNT(*) FROM {t} WHERE queue_name = ?")),
+        }
+    }
+}
+
+/// The message table of one queue on the database `DB`.
+#[derive(Debug)]
+pub(crate) struct Messages<DB: MessageDialect> {
+    pub(crate) pool: Pool<DB>,
+    pub(crate) sql: Statements,
+    pub(crate) table: String,
+    pub(crate) queue: String,
+    pub(crate) redeliver_ms: i64,
+    pub(crate) state: DB::State,
+}
+
+impl<DB: MessageDialect> Messages<DB> {
+    pub(crate) fn new(pool: Pool<DB>, o: &SqlOptions, state: DB::State) -> Self {
+        Self {
+            pool,
+            sql: Statements::new(DB::DIALECT, &o.table_name),
+            table: o.table_name.clone(),
+            queue: o.queue_name.clone(),
+            redeliver_ms: i64::try_from(o.redeliver_timeout.as_millis()).unwrap_or(i64::MAX),
+            state,
+        }
+    }
+
+    /// This process's turn to write, where writes take turns.
+    async fn write_turn(&self) -> Option<MutexGuard<'_, ()>> {
+        match DB::writer(&self.state) {
+            Some(writer) => Some(writer.lock().await),
+            None => None,
+        }
+    }
+}
+
+/// `(delivery_id = ? AND id IN (?, ...)) OR ...`, grouping the pairs by delivery id (a fetched
+/// batch shares one); returns the predicate and the values to bind in order.
+pub(crate) fn grouped_deliveries(deliveries: &[(i64, i64)]) -> (String, Vec<i64>) {
+    let mut groups: Vec<(i64, Vec<i64>)> = Vec::new();
+    for &(id, delivery) in deliveries {
+        match groups.iter_mut().find(|(d, _)| *d == delivery) {
+            Some((_, ids)) => ids.push(id),
+            None => groups.push((delivery, vec![id])),
+        }
+    }
+    let mut sql = String::new();
+    let mut binds = Vec::with_capacity(deliveries.len() + groups.len());
+    for (i, (delivery, ids)) in groups.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(" OR ");
+        }
+        let _ = write!(
+            sql,
+            "(delivery_id = ? AND id IN ({}))",
+            vec!["?"; ids.len()].join(", ")
+        );
+        binds.push(*delivery);
+        binds.extend(ids);
+    }
+    (sql, binds)
+}
+
+/// Binds one row of a multi-row insert: queue, body, headers, priority, delay.
+pub(crate) fn bind_row<'q, DB>(
+    q: sqlx::query::Query<'q, DB, DB::Arguments<'q>>,
+    queue: &'q str,
+    row: &'q NewRow,
+) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i16: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    q.bind(queue)
+        .bind(row.body.as_str())
+        .bind(row.headers.as_str())
+        .bind(row.priority)
+        .bind(row.delay_ms)
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl<DB> Backend for Messages<DB>
+where
+    DB: MessageDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i16: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
+    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+    for<'r> (Option<i64>,): sqlx::FromRow<'r, DB::Row>,
+{
+    async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        migrate::migrate(
+            &self.pool,
+            &migrate::MESSAGES,
+            &[("{messages}", &self.table)],
+        )
+        .await
+    }
+
+    async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        DB::insert(self, rows).await
+    }
+
+    async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        let mut rows: Vec<StoredRow> = if DB::DIALECT == Dialect::Mysql {
+            // SELECT ... FOR UPDATE SKIP LOCKED, then one UPDATE, in one READ COMMITTED
+            // transaction (no gap locks, so claims, inserts and deletes do not deadlock).
+            let mut tx = self.pool.begin().await?;
+            let rows: Vec<StoredRow> = sqlx::query_as(&self.sql.claim)
+                .bind(self.queue.as_str())
+                .bind(self.redeliver_ms)
+                .bind(limit(max))
+                .fetch_all(&mut *tx)
+                .await?;
+            if rows.is_empty() {
+                tx.rollback().await?;
+                return Ok(rows);
+            }
+            let sql = DB::DIALECT.render(&format!(
+                "UPDATE {} SET delivered_at = {{now}}, delivery_id = ? WHERE id IN ({})",
+                self.table,
+                vec!["?"; rows.len()].join(", ")
+            ));
+            let mut q = sqlx::query(&sql).bind(delivery_id);
+            for r in &rows {
+                q = q.bind(r.id);
+            }
+            q.execute(&mut *tx).await?;
+            tx.commit().await?;
+            rows
+        } else {
+            sqlx::query_as(&self.sql.claim)
+                .bind(self.queue.as_str())
+                .bind(self.redeliver_ms)
+                .bind(limit(max))
+                .bind(delivery_id)
+                .fetch_all(&self.pool)
+                .await?
+        };
+        sort_claimed(&mut rows);
+        Ok(rows)
+    }
+
+    async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.next_due)
+            .bind(self.redeliver_ms)
+            .bind(self.queue.as_str())
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    async fn delete(&self, deliveries: &[(i64, i64)]) -> Result<u64, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        self.for_deliveries(&self.sql.delete_head, deliveries).await
+    }
+
+    async fn delete_one(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error> {
+        self.by_id(&self.sql.delete_one, id, delivery_id).await
+    }
+
+    async fn delete_id(&self, id: i64) -> Result<u64, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        let done = sqlx::query(&self.sql.delete_id)
+            .bind(self.queue.as_str())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn keepalive(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error> {
+        self.by_id(&self.sql.keepalive, id, delivery_id).await
+    }
+
+    async fn keepalive_many(&self, deliveries: &[(i64, i64)]) -> Result<u64, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        self.for_deliveries(&self.sql.keepalive_head, deliveries)
+            .await
+    }
+
+    async fn reschedule(
+        &self,
+        id: i64,
+        delivery_id: i64,
+        row: &NewRow,
+    ) -> Result<u64, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        if DB::DIALECT == Dialect::Postgres {
+            let (n,): (i64,) = sqlx::query_as(&self.sql.reschedule)
+                .bind(row.headers.as_str())
+                .bind(row.priority)
+                .bind(row.delay_ms)
+                .bind(id)
+                .bind(delivery_id)
+                .bind(self.table.as_str())
+                .bind(self.queue.as_str())
+                .fetch_one(&self.pool)
+                .await?;
+            return Ok(u64::try_from(n).unwrap_or(0));
+        }
+        let done = sqlx::query(&self.sql.reschedule)
+            .bind(row.headers.as_str())
+            .bind(row.priority)
+            .bind(row.delay_ms)
+            .bind(id)
+            .bind(delivery_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn list(&self, n: usize) -> Result<Vec<StoredRow>, sqlx::Error> {
+        sqlx::query_as(&self.sql.list)
+            .bind(self.queue.as_str())
+            .bind(limit(n))
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    async fn find(&self, id: i64) -> Result<Option<StoredRow>, sqlx::Error> {
+        sqlx::query_as(&self.sql.find)
+            .bind(self.queue.as_str())
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    async fn count(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.count)
+            .bind(self.queue.as_str())
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    fn start_listener(&self, wake: &Arc<Wake>) {
+        DB::start_listener(self, wake);
+    }
+
+    fn connection_ids(&self) -> Vec<u64> {
+        DB::connection_ids(self)
+    }
+
+    async fn explain(&self, e: sqlx::Error) -> sqlx::Error {
+        DB::explain(self, e).await
+    }
+}
+
+impl<DB> Messages<DB>
+where
+    DB: MessageDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    /// A statement on one delivery (binds: id, delivery id); returns the rows matched.
+    async fn by_id(&self, sql: &str, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        let done = sqlx::query(sql)
+            .bind(id)
+            .bind(delivery_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    /// `head WHERE <deliveries>`, chunked, in one transaction when there are several chunks;
+    /// returns the rows matched. The caller holds the write turn.
+    async fn for_deliveries(
+        &self,
+        head: &str,
+        deliveries: &[(i64, i64)],
+    ) -> Result<u64, sqlx::Error> {
+        if let Some(done) = DB::for_deliveries(self, head, deliveries).await {
+            return done;
+        }
+        let mut tx = if deliveries.len() > CHUNK {
+            Some(self.pool.begin().await?)
+        } else {
+            None
+        };
+        let mut matched = 0;
+        for chunk in deliveries.chunks(CHUNK) {
+            let (predicate, binds) = grouped_deliveries(chunk);
+            let sql = DB::DIALECT.render(&format!("{head} WHERE {predicate}"));
+            let mut q = sqlx::query(&sql);
+            for b in binds {
+                q = q.bind(b);
+            }
+            let done = match tx.as_mut() {
+                Some(tx) => q.execute(&mut **tx).await?,
+                None => q.execute(&self.pool).await?,
+            };
+            matched += DB::rows_affected(&done);
+        }
+        if let Some(tx) = tx {
+            tx.commit().await?;
+        }
+        Ok(matched)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grouped_deliveries_group_by_delivery() {
+        let (sql, binds) = grouped_deliveries(&[(1, 9), (2, 9), (3, 7)]);
+        assert_eq!(
+            sql,
+            "(delivery_id = ? AND id IN (?, ?)) OR (delivery_id = ? AND id IN (?))"
+        );
+        assert_eq!(binds, vec![9, 1, 2, 7, 3]);
+    }
+
+    #[test]
+    fn every_statement_binds_in_the_same_order_on_every_dialect() {
+        for dialect in [Dialect::Sqlite, Dialect::Postgres, Dialect::Mysql] {
+            let s = Statements::new(dialect, "t");
+            assert!(!s.reschedule.contains("{now}"), "{dialect:?}");
+            if dialect == Dialect::Postgres {
+                assert!(s.reschedule.contains("headers = $1") && s.reschedule.contains("$7"));
+            }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! Versioned migrations for tables whose names are configured: the files in `migrations/` are
+//! templates (`{messages}`, `{runs}`, `{events}`), rendered with the table names and applied in
+//! order, each once, recorded in a version table of the migrated table's own
+//! (`<table>_migrations`), so two sets of tables in one database never share versions and an
+//! application's own `_sqlx_migrations` is left alone.
+//!
+//! Every setup holds the dialect's setup lock for the table while it reads and applies versions:
+//! a transaction-scoped advisory lock on PostgreSQL (DDL is transactional there, so a failed
+//! migration leaves nothing behind), a named `GET_LOCK` on MySQL / MariaDB (DDL commits
+//! implicitly, so the session holds the lock), and `BEGIN IMMEDIATE` (the write lock) on SQLite.
+//!
+//! Tables created before versions were recorded (the 0001-0003 files applied by `.replace()`)
+//! are adopted: the version table starts empty, `CREATE ... IF NOT EXISTS` files find their
+//! tables, and a file whose change is already there (the `due_at` column of 0003) is recorded
+//! without being run.
+
+use sqlx::{Connection as _, Pool};
+
+use crate::{Dialect, SqlDatabase};
+
+/// One migration: its version, what it does, and its template per dialect.
+#[derive(Debug)]
+pub struct Migration {
+    /// The version (the number of its file).
+    pub version: i64,
+    /// What it does (the rest of its file name).
+    pub description: &'static str,
+    sqlite: &'static str,
+    postgres: &'static str,
+    mysql: Option<&'static str>,
+    /// When this column exists already, the migration is recorded without being run (tables
+    /// upgraded before versions were recorded): `(table placeholder, column)`.
+    present_when: Option<(&'static str, &'static str)>,
+}
+
+impl Migration {
+    /// The template for `dialect` (`None`: nothing to do on that dialect).
+    #[must_use]
+    pub fn template(&self, dialect: Dialect) -> Option<&'static str> {
+        match dialect {
+            Dialect::Sqlite => Some(self.sqlite).filter(|s| !s.is_empty()),
+            Dialect::Postgres => Some(self.postgres).filter(|s| !s.is_empty()),
+            Dialect::Mysql => self.mysql,
+        }
+    }
+}
+
+/// The migrations of one set of tables, in order.
+#[derive(Debug)]
+pub struct Migrations {
+    /// The placeholder of the table whose `<table>_migrations` records the versions.
+    pub main: &'static str,
+    /// The migrations, oldest first.
+    pub list: &'static [Migration],
+}
+
+/// The message table's migrations (placeholder `{messages}`).
+pub static MESSAGES: Migrations = Migrations {
+    main: "{messages}",
+    list: &[Migration {
+        version: 1,
+        description: "courier messages",
+        sqlite: include_str!("../migrations/sqlite/0001_courier_messages.sql"),
+        postgres: include_str!("../migrations/postgres/0001_courier_messages.sql"),
+        mysql: Some(include_str!(
+            "../migrations/mysql/0001_courier_messages.sql"
+        )),
+        present_when: None,
+    }],
+};
+
+/// The run store's migrations (placeholders `{runs}` and `{events}`).
+pub static RUNS: Migrations = Migrations {
+    main: "{runs}",
+    list: &[
+        Migration {
+            version: 2,
+            description: "courier runs",
+            sqlite: include_str!("../migrations/sqlite/0002_courier_runs.sql"),
+            postgres: include_str!("../migrations/postgres/0002_courier_runs.sql"),
+            mysql: Some(include_str!("../migrations/mysql/0002_courier_runs.sql")),
+            present_when: None,
+        },
+        Migration {
+            version: 3,
+            description: "courier runs due at",
+            sqlite: include_str!("../migrations/sqlite/0003_courier_runs_due_at.sql"),
+            postgres: include_str!("../migrations/postgres/0003_courier_runs_due_at.sql"),
+            mysql: Some(include_str!(
+                "../migrations/mysql/0003_courier_runs_due_at.sql"
+            )),
+            present_when: Some(("{runs}", "due_at")),
+        },
+        Migration {
+            version: 4,
+            description: "courier runs native types",
+            sqlite: "",
+            postgres: include_str!("../migrations/postgres/0004_courier_runs_native_types.sql"),
+            mysql: None,
+            present_when: None,
+        },
+    ],
+};
+
+/// A migration a setup recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// Its version.
+    pub version: i64,
+    /// What it does.
+    pub description: &'static str,
+    /// `false` when its change was found already made (a table upgraded before versions were
+    /// recorded) and only recorded.
+    pub ran: bool,
+}
+
+impl std::fmt::Display for Applied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:04} {}", self.version, self.description)?;
+        if !self.ran {
+            f.write_str(" (found in place)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Renders a template with table names: `(placeholder, name)` pairs, names already validated.
+#[must_use]
+pub fn render(template: &str, tables: &[(&str, &str)]) -> String {
+    tables.iter().fold(template.to_owned(), |sql, (key, name)| {
+        sql.replace(key, name)
+    })
+}
+
+/// How long a MySQL setup waits for another process's setup of the same table, in seconds.
+const MYSQL_LOCK_WAIT_S: i64 = 60;
+
+/// Applies the migrations of `set` not yet recorded for these tables, under the setup lock;
+/// returns what it recorded (empty when the tables are up to date).
+///
+/// # Errors
+/// The database failed, or (MySQL) another setup held the lock for more than a minute.
+pub async fn migrate<DB>(
+    pool: &Pool<DB>,
+    set: &Migrations,
+    tables: &[(&str, &str)],
+) -> Result<Vec<Applied>, sqlx::Error>
+where
+    DB: SqlDatabase,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+{
+    let main = render(set.main, tables);
+    let lock = format!("courier_setup:{main}");
+    let mut conn = pool.acquire().await?;
+    let locked = match DB::DIALECT {
+        Dialect::Mysql => {
+            let got: i64 = sqlx::query_scalar("SELECT CAST(COALESCE(GET_LOCK(?, ?), 0) AS SIGNED)")
+                .bind(lock.as_str())
+                .bind(MYSQL_LOCK_WAIT_S)
+                .fetch_one(&mut *conn)
+                .await?;
+            if got != 1 {
+                return Err(sqlx::Error::Protocol(format!(
+                    "another setup of `{main}` held its lock for more than {MYSQL_LOCK_WAIT_S}s"
+                )));
+            }
+            Ok(())
+        }
+        Dialect::Sqlite => sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
+            .await
+            .map(drop),
+        Dialect::Postgres => {
+            sqlx::query("BEGIN").execute(&mut *conn).await?;
+            // `hashtext` gives the lock key; the lock goes at COMMIT or ROLLBACK.
+            sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtext($1))) AS l")
+                .bind(lock.as_str())
+                .execute(&mut *conn)
+                .await
+                .map(drop)
+        }
+    };
+    let result = match locked {
+        Err(e) => Err(e),
+        Ok(()) => {
+            let versions = format!("{main}_migrations");
+            let record = DB::DIALECT.render(&format!(
+                "INSERT INTO {versions} (version, description, applied_at) VALUES (?, ?, {{now}})"
+            ));
+            let create = format!(
+                "CREATE TABLE IF NOT EXISTS {versions} (version BIGINT NOT NULL PRIMARY KEY, \
+                 description VARCHAR(255) NOT NULL, applied_at BIGINT NOT NULL)"
+            );
+            let read = format!("SELECT version FROM {versions}");
+            async {
+                sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&create)).await?;
+                let recorded: Vec<i64> = sqlx::query_scalar(&read).fetch_all(&mut *conn).await?;
+                let mut applied = Vec::new();
+                for migration in set.list {
+                    if recorded.contains(&migration.version) {
+                        continue;
+                    }
+                    let present = match migration.present_when {
+                        Some((table, column)) => {
+                            let probe = has_column(DB::DIALECT, &render(table, tables), column);
+                            sqlx::query_scalar::<_, i64>(&probe)
+                                .fetch_one(&mut *conn)
+                                .await?
+                                > 0
+                        }
+                        None => false,
+                    };
+                    let template = migration.template(DB::DIALECT);
+                    if let (Some(template), false) = (template, present) {
+                        let sql = render(template, tables);
+                        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&sql)).await?;
+                    }
+                    sqlx::query(&record)
+                        .bind(migration.version)
+                        .bind(migration.description)
+                        .execute(&mut *conn)
+                        .await?;
+                    applied.push(Applied {
+                        version: migration.version,
+                        description: migration.description,
+                        ran: template.is_some() && !present,
+                    });
+                }
+                Ok(applied)
+            }
+            .await
+        }
+    };
+    let finish = match (DB::DIALECT, result.is_ok()) {
+        (Dialect::Mysql, _) => "SELECT RELEASE_LOCK(?)",
+        (_, true) => "COMMIT",
+        (_, false) => "ROLLBACK",
+    };
+    let mut q = sqlx::query(finish);
+    if DB::DIALECT == Dialect::Mysql {
+        q = q.bind(lock.as_str());
+    }
+    match q.execute(&mut *conn).await {
+        Ok(_) => result,
+        Err(e) => {
+            // A connection left inside a transaction or holding the lock must not go back to
+            // the pool.
+            let _ = conn.detach().close().await;
+            result.and(Err(e))
+        }
+    }
+}
+
+/// The count of `column` in `table` (both validated identifiers), as SQL.
+fn has_column(dialect: Dialect, table: &str, column: &str) -> String {
+    match dialect {
+        Dialect::Sqlite => {
+            format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = '{column}'")
+        }
+        Dialect::Postgres => format!(
+            "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() \
+             AND table_name = lower('{table}') AND column_name = '{column}'"
+        ),
+        Dialect::Mysql => format!(
+            "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = '{table}' AND column_name = '{column}'"
+        ),
+    }
+}

@@ -1,0 +1,273 @@
+//! Opening a pool per dialect, the same way for the message transport and the run store:
+//! SQLite in WAL mode with the file created when missing, PostgreSQL and MySQL probed with one
+//! connection first, MySQL sessions in UTC, and [`SqlDatabase`], what the generic executors ask
+//! of a driver beyond sqlx's own traits.
+
+use std::time::Duration;
+
+use crate::Dialect;
+
+/// A sqlx driver Courier runs its statements on: SQLite, PostgreSQL or MySQL.
+pub trait SqlDatabase: sqlx::Database {
+    /// The dialect of its SQL text.
+    const DIALECT: Dialect;
+
+    /// The rows a statement matched (MySQL connects with `CLIENT_FOUND_ROWS`).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+}
+
+#[cfg(feature = "sqlite")]
+impl SqlDatabase for sqlx::Sqlite {
+    const DIALECT: Dialect = Dialect::Sqlite;
+
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl SqlDatabase for sqlx::Postgres {
+    const DIALECT: Dialect = Dialect::Postgres;
+
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl SqlDatabase for sqlx::MySql {
+    const DIALECT: Dialect = Dialect::Mysql;
+
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+/// How a pool is sized and how long it waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// The most connections (`None`: 10 on servers, 4 on SQLite files; `:memory:` always 1).
+    pub max_connections: Option<u32>,
+    /// Idle connections kept open.
+    pub min_connections: u32,
+    /// How long an operation waits for a connection.
+    pub acquire_timeout: Duration,
+    /// SQLite: how long a writer waits for the file lock.
+    pub busy_timeout: Duration,
+    /// MySQL: sessions run READ COMMITTED (no gap locks between claims, inserts and deletes).
+    pub read_committed: bool,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: None,
+            min_connections: 0,
+            acquire_timeout: Duration::from_secs(30),
+            busy_timeout: Duration::from_secs(10),
+            read_committed: false,
+        }
+    }
+}
+
+/// A SQLite pool: WAL, `synchronous=NORMAL`, the busy timeout, and the file created when it is
+/// missing (the one place that decides it). An in-memory database keeps exactly one connection,
+/// forever, since it lives as long as that connection does.
+///
+/// # Errors
+/// A bad URL or a file that cannot be opened.
+#[cfg(feature = "sqlite")]
+pub async fn sqlite_pool(url: &str, s: &PoolSettings) -> Result<sqlx::SqlitePool, sqlx::Error> {
+    use sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    };
+    use std::str::FromStr as _;
+
+    let connect = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(s.busy_timeout);
+    let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+    let pool = SqlitePoolOptions::new()
+        .test_before_acquire(false)
+        .acquire_timeout(s.acquire_timeout)
+        .min_connections(s.min_connections);
+    let pool = if in_memory {
+        pool.max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+    } else {
+        pool.max_connections(s.max_connections.unwrap_or(4))
+    };
+    pool.connect_with(connect).await
+}
+
+/// A PostgreSQL pool and the options its connections open with (for [`explain_timeout`]).
+///
+/// # Errors
+/// A bad URL, or the driver's own error when the server is down or refuses the credentials.
+#[cfg(feature = "postgres")]
+pub async fn postgres_pool(
+    url: &str,
+    s: &PoolSettings,
+) -> Result<(sqlx::PgPool, sqlx::postgres::PgConnectOptions), sqlx::Error> {
+    use std::str::FromStr as _;
+
+    let connect = sqlx::postgres::PgConnectOptions::from_str(url)?;
+    probe::<sqlx::PgConnection>(&connect, s.acquire_timeout).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        // No ping per acquire: a dead connection fails the statement, which is retried.
+        .test_before_acquire(false)
+        .max_connections(s.max_connections.unwrap_or(10))
+        .min_connections(s.min_connections)
+        .acquire_timeout(s.acquire_timeout)
+        .connect_with(connect.clone())
+        .await?;
+    Ok((pool, connect))
+}
+
+/// A MySQL / MariaDB pool (sessions in UTC, so `UNIX_TIMESTAMP(NOW(3))` is unambiguous), the
+/// options its connections open with, and the server ids of its live connections.
+///
+/// # Errors
+/// A bad URL, or the driver's own error when the server is down or refuses the credentials.
+#[cfg(feature = "mysql")]
+pub async fn mysql_pool(
+    url: &str,
+    s: &PoolSettings,
+) -> Result<
+    (
+        sqlx::MySqlPool,
+        sqlx::mysql::MySqlConnectOptions,
+        ConnectionIds,
+    ),
+    sqlx::Error,
+> {
+    use sqlx::Executor as _;
+    use std::str::FromStr as _;
+
+    let connect = sqlx::mysql::MySqlConnectOptions::from_str(url)?;
+    probe::<sqlx::MySqlConnection>(&connect, s.acquire_timeout).await?;
+    let ids = ConnectionIds::default();
+    let known = ids.clone();
+    let read_committed = s.read_committed;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        // No ping per acquire: a dead connection fails the statement, which is retried.
+        .test_before_acquire(false)
+        .max_connections(s.max_connections.unwrap_or(10))
+        .min_connections(s.min_connections)
+        .acquire_timeout(s.acquire_timeout)
+        .after_connect(move |conn, _meta| {
+            let known = known.clone();
+            Box::pin(async move {
+                if read_committed {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                }
+                conn.execute("SET time_zone = '+00:00'").await?;
+                known.connected(conn).await
+            })
+        })
+        .connect_with(connect.clone())
+        .await?;
+    Ok((pool, connect, ids))
+}
+
+/// The server-side ids of a MySQL pool's connections (tests kill them). Each new connection
+/// adds its id and drops those of connections the server no longer has, so the set stays the
+/// size of the pool however often connections are replaced.
+#[cfg(feature = "mysql")]
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionIds(std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<u64>>>);
+
+#[cfg(feature = "mysql")]
+impl ConnectionIds {
+    /// The ids known now.
+    #[must_use]
+    pub fn snapshot(&self) -> Vec<u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    async fn connected(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *conn)
+            .await?;
+        let known = self.snapshot();
+        let live: Vec<u64> = if known.is_empty() {
+            Vec::new()
+        } else {
+            let list = known
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            sqlx::query_scalar(&format!(
+                "SELECT CAST(ID AS UNSIGNED) FROM information_schema.PROCESSLIST WHERE ID IN ({list})"
+            ))
+            .fetch_all(&mut *conn)
+            .await?
+        };
+        let mut ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        ids.retain(|id| !known.contains(id) || live.contains(id));
+        ids.insert(id);
+        Ok(())
+    }
+}
+
+/// Opens (and closes) one connection before a pool is built, so that a server that is down or
+/// refuses the credentials fails `connect` at once with the driver's own error ("connection
+/// refused", "password authentication failed"), not with the pool's "timed out" after its whole
+/// `acquire_timeout`. A server that does not answer within `within` is left to the pool.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn probe<C: sqlx::Connection>(
+    options: &<C as sqlx::Connection>::Options,
+    within: Duration,
+) -> Result<(), sqlx::Error> {
+    match tokio::time::timeout(within, C::connect_with(options)).await {
+        Ok(Ok(conn)) => {
+            // The probe has done its job; a failed goodbye changes nothing.
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Ok(()),
+    }
+}
+
+/// How long [`explain_timeout`] waits for its connection attempt at most.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const EXPLAIN_WITHIN: Duration = Duration::from_secs(5);
+
+/// The cause behind a pool that timed out, when one direct connection attempt finds it (the
+/// server is down, the credentials are refused); any other error unchanged.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub async fn explain_timeout<C: sqlx::Connection>(
+    options: &<C as sqlx::Connection>::Options,
+    e: sqlx::Error,
+) -> sqlx::Error {
+    if !matches!(e, sqlx::Error::PoolTimedOut) {
+        return e;
+    }
+    match probe::<C>(options, EXPLAIN_WITHIN).await {
+        Err(cause) => cause,
+        Ok(()) => e,
+    }
+}
+
+/// Connect options kept beside a pool. They hold the password, so their `Debug` shows nothing.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct Hidden<T>(pub(crate) T);
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<T> std::fmt::Debug for Hidden<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<connect options>")
+    }
+}
