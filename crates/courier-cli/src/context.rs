@@ -30,6 +30,15 @@ dsn = "sqlite://courier.db?queue_name=failed"
 store = "sqlite://courier.db"
 "#;
 
+/// The messages the application knows: its own and the runs message.
+fn registry(app: &App) -> MessageRegistry {
+    let mut registry = MessageRegistry::new();
+    registry.extend(&app.registry);
+    #[cfg(feature = "runs")]
+    crate::runs::register_messages(&mut registry);
+    registry
+}
+
 /// Where the configuration came from.
 #[derive(Debug, Clone)]
 pub(crate) enum Source {
@@ -47,6 +56,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) format: Format,
     pub(crate) quiet: bool,
     pub(crate) verbose: u8,
+    /// The messages the application knows (its own and the runs message): the one registry
+    /// every transport and the bus decode with.
+    pub(crate) registry: Arc<MessageRegistry>,
 }
 
 impl<'a> Ctx<'a> {
@@ -72,6 +84,7 @@ impl<'a> Ctx<'a> {
             format: cli.format,
             quiet: cli.quiet,
             verbose: cli.verbose,
+            registry: Arc::new(registry(app)),
         })
     }
 
@@ -80,20 +93,11 @@ impl<'a> Ctx<'a> {
         self.format == Format::Json
     }
 
-    /// The messages the application knows (its own and the runs message).
-    pub(crate) fn registry(&self) -> MessageRegistry {
-        let mut registry = MessageRegistry::new();
-        registry.extend(&self.app.registry);
-        #[cfg(feature = "runs")]
-        crate::runs::register_messages(&mut registry);
-        registry
-    }
-
     /// Connects every configured transport.
     pub(crate) async fn connect(&self) -> CliResult<Transports> {
         Ok(self
             .config
-            .connect(&self.app.factories, Arc::new(self.registry()))
+            .connect(&self.app.factories, self.registry.clone())
             .await?)
     }
 
@@ -101,7 +105,7 @@ impl<'a> Ctx<'a> {
     /// see [`crate::connect`]) from a transport that cannot work.
     pub(crate) async fn try_connect(&self) -> Result<Transports, Failure> {
         self.config
-            .connect(&self.app.factories, Arc::new(self.registry()))
+            .connect(&self.app.factories, self.registry.clone())
             .await
             .map_err(|e| {
                 if !e.is_transient() {
@@ -126,9 +130,9 @@ impl<'a> Ctx<'a> {
         transports: &Transports,
         extra: impl FnOnce(courier_core::MessageBusBuilder) -> courier_core::MessageBusBuilder,
     ) -> MessageBus {
-        let builder = self
-            .app
-            .apply(transports.bus_builder().registry(&self.registry()));
+        // The bus decodes with the transports' registry (`Ctx::registry`), which already knows
+        // every handler's message.
+        let builder = self.app.apply(transports.bus_builder());
         extra(builder).build()
     }
 

@@ -384,6 +384,7 @@ impl Config {
             config: self.clone(),
             transports: map,
             link,
+            messages,
         })
     }
 }
@@ -424,9 +425,16 @@ pub struct Transports {
     config: Config,
     transports: BTreeMap<String, Arc<dyn Transport>>,
     link: BusLink,
+    messages: Arc<MessageRegistry>,
 }
 
 impl Transports {
+    /// The registry every transport was built with.
+    #[must_use]
+    pub fn messages(&self) -> &Arc<MessageRegistry> {
+        &self.messages
+    }
+
     /// A transport by name.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Transport>> {
@@ -439,12 +447,14 @@ impl Transports {
         &self.transports
     }
 
-    /// A bus builder with every transport, the routing and the link `sync://` transports need;
-    /// add handlers and build.
+    /// A bus builder with every transport, the routing, the link `sync://` transports need and
+    /// the registry the transports decode with (the same one, see
+    /// [`MessageBusBuilder::messages`]); add handlers and build.
     #[must_use]
     pub fn bus_builder(&self) -> MessageBusBuilder {
         let mut builder = MessageBus::builder()
             .router(self.config.router())
+            .messages(self.messages.clone())
             .link(self.link.clone());
         for (name, t) in &self.transports {
             builder = builder.transport(name.clone(), t.clone());

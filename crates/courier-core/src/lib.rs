@@ -53,8 +53,8 @@ pub mod worker;
 
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
-    BusLink, DEFAULT_BUS, Handler, MessageBus, MessageBusBuilder, Middleware, Next, Router,
-    with_trace_context,
+    BusLink, DEFAULT_BUS, Dispatcher, Handler, MessageBus, MessageBusBuilder, Middleware, Next,
+    Router, with_trace_context,
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,

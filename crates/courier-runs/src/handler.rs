@@ -14,10 +14,13 @@ pub struct RunAgentHandler {
 }
 
 impl RunAgentHandler {
-    /// A handler for `runtime`.
+    /// A handler for `runtime`. It dispatches requeues on the bus handling the message, so it
+    /// holds no bus (the bus holds it).
     #[must_use]
     pub fn new(runtime: Runtime) -> Self {
-        Self { runtime }
+        Self {
+            runtime: runtime.handling(),
+        }
     }
 }
 

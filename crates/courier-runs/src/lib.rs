@@ -34,6 +34,14 @@
 //! once: it holds a per-table lock (PostgreSQL `pg_advisory_xact_lock`, MySQL `GET_LOCK`, SQLite
 //! `BEGIN IMMEDIATE`) while it creates the tables, and adds `due_at` to tables created before it.
 //!
+//! **The bus.** [`Runtime::register`] adds the [`RunAgentHandler`] to a bus builder and gives it
+//! the runtime's [`Dispatcher`](courier_core::Dispatcher): building the bus fills it, and from
+//! then on the runtime (and every [`Reaper`] it makes) holds that bus and dispatches `RunAgent`
+//! on it, even after the caller dropped its own handle. The handler, which the bus holds, holds
+//! no bus: it dispatches requeues on the bus handling its message
+//! ([`MessageBus::current`](courier_core::MessageBus::current)), so nothing keeps a dropped bus
+//! alive. A runtime never registered on a built bus fails with [`RunError::NotRegistered`].
+//!
 //! **Lost messages.** A queued run records when it is due (`due_at`: when it was queued, plus the
 //! backoff its `RunAgent` was dispatched with). The [`Reaper`] also re-dispatches runs still
 //! queued more than `redispatch_after` (default: the lease) past that time, because their message

@@ -4,11 +4,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use courier_core::BusLink;
+use courier_core::Dispatcher;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::{RunError, dispatch_run};
+use crate::runtime::{RunError, Via, dispatch_run};
 use crate::{RunStatus, RunStore, TerminationReason};
 use uuid::Uuid;
 
@@ -85,7 +85,7 @@ pub enum ManualRequeue {
 #[derive(Clone)]
 pub struct Reaper {
     store: Arc<dyn RunStore>,
-    bus: BusLink,
+    bus: Via,
     max_requeues: u32,
     redispatch_after: Duration,
 }
@@ -100,9 +100,13 @@ impl fmt::Debug for Reaper {
 }
 
 impl Reaper {
-    /// A reaper over `store` dispatching `RunAgent` on the bus `bus` is bound to.
+    /// A reaper over `store` dispatching `RunAgent` on the bus `bus` holds (or will once built).
     #[must_use]
-    pub fn new(store: Arc<dyn RunStore>, bus: BusLink, max_requeues: u32) -> Self {
+    pub fn new(store: Arc<dyn RunStore>, bus: Dispatcher, max_requeues: u32) -> Self {
+        Self::with_via(store, Via::Dispatcher(bus), max_requeues)
+    }
+
+    pub(crate) fn with_via(store: Arc<dyn RunStore>, bus: Via, max_requeues: u32) -> Self {
         Self {
             store,
             bus,

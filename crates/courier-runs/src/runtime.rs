@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use courier_core::{BusError, BusLink, DelayStamp, Envelope, MessageBus, MessageBusBuilder};
+use courier_core::{BusError, DelayStamp, Dispatcher, Envelope, MessageBus, MessageBusBuilder};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -66,9 +66,12 @@ pub enum RunError {
         #[source]
         source: BusError,
     },
-    /// The runtime is not linked to a bus (see [`Runtime::register`]).
-    #[error("the run runtime is not linked to a message bus")]
-    NoBus,
+    /// The runtime was never registered on a bus that was built (see [`Runtime::register`]),
+    /// or a [`RunAgentHandler`] ran outside its bus.
+    #[error(
+        "the run runtime has no bus to dispatch on: register it on a bus builder (Runtime::register) and build the bus"
+    )]
+    NotRegistered,
     /// No agent of that name is registered.
     #[error("unknown agent `{0}`")]
     UnknownAgent(String),
@@ -125,7 +128,6 @@ pub(crate) struct Inner {
     pub(crate) agents: HashMap<String, Arc<dyn Agent>>,
     pub(crate) worker: String,
     pub(crate) options: RuntimeOptions,
-    pub(crate) bus: BusLink,
     pub(crate) observers: Arc<[Arc<dyn RunObserver>]>,
 }
 
@@ -150,6 +152,17 @@ pub(crate) struct Inner {
 #[derive(Clone)]
 pub struct Runtime {
     pub(crate) inner: Arc<Inner>,
+    pub(crate) bus: Via,
+}
+
+/// The bus a [`Runtime`] dispatches `RunAgent` on.
+#[derive(Clone, Debug)]
+pub(crate) enum Via {
+    /// The bus its [`Dispatcher`] holds once built (the runtime keeps it alive).
+    Dispatcher(Dispatcher),
+    /// The bus handling the current message ([`MessageBus::current`]): the runtime inside a
+    /// [`RunAgentHandler`], which the bus holds, so it must not hold the bus back.
+    Handling,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -170,7 +183,7 @@ pub struct RuntimeBuilder {
     agents: HashMap<String, Arc<dyn Agent>>,
     worker: Option<String>,
     options: RuntimeOptions,
-    bus: BusLink,
+    dispatcher: Dispatcher,
     observers: Vec<Arc<dyn RunObserver>>,
 }
 
@@ -204,10 +217,11 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Uses an existing bus link (bound elsewhere) instead of a new one.
+    /// Dispatches on `dispatcher`'s bus (filled elsewhere, or later by a bus builder it was
+    /// given to) instead of a new dispatcher that [`Runtime::register`] fills.
     #[must_use]
-    pub fn bus_link(mut self, link: BusLink) -> Self {
-        self.bus = link;
+    pub fn dispatcher(mut self, dispatcher: Dispatcher) -> Self {
+        self.dispatcher = dispatcher;
         self
     }
 
@@ -220,9 +234,9 @@ impl RuntimeBuilder {
                 agents: self.agents,
                 worker: self.worker.unwrap_or_else(|| worker_identity().to_owned()),
                 options: self.options,
-                bus: self.bus,
                 observers: self.observers.into(),
             }),
+            bus: Via::Dispatcher(self.dispatcher),
         }
     }
 }
@@ -236,24 +250,42 @@ impl Runtime {
             agents: HashMap::new(),
             worker: None,
             options: RuntimeOptions::default(),
-            bus: BusLink::new(),
+            dispatcher: Dispatcher::new(),
             observers: Vec::new(),
         }
     }
 
-    /// Registers the [`RunAgentHandler`] on a bus builder and links this runtime to the bus it
-    /// builds (the runtime dispatches `RunAgent` on it).
+    /// Registers the [`RunAgentHandler`] on a bus builder and gives it this runtime's
+    /// [`Dispatcher`]: once built, the bus is the one the runtime (and its reapers) dispatch
+    /// `RunAgent` on, and they keep it alive; the handler dispatches its requeues on the bus
+    /// handling the message.
     #[must_use]
     pub fn register(&self, builder: MessageBusBuilder) -> MessageBusBuilder {
-        builder
-            .handler_named::<RunAgent, _>("courier.runs", RunAgentHandler::new(self.clone()))
-            .link(self.bus_link())
+        let builder = builder
+            .handler_named::<RunAgent, _>("courier.runs", RunAgentHandler::new(self.clone()));
+        match &self.bus {
+            Via::Dispatcher(d) => builder.dispatcher(d),
+            Via::Handling => builder,
+        }
     }
 
-    /// The link the runtime dispatches through; bind it with `MessageBusBuilder::link`.
+    /// The dispatcher this runtime dispatches through (`None` for the runtime inside a
+    /// [`RunAgentHandler`], which uses the bus handling the message).
     #[must_use]
-    pub fn bus_link(&self) -> BusLink {
-        self.inner.bus.clone()
+    pub fn dispatcher(&self) -> Option<&Dispatcher> {
+        match &self.bus {
+            Via::Dispatcher(d) => Some(d),
+            Via::Handling => None,
+        }
+    }
+
+    /// This runtime dispatching on the bus handling the current message: the form a handler
+    /// inside the bus holds.
+    pub(crate) fn handling(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            bus: Via::Handling,
+        }
     }
 
     /// The store.
@@ -278,9 +310,9 @@ impl Runtime {
     #[must_use]
     pub fn reaper(&self) -> Reaper {
         let options = &self.inner.options;
-        Reaper::new(
+        Reaper::with_via(
             self.inner.store.clone(),
-            self.inner.bus.clone(),
+            self.bus.clone(),
             options.max_requeues,
         )
         .redispatch_after(options.redispatch_after.unwrap_or(options.lease))
@@ -291,7 +323,7 @@ impl Runtime {
         run_id: Uuid,
         delay: Option<Duration>,
     ) -> Result<(), RunError> {
-        dispatch_run(&self.inner.bus, run_id, delay).await
+        dispatch_run(&self.bus, run_id, delay).await
     }
 
     /// Inserts a `queued` run and dispatches `RunAgent` for it. A failed dispatch settles the run
@@ -649,11 +681,15 @@ pub(crate) enum Executed {
 }
 
 pub(crate) async fn dispatch_run(
-    bus: &BusLink,
+    via: &Via,
     run_id: Uuid,
     delay: Option<Duration>,
 ) -> Result<(), RunError> {
-    let bus: MessageBus = bus.get().ok_or(RunError::NoBus)?;
+    let bus: MessageBus = match via {
+        Via::Dispatcher(d) => d.bus().cloned(),
+        Via::Handling => MessageBus::current(),
+    }
+    .ok_or(RunError::NotRegistered)?;
     let mut envelope = Envelope::new(RunAgent { run_id });
     if let Some(delay) = delay {
         envelope = envelope.with(DelayStamp(delay));

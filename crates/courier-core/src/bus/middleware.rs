@@ -75,8 +75,14 @@ impl Next<'_> {
 }
 
 tokio::task_local! {
+    static CURRENT: MessageBus;
     static DEFERRED: RefCell<Vec<(MessageBus, Envelope)>>;
     static TRACE: Option<TraceContextStamp>;
+}
+
+/// The bus whose handlers are running on this task, if any.
+pub(crate) fn current_bus() -> Option<MessageBus> {
+    CURRENT.try_with(Clone::clone).ok()
 }
 
 /// Runs `fut` with `trace` as the current trace context: envelopes dispatched inside it without a
@@ -215,22 +221,27 @@ async fn handle(bus: &MessageBus, mut envelope: Envelope) -> Result<Envelope, Bu
             name: envelope.message_name().to_owned(),
         });
     }
-    let mut failures = Vec::new();
-    for entry in handlers {
-        if envelope
-            .all::<HandledStamp>()
-            .any(|h| *h.handler == *entry.name)
-        {
-            continue;
-        }
-        match entry.handler.call(&envelope).await {
-            Ok(()) => envelope = envelope.with_shared(&entry.handled),
-            Err(error) => failures.push(HandlerFailure {
-                handler: entry.name.to_string(),
-                error,
-            }),
-        }
-    }
+    let (envelope, failures) = CURRENT
+        .scope(bus.clone(), async move {
+            let mut failures = Vec::new();
+            for entry in handlers {
+                if envelope
+                    .all::<HandledStamp>()
+                    .any(|h| *h.handler == *entry.name)
+                {
+                    continue;
+                }
+                match entry.handler.call(&envelope).await {
+                    Ok(()) => envelope = envelope.with_shared(&entry.handled),
+                    Err(error) => failures.push(HandlerFailure {
+                        handler: entry.name.to_string(),
+                        error,
+                    }),
+                }
+            }
+            (envelope, failures)
+        })
+        .await;
     if !failures.is_empty() {
         return Err(BusError::HandlerFailed {
             envelope: Box::new(envelope),

@@ -128,6 +128,13 @@ impl MessageBus {
         &self.inner.registry
     }
 
+    /// The bus handling the current message, inside a handler (`None` elsewhere). A handler
+    /// dispatches follow-up messages on it without holding its bus.
+    #[must_use]
+    pub fn current() -> Option<MessageBus> {
+        middleware::current_bus()
+    }
+
     /// Whether a handler is registered for the wire name.
     #[must_use]
     pub fn has_handler(&self, name: &str) -> bool {
@@ -142,7 +149,9 @@ impl<M: Message> From<M> for Envelope {
 }
 
 /// Lets a transport built before its bus (such as [`SyncTransport`](crate::SyncTransport)) reach
-/// the bus once it exists. The bus builder binds every link it is given.
+/// the bus once it exists. The bus builder binds every link it is given. The link is weak: it is
+/// for parts the bus itself holds (a transport), which must not keep the bus alive. Code outside
+/// the bus uses a [`Dispatcher`]; a handler uses [`MessageBus::current`].
 #[derive(Clone, Default)]
 pub struct BusLink(Arc<OnceLock<Weak<BusInner>>>);
 
@@ -178,6 +187,61 @@ impl BusLink {
     }
 }
 
+/// The bus a producer outside the bus dispatches on, handed out before the bus exists: give it
+/// to [`MessageBusBuilder::dispatcher`], and [`MessageBusBuilder::build`] fills it once. From
+/// then on it holds the bus (a strong handle: the bus lives as long as a dispatcher does), so
+/// a filled dispatcher never loses it. Never put one inside the bus it dispatches on (in a
+/// handler or a transport): that is a cycle the bus is never freed from; a handler reaches its
+/// bus with [`MessageBus::current`].
+///
+/// ```
+/// use courier_core::{Dispatcher, MessageBus};
+///
+/// let dispatcher = Dispatcher::new();
+/// assert!(dispatcher.bus().is_none());
+/// let builder = MessageBus::builder().name("orders").dispatcher(&dispatcher);
+/// drop(builder.build());
+/// assert_eq!(dispatcher.bus().map(MessageBus::name), Some("orders"));
+/// ```
+#[derive(Clone, Default)]
+pub struct Dispatcher(Arc<OnceLock<MessageBus>>);
+
+impl fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bus() {
+            Some(bus) => write!(f, "Dispatcher({})", bus.name()),
+            None => f.write_str("Dispatcher(unfilled)"),
+        }
+    }
+}
+
+impl Dispatcher {
+    /// A dispatcher no bus has filled yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A dispatcher filled with `bus` already.
+    #[must_use]
+    pub fn of(bus: &MessageBus) -> Self {
+        let d = Self::new();
+        d.fill(bus);
+        d
+    }
+
+    /// The bus, once built (`None` until the builder it was given to has built).
+    #[must_use]
+    pub fn bus(&self) -> Option<&MessageBus> {
+        self.0.get()
+    }
+
+    fn fill(&self, bus: &MessageBus) {
+        // The first bus built wins: a dispatcher given to two builders dispatches on the first.
+        let _ = self.0.set(bus.clone());
+    }
+}
+
 /// Builds a [`MessageBus`].
 #[derive(Default)]
 pub struct MessageBusBuilder {
@@ -186,8 +250,9 @@ pub struct MessageBusBuilder {
     handlers: HashMap<String, Vec<HandlerEntry>>,
     transports: HashMap<String, Arc<dyn Transport>>,
     router: Router,
-    registry: MessageRegistry,
+    registry: Arc<MessageRegistry>,
     links: Vec<BusLink>,
+    dispatchers: Vec<Dispatcher>,
 }
 
 impl MessageBusBuilder {
@@ -213,7 +278,7 @@ impl MessageBusBuilder {
         name: impl Into<String>,
         handler: H,
     ) -> Self {
-        self.registry.register::<M>();
+        self.know::<M>();
         let name: String = name.into();
         let entry = HandlerEntry {
             handled: Arc::new(crate::HandledStamp {
@@ -243,14 +308,34 @@ impl MessageBusBuilder {
     /// Registers a message type without a handler (so transports can decode it).
     #[must_use]
     pub fn message<M: Message>(mut self) -> Self {
-        self.registry.register::<M>();
+        self.know::<M>();
         self
     }
 
-    /// Adds every message of a registry.
+    /// Adds `M` to the bus's registry unless it is there (a shared registry stays shared).
+    fn know<M: Message>(&mut self) {
+        if !self.registry.contains(M::NAME) {
+            Arc::make_mut(&mut self.registry).register::<M>();
+        }
+    }
+
+    /// Adds every message of a registry (a shared registry that has them all stays shared;
+    /// otherwise the bus gets its own copy).
     #[must_use]
     pub fn registry(mut self, registry: &MessageRegistry) -> Self {
-        self.registry.extend(registry);
+        if !self.registry.covers(registry) {
+            Arc::make_mut(&mut self.registry).extend(registry);
+        }
+        self
+    }
+
+    /// Makes `messages` the bus's registry: the one the application also hands its transports
+    /// (through [`FactoryContext::registry`](crate::FactoryContext::registry)), so the bus and
+    /// every transport decode with the same types. Register every message in it before: a
+    /// handler for a type it lacks gives the bus a copy the transports do not see.
+    #[must_use]
+    pub fn messages(mut self, messages: Arc<MessageRegistry>) -> Self {
+        self.registry = messages;
         self
     }
 
@@ -274,6 +359,13 @@ impl MessageBusBuilder {
     #[must_use]
     pub fn link(mut self, link: BusLink) -> Self {
         self.links.push(link);
+        self
+    }
+
+    /// Fills `dispatcher` with the bus when it is built: from then on the dispatcher holds it.
+    #[must_use]
+    pub fn dispatcher(mut self, dispatcher: &Dispatcher) -> Self {
+        self.dispatchers.push(dispatcher.clone());
         self
     }
 
@@ -302,7 +394,7 @@ impl MessageBusBuilder {
         self
     }
 
-    /// Builds the bus and binds its links.
+    /// Builds the bus, binds its links and fills its dispatchers.
     #[must_use]
     pub fn build(self) -> MessageBus {
         let mut chain: Vec<Arc<dyn Middleware>> = vec![Arc::new(Prelude)];
@@ -317,11 +409,14 @@ impl MessageBusBuilder {
                 handlers: self.handlers,
                 transports: self.transports,
                 router: self.router,
-                registry: Arc::new(self.registry),
+                registry: self.registry,
             }),
         };
         for link in &self.links {
             link.bind(&bus);
+        }
+        for dispatcher in &self.dispatchers {
+            dispatcher.fill(&bus);
         }
         bus
     }
