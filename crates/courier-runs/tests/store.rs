@@ -707,6 +707,54 @@ async fn operator_requeue_redispatches_queued_and_requeues_stale(fx: &Fixture) {
     assert_eq!(dispatched(&queue).len(), 2, "refusals dispatch nothing");
 }
 
+/// A stored input or payload that is not JSON is a corrupt row, never read as a JSON string.
+/// (PostgreSQL's JSONB refuses to store it at all.)
+async fn corrupt_stored_json_is_an_error_not_a_string(fx: &Fixture) {
+    let Some(sql) = fx.sql() else {
+        return;
+    };
+    let run = fx.queued("scripted").await;
+    fx.store
+        .append_event(run.id, "step", &serde_json::json!({"ok": true}))
+        .await
+        .unwrap();
+    let corrupt_input = format!(
+        "UPDATE {} SET input = 'not json' WHERE id = '{}'",
+        sql.runs_table(),
+        run.id
+    );
+    let corrupt_payload = format!(
+        "UPDATE {} SET payload = '{{broken' WHERE run_id = '{}'",
+        sql.events_table(),
+        run.id
+    );
+    if sql.dialect() == courier_runs::Dialect::Postgres {
+        assert!(
+            sql.execute(&corrupt_input).await.is_err(),
+            "JSONB refuses it"
+        );
+        assert!(
+            sql.execute(&corrupt_payload).await.is_err(),
+            "JSONB refuses it"
+        );
+        return;
+    }
+    sql.execute(&corrupt_input).await.unwrap();
+    sql.execute(&corrupt_payload).await.unwrap();
+    let found = fx.store.find(run.id).await;
+    assert!(
+        matches!(found, Err(StoreError::Corrupt(ref e)) if e.contains("input")),
+        "{found:?}"
+    );
+    let listed = fx.store.list(None, 10).await;
+    assert!(matches!(listed, Err(StoreError::Corrupt(_))), "{listed:?}");
+    let events = fx.store.events(run.id).await;
+    assert!(
+        matches!(events, Err(StoreError::Corrupt(ref e)) if e.contains("payload")),
+        "{events:?}"
+    );
+}
+
 macro_rules! store_tests {
     ($fixture:path, $ignore:tt, [$($name:ident),* $(,)?]) => {
         $(
@@ -746,6 +794,7 @@ macro_rules! store_tests {
 macro_rules! all_store_tests {
     ($($args:tt)*) => {
         store_tests!($($args)* [
+            corrupt_stored_json_is_an_error_not_a_string,
             claim_exactly_once,
             claim_sets_a_lease_from_the_store_clock,
             renew_needs_the_owner_and_same_millisecond_renewal_still_holds,

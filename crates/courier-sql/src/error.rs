@@ -141,6 +141,30 @@ mod tests {
         assert_eq!(calls, 3);
     }
 
+    #[tokio::test]
+    async fn a_protocol_error_is_permanent_and_never_retried() {
+        // An insert that reports a wrong row count raises Protocol after it may have inserted:
+        // running it again could store the messages twice.
+        let e = sqlx::Error::Protocol("inserted 1 rows for 2 messages".into());
+        assert!(!is_transient(&e));
+        let mut calls = 0;
+        let failed: Result<(), _> = retry_transient("x", || {
+            calls += 1;
+            async {
+                Err(sqlx::Error::Protocol(
+                    "inserted 1 rows for 2 messages".into(),
+                ))
+            }
+        })
+        .await;
+        assert!(matches!(failed, Err(sqlx::Error::Protocol(_))));
+        assert_eq!(calls, 1, "tried once");
+        assert_eq!(
+            transport_error("a", "inserting messages", e).kind(),
+            TransportErrorKind::Protocol
+        );
+    }
+
     #[test]
     fn decode_errors_are_permanent() {
         let e = sqlx::Error::ColumnNotFound("x".into());

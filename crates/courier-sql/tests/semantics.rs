@@ -183,6 +183,79 @@ async fn a_row_with_malformed_headers_is_named_and_keeps_its_body(h: &common::Sq
     assert_eq!(h.admin.count(&table).await, 0);
 }
 
+async fn keepalive_batch_refreshes_every_live_delivery_in_one_call(h: &common::SqlHarness) {
+    let (t, table) = h.make("").await;
+    for n in 0..3 {
+        timeout(t.send(Envelope::new(TestMessage::new(n))))
+            .await
+            .unwrap();
+    }
+    let first = timeout(t.get(2)).await.unwrap();
+    let second = timeout(t.get(1)).await.unwrap();
+    assert_eq!((first.len(), second.len()), (2, 1));
+    let held: Vec<Envelope> = first.iter().chain(&second).cloned().collect();
+    h.expire_table(&table).await;
+    timeout(t.keepalive_batch(&held)).await.unwrap();
+    assert!(
+        timeout(t.get(3)).await.unwrap().is_empty(),
+        "deliveries of two claims kept alive by one batch are not redelivered"
+    );
+    h.expire_table(&table).await;
+    let again = timeout(t.get(3)).await.unwrap();
+    assert_eq!(again.len(), 3, "expired deliveries are redelivered");
+    // The superseded deliveries' batch keepalive refreshes nothing.
+    timeout(t.keepalive_batch(&held)).await.unwrap();
+    h.expire_table(&table).await;
+    timeout(t.keepalive_batch(&held)).await.unwrap();
+    assert_eq!(timeout(t.get(3)).await.unwrap().len(), 3);
+}
+
+/// A table created by the previous release (`0001` run by `.replace()`, no version table) is
+/// adopted: the migration is recorded, the messages in it survive, and setup is a no-op after.
+async fn a_table_from_the_previous_release_is_adopted_with_its_messages(h: &common::SqlHarness) {
+    let table = courier_test::env::unique_name("courier_old");
+    let dialect = match h.base.split(':').next() {
+        Some("sqlite") => courier_sql::Dialect::Sqlite,
+        Some("postgres") => courier_sql::Dialect::Postgres,
+        _ => courier_sql::Dialect::Mysql,
+    };
+    let template = courier_sql::migrate::MESSAGES.list[0]
+        .template(dialect)
+        .unwrap();
+    let ddl = courier_sql::migrate::render(template, &[("{messages}", &table)]);
+    let body: String = ddl
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for statement in body.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        h.admin.exec(statement, &[]).await;
+    }
+    let old = courier_core::encode_json(&Envelope::new(TestMessage::new(41))).unwrap();
+    let now = h.admin.now();
+    h.admin
+        .exec(
+            &format!(
+                "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at) \
+                 VALUES ('default', ?, ?, 0, {now}, {now})"
+            ),
+            &[&old.body, &old.headers],
+        )
+        .await;
+    let t = h.reuse_with(&table, "&auto_setup=false").await;
+    h.made.lock().unwrap().push((t.clone(), table.clone()));
+    let applied = timeout(t.migrate()).await.unwrap();
+    assert_eq!(
+        applied.iter().map(|a| a.version).collect::<Vec<_>>(),
+        [1],
+        "{applied:?}"
+    );
+    assert!(timeout(t.migrate()).await.unwrap().is_empty(), "up to date");
+    let got = timeout(t.get(1)).await.unwrap();
+    assert_eq!(got.len(), 1, "the old message survives");
+    assert_eq!(got[0].message::<TestMessage>().map(|m| m.seq), Some(41));
+}
+
 macro_rules! on_every_dialect {
     ($($case:ident),*) => {
         #[cfg(feature = "sqlite")]
@@ -224,5 +297,7 @@ on_every_dialect!(
     queues_share_a_table_without_seeing_each_other,
     concurrent_setups_of_one_table_succeed,
     a_large_send_batch_returns_each_rows_id,
-    a_row_with_malformed_headers_is_named_and_keeps_its_body
+    a_row_with_malformed_headers_is_named_and_keeps_its_body,
+    keepalive_batch_refreshes_every_live_delivery_in_one_call,
+    a_table_from_the_previous_release_is_adopted_with_its_messages
 );
