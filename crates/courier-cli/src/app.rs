@@ -5,11 +5,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use courier_core::{
-    Envelope, Handler, HandlerError, Message, MessageBusBuilder, MessageRegistry, TransportFactory,
-    TransportRegistry, async_trait,
+    Envelope, Handler, HandlerError, Message, MessageBusBuilder, TransportFactory, async_trait,
 };
 
-type BusHook = Arc<dyn Fn(MessageBusBuilder) -> MessageBusBuilder + Send + Sync>;
+use crate::wiring::Wiring;
 
 /// The `courier` command line, configured with an application's handlers, agents and transports.
 ///
@@ -35,21 +34,10 @@ type BusHook = Arc<dyn Fn(MessageBusBuilder) -> MessageBusBuilder + Send + Sync>
 /// }
 /// ```
 #[must_use]
+#[derive(Debug)]
 pub struct App {
-    pub(crate) bus_hooks: Vec<BusHook>,
-    pub(crate) registry: MessageRegistry,
-    pub(crate) factories: TransportRegistry,
-    #[cfg(feature = "runs")]
-    pub(crate) agents: crate::runs::Agents,
-}
-
-impl std::fmt::Debug for App {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("App")
-            .field("registry", &self.registry)
-            .field("factories", &self.factories)
-            .finish_non_exhaustive()
-    }
+    /// What the commands use: the app only fills it.
+    wiring: Wiring,
 }
 
 impl Default for App {
@@ -62,20 +50,8 @@ impl App {
     /// The command line with the transports of the enabled features (`sql`, `redis`, `amqp`),
     /// and, with `runs`, the built-in `scripted` agent.
     pub fn new() -> Self {
-        #[allow(unused_mut, reason = "no transport feature enabled")]
-        let mut factories = TransportRegistry::new();
-        #[cfg(feature = "sql")]
-        factories.register(Arc::new(courier_sql::SqlTransportFactory));
-        #[cfg(feature = "redis")]
-        factories.register(Arc::new(courier_redis::RedisTransportFactory));
-        #[cfg(feature = "amqp")]
-        factories.register(Arc::new(courier_amqp::AmqpTransportFactory));
         Self {
-            bus_hooks: Vec::new(),
-            registry: MessageRegistry::new(),
-            factories,
-            #[cfg(feature = "runs")]
-            agents: crate::runs::Agents::with_builtin(),
+            wiring: Wiring::new(),
         }
     }
 
@@ -89,10 +65,12 @@ impl App {
     pub fn handler_named<M: Message, H: Handler<M>>(mut self, name: &str, handler: H) -> Self {
         let shared = Shared(Arc::new(handler));
         let name = name.to_owned();
-        self.registry.register::<M>();
-        self.bus_hooks.push(Arc::new(move |b: MessageBusBuilder| {
-            b.handler_named::<M, _>(name.clone(), shared.clone())
-        }));
+        self.wiring.registry.register::<M>();
+        self.wiring
+            .bus_hooks
+            .push(Arc::new(move |b: MessageBusBuilder| {
+                b.handler_named::<M, _>(name.clone(), shared.clone())
+            }));
         self
     }
 
@@ -108,13 +86,13 @@ impl App {
 
     /// Registers a message type without a handler, so transports can decode it.
     pub fn message<M: Message>(mut self) -> Self {
-        self.registry.register::<M>();
+        self.wiring.registry.register::<M>();
         self
     }
 
     /// Adds a transport factory for more DSN schemes.
     pub fn transport_factory(mut self, factory: Arc<dyn TransportFactory>) -> Self {
-        self.factories.register(factory);
+        self.wiring.factories.register(factory);
         self
     }
 
@@ -123,14 +101,14 @@ impl App {
         mut self,
         f: impl Fn(MessageBusBuilder) -> MessageBusBuilder + Send + Sync + 'static,
     ) -> Self {
-        self.bus_hooks.push(Arc::new(f));
+        self.wiring.bus_hooks.push(Arc::new(f));
         self
     }
 
     /// Registers an agent that `runs submit NAME` and the run worker can execute.
     #[cfg(feature = "runs")]
     pub fn agent(mut self, name: &str, agent: impl courier_runs::Agent + 'static) -> Self {
-        self.agents.insert(name, Arc::new(agent));
+        self.wiring.agents.insert(name, Arc::new(agent));
         self
     }
 
@@ -146,16 +124,7 @@ impl App {
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
     {
-        ExitCode::from(crate::dispatch::run(self, args))
-    }
-
-    /// Applies the registered handlers and customisations to a bus builder.
-    pub(crate) fn apply(&self, mut builder: MessageBusBuilder) -> MessageBusBuilder {
-        builder = builder.registry(&self.registry);
-        for hook in &self.bus_hooks {
-            builder = hook(builder);
-        }
-        builder
+        ExitCode::from(crate::dispatch::run(self.wiring, args))
     }
 }
 

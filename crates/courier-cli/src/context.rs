@@ -8,10 +8,10 @@ use courier_core::config::{Config, Transports};
 use courier_core::{MessageBus, MessageRegistry};
 use serde::Serialize;
 
-use crate::app::App;
 use crate::cli::{Cli, Format};
 use crate::connect::Failure;
 use crate::error::{CliError, CliResult, chain, remember_secret};
+use crate::wiring::Wiring;
 
 /// The configuration used when there is no `--config`, `COURIER_CONFIG` or `./courier.toml`:
 /// SQLite `courier.db` in the working directory.
@@ -31,7 +31,7 @@ store = "sqlite://courier.db"
 "#;
 
 /// The messages the application knows: its own and the runs message.
-fn registry(app: &App) -> MessageRegistry {
+fn registry(app: &Wiring) -> MessageRegistry {
     let mut registry = MessageRegistry::new();
     registry.extend(&app.registry);
     #[cfg(feature = "runs")]
@@ -50,7 +50,7 @@ pub(crate) enum Source {
 
 /// The loaded configuration and global flags.
 pub(crate) struct Ctx<'a> {
-    pub(crate) app: &'a App,
+    pub(crate) app: &'a Wiring,
     pub(crate) config: Config,
     pub(crate) source: Source,
     pub(crate) format: Format,
@@ -63,7 +63,7 @@ pub(crate) struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     /// Loads the configuration named by the flags (else `./courier.toml`, else the embedded one).
-    pub(crate) fn load(app: &'a App, cli: &Cli) -> CliResult<Self> {
+    pub(crate) fn load(app: &'a Wiring, cli: &Cli) -> CliResult<Self> {
         let (config, source) = match &cli.config {
             Some(path) => (Config::load(path)?, Source::File(path.clone())),
             None if Path::new("courier.toml").is_file() => {

@@ -6,14 +6,14 @@ use std::time::Duration;
 use clap::Parser;
 use tracing_subscriber::filter::LevelFilter;
 
-use crate::app::App;
 use crate::cli::{Cli, Command};
 use crate::commands;
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult};
+use crate::wiring::Wiring;
 
 /// Runs the command line and returns the exit code.
-pub(crate) fn run<I, T>(app: App, args: I) -> u8
+pub(crate) fn run<I, T>(app: Wiring, args: I) -> u8
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
@@ -51,7 +51,7 @@ fn init_logging(cli: &Cli) {
         .try_init();
 }
 
-fn execute(app: &App, cli: Cli) -> CliResult {
+fn execute(app: &Wiring, cli: Cli) -> CliResult {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

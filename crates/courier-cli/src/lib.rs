@@ -37,6 +37,7 @@ mod raw;
 mod runs;
 mod table;
 mod time;
+mod wiring;
 
 pub use app::App;
 pub use context::EMBEDDED_CONFIG;

@@ -21,17 +21,17 @@ use super::{
     BENCH, BenchMessage, bench_bus, chatty, isolate, payload, percentiles, print_json,
     remove_isolated,
 };
-use crate::app::App;
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
 use crate::raw::Probe;
+use crate::wiring::Wiring;
 
 /// Unrecorded messages that open each side.
 const WARM_UP: u64 = 3;
 /// The longest a sample may take.
 const SAMPLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub(super) async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
+pub(super) async fn measure(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
     let queue = format!("bench_{}", fastrand::u32(..));
     let isolated = isolate(dsn, &queue, args.fetch_size);
     let result = rounds(app, cli, args, dsn, &isolated).await;
@@ -39,7 +39,7 @@ pub(super) async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -
     result
 }
 
-async fn rounds(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn, isolated: &Dsn) -> CliResult {
+async fn rounds(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn, isolated: &Dsn) -> CliResult {
     let size = usize::try_from(args.size).unwrap_or(200);
     let fetch_size = usize::from(args.fetch_size);
     let samples = args.samples as usize;
@@ -180,7 +180,7 @@ struct CourierProbe {
 
 impl CourierProbe {
     async fn start(
-        app: &App,
+        app: &Wiring,
         dsn: &Dsn,
         size: usize,
         fetch_size: usize,

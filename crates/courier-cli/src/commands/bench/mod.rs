@@ -21,9 +21,9 @@ use std::time::Duration;
 use courier_core::{Dsn, HandlerError, Message, MessageBus, Transport};
 use serde::{Deserialize, Serialize};
 
-use crate::app::App;
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
+use crate::wiring::Wiring;
 
 /// The benchmark transport's name.
 pub(crate) const BENCH: &str = "courier_bench";
@@ -64,7 +64,7 @@ pub(crate) struct Work {
     pub(crate) latency_samples: usize,
 }
 
-pub(crate) async fn run(app: &App, cli: &Cli, args: &BenchArgs) -> CliResult {
+pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &BenchArgs) -> CliResult {
     let (dsn, temp) = match &args.dsn {
         Some(raw) => (
             Dsn::parse(raw).map_err(|e| CliError::usage(format!("--dsn: {e}")))?,
@@ -110,12 +110,12 @@ pub(crate) async fn run(app: &App, cli: &Cli, args: &BenchArgs) -> CliResult {
 }
 
 #[cfg(feature = "runs")]
-async fn runs_mode(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
+async fn runs_mode(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
     runs::measure(app, cli, args, dsn).await
 }
 
 #[cfg(not(feature = "runs"))]
-async fn runs_mode(_: &App, _: &Cli, _: &BenchArgs, _: &Dsn) -> CliResult {
+async fn runs_mode(_: &Wiring, _: &Cli, _: &BenchArgs, _: &Dsn) -> CliResult {
     Err(CliError::usage(
         "--runs: this binary was built without the `runs` feature",
     ))

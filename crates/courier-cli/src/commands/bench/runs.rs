@@ -20,9 +20,9 @@ use super::counting::{
     CountingStore, CountingTransport, STORE_METHODS, StoreCalls, TRANSPORT_METHODS,
 };
 use super::{BENCH, chatty, isolate, per_second, print_json, remove_isolated};
-use crate::app::App;
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult, chain};
+use crate::wiring::Wiring;
 
 /// Runs when `--messages` is not given.
 const DEFAULT_RUNS: u64 = 1_000;
@@ -35,7 +35,7 @@ fn script() -> Value {
     json!({"steps": [{"sleep_ms": 0}, {"sleep_ms": 0}, {"output": "ok"}]})
 }
 
-pub(super) async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
+pub(super) async fn measure(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
     let store_dsn = crate::runs::store_dsn(Some(dsn.expose_without_query()));
     let dialect = Dialect::from_dsn(&store_dsn).map_err(|_| {
         CliError::usage(format!(
@@ -64,7 +64,7 @@ pub(super) async fn measure(app: &App, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -
 }
 
 async fn execute(
-    app: &App,
+    app: &Wiring,
     cli: &Cli,
     args: &BenchArgs,
     dsn: &Dsn,

@@ -13,12 +13,12 @@ use super::{
     BENCH, BenchMessage, Figures, Work, bench_bus, chatty, isolate, payload, per_second,
     percentiles, print_json, remove_isolated,
 };
-use crate::app::App;
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
+use crate::wiring::Wiring;
 
 pub(super) async fn measure(
-    app: &App,
+    app: &Wiring,
     cli: &Cli,
     args: &BenchArgs,
     dsn: &Dsn,
@@ -32,7 +32,7 @@ pub(super) async fn measure(
 }
 
 async fn rounds(
-    app: &App,
+    app: &Wiring,
     cli: &Cli,
     args: &BenchArgs,
     dsn: &Dsn,

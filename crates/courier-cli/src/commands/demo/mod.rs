@@ -24,9 +24,9 @@ use courier_core::config::Config;
 use courier_runs::{RunAgent, RunStatus, RunStore, RunsConfig};
 use uuid::Uuid;
 
-use crate::app::App;
 use crate::cli::{Cli, DemoArgs, Format};
 use crate::error::{CliError, CliResult, chain};
+use crate::wiring::Wiring;
 use summary::{KilledWorker, Tally};
 use workers::{Line, WorkDir, Workers};
 
@@ -35,7 +35,7 @@ const DEADLINE: Duration = Duration::from_secs(120);
 /// The longest the demo waits for a worker to be running the long run.
 const CRASH_DEADLINE: Duration = Duration::from_secs(30);
 
-pub(crate) async fn run(app: &App, cli: &Cli, args: &DemoArgs) -> CliResult {
+pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &DemoArgs) -> CliResult {
     let out = Out::new(cli.format == Format::Text && !cli.quiet);
     let db = args
         .db

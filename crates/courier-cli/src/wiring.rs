@@ -1,0 +1,63 @@
+//! What the commands use of an [`App`](crate::App): its handlers and bus customisations, its
+//! messages, its transport factories and its agents. The app fills a [`Wiring`] and hands it to
+//! the commands, which never see the app itself (`app -> dispatch -> commands -> wiring`).
+
+use std::sync::Arc;
+
+use courier_core::{MessageBusBuilder, MessageRegistry, TransportRegistry};
+
+/// A bus customisation: a handler registration, middleware, routes.
+pub(crate) type BusHook = Arc<dyn Fn(MessageBusBuilder) -> MessageBusBuilder + Send + Sync>;
+
+/// An application's handlers, messages, transports and agents.
+pub(crate) struct Wiring {
+    /// Applied, in order, to every bus the CLI builds.
+    pub(crate) bus_hooks: Vec<BusHook>,
+    /// The messages of the application (handled or only decoded).
+    pub(crate) registry: MessageRegistry,
+    /// The transport factories, by DSN scheme.
+    pub(crate) factories: TransportRegistry,
+    /// The agents `runs submit` and the run worker can execute.
+    #[cfg(feature = "runs")]
+    pub(crate) agents: crate::runs::Agents,
+}
+
+impl std::fmt::Debug for Wiring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wiring")
+            .field("registry", &self.registry)
+            .field("factories", &self.factories)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Wiring {
+    /// The transports of the enabled features (`sql`, `redis`, `amqp`) and, with `runs`, the
+    /// built-in `scripted` agent; no handler yet.
+    pub(crate) fn new() -> Self {
+        #[allow(unused_mut, reason = "no transport feature enabled")]
+        let mut factories = TransportRegistry::new();
+        #[cfg(feature = "sql")]
+        factories.register(Arc::new(courier_sql::SqlTransportFactory));
+        #[cfg(feature = "redis")]
+        factories.register(Arc::new(courier_redis::RedisTransportFactory));
+        #[cfg(feature = "amqp")]
+        factories.register(Arc::new(courier_amqp::AmqpTransportFactory));
+        Self {
+            bus_hooks: Vec::new(),
+            registry: MessageRegistry::new(),
+            factories,
+            #[cfg(feature = "runs")]
+            agents: crate::runs::Agents::with_builtin(),
+        }
+    }
+
+    /// Applies the registered handlers and customisations to a bus builder.
+    pub(crate) fn apply(&self, mut builder: MessageBusBuilder) -> MessageBusBuilder {
+        builder = builder.registry(&self.registry);
+        for hook in &self.bus_hooks {
+            builder = hook(builder);
+        }
+        builder
+    }
+}
