@@ -16,6 +16,17 @@ fn runtime(store: &Arc<MemoryRunStore>) -> Runtime {
         .build()
 }
 
+/// The bus the runtime is registered on, routing `RunAgent` to `queue`.
+fn on_queue(runtime: &Runtime, queue: &Arc<InMemoryTransport>) -> MessageBus {
+    runtime
+        .register(
+            MessageBus::builder()
+                .transport("async", queue.clone())
+                .route("courier.run_agent", ["async"]),
+        )
+        .build()
+}
+
 fn steps() -> serde_json::Value {
     json!({"steps": [{"output": "done"}]})
 }
@@ -25,13 +36,7 @@ async fn a_runtime_keeps_dispatching_after_the_caller_dropped_its_bus() {
     let store = Arc::new(MemoryRunStore::new());
     let runtime = runtime(&store);
     let queue = Arc::new(InMemoryTransport::new());
-    let _ = runtime
-        .register(
-            MessageBus::builder()
-                .transport("async", queue.clone())
-                .route("courier.run_agent", ["async"]),
-        )
-        .build();
+    let _ = on_queue(&runtime, &queue);
     let id = runtime.enqueue("scripted", steps()).await.unwrap();
     assert_eq!(queue.sent().len(), 1, "RunAgent sent on the registered bus");
     assert_eq!(
@@ -56,13 +61,7 @@ async fn the_handler_requeues_on_the_bus_handling_its_message() {
     let store = Arc::new(MemoryRunStore::new());
     let runtime = runtime(&store);
     let queue = Arc::new(InMemoryTransport::new());
-    let bus = runtime
-        .register(
-            MessageBus::builder()
-                .transport("async", queue.clone())
-                .route("courier.run_agent", ["async"]),
-        )
-        .build();
+    let bus = on_queue(&runtime, &queue);
     let input = json!({"steps": [{"fail": "server_error", "attempts": 1}, {"output": "done"}]});
     let id = runtime.enqueue("scripted", input).await.unwrap();
     Worker::builder(bus.clone())
@@ -88,13 +87,7 @@ async fn dropping_the_runtime_and_the_bus_frees_the_transports() {
     let queue = Arc::new(InMemoryTransport::new());
     {
         let runtime = runtime(&store);
-        let bus = runtime
-            .register(
-                MessageBus::builder()
-                    .transport("async", queue.clone())
-                    .route("courier.run_agent", ["async"]),
-            )
-            .build();
+        let bus = on_queue(&runtime, &queue);
         runtime.enqueue("scripted", steps()).await.unwrap();
         assert!(Arc::strong_count(&queue) > 1);
         drop(bus);
