@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use courier_core::{TransportError, TransportErrorKind};
+use courier_core::{Backoff, Jitter, TransportError, TransportErrorKind};
 
 /// Database error codes worth retrying: PostgreSQL SQLSTATEs (serialization failure, deadlock,
 /// lock not available, admin shutdown / terminated backend, connection exceptions), MySQL /
@@ -22,10 +22,10 @@ const TRANSIENT_MYSQL_NUMBERS: &[u16] = &[1205, 1213, 1927, 2006, 2013];
 
 /// The most attempts an operation gets when it keeps failing transiently.
 const MAX_ATTEMPTS: u32 = 10;
-/// The first backoff; doubled after each failure up to [`MAX_BACKOFF`], with jitter.
-const FIRST_BACKOFF: Duration = Duration::from_millis(10);
-/// The longest backoff between two attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The wait between two attempts: 10 ms doubling up to 2 s, spread by +-25 % so that clients
+/// that failed together do not retry together.
+const BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(10), Duration::from_secs(2)).jitter(Jitter::Spread(0.25));
 
 /// Whether retrying the same statement may succeed (exhaustive over what we recognise; every
 /// other error is permanent). A protocol error is permanent: the statement may have taken
@@ -66,7 +66,7 @@ pub(crate) fn transport_error(name: &str, context: &'static str, e: sqlx::Error)
 }
 
 /// Runs `op` until it succeeds, fails permanently, or has failed transiently
-/// [`MAX_ATTEMPTS`] times, sleeping a capped, jittered exponential backoff in between.
+/// [`MAX_ATTEMPTS`] times, sleeping [`BACKOFF`] in between.
 pub(crate) async fn retry_transient<T, F, Fut>(
     what: &'static str,
     mut op: F,
@@ -75,7 +75,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
-    let mut backoff = FIRST_BACKOFF;
+    let mut waits = BACKOFF.attempts();
     let mut attempt = 1;
     loop {
         match op().await {
@@ -87,9 +87,7 @@ where
                     && !matches!(e, sqlx::Error::PoolTimedOut) =>
             {
                 tracing::debug!(courier.sql.op = what, attempt, error = %e, "transient database error, retrying");
-                let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
-                tokio::time::sleep(backoff + jitter).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                tokio::time::sleep(waits.failed()).await;
                 attempt += 1;
             }
             other => return other,

@@ -29,11 +29,12 @@
 //! One table, `courier_messages` by default: `id`, `queue_name`, `body` (the message JSON),
 //! `headers` (a JSON object of string -> string), `priority`, and `created_at`, `available_at`,
 //! `delivered_at` as epoch milliseconds **from the database clock** (one representation on every
-//! dialect), plus `delivery_id`. The DDL lives in `migrations/{postgres,sqlite,mysql}/0001_*.sql`
-//! (an ordered sqlx migration sequence). Since `table_name` is configurable, `setup()` runs that
-//! same file with `courier_messages` replaced by the configured name; that name is validated as
-//! `[A-Za-z_][A-Za-z0-9_]{0,62}` when the options are read, so nothing else can reach the SQL.
-//! `setup()` is idempotent (`IF NOT EXISTS`); `auto_setup` (default on) runs it on connect.
+//! dialect), plus `delivery_id`. The DDL lives in `migrations/{postgres,sqlite,mysql}/0001_*.sql`,
+//! templates in which `{messages}` stands for the table name: `setup()`
+//! ([`SqlTransport::migrate`]) applies those not yet recorded in `<table>_migrations`, under a
+//! per-table setup lock (see [`migrate`]). The table name is checked by [`is_valid_identifier`]
+//! when the options are read, so nothing else can reach the SQL.
+//! `setup()` is idempotent; `auto_setup` (default on) runs it on connect.
 //!
 //! # Behaviour
 //!

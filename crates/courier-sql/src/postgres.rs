@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use courier_core::Backoff;
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool};
 use tokio::task::JoinHandle;
@@ -68,7 +69,7 @@ pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Postgr
 /// (and once after every (re)connect, since notifications may have been missed meanwhile).
 /// While it is down, `wake.listening` is false and consumers poll.
 async fn listen(pool: PgPool, channel: String, queue: String, wake: Arc<Wake>) {
-    let mut backoff = Duration::from_millis(50);
+    let mut waits = Backoff::new(Duration::from_millis(50), Duration::from_secs(5)).attempts();
     loop {
         let connected = async {
             let mut listener = PgListener::connect_with(&pool).await?;
@@ -81,12 +82,11 @@ async fn listen(pool: PgPool, channel: String, queue: String, wake: Arc<Wake>) {
             Err(e) => {
                 wake.set_listening(false);
                 tracing::debug!(error = %e, "LISTEN failed; consumers poll until it is back");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                tokio::time::sleep(waits.failed()).await;
                 continue;
             }
         };
-        backoff = Duration::from_millis(50);
+        waits.succeeded();
         wake.set_listening(true);
         wake.bump();
         loop {

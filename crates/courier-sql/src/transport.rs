@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_core::{
-    Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Envelope, Listable, MessageCount,
+    Backoff, Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Envelope, Listable, MessageCount,
     MessageRegistry, PriorityStamp, Setup, Transport, TransportError, TransportErrorKind,
     TransportMessageIdStamp, async_trait, encode_json,
 };
@@ -283,7 +283,7 @@ impl Transport for SqlTransport {
         self.backend.start_listener(&self.wake);
         let deadline = Instant::now() + self.options.poll_window;
         let mut changes = self.wake.version.subscribe();
-        let mut backoff = FIRST_IDLE_BACKOFF;
+        let mut idle = Backoff::new(FIRST_IDLE_BACKOFF, MAX_IDLE_BACKOFF).attempts();
         loop {
             changes.borrow_and_update();
             let claimed = self.claim_once(max).await?;
@@ -304,12 +304,11 @@ impl Transport for SqlTransport {
                 // Server push is live: sleep until the next row is due, woken early by a NOTIFY.
                 until_due.map_or(remaining, |d| d.min(remaining))
             } else {
-                let wait = until_due
+                let step = idle.failed();
+                until_due
                     .filter(|d| !d.is_zero())
-                    .map_or(backoff, |d| d.min(backoff))
-                    .min(remaining);
-                backoff = (backoff * 2).min(MAX_IDLE_BACKOFF);
-                wait
+                    .map_or(step, |d| d.min(step))
+                    .min(remaining)
             };
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
