@@ -209,23 +209,31 @@ impl RunContext {
     /// stop with [`StepError::LeaseLost`] without persisting) -> persist at MAX(seq)+1.
     /// Returns the step's sequence number.
     ///
+    /// A worker run probes and renews in one statement: the renew's guard (`running` and
+    /// claimed by this worker) refuses a cancelled run too, and only a refused renew reads the
+    /// run to tell a cancellation from a lost lease. Two statements per step, not three.
+    ///
     /// # Errors
     /// [`StepError`]: propagate it with `?`.
     pub async fn checkpoint(&mut self, step: Step) -> Result<i64, StepError> {
         for observer in self.observers.iter() {
             observer.on_step(self.run.id, &step);
         }
-        let status = self.store.find(self.run.id).await?.map(|r| r.status);
-        if status == Some(RunStatus::Cancelled) {
-            self.store
-                .append_event(self.run.id, &step.kind, &step.payload)
-                .await?;
-            self.token.cancel();
-            return Err(StepError::Cancelled);
+        let refused = match &self.owner {
+            Some(owner) => !self.store.renew(self.run.id, owner, self.lease).await?,
+            None => false,
+        };
+        if refused || self.owner.is_none() {
+            let status = self.store.find(self.run.id).await?.map(|r| r.status);
+            if status == Some(RunStatus::Cancelled) {
+                self.store
+                    .append_event(self.run.id, &step.kind, &step.payload)
+                    .await?;
+                self.token.cancel();
+                return Err(StepError::Cancelled);
+            }
         }
-        if let Some(owner) = &self.owner
-            && !self.store.renew(self.run.id, owner, self.lease).await?
-        {
+        if refused {
             tracing::warn!(courier.run.id = %self.run.id, "lease lost at a step boundary");
             self.token.cancel();
             return Err(StepError::LeaseLost);
