@@ -330,7 +330,7 @@ impl Runtime {
     /// `failed`/`dispatch_failed` (no orphan) and returns the error.
     ///
     /// # Errors
-    /// Store failure, [`RunError::Dispatch`], [`RunError::NoBus`].
+    /// Store failure, [`RunError::Dispatch`], [`RunError::NotRegistered`].
     pub async fn enqueue(&self, agent: &str, input: serde_json::Value) -> Result<Uuid, RunError> {
         let run = NewRun {
             id: Uuid::new_v4(),

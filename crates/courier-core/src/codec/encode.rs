@@ -11,7 +11,7 @@ use crate::Envelope;
 use crate::envelope::Slot;
 use crate::message::Payload;
 
-/// Encodes an envelope (see [`MessageRegistry::encode`]); needs no registry.
+/// Encodes an envelope (see [`MessageRegistry::encode`](crate::MessageRegistry::encode)); needs no registry.
 ///
 /// # Errors
 /// [`EncodeError`] if the message does not serialize.
@@ -39,7 +39,7 @@ pub struct EncodedJson {
 }
 
 /// Encodes an envelope with its headers written straight to one JSON object, without the
-/// header map [`encode`] builds; [`MessageRegistry::decode_json`] reads it back.
+/// header map [`encode`] builds; [`MessageRegistry::decode_json`](crate::MessageRegistry::decode_json) reads it back.
 ///
 /// ```
 /// # use courier_core::{Envelope, Message, encode, encode_json};

@@ -85,9 +85,9 @@ impl MessageRegistry {
     }
 
     /// Decodes a message stored as a body and its headers as one JSON object (the form
-    /// [`encode_json`] writes), without building the header map first. Never fails: headers
+    /// [`encode_json`](crate::encode_json) writes), without building the header map first. Never fails: headers
     /// that are not a JSON object of strings give an envelope whose
-    /// [`Envelope::decode_error`] is [`DecodeError::InvalidHeaders`], with its body kept.
+    /// [`Envelope::decode_error`] is [`DecodeError::InvalidHeaders`](crate::DecodeError::InvalidHeaders), with its body kept.
     ///
     /// ```
     /// # use courier_core::{Message, MessageRegistry};
@@ -107,7 +107,7 @@ impl MessageRegistry {
 
     /// Decodes a message whose body may not be UTF-8 text (an AMQP body, say). Never fails: a
     /// body that is not UTF-8 gives an envelope whose [`Envelope::decode_error`] is
-    /// [`DecodeError::BodyNotText`], keeping the bytes (see [`Envelope::undecodable_body`]).
+    /// [`DecodeError::BodyNotText`](crate::DecodeError::BodyNotText), keeping the bytes (see [`Envelope::undecodable_body`]).
     #[must_use]
     pub fn decode_bytes(&self, body: Vec<u8>, headers: BTreeMap<String, String>) -> Envelope {
         match String::from_utf8(body) {
