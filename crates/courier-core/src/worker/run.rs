@@ -203,6 +203,10 @@ impl Worker {
                 let want = self.want(state, queue.len());
                 if want > 0 {
                     fetching = Some(AbortOnDrop(tokio::spawn(self.fetch(want))));
+                    // Ack what is done before the next batch arrives: a broker that bounds the
+                    // unacked deliveries (AMQP prefetch) sends the next ones only once it has.
+                    beside.ackers.iter_mut().for_each(Acker::flush);
+                    lingering = false;
                 } else if inflight.is_empty() && queue.is_empty() {
                     state.stop = Some(StopReason::MessageLimit);
                     continue;
