@@ -203,6 +203,7 @@ pub(crate) fn grouped_deliveries(deliveries: &[(i64, i64)]) -> (String, Vec<i64>
 }
 
 /// Binds one row of a multi-row insert: queue, body, headers, priority, delay.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn bind_row<'q, DB>(
     q: sqlx::query::Query<'q, DB, DB::Arguments<'q>>,
     queue: &'q str,

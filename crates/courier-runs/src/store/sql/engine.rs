@@ -43,31 +43,25 @@ impl RunDialect for sqlx::Postgres {
     }
 }
 
-#[cfg(feature = "sqlite")]
-impl RunDialect for sqlx::Sqlite {
-    type Id = uuid::fmt::Hyphenated;
+/// Run ids as hyphenated text, on databases without a UUID type.
+macro_rules! text_run_ids {
+    ($($feature:literal => $db:ty),*) => {$(
+        #[cfg(feature = $feature)]
+        impl RunDialect for $db {
+            type Id = uuid::fmt::Hyphenated;
 
-    fn id(id: Uuid) -> Self::Id {
-        id.hyphenated()
-    }
+            fn id(id: Uuid) -> Self::Id {
+                id.hyphenated()
+            }
 
-    fn uuid(id: Self::Id) -> Uuid {
-        id.into_uuid()
-    }
+            fn uuid(id: Self::Id) -> Uuid {
+                id.into_uuid()
+            }
+        }
+    )*};
 }
 
-#[cfg(feature = "mysql")]
-impl RunDialect for sqlx::MySql {
-    type Id = uuid::fmt::Hyphenated;
-
-    fn id(id: Uuid) -> Self::Id {
-        id.hyphenated()
-    }
-
-    fn uuid(id: Self::Id) -> Uuid {
-        id.into_uuid()
-    }
-}
+text_run_ids!("sqlite" => sqlx::Sqlite, "mysql" => sqlx::MySql);
 
 /// The run tables on the database `DB`.
 #[derive(Debug)]
