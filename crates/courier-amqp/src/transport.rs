@@ -70,7 +70,8 @@ impl AmqpTransport {
         let mut capabilities = Capabilities::none()
             .with_delay(Some(MAX_DELAY))
             .with_blocking_get()
-            .with_redelivery();
+            .with_redelivery()
+            .with_bounded_unacked();
         if priority {
             capabilities = capabilities.with_priority();
         }

@@ -147,6 +147,10 @@ impl Worker {
             .iter()
             .all(|r| r.transport.capabilities().blocking_get);
         let concurrency = self.options.concurrency;
+        let ack_before_fetch = self
+            .receivers
+            .iter()
+            .any(|r| r.transport.capabilities().bounded_unacked);
         let low_water = (self.options.fetch_size / 2).max(concurrency);
         let mut queue: VecDeque<(usize, u64, Envelope)> = VecDeque::new();
         let mut inflight: FuturesUnordered<Handling<'_>> = FuturesUnordered::new();
@@ -203,10 +207,13 @@ impl Worker {
                 let want = self.want(state, queue.len());
                 if want > 0 {
                     fetching = Some(AbortOnDrop(tokio::spawn(self.fetch(want))));
-                    // Ack what is done before the next batch arrives: a broker that bounds the
-                    // unacked deliveries (AMQP prefetch) sends the next ones only once it has.
-                    beside.ackers.iter_mut().for_each(Acker::flush);
-                    lingering = false;
+                    if ack_before_fetch {
+                        // A broker that bounds the unacked deliveries (AMQP prefetch) sends the
+                        // next ones only once the finished ones are acked. Elsewhere acks wait
+                        // for the batch's end: one statement per batch, not two.
+                        beside.ackers.iter_mut().for_each(Acker::flush);
+                        lingering = false;
+                    }
                 } else if inflight.is_empty() && queue.is_empty() {
                     state.stop = Some(StopReason::MessageLimit);
                     continue;
