@@ -101,6 +101,15 @@ pub(crate) async fn open_store(config: &RunsConfig) -> CliResult<Arc<dyn RunStor
 
 /// [`open_store`], telling a store that is down (worth retrying) from one that cannot work.
 pub(crate) async fn try_open_store(config: &RunsConfig) -> Result<Arc<dyn RunStore>, Failure> {
+    try_open_store_reporting(config)
+        .await
+        .map(|(store, _)| store)
+}
+
+/// [`try_open_store`], naming the migrations it applied.
+async fn try_open_store_reporting(
+    config: &RunsConfig,
+) -> Result<(Arc<dyn RunStore>, Vec<String>), Failure> {
     let dsn = store_dsn(config.store.as_deref());
     let shown = courier_core::redact(&dsn);
     let classify = |doing: &str, e: StoreError| {
@@ -126,8 +135,11 @@ pub(crate) async fn try_open_store(config: &RunsConfig) -> Result<Arc<dyn RunSto
     let store = SqlRunStore::connect(&dsn, SqlRunStoreOptions::default())
         .await
         .map_err(|e| classify("open", e))?;
-    store.setup().await.map_err(|e| classify("set up", e))?;
-    Ok(Arc::new(store))
+    let applied = store.migrate().await.map_err(|e| classify("set up", e))?;
+    Ok((
+        Arc::new(store),
+        applied.iter().map(ToString::to_string).collect(),
+    ))
 }
 
 /// A runtime over `store` with the app's agents and the `[runs]` options.
@@ -175,14 +187,17 @@ pub(crate) fn enabled(ctx: &Ctx<'_>) -> bool {
 }
 
 /// `courier setup`'s part: the run store's tables. Returns the store shown redacted.
-pub(crate) async fn setup(ctx: &Ctx<'_>) -> CliResult<Option<String>> {
+pub(crate) async fn setup(ctx: &Ctx<'_>) -> CliResult<Option<(String, Vec<String>)>> {
     if !enabled(ctx) {
         return Ok(None);
     }
     let config = settings(ctx)?;
-    open_store(&config).await?;
-    Ok(Some(courier_core::redact(
-        config.store.as_deref().unwrap_or(DEFAULT_STORE),
+    let (_, applied) = try_open_store_reporting(&config)
+        .await
+        .map_err(Failure::into_error)?;
+    Ok(Some((
+        courier_core::redact(config.store.as_deref().unwrap_or(DEFAULT_STORE)),
+        applied,
     )))
 }
 

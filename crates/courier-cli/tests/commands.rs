@@ -20,6 +20,35 @@ fn setup_is_idempotent_and_stats_counts_every_transport() {
 }
 
 #[test]
+fn setup_reports_the_migrations_it_applied_then_that_all_is_up_to_date() {
+    let env = Env::empty();
+    let first = env.run(&["setup", "--format", "json"]).json();
+    let applied = |out: &serde_json::Value, key: &str| -> Vec<String> {
+        out["applied"][key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no applied list for {key}: {out}"))
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let messages = applied(&first, "async");
+    assert!(
+        messages.first().is_some_and(|m| m.starts_with("0001")),
+        "the messages table was created by migration 0001: {messages:?}"
+    );
+    let runs = applied(&first, "runs");
+    assert!(
+        runs.iter().any(|m| m.starts_with("0002")),
+        "the run tables were created: {runs:?}"
+    );
+    let again = env.run(&["setup"]).ok().to_owned();
+    assert!(
+        again.contains("async: ready, up to date") && again.contains("ready, up to date"),
+        "a second setup applies nothing: {again}"
+    );
+}
+
+#[test]
 fn the_embedded_default_uses_courier_db_in_the_working_directory() {
     let env = Env::empty();
     env.run(&["setup"]).ok();

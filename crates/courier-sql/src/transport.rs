@@ -29,6 +29,8 @@ pub struct SqlTransport {
     registry: Arc<MessageRegistry>,
     backend: Box<dyn Backend>,
     wake: Arc<Wake>,
+    /// Migrations applied since it connected and not yet reported by `setup_report`.
+    applied: std::sync::Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for SqlTransport {
@@ -82,6 +84,7 @@ impl SqlTransport {
             registry,
             backend,
             wake: Wake::new(),
+            applied: std::sync::Mutex::new(Vec::new()),
         };
         if transport.options.auto_setup {
             transport.migrate().await?;
@@ -118,6 +121,10 @@ impl SqlTransport {
         let applied = self
             .attempt("migrating the messages table", || self.backend.setup())
             .await?;
+        self.applied
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(applied.iter().map(ToString::to_string));
         for migration in &applied {
             tracing::info!(
                 courier.transport = %self.name,
@@ -446,6 +453,18 @@ impl Transport for SqlTransport {
 impl Setup for SqlTransport {
     async fn setup(&self) -> Result<(), TransportError> {
         self.migrate().await.map(drop)
+    }
+
+    /// Migrates, and names every migration applied since this transport connected (its
+    /// auto-setup included), oldest first.
+    async fn setup_report(&self) -> Result<Vec<String>, TransportError> {
+        self.migrate().await?;
+        Ok(std::mem::take(
+            &mut *self
+                .applied
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ))
     }
 }
 

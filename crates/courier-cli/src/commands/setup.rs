@@ -7,29 +7,51 @@ use crate::error::CliResult;
 
 pub(crate) async fn run(ctx: &Ctx<'_>) -> CliResult {
     let transports = ctx.connect().await?;
-    let mut done: BTreeMap<String, &str> = BTreeMap::new();
+    let mut done: BTreeMap<String, (&str, Vec<String>)> = BTreeMap::new();
     for (name, transport) in transports.all() {
         let state = match transport.as_setup() {
-            Some(setup) => {
-                setup.setup().await?;
-                "ready"
-            }
-            None => "nothing to set up",
+            Some(setup) => ("ready", setup.setup_report().await?),
+            None => ("nothing to set up", Vec::new()),
         };
         done.insert(name.clone(), state);
     }
     #[cfg(feature = "runs")]
     let runs = crate::runs::setup(ctx).await?;
     #[cfg(not(feature = "runs"))]
-    let runs: Option<String> = None;
+    let runs: Option<(String, Vec<String>)> = None;
     if ctx.json() {
-        return ctx.print_json(&serde_json::json!({ "transports": done, "runs": runs }));
+        // `transports` and `runs` keep their first shape; `applied` names the migrations.
+        let states: BTreeMap<&String, &str> = done
+            .iter()
+            .map(|(name, (state, _))| (name, *state))
+            .collect();
+        let mut applied: BTreeMap<String, &[String]> = done
+            .iter()
+            .map(|(name, (_, applied))| (name.clone(), applied.as_slice()))
+            .collect();
+        if let Some((_, list)) = &runs {
+            applied.insert("runs".to_owned(), list);
+        }
+        return ctx.print_json(&serde_json::json!({
+            "transports": states,
+            "runs": runs.as_ref().map(|(store, _)| store),
+            "applied": applied,
+        }));
     }
-    for (name, state) in &done {
-        println!("transport {name}: {state}");
+    for (name, (state, applied)) in &done {
+        println!("transport {name}: {state}{}", applied_text(applied));
     }
-    if let Some(store) = runs {
-        println!("runs store {store}: ready");
+    if let Some((store, applied)) = runs {
+        println!("runs store {store}: ready{}", applied_text(&applied));
     }
     Ok(())
+}
+
+/// `, applied 0001 ..., 0002 ...` or `, up to date`.
+fn applied_text(applied: &[String]) -> String {
+    if applied.is_empty() {
+        ", up to date".to_owned()
+    } else {
+        format!(", applied {}", applied.join(", "))
+    }
 }

@@ -38,6 +38,10 @@ pub struct Capabilities {
     /// kept alive with [`Transport::keepalive`], is delivered again this long after it was
     /// received. The worker keeps every message it holds alive at a third of this window.
     pub redeliver_after: Option<Duration>,
+    /// The server stops delivering while a bounded number of deliveries are unacked (AMQP's
+    /// prefetch): the worker acks what is done before it fetches the next batch, rather than
+    /// once the batch is done.
+    pub bounded_unacked: bool,
 }
 
 impl Capabilities {
@@ -51,6 +55,7 @@ impl Capabilities {
             blocking_get: false,
             redelivery: false,
             redeliver_after: None,
+            bounded_unacked: false,
         }
     }
 
@@ -88,6 +93,13 @@ impl Capabilities {
     pub const fn with_redeliver_after(mut self, window: Duration) -> Self {
         self.redelivery = true;
         self.redeliver_after = Some(window);
+        self
+    }
+
+    /// Sets [`Capabilities::bounded_unacked`].
+    #[must_use]
+    pub const fn with_bounded_unacked(mut self) -> Self {
+        self.bounded_unacked = true;
         self
     }
 
@@ -220,6 +232,13 @@ pub trait Transport: Send + Sync + Debug {
 pub trait Setup: Send + Sync {
     /// Creates tables / queues / streams / groups, doing nothing for those that exist.
     async fn setup(&self) -> Result<(), TransportError>;
+
+    /// [`Setup::setup`], naming what was applied since the transport connected (migration
+    /// versions, for a transport that migrates its tables when it connects): what `courier
+    /// setup` reports. The default sets up and names nothing.
+    async fn setup_report(&self) -> Result<Vec<String>, TransportError> {
+        self.setup().await.map(|()| Vec::new())
+    }
 }
 
 /// Browsing stored messages: what `courier failed show / retry / remove` uses.
