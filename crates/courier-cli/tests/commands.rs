@@ -28,7 +28,7 @@ fn setup_reports_the_migrations_it_applied_then_that_all_is_up_to_date() {
             .as_array()
             .unwrap_or_else(|| panic!("no applied list for {key}: {out}"))
             .iter()
-            .map(|v| v.as_str().unwrap().to_owned())
+            .map(|v| v.as_str().expect("migration names are strings").to_owned())
             .collect()
     };
     let messages = applied(&first, "async");
