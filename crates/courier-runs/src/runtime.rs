@@ -361,12 +361,10 @@ impl Runtime {
     async fn run_queued_inner(&self, run_id: Uuid) -> Result<Outcome, RunError> {
         let store = &self.inner.store;
         let me = self.inner.worker.as_str();
-        if !store.claim(run_id, me, self.inner.options.lease).await? {
+        // The claim returns the run it claimed: no second read.
+        let Some(run) = store.claim(run_id, me, self.inner.options.lease).await? else {
             tracing::debug!("claim lost: not claimed");
             return Ok(Outcome::NotClaimed);
-        }
-        let Some(run) = store.find(run_id).await? else {
-            return Ok(Outcome::LeaseLost);
         };
         let Some(agent) = self.inner.agents.get(&run.agent).cloned() else {
             let class = Some(crate::FailureClass::Configuration);

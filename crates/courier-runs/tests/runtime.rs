@@ -726,7 +726,12 @@ impl RunStore for HeartbeatAfterSelect {
     async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError> {
         self.0.list(status, limit).await
     }
-    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn claim(
+        &self,
+        id: Uuid,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<Run>, StoreError> {
         self.0.claim(id, worker, lease).await
     }
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
@@ -825,6 +830,7 @@ async fn reaper_counts_a_run_whose_heartbeat_won_as_skipped() {
             .claim(run.id, A, Duration::from_secs(900))
             .await
             .unwrap()
+            .is_some()
     );
     memory.rewrite(run.id, |r| r.lease_expires = 1);
     let report = rt.reaper().reap(ReapOptions::default()).await.unwrap();
@@ -841,7 +847,13 @@ async fn reaper_runs_every_interval_until_shutdown() {
     let store = MemoryRunStore::new();
     let (rt, _bus, queue) = runtime_with(&store, A, |b| b);
     let id = rt.enqueue("scripted", json!({})).await.unwrap();
-    assert!(store.claim(id, A, Duration::from_secs(900)).await.unwrap());
+    assert!(
+        store
+            .claim(id, A, Duration::from_secs(900))
+            .await
+            .unwrap()
+            .is_some()
+    );
     store.rewrite(id, |r| r.lease_expires = 1);
     let shutdown = courier_runs::CancellationToken::new();
     let task = tokio::spawn({
@@ -906,6 +918,7 @@ async fn a_transport_outage_after_a_stale_requeue_leaves_the_run_queued() {
             .claim(run.id, B, Duration::from_secs(1))
             .await
             .unwrap()
+            .is_some()
     );
     tokio::time::advance(Duration::from_secs(2)).await;
     let report = rt

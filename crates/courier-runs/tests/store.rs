@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_runs::{
-    FailureClass, ManualRequeue, ReapOptions, RunError, RunStatus, RunStore, Settlement,
+    FailureClass, ManualRequeue, NewRun, ReapOptions, RunError, RunStatus, RunStore, Settlement,
     StoreError, TerminationReason, new_worker_identity,
 };
+use uuid::Uuid;
+
 use support::{Fixture, dispatched, queued_runtime, refusing_runtime};
 
 const LEASE: Duration = Duration::from_secs(900);
@@ -21,7 +23,10 @@ async fn claim_exactly_once(fx: &Fixture) {
         fx.store.claim(run.id, &a, LEASE),
         fx.store.claim(run.id, &b, LEASE)
     );
-    assert!(ra.unwrap() ^ rb.unwrap(), "exactly one claim wins");
+    assert!(
+        ra.unwrap().is_some() ^ rb.unwrap().is_some(),
+        "exactly one claim wins"
+    );
     let row = fx.run(run.id).await;
     assert_eq!(row.status, RunStatus::Running);
     let winner = if row.claimed_by.as_deref() == Some(a.as_str()) {
@@ -30,7 +35,11 @@ async fn claim_exactly_once(fx: &Fixture) {
         b
     };
     assert!(
-        !fx.store.claim(run.id, &winner, LEASE).await.unwrap(),
+        fx.store
+            .claim(run.id, &winner, LEASE)
+            .await
+            .unwrap()
+            .is_none(),
         "a running run cannot be claimed again"
     );
     assert!(row.started_at.is_some());
@@ -40,7 +49,7 @@ async fn claim_sets_a_lease_from_the_store_clock(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     let me = new_worker_identity();
     let before = fx.store.now_ms().await.unwrap();
-    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
     let after = fx.store.now_ms().await.unwrap();
     let row = fx.run(run.id).await;
     assert_eq!(row.claimed_by.as_deref(), Some(me.as_str()));
@@ -50,10 +59,42 @@ async fn claim_sets_a_lease_from_the_store_clock(fx: &Fixture) {
     );
 }
 
+/// The claim and the inserts return the row as stored (read in the same statement where the
+/// database has RETURNING), so the runtime never reads a run it just claimed or inserted.
+async fn claim_and_inserts_return_the_row_as_stored(fx: &Fixture) {
+    let queued = fx.queued("scripted").await;
+    assert_eq!(queued, fx.run(queued.id).await);
+    assert_eq!(queued.status, RunStatus::Queued);
+    assert_eq!(queued.input, serde_json::json!({"n": 1}));
+    let interactive = fx
+        .store
+        .insert_interactive(&NewRun {
+            id: Uuid::new_v4(),
+            agent: "scripted".into(),
+            input: serde_json::json!({"x": [1, 2]}),
+        })
+        .await
+        .unwrap();
+    assert_eq!(interactive, fx.run(interactive.id).await);
+    assert_eq!(interactive.status, RunStatus::Running);
+    let me = new_worker_identity();
+    let claimed = fx.store.claim(queued.id, &me, LEASE).await.unwrap();
+    let claimed = claimed.expect("the queued run is claimed");
+    assert_eq!(claimed, fx.run(queued.id).await);
+    assert_eq!(claimed.status, RunStatus::Running);
+    assert_eq!(claimed.claimed_by.as_deref(), Some(me.as_str()));
+    assert!(claimed.lease_expires > 0 && claimed.started_at.is_some());
+    assert_eq!(fx.store.claim(queued.id, &me, LEASE).await.unwrap(), None);
+    assert_eq!(
+        fx.store.claim(Uuid::new_v4(), &me, LEASE).await.unwrap(),
+        None
+    );
+}
+
 async fn renew_needs_the_owner_and_same_millisecond_renewal_still_holds(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     let me = new_worker_identity();
-    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
     // Two renewals in a row (often in the same millisecond): both match (rows matched, not changed).
     assert!(fx.store.renew(run.id, &me, LEASE).await.unwrap());
     assert!(fx.store.renew(run.id, &me, LEASE).await.unwrap());
@@ -73,7 +114,7 @@ async fn renew_needs_the_owner_and_same_millisecond_renewal_still_holds(fx: &Fix
 async fn owner_requeue_clears_claim_and_keeps_input(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     let me = new_worker_identity();
-    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
     assert!(
         !fx.store
             .requeue_owned(run.id, "worker:other:1:0", Duration::ZERO)
@@ -114,7 +155,7 @@ async fn stale_select_sees_only_expired_worker_leases(fx: &Fixture) {
     let older = fx.queued("scripted").await;
     let queued = fx.queued("scripted").await;
     for id in [fresh.id, stale.id, older.id] {
-        assert!(fx.store.claim(id, &me, LEASE).await.unwrap());
+        assert!(fx.store.claim(id, &me, LEASE).await.unwrap().is_some());
     }
     fx.set_lease(stale.id, 2).await;
     fx.set_lease(older.id, 1).await;
@@ -162,7 +203,7 @@ async fn stale_select_sees_only_expired_worker_leases(fx: &Fixture) {
 async fn heartbeat_between_select_and_update_wins(fx: &Fixture) {
     let me = new_worker_identity();
     let run = fx.queued("scripted").await;
-    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
     fx.set_lease(run.id, 1).await;
     assert_eq!(fx.store.select_stale(50).await.unwrap().len(), 1);
     assert!(
@@ -187,7 +228,7 @@ async fn stale_requeue_and_dead_letter(fx: &Fixture) {
     let a = fx.queued("scripted").await;
     let b = fx.queued("scripted").await;
     for id in [a.id, b.id] {
-        assert!(fx.store.claim(id, &me, LEASE).await.unwrap());
+        assert!(fx.store.claim(id, &me, LEASE).await.unwrap().is_some());
         fx.set_lease(id, 1).await;
     }
     assert!(fx.store.requeue_stale(a.id).await.unwrap());
@@ -222,7 +263,7 @@ async fn stale_requeue_and_dead_letter(fx: &Fixture) {
 async fn settle_is_owner_guarded_and_first_outcome_stands(fx: &Fixture) {
     let me = new_worker_identity();
     let run = fx.queued("scripted").await;
-    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
     let failed = Settlement::failed(TerminationReason::NotRetryable, Some(FailureClass::Auth));
     assert!(
         !fx.store
@@ -260,10 +301,11 @@ async fn cancelled_queued_run_cannot_be_claimed(fx: &Fixture) {
     let run = fx.queued("scripted").await;
     assert!(fx.store.cancel(run.id).await.unwrap());
     assert!(
-        !fx.store
+        fx.store
             .claim(run.id, &new_worker_identity(), LEASE)
             .await
             .unwrap()
+            .is_none()
     );
     let row = fx.run(run.id).await;
     assert_eq!(
@@ -281,7 +323,7 @@ async fn cancelled_queued_run_cannot_be_claimed(fx: &Fixture) {
 async fn fail_queued_matches_only_the_queued_row(fx: &Fixture) {
     let me = new_worker_identity();
     let run = fx.queued("scripted").await;
-    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
     assert!(
         !fx.store
             .fail_queued(run.id, TerminationReason::DispatchFailed)
@@ -318,7 +360,7 @@ async fn pending_effect_is_owner_guarded(fx: &Fixture) {
             .unwrap(),
         "not running"
     );
-    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
     assert!(
         !fx.store
             .set_pending_effect(run.id, Some("worker:other:1:0"), Some("charge"))
@@ -407,7 +449,7 @@ async fn reaper_follows_design_order(fx: &Fixture) {
     let fenced = fx.queued("scripted").await;
     let fresh = fx.queued("scripted").await;
     for id in [under.id, at_budget.id, fenced.id, fresh.id] {
-        assert!(fx.store.claim(id, &me, LEASE).await.unwrap());
+        assert!(fx.store.claim(id, &me, LEASE).await.unwrap().is_some());
     }
     assert!(
         fx.store
@@ -474,7 +516,7 @@ async fn reaper_dispatch_failure_settles_the_run(fx: &Fixture) {
     let me = new_worker_identity();
     let (runtime, _bus) = refusing_runtime(fx.store.clone(), &me);
     let run = fx.queued("scripted").await;
-    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+    assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
     fx.set_lease(run.id, 1).await;
     let report = runtime.reaper().reap(ReapOptions::default()).await.unwrap();
     assert_eq!((report.requeued, report.dead_lettered), (0, 1));
@@ -500,7 +542,7 @@ async fn concurrent_reapers_never_double_requeue(fx: &Fixture) {
     let mut ids = Vec::new();
     for _ in 0..10 {
         let run = fx.queued("scripted").await;
-        assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap());
+        assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
         fx.set_lease(run.id, 1).await;
         ids.push(run.id);
     }
@@ -565,7 +607,13 @@ async fn a_queued_run_is_due_when_queued_or_after_its_backoff(fx: &Fixture) {
     let fresh = fx.queued("scripted").await;
     assert_eq!(fresh.due_at, fresh.created_at, "due at once when enqueued");
     let later = fx.queued("scripted").await;
-    assert!(fx.store.claim(later.id, &me, LEASE).await.unwrap());
+    assert!(
+        fx.store
+            .claim(later.id, &me, LEASE)
+            .await
+            .unwrap()
+            .is_some()
+    );
     let delay = Duration::from_secs(600);
     assert!(fx.store.requeue_owned(later.id, &me, delay).await.unwrap());
     let row = fx.run(later.id).await;
@@ -575,7 +623,13 @@ async fn a_queued_run_is_due_when_queued_or_after_its_backoff(fx: &Fixture) {
         "due after the backoff"
     );
     let stale = fx.queued("scripted").await;
-    assert!(fx.store.claim(stale.id, &me, LEASE).await.unwrap());
+    assert!(
+        fx.store
+            .claim(stale.id, &me, LEASE)
+            .await
+            .unwrap()
+            .is_some()
+    );
     fx.set_lease(stale.id, 1).await;
     assert!(fx.store.requeue_stale(stale.id).await.unwrap());
     let row = fx.run(stale.id).await;
@@ -594,14 +648,26 @@ async fn overdue_queued_run_is_redispatched_once(fx: &Fixture) {
     let backoff = fx.queued("scripted").await;
     let fresh = fx.queued("scripted").await;
     let running = fx.queued("scripted").await;
-    assert!(fx.store.claim(backoff.id, &me, LEASE).await.unwrap());
+    assert!(
+        fx.store
+            .claim(backoff.id, &me, LEASE)
+            .await
+            .unwrap()
+            .is_some()
+    );
     assert!(
         fx.store
             .requeue_owned(backoff.id, &me, Duration::from_secs(600))
             .await
             .unwrap()
     );
-    assert!(fx.store.claim(running.id, &me, LEASE).await.unwrap());
+    assert!(
+        fx.store
+            .claim(running.id, &me, LEASE)
+            .await
+            .unwrap()
+            .is_some()
+    );
     // The lost message's run became due long ago; the one in backoff is due in the future even
     // though it was queued long ago; the running one's due_at is old but it is not queued.
     fx.set_due_at(lost.id, 1).await;
@@ -677,7 +743,13 @@ async fn operator_requeue_redispatches_queued_and_requeues_stale(fx: &Fixture) {
     assert_eq!(dispatched(&queue), [(queued.id, None)]);
 
     let running = fx.queued("scripted").await;
-    assert!(fx.store.claim(running.id, &me, LEASE).await.unwrap());
+    assert!(
+        fx.store
+            .claim(running.id, &me, LEASE)
+            .await
+            .unwrap()
+            .is_some()
+    );
     let refused = reaper.requeue(running.id).await.unwrap_err();
     assert!(
         matches!(&refused, RunError::NotRequeued { reason, .. } if reason.contains("live lease")),
@@ -797,6 +869,7 @@ macro_rules! all_store_tests {
             corrupt_stored_json_is_an_error_not_a_string,
             claim_exactly_once,
             claim_sets_a_lease_from_the_store_clock,
+            claim_and_inserts_return_the_row_as_stored,
             renew_needs_the_owner_and_same_millisecond_renewal_still_holds,
             owner_requeue_clears_claim_and_keeps_input,
             stale_select_sees_only_expired_worker_leases,

@@ -69,15 +69,26 @@ impl MemoryRunStore {
         guard: impl FnOnce(&Run, i64) -> bool,
         set: impl FnOnce(&mut Run, i64),
     ) -> bool {
+        self.guarded_returning(id, guard, set).is_some()
+    }
+
+    /// One guarded write: `set` runs (and `updated_at` moves) only when `guard` holds; returns the
+    /// run as written.
+    fn guarded_returning(
+        &self,
+        id: Uuid,
+        guard: impl FnOnce(&Run, i64) -> bool,
+        set: impl FnOnce(&mut Run, i64),
+    ) -> Option<Run> {
         let now = self.clock();
         let mut state = self.lock();
         match state.runs.get_mut(&id) {
             Some(run) if guard(run, now) => {
                 set(run, now);
                 run.updated_at = now;
-                true
+                Some(run.clone())
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -169,8 +180,13 @@ impl RunStore for MemoryRunStore {
         Ok(runs)
     }
 
-    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
-        Ok(self.guarded(
+    async fn claim(
+        &self,
+        id: Uuid,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<Run>, StoreError> {
+        Ok(self.guarded_returning(
             id,
             |r, _| r.status == RunStatus::Queued,
             |r, now| {

@@ -186,7 +186,8 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
     async fn setup(&self) -> Result<(), StoreError>;
     /// The store clock, epoch ms.
     async fn now_ms(&self) -> Result<i64, StoreError>;
-    /// Inserts a `queued` run.
+    /// Inserts a `queued` run and returns it as stored (one `INSERT ... RETURNING` where the
+    /// database has it; else the insert, then a read).
     async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError>;
     /// Inserts an interactive `running` run (no claim, `lease_expires = 0`).
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError>;
@@ -195,7 +196,15 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
     /// Lists runs, newest first.
     async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError>;
     /// Claim: `id AND status='queued'` -> running, claimed_by=worker, lease = now + lease.
-    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError>;
+    /// Returns the claimed run as written (None: the guard matched nothing), read in the same
+    /// statement where the database can (`UPDATE ... RETURNING` on PostgreSQL and SQLite; MySQL
+    /// reads the row it now owns with a second statement).
+    async fn claim(
+        &self,
+        id: Uuid,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<Run>, StoreError>;
     /// Renew: `id AND status='running' AND claimed_by=worker` -> lease = now + lease.
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError>;
     /// Owner requeue: the renew guard -> queued, requeue_count+1, claim and lease cleared, due

@@ -70,6 +70,7 @@ trait Engine: RunStore {
     async fn execute(&self, sql: &str) -> Result<u64, StoreError>;
     async fn explain_stale(&self, limit: usize) -> Result<Vec<String>, StoreError>;
     fn stale_query(&self) -> &str;
+    fn insert_returning(&self) -> bool;
 }
 
 /// The SQL run store.
@@ -121,21 +122,23 @@ impl SqlRunStore {
                 let pool = courier_sql::sqlite_pool(dsn, &settings)
                     .await
                     .map_err(db("connect"))?;
-                Arc::new(engine::Runs::new(pool, &options))
+                Arc::new(engine::Runs::new(pool, &options, true))
             }
             #[cfg(feature = "postgres")]
             Dialect::Postgres => {
                 let (pool, _) = courier_sql::postgres_pool(dsn, &settings)
                     .await
                     .map_err(db("connect"))?;
-                Arc::new(engine::Runs::new(pool, &options))
+                Arc::new(engine::Runs::new(pool, &options, true))
             }
             #[cfg(feature = "mysql")]
             Dialect::Mysql => {
                 let (pool, _, _) = courier_sql::mysql_pool(dsn, &settings)
                     .await
                     .map_err(db("connect"))?;
-                Arc::new(engine::Runs::new(pool, &options))
+                // MariaDB 10.5+ has INSERT ... RETURNING, but sqlx's MySQL driver reads its row
+                // without columns (the prepared statement announces none): two statements.
+                Arc::new(engine::Runs::new(pool, &options, false))
             }
             #[allow(unreachable_patterns, reason = "every dialect's feature may be on")]
             _ => {
@@ -175,6 +178,15 @@ impl SqlRunStore {
     #[must_use]
     pub fn events_table(&self) -> &str {
         &self.options.events_table
+    }
+
+    /// Whether an insert (a new run, an event) returns its row in the same statement
+    /// (`INSERT ... RETURNING`: PostgreSQL, SQLite) rather than reading it back with a second
+    /// one (MySQL/MariaDB). A claim returns its row in the same statement on
+    /// PostgreSQL and SQLite only (no MySQL-protocol server has `UPDATE ... RETURNING`).
+    #[must_use]
+    pub fn insert_returning(&self) -> bool {
+        self.engine.insert_returning()
     }
 
     /// The query the reaper's stale select runs, with `?`/`$1` placeholders (for EXPLAIN).
@@ -245,7 +257,12 @@ impl RunStore for SqlRunStore {
         self.engine.list(status, n).await
     }
 
-    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn claim(
+        &self,
+        id: Uuid,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<Run>, StoreError> {
         self.engine.claim(id, worker, lease).await
     }
 

@@ -1,10 +1,13 @@
 //! Decorators that count what `courier bench --runs` costs the databases.
 //!
 //! [`CountingStore`] wraps the run store and counts calls per [`RunStore`] method. Every call of
-//! [`SqlRunStore`](courier_runs::SqlRunStore) is one SQL statement, except (read from
-//! `courier-runs/src/store/sql.rs`): `insert_queued` and `insert_interactive` are two (the INSERT,
-//! then a SELECT of the new row), and on MySQL `append_event` is two (the INSERT, then a SELECT
-//! of the sequence number it got). [`CountingStore::statements`] applies exactly those rules.
+//! [`SqlRunStore`] is one SQL statement, except (read from `courier-runs/src/store/sql/engine.rs`):
+//! where inserts do not use `INSERT ... RETURNING` (MySQL/MariaDB:
+//! [`SqlRunStore::insert_returning`] is false), `insert_queued`, `insert_interactive` and
+//! `append_event` are two (the INSERT, then a SELECT of the new row or of the sequence number it
+//! got); on MySQL/MariaDB (no `UPDATE ... RETURNING`) `claim` is two (the guarded UPDATE, then a
+//! SELECT of the claimed row; one when the guard matched nothing, counted as two all the same).
+//! [`CountingStore::statements`] applies exactly those rules.
 //!
 //! [`CountingTransport`] wraps the RunAgent transport and counts calls per [`Transport`] method,
 //! splitting `get` into the calls that returned messages (one claim statement on the SQL
@@ -21,8 +24,8 @@ use courier_core::{
     Capabilities, Envelope, Listable, MessageCount, Setup, Transport, TransportError,
 };
 use courier_runs::{
-    Dialect, NewRun, Run, RunEvent, RunStatus, RunStore, Settlement, StoreError, TerminationReason,
-    async_trait,
+    Dialect, NewRun, Run, RunEvent, RunStatus, RunStore, Settlement, SqlRunStore, StoreError,
+    TerminationReason, async_trait,
 };
 use uuid::Uuid;
 
@@ -67,14 +70,16 @@ pub(super) type StoreCalls = [u64; STORE_METHODS.len()];
 pub(super) struct CountingStore {
     inner: Arc<dyn RunStore>,
     dialect: Dialect,
+    insert_returning: bool,
     calls: [AtomicU64; STORE_METHODS.len()],
     settled: AtomicU64,
     settled_changed: tokio::sync::Notify,
 }
 
 impl CountingStore {
-    pub(super) fn new(inner: Arc<dyn RunStore>, dialect: Dialect) -> Self {
+    pub(super) fn new(inner: Arc<SqlRunStore>, dialect: Dialect) -> Self {
         Self {
+            insert_returning: inner.insert_returning(),
             inner,
             dialect,
             calls: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -99,8 +104,12 @@ impl CountingStore {
             .enumerate()
             .map(|(i, n)| {
                 let per_call = match STORE_METHODS[i] {
-                    "insert_queued" | "insert_interactive" => 2,
-                    "append_event" if self.dialect == Dialect::Mysql => 2,
+                    "insert_queued" | "insert_interactive" | "append_event"
+                        if !self.insert_returning =>
+                    {
+                        2
+                    }
+                    "claim" if self.dialect == Dialect::Mysql => 2,
                     _ => 1,
                 };
                 n * per_call
@@ -150,7 +159,12 @@ impl RunStore for CountingStore {
         self.bump("list");
         self.inner.list(status, limit).await
     }
-    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn claim(
+        &self,
+        id: Uuid,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<Run>, StoreError> {
         self.bump("claim");
         self.inner.claim(id, worker, lease).await
     }

@@ -70,15 +70,30 @@ pub(super) struct Runs<DB: RunDialect> {
     runs: String,
     events: String,
     q: Queries,
+    /// The database has `INSERT ... RETURNING`: an insert returns the new row (or sequence
+    /// number) in the same statement.
+    insert_returning: bool,
 }
 
 impl<DB: RunDialect> Runs<DB> {
-    pub(super) fn new(pool: Pool<DB>, options: &SqlRunStoreOptions) -> Self {
+    /// The run tables on `pool`; `insert_returning`: inserts use `INSERT ... RETURNING`
+    /// (PostgreSQL, SQLite).
+    pub(super) fn new(
+        pool: Pool<DB>,
+        options: &SqlRunStoreOptions,
+        insert_returning: bool,
+    ) -> Self {
         Self {
             pool,
             runs: options.runs_table.clone(),
             events: options.events_table.clone(),
-            q: Queries::new(DB::DIALECT, &options.runs_table, &options.events_table),
+            q: Queries::new(
+                DB::DIALECT,
+                &options.runs_table,
+                &options.events_table,
+                insert_returning,
+            ),
+            insert_returning,
         }
     }
 }
@@ -231,12 +246,31 @@ where
             .map_err(rows_error("list runs"))
     }
 
-    async fn claim(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn claim(
+        &self,
+        id: Uuid,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<Run>, StoreError> {
+        if DB::DIALECT != Dialect::Mysql {
+            // UPDATE ... RETURNING: a row back is the guard matched.
+            return sqlx::query_as(&self.q.claim)
+                .bind(worker)
+                .bind(lease_ms(lease))
+                .bind(DB::id(id))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(rows_error("claim"));
+        }
+        // MySQL: the guarded UPDATE, then a read of the row this worker now owns.
         let q = sqlx::query(&self.q.claim)
             .bind(worker)
             .bind(lease_ms(lease))
             .bind(DB::id(id));
-        self.matched("claim", q.execute(&self.pool).await)
+        if !self.matched("claim", q.execute(&self.pool).await)? {
+            return Ok(None);
+        }
+        self.find(id).await
     }
 
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
@@ -372,7 +406,8 @@ where
         kind: &str,
         payload: &serde_json::Value,
     ) -> Result<i64, StoreError> {
-        // One statement computes MAX(seq)+1 and inserts; MySQL may report a deadlock (40001)
+        // One statement computes MAX(seq)+1 and inserts (and returns it, where the database has
+        // INSERT ... RETURNING); MySQL may report a deadlock (40001)
         // between two concurrent INSERT ... SELECT: that statement did nothing and is retried.
         let mut attempt = 0;
         loop {
@@ -381,10 +416,10 @@ where
                 .bind(kind)
                 .bind(payload.clone())
                 .bind(DB::id(id));
-            let done = if DB::DIALECT == Dialect::Mysql {
-                q.execute(&self.pool).await.map(|_| None)
-            } else {
+            let done = if self.insert_returning {
                 q.fetch_one(&self.pool).await.map(Some)
+            } else {
+                q.execute(&self.pool).await.map(|_| None)
             };
             let max_seq = || async {
                 let (seq,): (i64,) = sqlx::query_as(&self.q.max_seq)
@@ -440,10 +475,20 @@ where
     for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> Run: sqlx::FromRow<'r, DB::Row>,
 {
-    /// Inserts a run with one of the insert statements (binds: id, agent, input) and reads it
-    /// back.
+    /// Inserts a run with one of the insert statements (binds: id, agent, input) and returns it:
+    /// in the same statement (`INSERT ... RETURNING`) where the database can, else read back.
     async fn insert(&self, sql: &str, run: &NewRun) -> Result<Run, StoreError> {
+        if self.insert_returning {
+            return sqlx::query_as(sql)
+                .bind(DB::id(run.id))
+                .bind(run.agent.as_str())
+                .bind(run.input.clone())
+                .fetch_one(&self.pool)
+                .await
+                .map_err(rows_error("insert run"));
+        }
         sqlx::query(sql)
             .bind(DB::id(run.id))
             .bind(run.agent.as_str())
@@ -538,5 +583,9 @@ where
 
     fn stale_query(&self) -> &str {
         &self.q.select_stale
+    }
+
+    fn insert_returning(&self) -> bool {
+        self.insert_returning
     }
 }

@@ -40,24 +40,34 @@ pub(super) struct Queries {
 }
 
 impl Queries {
-    pub(super) fn new(dialect: Dialect, runs: &str, events: &str) -> Self {
+    /// `insert_returning`: inserts use `INSERT ... RETURNING` (PostgreSQL, SQLite). The claim's
+    /// `UPDATE ... RETURNING` is read from the dialect (all but MySQL/MariaDB).
+    pub(super) fn new(dialect: Dialect, runs: &str, events: &str, insert_returning: bool) -> Self {
+        let update_returning = dialect != Dialect::Mysql;
+        let returning = |yes: bool, what: &str| {
+            if yes {
+                format!(" RETURNING {what}")
+            } else {
+                String::new()
+            }
+        };
+        let insert_returns_run = returning(insert_returning, "{cols}");
         let render = |sql: &str| {
             dialect.render(
                 &sql.replace("{stale}", STALE)
                     .replace("{overdue}", OVERDUE)
-                    .replace("{cols}", COLUMNS)
                     .replace("{nonterminal}", NON_TERMINAL)
                     .replace("{runs}", runs)
                     .replace("{events}", events)
-                    // MySQL has no INSERT ... RETURNING: it reads MAX(seq) back instead.
+                    // Without INSERT ... RETURNING, MAX(seq) is read back instead.
+                    .replace("{returning_seq}", &returning(insert_returning, "seq"))
+                    .replace("{returning_run}", &insert_returns_run)
+                    // Without UPDATE ... RETURNING, the claimed row is read back instead.
                     .replace(
-                        "{returning}",
-                        if dialect == Dialect::Mysql {
-                            ""
-                        } else {
-                            " RETURNING seq"
-                        },
-                    ),
+                        "{returning_claimed}",
+                        &returning(update_returning, "{cols}"),
+                    )
+                    .replace("{cols}", COLUMNS),
             )
         };
         let requeue = "status = 'queued', requeue_count = requeue_count + 1, claimed_by = NULL, lease_expires = 0, \
@@ -68,11 +78,11 @@ impl Queries {
             now: render("SELECT {now}"),
             insert_queued: render(
                 "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, updated_at, \
-                 due_at) VALUES (?, ?, 'queued', ?, 0, 0, {now}, {now}, {now})",
+                 due_at) VALUES (?, ?, 'queued', ?, 0, 0, {now}, {now}, {now}){returning_run}",
             ),
             insert_interactive: render(
                 "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, started_at, \
-                 updated_at) VALUES (?, ?, 'running', ?, 0, 0, {now}, {now}, {now})",
+                 updated_at) VALUES (?, ?, 'running', ?, 0, 0, {now}, {now}, {now}){returning_run}",
             ),
             find: render("SELECT {cols} FROM {runs} WHERE id = ?"),
             list_all: render("SELECT {cols} FROM {runs} ORDER BY created_at DESC, id DESC LIMIT ?"),
@@ -81,7 +91,8 @@ impl Queries {
             ),
             claim: render(
                 "UPDATE {runs} SET status = 'running', claimed_by = ?, lease_expires = {now} + ?, \
-                 started_at = COALESCE(started_at, {now}), updated_at = {now} WHERE id = ? AND status = 'queued'",
+                 started_at = COALESCE(started_at, {now}), updated_at = {now} WHERE id = ? AND status = 'queued'\
+                 {returning_claimed}",
             ),
             renew: render(
                 "UPDATE {runs} SET lease_expires = {now} + ?, updated_at = {now} \
@@ -142,7 +153,7 @@ impl Queries {
             ),
             append_event: render(
                 "INSERT INTO {events} (run_id, seq, kind, payload, created_at) \
-                 SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, {now} FROM {events} WHERE run_id = ?{returning}",
+                 SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, {now} FROM {events} WHERE run_id = ?{returning_seq}",
             ),
             max_seq: render("SELECT COALESCE(MAX(seq), 0) AS seq FROM {events} WHERE run_id = ?"),
             events: render(
