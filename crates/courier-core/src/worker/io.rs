@@ -4,8 +4,6 @@
 //! Neither ever waits on a handler, and no handler (nor the grace timer) ever waits on them: an
 //! ack stalled on a dead server delays only the acks behind it.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -20,43 +18,80 @@ use crate::{Envelope, Transport};
 /// Every envelope the worker holds (fetched and not yet settled), started or not, by key.
 ///
 /// The keepalive task keeps each of them alive, so a transport's redelivery window can be short:
-/// a dead worker's messages come back within it, a live worker's slow ones do not.
-#[derive(Debug, Default)]
+/// a dead worker's messages come back within it, a live worker's slow ones do not. A slab: keys
+/// are slot indices, reused once released (each key is released exactly once: by its ack flush,
+/// its settle, its release, or the final drain), so holding costs no hashing.
+#[derive(Debug)]
 pub(super) struct Held {
-    entries: Mutex<HashMap<u64, (usize, Envelope)>>,
-    next: AtomicU64,
+    slots: Mutex<Slots>,
+    /// Whether envelopes are kept (for the keepalive, or for naming what is left at the end);
+    /// otherwise only counted.
+    keep: bool,
+}
+
+#[derive(Debug, Default)]
+struct Slots {
+    entries: Vec<Option<(usize, Option<Envelope>)>>,
+    free: Vec<u64>,
 }
 
 impl Held {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (usize, Envelope)>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    /// An empty set; `keep`: whether the envelopes themselves are needed.
+    pub(super) fn new(keep: bool) -> Self {
+        Self {
+            slots: Mutex::new(Slots::default()),
+            keep,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Holds an envelope received from receiver `receiver`; returns its key.
-    pub(super) fn hold(&self, receiver: usize, envelope: Envelope) -> u64 {
-        let key = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(key, (receiver, envelope));
-        key
+    pub(super) fn hold(&self, receiver: usize, envelope: &Envelope) -> u64 {
+        let entry = Some((receiver, self.keep.then(|| envelope.clone())));
+        let mut slots = self.lock();
+        if let Some(key) = slots.free.pop() {
+            if let Some(slot) = usize::try_from(key)
+                .ok()
+                .and_then(|i| slots.entries.get_mut(i))
+            {
+                *slot = entry;
+            }
+            key
+        } else {
+            slots.entries.push(entry);
+            (slots.entries.len() - 1) as u64
+        }
     }
 
     /// Lets go of envelopes (settled, or given up on).
     pub(super) fn release_keys(&self, keys: impl IntoIterator<Item = u64>) {
-        let mut entries = self.lock();
+        let mut slots = self.lock();
         for key in keys {
-            entries.remove(&key);
+            let taken = usize::try_from(key)
+                .ok()
+                .and_then(|i| slots.entries.get_mut(i))
+                .and_then(Option::take);
+            if taken.is_some() {
+                slots.free.push(key);
+            }
         }
     }
 
-    /// Takes every envelope still held, with its receiver.
-    pub(super) fn drain(&self) -> Vec<(usize, Envelope)> {
-        self.lock().drain().map(|(_, held)| held).collect()
+    /// Takes every envelope still held, with its receiver (`None` where envelopes are not kept).
+    pub(super) fn drain(&self) -> Vec<(usize, Option<Envelope>)> {
+        let mut slots = self.lock();
+        slots.free.clear();
+        slots.entries.drain(..).flatten().collect()
     }
 
     /// The held envelopes of each receiver.
     fn snapshot(&self, receivers: usize) -> Vec<Vec<Envelope>> {
         let mut out = vec![Vec::new(); receivers];
-        for (receiver, envelope) in self.lock().values() {
-            if let Some(list) = out.get_mut(*receiver) {
+        for (receiver, envelope) in self.lock().entries.iter().flatten() {
+            if let (Some(list), Some(envelope)) = (out.get_mut(*receiver), envelope) {
                 list.push(envelope.clone());
             }
         }

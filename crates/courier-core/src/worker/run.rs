@@ -49,6 +49,13 @@ struct Fetched {
 
 type Handling<'a> = Pin<Box<dyn Future<Output = (usize, u64, Done)> + Send + 'a>>;
 
+/// The next fetch: on a task of its own while handlers run (so it makes progress beside them),
+/// polled by the loop itself when there is nothing else to do.
+enum Fetch {
+    Task(AbortOnDrop<Fetched>),
+    Inline(Pin<Box<dyn Future<Output = Fetched> + Send>>),
+}
+
 /// The tasks beside the loop.
 struct Beside {
     held: Arc<Held>,
@@ -90,7 +97,10 @@ impl Worker {
     }
 
     fn start_beside(&self) -> Beside {
-        let held = Arc::new(Held::default());
+        let keepalive = self.keepalive_interval();
+        // Envelopes are kept for the keepalive, and for listeners (what is left is named);
+        // otherwise the set only counts.
+        let held = Arc::new(Held::new(keepalive.is_some() || !self.listeners.is_empty()));
         let max_batch = self.options.fetch_size.saturating_mul(2).max(1);
         let (ackers, ack_tasks) = self
             .receivers
@@ -105,7 +115,7 @@ impl Worker {
                 )
             })
             .unzip();
-        let keepalive = self.keepalive_interval().map(|interval| {
+        let keepalive = keepalive.map(|interval| {
             let receivers = self
                 .receivers
                 .iter()
@@ -154,8 +164,8 @@ impl Worker {
         let low_water = (self.options.fetch_size / 2).max(concurrency);
         let mut queue: VecDeque<(usize, u64, Envelope)> = VecDeque::new();
         let mut inflight: FuturesUnordered<Handling<'_>> = FuturesUnordered::new();
-        // The next fetch runs on a task of its own, so it makes progress while handlers run.
-        let mut fetching: Option<AbortOnDrop<Fetched>> = None;
+        // The next fetch: see [`Fetch`].
+        let mut fetching: Option<Fetch> = None;
         // When the next fetch may start (after an idle round or a failed get).
         let mut next_fetch: Option<Instant> = None;
         let mut stopped_at: Option<Instant> = None;
@@ -206,7 +216,13 @@ impl Worker {
             {
                 let want = self.want(state, queue.len());
                 if want > 0 {
-                    fetching = Some(AbortOnDrop(tokio::spawn(self.fetch(want))));
+                    fetching = Some(if inflight.is_empty() && queue.is_empty() {
+                        // Nothing to overlap with: poll it here, no task and no cross-thread
+                        // wake-up (what one-at-a-time consumption pays per message).
+                        Fetch::Inline(Box::pin(self.fetch(want)))
+                    } else {
+                        Fetch::Task(AbortOnDrop(tokio::spawn(self.fetch(want))))
+                    });
                     if ack_before_fetch {
                         // A broker that bounds the unacked deliveries (AMQP prefetch) sends the
                         // next ones only once the finished ones are acked. Elsewhere acks wait
@@ -240,7 +256,7 @@ impl Worker {
                         state.stop = self.limit_reached(state);
                     }
                 }
-                fetched = join_fetch(fetching.as_mut().map(|f| &mut f.0)), if fetching.is_some() => {
+                fetched = join_fetch(fetching.as_mut()), if fetching.is_some() => {
                     fetching = None;
                     let delay = self.fetched(beside, fetched, &mut queue, all_block, state);
                     if let Some(delay) = delay {
@@ -347,7 +363,7 @@ impl Worker {
             Some((r, batch)) => {
                 let held: Vec<_> = batch
                     .into_iter()
-                    .map(|envelope| (beside.held.hold(r, envelope.clone()), envelope))
+                    .map(|envelope| (beside.held.hold(r, &envelope), envelope))
                     .collect();
                 if state.stop.is_some() {
                     self.release(beside, held.into_iter().map(|(k, e)| (r, k, e)).collect());
@@ -463,7 +479,7 @@ impl Worker {
         for (r, envelope) in left {
             self.emit_with(|| WorkerEvent::LeftForRedelivery {
                 transport: self.receivers[r].name.clone(),
-                id: envelope.id().map(str::to_owned),
+                id: envelope.as_ref().and_then(Envelope::id).map(str::to_owned),
                 reason: "not settled when the worker stopped".into(),
             });
         }
@@ -504,11 +520,13 @@ impl Worker {
 
 /// Waits for the fetch task (a fetch that panicked counts as an empty round); without one,
 /// never resolves (the select's guard has ruled that branch out).
-async fn join_fetch(fetch: Option<&mut JoinHandle<Fetched>>) -> Fetched {
-    let Some(fetch) = fetch else {
-        return std::future::pending().await;
+async fn join_fetch(fetch: Option<&mut Fetch>) -> Fetched {
+    let task = match fetch {
+        None => return std::future::pending().await,
+        Some(Fetch::Inline(fetch)) => return fetch.await,
+        Some(Fetch::Task(task)) => &mut task.0,
     };
-    match fetch.await {
+    match task.await {
         Ok(fetched) => fetched,
         Err(e) => {
             tracing::error!(error = %e, "the fetch task failed");
