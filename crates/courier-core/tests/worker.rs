@@ -1,10 +1,13 @@
 //! The worker over the in-memory transport, on tokio's paused clock.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{Job, queue_with};
 use courier_core::{
     CancellationToken, Capabilities, Encoded, Envelope, ErrorDetailsStamp, HandlerError,
     InMemoryTransport, Message, MessageBus, MessageCount, MultiplierRetryStrategy, RedeliveryStamp,
@@ -12,20 +15,6 @@ use courier_core::{
     WorkerEvent, async_trait,
 };
 use serde::{Deserialize, Serialize};
-
-#[derive(Serialize, Deserialize, Debug, Clone)]
-struct Job(u32);
-impl Message for Job {
-    const NAME: &'static str = "test.job";
-}
-
-async fn queue_with(n: u32) -> Arc<InMemoryTransport> {
-    let q = Arc::new(InMemoryTransport::new());
-    for i in 0..n {
-        q.send(Envelope::new(Job(i))).await.unwrap();
-    }
-    q
-}
 
 fn events() -> (
     Arc<Mutex<Vec<WorkerEvent>>>,

@@ -3,30 +3,18 @@
 //! On tokio's paused clock.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::{Job, queue_with};
 use courier_core::{
-    CancellationToken, Capabilities, Envelope, HandlerError, InMemoryTransport, Message,
-    MessageBus, StopReason, Transport, TransportError, Worker, async_trait,
+    CancellationToken, Capabilities, Envelope, HandlerError, InMemoryTransport, MessageBus,
+    StopReason, Transport, TransportError, Worker, async_trait,
 };
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-
-#[derive(Serialize, Deserialize, Debug, Clone)]
-struct Job(u32);
-impl Message for Job {
-    const NAME: &'static str = "test.job";
-}
-
-async fn queue_with(n: u32) -> Arc<InMemoryTransport> {
-    let q = Arc::new(InMemoryTransport::new());
-    for i in 0..n {
-        q.send(Envelope::new(Job(i))).await.unwrap();
-    }
-    q
-}
 
 /// A bus whose handler takes `each` per message and counts the messages it finished.
 fn slow_bus(each: Duration) -> (MessageBus, Arc<AtomicUsize>) {
