@@ -46,6 +46,7 @@ mod dsn;
 mod envelope;
 mod error;
 mod message;
+pub mod metrics;
 pub mod retry;
 mod stamp;
 mod transport;

@@ -181,6 +181,7 @@ async fn send(
     names: Vec<String>,
 ) -> Result<Envelope, BusError> {
     let outgoing = envelope.without_all::<TransportNamesStamp>();
+    let message_type = crate::metrics::message_type(&outgoing);
     let mut result = outgoing.clone();
     for name in names {
         let transport = bus
@@ -198,6 +199,11 @@ async fn send(
                 name: outgoing.message_name().to_owned(),
                 source,
             })?;
+        crate::metrics::message(
+            crate::metrics::MESSAGES_SENT,
+            &crate::metrics::SharedString::from_owned(name.clone()),
+            &message_type,
+        );
         result = result.with(SentStamp { transport: name });
         if let Some(id) = sent.last::<crate::TransportMessageIdStamp>() {
             result = result.with(id.clone());

@@ -152,6 +152,7 @@ pub(super) fn spawn_acker(
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(u64, Envelope)>>();
     let span = tracing::debug_span!("courier.ack", messaging.destination.name = %name);
     let task = async move {
+        let batch_size = metrics::histogram!(crate::metrics::ACK_BATCH_SIZE, crate::metrics::TRANSPORT => name.clone());
         let mut stats = AckStats::default();
         let mut batch = Vec::new();
         while let Some(first) = rx.recv().await {
@@ -164,6 +165,8 @@ pub(super) fn spawn_acker(
                 }
             }
             std::mem::swap(&mut batch, &mut envelopes);
+            #[allow(clippy::cast_precision_loss)]
+            batch_size.record(batch.len() as f64);
             if let Err(e) = transport.ack_batch(&batch).await {
                 tracing::warn!(error = %crate::error_chain(&e), count = batch.len(), "ack failed; the messages will be redelivered");
                 let event = WorkerEvent::TransportError {

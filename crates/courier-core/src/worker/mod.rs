@@ -36,6 +36,8 @@ pub(crate) struct Receiver {
     pub(crate) failure: Option<(String, Arc<dyn Transport>)>,
     /// Its [`ReceivedStamp`](crate::ReceivedStamp), shared by every envelope it receives.
     pub(crate) received: Arc<dyn crate::stamp::AnyStamp>,
+    /// Its name as a metrics label (shared, so labelling a message does not allocate).
+    pub(crate) label: crate::metrics::SharedString,
 }
 
 /// Why a worker could not start.
@@ -142,6 +144,7 @@ impl WorkerBuilder {
         let name: String = name.into();
         self.worker.receivers.push(Receiver {
             received: Arc::new(crate::ReceivedStamp(name.clone())),
+            label: crate::metrics::SharedString::from(Arc::<str>::from(name.as_str())),
             name,
             transport,
             retry: Arc::new(MultiplierRetryStrategy::default()),

@@ -4,6 +4,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{Receiver, Worker, WorkerEvent};
+use crate::metrics;
 use crate::retry::{RetryDecision, decide};
 use crate::{
     BusError, BusNameStamp, Envelope, ErrorDetailsStamp, RedeliveryStamp,
@@ -48,6 +49,8 @@ impl Worker {
         envelope: Envelope,
         id: Option<String>,
     ) -> Done {
+        let message_type = metrics::message_type(&envelope);
+        metrics::message(metrics::MESSAGES_RECEIVED, &receiver.label, &message_type);
         self.emit_with(|| WorkerEvent::Received {
             transport: receiver.name.clone(),
             message: envelope.message_name().to_owned(),
@@ -56,6 +59,7 @@ impl Worker {
         if let Some(error) = envelope.decode_error() {
             let details = ErrorDetailsStamp::from_error("decode", error);
             tracing::warn!(error = %error, "message does not decode");
+            metrics::message(metrics::MESSAGES_FAILED, &receiver.label, &message_type);
             self.emit_with(|| WorkerEvent::Failed {
                 transport: receiver.name.clone(),
                 message: envelope.message_name().to_owned(),
@@ -66,6 +70,13 @@ impl Worker {
             let outcome = self
                 .move_to_failure(receiver, envelope.clone(), envelope, details, id)
                 .await;
+            if matches!(outcome, Outcome::Moved(_)) {
+                metrics::message(
+                    metrics::MESSAGES_MOVED_TO_FAILURE,
+                    &receiver.label,
+                    &message_type,
+                );
+            }
             return Done {
                 outcome,
                 failed: true,
@@ -77,8 +88,11 @@ impl Worker {
             .unwrap_or(&self.default_bus);
         let trace = envelope.last::<TraceContextStamp>().cloned();
         let started = Instant::now();
-        let err = match with_trace_context(trace, bus.dispatch(envelope.clone())).await {
+        let result = with_trace_context(trace, bus.dispatch(envelope.clone())).await;
+        metrics::handler_duration(&receiver.label, &message_type, started.elapsed());
+        let err = match result {
             Ok(_) => {
+                metrics::message(metrics::MESSAGES_HANDLED, &receiver.label, &message_type);
                 self.emit_with(|| WorkerEvent::Handled {
                     transport: receiver.name.clone(),
                     message: envelope.message_name().to_owned(),
@@ -95,6 +109,7 @@ impl Worker {
         let decision = decide(&*receiver.retry, &envelope, &err);
         let will_retry = matches!(decision, RetryDecision::Retry(_));
         tracing::warn!(error = %err, will_retry, "handling failed");
+        metrics::message(metrics::MESSAGES_FAILED, &receiver.label, &message_type);
         self.emit_with(|| WorkerEvent::Failed {
             transport: receiver.name.clone(),
             message: envelope.message_name().to_owned(),
@@ -117,6 +132,7 @@ impl Worker {
                     .with(RedeliveryStamp::new(count));
                 match receiver.transport.retry(next, delay).await {
                     Ok(()) => {
+                        metrics::message(metrics::MESSAGES_RETRIED, &receiver.label, &message_type);
                         self.emit_with(|| WorkerEvent::Retried {
                             transport: receiver.name.clone(),
                             id,
@@ -129,8 +145,17 @@ impl Worker {
                 }
             }
             RetryDecision::Reject => {
-                self.move_to_failure(receiver, envelope, after, details, id)
-                    .await
+                let outcome = self
+                    .move_to_failure(receiver, envelope, after, details, id)
+                    .await;
+                if matches!(outcome, Outcome::Moved(_)) {
+                    metrics::message(
+                        metrics::MESSAGES_MOVED_TO_FAILURE,
+                        &receiver.label,
+                        &message_type,
+                    );
+                }
+                outcome
             }
         };
         Done {

@@ -62,6 +62,8 @@ struct Beside {
     ackers: Vec<Acker>,
     ack_tasks: Vec<JoinHandle<AckStats>>,
     keepalive: Option<AbortOnDrop<()>>,
+    /// Bumps the heartbeat metric every second, beside the loop.
+    heartbeat: AbortOnDrop<()>,
     releases: Vec<JoinHandle<u64>>,
 }
 
@@ -128,6 +130,7 @@ impl Worker {
             ackers,
             ack_tasks,
             keepalive,
+            heartbeat: AbortOnDrop(crate::metrics::spawn_heartbeat()),
             releases: Vec::new(),
         }
     }
@@ -442,8 +445,10 @@ impl Worker {
             ackers,
             ack_tasks,
             keepalive,
+            heartbeat,
             releases,
         } = beside;
+        drop(heartbeat);
         drop(ackers);
         let deadline = (stopped_at + self.options.grace).max(Instant::now()) + SHUTDOWN_SLACK;
         for task in ack_tasks {
