@@ -130,6 +130,10 @@ pub(crate) struct ConsumeArgs {
     /// Run the stale-run reaper at this interval inside the worker (at most `[runs] lease`)
     #[arg(long, value_parser = parse_duration)]
     pub(crate) reap_every: Option<Duration>,
+    /// Serve Prometheus metrics at `GET /metrics` on this address (e.g. 127.0.0.1:9464), and
+    /// sample every transport's queue depth every 5 s
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]

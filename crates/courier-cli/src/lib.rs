@@ -32,6 +32,7 @@ mod connect;
 mod context;
 mod dispatch;
 mod error;
+mod metrics;
 mod raw;
 #[cfg(feature = "runs")]
 mod runs;

@@ -38,7 +38,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::message::Payload;
-use crate::{Envelope, MessageCount};
+use crate::{Envelope, Transport};
 
 /// Messages sent by the bus to a transport (counter; `transport`, `message_type`).
 pub const MESSAGES_SENT: &str = "courier_messages_sent_total";
@@ -165,15 +165,17 @@ pub(crate) fn spawn_heartbeat() -> JoinHandle<()> {
 
 /// Samples `message_count` of each transport every `every` into the [`QUEUE_DEPTH`] gauge, until
 /// `stop` is cancelled. Off by default: only an application that calls it pays the queries
-/// (`courier consume --metrics` does, every 5 s). A count that fails is logged and skipped.
+/// (`courier consume --metrics` does, every 5 s). Transports that cannot count
+/// ([`Transport::as_message_count`]) are skipped; a count that fails is logged and skipped.
 pub fn spawn_queue_depth(
-    transports: Vec<(String, Arc<dyn MessageCount>)>,
+    transports: Vec<(String, Arc<dyn Transport>)>,
     every: Duration,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let gauges: Vec<_> = transports
             .into_iter()
+            .filter(|(_, transport)| transport.as_message_count().is_some())
             .map(|(name, transport)| {
                 (
                     metrics::gauge!(QUEUE_DEPTH, TRANSPORT => name.clone()),
@@ -190,7 +192,10 @@ pub fn spawn_queue_depth(
                 _ = tick.tick() => {}
             }
             for (gauge, name, transport) in &gauges {
-                match transport.message_count().await {
+                let Some(counter) = transport.as_message_count() else {
+                    continue;
+                };
+                match counter.message_count().await {
                     #[allow(clippy::cast_precision_loss)]
                     Ok(n) => gauge.set(n as f64),
                     Err(e) => {

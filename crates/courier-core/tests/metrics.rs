@@ -147,7 +147,7 @@ async fn the_worker_and_the_bus_emit_counters_with_transport_and_message_type() 
     let depth = m::spawn_queue_depth(
         vec![(
             "failed".to_owned(),
-            failed.clone() as Arc<dyn courier_core::MessageCount>,
+            failed.clone() as Arc<dyn courier_core::Transport>,
         )],
         Duration::from_millis(10),
         stop.clone(),

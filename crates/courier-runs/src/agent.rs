@@ -233,6 +233,9 @@ impl RunContext {
                 return Err(StepError::Cancelled);
             }
         }
+        if self.owner.is_some() && !refused {
+            metrics::counter!(courier_core::metrics::LEASE_RENEWALS).increment(1);
+        }
         if refused {
             tracing::warn!(courier.run.id = %self.run.id, "lease lost at a step boundary");
             self.token.cancel();

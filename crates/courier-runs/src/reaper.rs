@@ -138,6 +138,12 @@ impl Reaper {
     pub async fn reap(&self, options: ReapOptions) -> Result<ReapReport, RunError> {
         let mut report = self.reap_stale(options).await?;
         report.redispatched = self.redispatch_overdue(options).await?;
+        if !options.dry_run {
+            use courier_core::metrics as m;
+            metrics::counter!(m::REAPER_REQUEUED).increment(report.requeued as u64);
+            metrics::counter!(m::REAPER_DEAD_LETTERED).increment(report.dead_lettered as u64);
+            metrics::counter!(m::REAPER_REDISPATCHED).increment(report.redispatched as u64);
+        }
         Ok(report)
     }
 

@@ -49,6 +49,7 @@ pub(crate) async fn recover(
     if !inner.store.requeue_owned(run_id, me, delay).await? {
         return Ok(Outcome::LeaseLost);
     }
+    metrics::counter!(courier_core::metrics::RUN_REQUEUES, "class" => class.as_str()).increment(1);
     tracing::info!(courier.run.id = %run_id, courier.run.error_class = %class, delay_ms = delay.as_millis() as u64, "run requeued");
     if let Err(e) = runtime.dispatch(run_id, Some(delay)).await {
         if e.is_transient_dispatch() {

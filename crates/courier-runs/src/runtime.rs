@@ -355,7 +355,12 @@ impl Runtime {
     /// Only store failures; every run outcome is an [`Outcome`].
     pub async fn run_queued(&self, run_id: Uuid) -> Result<Outcome, RunError> {
         let span = tracing::info_span!("courier.run", courier.run.id = %run_id, courier.worker = %self.inner.worker);
-        self.run_queued_inner(run_id).instrument(span).await
+        let started = std::time::Instant::now();
+        let outcome = self.run_queued_inner(run_id).instrument(span).await;
+        if let Ok(outcome) = &outcome {
+            outcome.record_metrics(started.elapsed());
+        }
+        outcome
     }
 
     async fn run_queued_inner(&self, run_id: Uuid) -> Result<Outcome, RunError> {

@@ -224,3 +224,34 @@ pub enum Outcome {
     /// The claim was lost (the run was not `queued`): a non-event, nothing ran.
     NotClaimed,
 }
+
+impl Outcome {
+    /// The `outcome` label of the run metrics.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Completed { .. } => "completed",
+            Self::AwaitingApproval => "awaiting_approval",
+            Self::AwaitingInput => "awaiting_input",
+            Self::Failed { .. } => "failed",
+            Self::Cancelled => "cancelled",
+            Self::Requeued { .. } => "requeued",
+            Self::LeaseLost => "lease_lost",
+            Self::NotClaimed => "not_claimed",
+        }
+    }
+
+    /// Counts one execution that came to this outcome (`courier_runs_total`,
+    /// `courier_run_duration_seconds`, `courier_leases_lost_total`).
+    pub(crate) fn record_metrics(&self, elapsed: Duration) {
+        use courier_core::metrics as m;
+        let outcome = self.label();
+        metrics::counter!(m::RUNS, "outcome" => outcome).increment(1);
+        if !matches!(self, Self::NotClaimed) {
+            metrics::histogram!(m::RUN_DURATION, "outcome" => outcome)
+                .record(elapsed.as_secs_f64());
+        }
+        if matches!(self, Self::LeaseLost) {
+            metrics::counter!(m::LEASES_LOST).increment(1);
+        }
+    }
+}

@@ -31,6 +31,12 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     if args.reap_every.is_some() {
         return Err(CliError::usage("`--reap-every` needs the `runs` feature"));
     }
+    // Bound and installed first: a bad address exits 2 at once, and every metric the worker
+    // registers goes to this recorder.
+    let exporter = match args.metrics {
+        Some(addr) => Some(crate::metrics::Exporter::bind(addr).await?),
+        None => None,
+    };
     let counters = Arc::new(Counters::default());
     let shutdown = CancellationToken::new();
     let helpers = CancellationToken::new();
@@ -113,6 +119,14 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
             "progress",
             tokio::spawn(progress(counters.clone(), helpers.clone())),
         ));
+    }
+    if let Some(exporter) = exporter {
+        let all = transports
+            .all()
+            .iter()
+            .map(|(name, t)| (name.clone(), t.clone()))
+            .collect();
+        tasks.push(("metrics exporter", exporter.spawn(all, helpers.clone())));
     }
     #[cfg(feature = "runs")]
     if let Some(task) = runs.spawn_reaper(helpers.clone(), ctx.quiet) {
