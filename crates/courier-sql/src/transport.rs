@@ -19,6 +19,9 @@ use crate::migrate::Applied;
 const MAX_IDLE_BACKOFF: Duration = Duration::from_millis(250);
 /// The first pause of an idle poll.
 const FIRST_IDLE_BACKOFF: Duration = Duration::from_millis(5);
+/// How long an empty `get` with live server push waits for a wake-up before it reads the next
+/// due time (one statement).
+const LISTEN_GRACE: Duration = Duration::from_millis(5);
 
 /// A transport storing messages as rows of one table (`courier_messages` by default) on
 /// PostgreSQL, SQLite or MySQL / MariaDB. See the [crate docs](crate) for the behaviour.
@@ -291,6 +294,7 @@ impl Transport for SqlTransport {
         let deadline = Instant::now() + self.options.poll_window;
         let mut changes = self.wake.version.subscribe();
         let mut idle = Backoff::new(FIRST_IDLE_BACKOFF, MAX_IDLE_BACKOFF).attempts();
+        let mut grace_spent = false;
         loop {
             changes.borrow_and_update();
             let claimed = self.claim_once(max).await?;
@@ -302,6 +306,22 @@ impl Transport for SqlTransport {
                 return Ok(claimed);
             }
             let remaining = deadline - now;
+            if self.wake.is_listening() && !grace_spent {
+                // Server push is live: a message sent now wakes us by NOTIFY. The next due time
+                // (a delayed row, an expired delivery) costs a statement, read only when no
+                // wake-up comes within the grace: on a busy queue the next message usually
+                // does, and the read would delay its claim. A row coming due meanwhile is
+                // claimed at most the grace late.
+                grace_spent = true;
+                tokio::select! {
+                    () = tokio::time::sleep(LISTEN_GRACE.min(remaining)) => {}
+                    _ = changes.changed() => continue,
+                }
+                if Instant::now() >= deadline {
+                    continue;
+                }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
             let due = self
                 .attempt("reading the next due time", || self.backend.next_due_in())
                 .await?;
@@ -505,5 +525,107 @@ impl MessageCount for SqlTransport {
             .attempt("counting messages", || self.backend.count())
             .await?;
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A queue whose first claim finds nothing and whose second finds one row, counting the
+    /// next-due reads; it reports server push as live.
+    #[derive(Debug, Default)]
+    struct OneLate {
+        claims: AtomicUsize,
+        due_reads: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Backend for Arc<OneLate> {
+        async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error> {
+            Ok(Vec::new())
+        }
+        async fn insert(&self, _: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
+            Ok(Vec::new())
+        }
+        async fn claim(&self, _: usize, _: i64) -> Result<Vec<StoredRow>, sqlx::Error> {
+            if self.claims.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Ok(Vec::new());
+            }
+            Ok(vec![StoredRow {
+                id: 1,
+                body: b"{}".to_vec(),
+                headers: None,
+                priority: 0,
+                available_at: 0,
+            }])
+        }
+        async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error> {
+            self.due_reads.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }
+        async fn delete(&self, _: &[(i64, i64)]) -> Result<u64, sqlx::Error> {
+            Ok(0)
+        }
+        async fn delete_one(&self, _: i64, _: i64) -> Result<u64, sqlx::Error> {
+            Ok(0)
+        }
+        async fn delete_id(&self, _: i64) -> Result<u64, sqlx::Error> {
+            Ok(0)
+        }
+        async fn keepalive(&self, _: i64, _: i64) -> Result<u64, sqlx::Error> {
+            Ok(0)
+        }
+        async fn keepalive_many(&self, _: &[(i64, i64)]) -> Result<u64, sqlx::Error> {
+            Ok(0)
+        }
+        async fn reschedule(&self, _: i64, _: i64, _: &NewRow) -> Result<u64, sqlx::Error> {
+            Ok(0)
+        }
+        async fn list(&self, _: usize) -> Result<Vec<StoredRow>, sqlx::Error> {
+            Ok(Vec::new())
+        }
+        async fn find(&self, _: i64) -> Result<Option<StoredRow>, sqlx::Error> {
+            Ok(None)
+        }
+        async fn count(&self) -> Result<i64, sqlx::Error> {
+            Ok(0)
+        }
+        fn start_listener(&self, wake: &Arc<Wake>) {
+            wake.set_listening(true);
+        }
+        fn connection_ids(&self) -> Vec<u64> {
+            Vec::new()
+        }
+        async fn explain(&self, e: sqlx::Error) -> sqlx::Error {
+            e
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listening_get_woken_soon_after_an_empty_claim_reads_no_next_due_time() {
+        let backend = Arc::new(OneLate::default());
+        let transport = SqlTransport {
+            name: "t".to_owned(),
+            dsn: Dsn::parse("postgres://localhost/db").unwrap(),
+            options: SqlOptions::default(),
+            registry: Arc::new(MessageRegistry::new()),
+            backend: Box::new(backend.clone()),
+            wake: Wake::new(),
+            applied: std::sync::Mutex::new(Vec::new()),
+        };
+        let wake = transport.wake.clone();
+        let notify = async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            wake.bump();
+        };
+        let (got, ()) = tokio::join!(transport.get(1), notify);
+        assert_eq!(got.unwrap().len(), 1);
+        assert_eq!(backend.claims.load(Ordering::SeqCst), 2);
+        // The NOTIFY came within the grace: the claim it triggers is not queued behind a read.
+        assert_eq!(backend.due_reads.load(Ordering::SeqCst), 0);
     }
 }
