@@ -130,6 +130,11 @@ impl Acker {
         self.pending.len()
     }
 
+    /// Takes the gathered batch, for a caller that acks it itself.
+    pub(super) fn take(&mut self) -> Vec<(u64, Envelope)> {
+        std::mem::take(&mut self.pending)
+    }
+
     /// Hands the gathered batch to the flusher.
     pub(super) fn flush(&mut self) {
         if !self.pending.is_empty() {

@@ -45,6 +45,8 @@ struct Fetched {
     batch: Option<(usize, Vec<Envelope>)>,
     /// The receivers whose `get` failed on the way.
     errors: Vec<(usize, TransportError)>,
+    /// Acks the fetch made first (see [`Worker::ack_then_fetch`]) that failed.
+    ack_failed: u64,
 }
 
 type Handling<'a> = Pin<Box<dyn Future<Output = (usize, u64, Done)> + Send + 'a>>;
@@ -165,6 +167,10 @@ impl Worker {
             .iter()
             .any(|r| r.transport.capabilities().bounded_unacked);
         let low_water = (self.options.fetch_size / 2).max(concurrency);
+        // Where the broker's window is no larger than what runs at once, a fetch started beside
+        // the handlers could receive nothing before their acks: fetch once they are done, and
+        // ack in the same future (one task hand-off a message fewer).
+        let fetch_when_done = ack_before_fetch && self.options.fetch_size <= concurrency;
         let mut queue: VecDeque<(usize, u64, Envelope)> = VecDeque::new();
         let mut inflight: FuturesUnordered<Handling<'_>> = FuturesUnordered::new();
         // The next fetch: see [`Fetch`].
@@ -216,13 +222,19 @@ impl Worker {
                 && fetching.is_none()
                 && next_fetch.is_none()
                 && queue.len() <= low_water
+                && (!fetch_when_done || inflight.is_empty())
             {
                 let want = self.want(state, queue.len());
                 if want > 0 {
                     fetching = Some(if inflight.is_empty() && queue.is_empty() {
                         // Nothing to overlap with: poll it here, no task and no cross-thread
                         // wake-up (what one-at-a-time consumption pays per message).
-                        Fetch::Inline(Box::pin(self.fetch(want)))
+                        if fetch_when_done {
+                            lingering = false;
+                            Fetch::Inline(Box::pin(self.ack_then_fetch(beside, want)))
+                        } else {
+                            Fetch::Inline(Box::pin(self.fetch(want)))
+                        }
                     } else {
                         Fetch::Task(AbortOnDrop(tokio::spawn(self.fetch(want))))
                     });
@@ -248,7 +260,9 @@ impl Worker {
                         lingering = true;
                         linger_timer.as_mut().reset(Instant::now() + self.options.ack_linger);
                     }
-                    if queue.is_empty() && inflight.is_empty() {
+                    if fetch_when_done {
+                        // The next fetch acks them (or the linger, or the stop, flushes them).
+                    } else if queue.is_empty() && inflight.is_empty() {
                         // The batch is done: flush its acks now rather than after the linger.
                         beside.ackers.iter_mut().for_each(Acker::flush);
                         lingering = false;
@@ -325,6 +339,7 @@ impl Worker {
                         return Fetched {
                             batch: Some((i, batch)),
                             errors,
+                            ack_failed: 0,
                         };
                     }
                     Err(e) => errors.push((i, e)),
@@ -333,7 +348,40 @@ impl Worker {
             Fetched {
                 batch: None,
                 errors,
+                ack_failed: 0,
             }
+        }
+    }
+
+    /// Acks what each receiver has gathered, then fetches: for a broker that delivers the next
+    /// message only once the last is acked, in one future the loop polls itself.
+    fn ack_then_fetch(
+        &self,
+        beside: &mut Beside,
+        want: usize,
+    ) -> impl Future<Output = Fetched> + Send + 'static {
+        let acks: Vec<_> = self
+            .receivers
+            .iter()
+            .zip(beside.ackers.iter_mut())
+            .map(|(r, acker)| (r.name.clone(), r.transport.clone(), acker.take()))
+            .filter(|(_, _, pending)| !pending.is_empty())
+            .collect();
+        let held = beside.held.clone();
+        let fetch = self.fetch(want);
+        async move {
+            let mut ack_failed = 0;
+            for (name, transport, pending) in acks {
+                let (keys, envelopes): (Vec<u64>, Vec<Envelope>) = pending.into_iter().unzip();
+                if let Err(e) = transport.ack_batch(&envelopes).await {
+                    tracing::warn!(messaging.destination.name = %name, error = %crate::error_chain(&e), count = envelopes.len(), "ack failed; the messages will be redelivered");
+                    ack_failed += envelopes.len() as u64;
+                }
+                held.release_keys(keys);
+            }
+            let mut fetched = fetch.await;
+            fetched.ack_failed = ack_failed;
+            fetched
         }
     }
 
@@ -355,6 +403,7 @@ impl Worker {
                 error: crate::error_chain(e).to_string(),
             });
         }
+        state.stats.left_for_redelivery += fetched.ack_failed;
         let failed = !fetched.errors.is_empty();
         let error_wait = if failed {
             Some(state.error_backoff.failed())
@@ -538,6 +587,7 @@ async fn join_fetch(fetch: Option<&mut Fetch>) -> Fetched {
             Fetched {
                 batch: None,
                 errors: Vec::new(),
+                ack_failed: 0,
             }
         }
     }
