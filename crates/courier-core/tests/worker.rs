@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Job, queue_with};
+use common::{CountAcks, Job, queue_with};
 use courier_core::{
     CancellationToken, Capabilities, Encoded, Envelope, ErrorDetailsStamp, HandlerError,
     InMemoryTransport, Message, MessageBus, MessageCount, MultiplierRetryStrategy, RedeliveryStamp,
@@ -467,37 +467,10 @@ async fn an_undecodable_message_goes_to_the_failure_transport() {
     assert_eq!(count(&q).await, 0);
 }
 
-/// Counts `ack_batch` calls around an in-memory transport.
-#[derive(Debug)]
-struct CountAcks(Arc<InMemoryTransport>, AtomicUsize);
-
-#[async_trait]
-impl Transport for CountAcks {
-    async fn send(&self, e: Envelope) -> Result<Envelope, TransportError> {
-        self.0.send(e).await
-    }
-    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
-        self.0.get(max).await
-    }
-    async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
-        self.0.ack(e).await
-    }
-    async fn reject(&self, e: &Envelope) -> Result<(), TransportError> {
-        self.0.reject(e).await
-    }
-    async fn ack_batch(&self, es: &[Envelope]) -> Result<(), TransportError> {
-        self.1.fetch_add(1, Ordering::SeqCst);
-        self.0.ack_batch(es).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn acks_of_a_fetched_batch_are_flushed_together() {
     let q = queue_with(64).await;
-    let counted = Arc::new(CountAcks(q.clone(), AtomicUsize::new(0)));
+    let counted = CountAcks::new(q.clone(), false);
     let bus = MessageBus::builder()
         .handler_fn("h", |_: Arc<Job>| async { Ok::<(), HandlerError>(()) })
         .build();
@@ -513,7 +486,7 @@ async fn acks_of_a_fetched_batch_are_flushed_together() {
     assert_eq!(q.acked().len(), 64);
     // The next batch of 32 is fetched once half the current one has started; acks go out per
     // batch (when it is done, or after the linger), never one per message.
-    let flushes = counted.1.load(Ordering::SeqCst);
+    let flushes = counted.ack_batches();
     assert!(
         (2..=4).contains(&flushes),
         "acks are flushed per fetched batch, not per message: {flushes} flushes"

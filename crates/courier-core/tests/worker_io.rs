@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Job, queue_with};
+use common::{CountAcks, Job, queue_with};
 use courier_core::{
     CancellationToken, Capabilities, Envelope, HandlerError, InMemoryTransport, MessageBus,
     StopReason, Transport, TransportError, Worker, async_trait,
@@ -190,38 +190,10 @@ async fn shutdown_takes_at_most_a_second_past_the_grace_period_whatever_the_serv
     );
 }
 
-/// An in-memory transport that says its server bounds unacked deliveries (as AMQP's prefetch
-/// does), counting `ack_batch` calls.
-#[derive(Debug)]
-struct Bounded(Arc<InMemoryTransport>, AtomicUsize);
-
-#[async_trait]
-impl Transport for Bounded {
-    async fn send(&self, e: Envelope) -> Result<Envelope, TransportError> {
-        self.0.send(e).await
-    }
-    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
-        self.0.get(max).await
-    }
-    async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
-        self.0.ack(e).await
-    }
-    async fn reject(&self, e: &Envelope) -> Result<(), TransportError> {
-        self.0.reject(e).await
-    }
-    async fn ack_batch(&self, es: &[Envelope]) -> Result<(), TransportError> {
-        self.1.fetch_add(1, Ordering::SeqCst);
-        self.0.ack_batch(es).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities().with_bounded_unacked()
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn one_at_a_time_under_a_bounded_window_each_ack_goes_out_before_the_next_fetch() {
     let q = queue_with(5).await;
-    let t = Arc::new(Bounded(q.clone(), AtomicUsize::new(0)));
+    let t = CountAcks::new(q.clone(), true);
     let (bus, done) = slow_bus(Duration::from_millis(10));
     let stats = Worker::builder(bus)
         .receiver("async", t.clone())
@@ -234,7 +206,7 @@ async fn one_at_a_time_under_a_bounded_window_each_ack_goes_out_before_the_next_
     assert_eq!((stats.handled, done.load(Ordering::SeqCst)), (5, 5));
     assert_eq!(q.acked().len(), 5, "every message acked");
     assert_eq!(
-        t.1.load(Ordering::SeqCst),
+        t.ack_batches(),
         5,
         "one ack per message, each sent before the next fetch (the last at the stop)"
     );

@@ -2,8 +2,11 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use courier_core::{Envelope, InMemoryTransport, Message, Transport};
+use courier_core::{
+    Capabilities, Envelope, InMemoryTransport, Message, Transport, TransportError, async_trait,
+};
 use serde::{Deserialize, Serialize};
 
 /// A job carrying its number.
@@ -22,4 +25,56 @@ pub async fn queue_with(n: u32) -> Arc<InMemoryTransport> {
             .expect("the in-memory queue takes every job");
     }
     q
+}
+
+/// An in-memory transport counting its `ack_batch` calls; `bounded` makes it say its server
+/// bounds unacked deliveries, as AMQP's prefetch does.
+#[derive(Debug)]
+pub struct CountAcks {
+    pub inner: Arc<InMemoryTransport>,
+    pub acks: AtomicUsize,
+    pub bounded: bool,
+}
+
+impl CountAcks {
+    pub fn new(inner: Arc<InMemoryTransport>, bounded: bool) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            acks: AtomicUsize::new(0),
+            bounded,
+        })
+    }
+
+    /// `ack_batch` calls so far.
+    pub fn ack_batches(&self) -> usize {
+        self.acks.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Transport for CountAcks {
+    async fn send(&self, e: Envelope) -> Result<Envelope, TransportError> {
+        self.inner.send(e).await
+    }
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.inner.get(max).await
+    }
+    async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.ack(e).await
+    }
+    async fn reject(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.reject(e).await
+    }
+    async fn ack_batch(&self, es: &[Envelope]) -> Result<(), TransportError> {
+        self.acks.fetch_add(1, Ordering::SeqCst);
+        self.inner.ack_batch(es).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        let caps = self.inner.capabilities();
+        if self.bounded {
+            caps.with_bounded_unacked()
+        } else {
+            caps
+        }
+    }
 }
