@@ -73,7 +73,8 @@ pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
 pub use stamp::*;
 pub use transport::{
     Capabilities, FactoryContext, InMemoryOptions, InMemoryTransport, Listable, MessageCount,
-    Setup, SyncTransport, Transport, TransportFactory, TransportRegistry, retry_count,
+    DEFAULT_WORKER_STALE_AFTER, Heartbeat, Setup, SyncTransport, Transport, TransportFactory,
+    TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
 };
 pub use worker::{
     CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats,

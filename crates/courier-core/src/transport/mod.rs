@@ -8,6 +8,7 @@
 mod factory;
 mod memory;
 mod sync;
+mod workers;
 
 use std::fmt::Debug;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use async_trait::async_trait;
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
 pub use memory::{InMemoryOptions, InMemoryTransport};
 pub use sync::SyncTransport;
+pub use workers::{DEFAULT_WORKER_STALE_AFTER, Heartbeat, WorkerRecord, WorkerRegistry};
 
 use crate::{DelayStamp, Envelope, RedeliveryStamp, TransportError, TransportErrorKind};
 
@@ -220,6 +222,12 @@ pub trait Transport: Send + Sync + Debug {
 
     /// Counting waiting messages.
     fn as_message_count(&self) -> Option<&dyn MessageCount> {
+        None
+    }
+
+    /// The worker registry in this transport's store (a table, a hash), where workers announce
+    /// themselves for `courier workers` and `courier stop-workers`.
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
         None
     }
 
