@@ -72,8 +72,8 @@ pub use message::Message;
 pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
 pub use stamp::*;
 pub use transport::{
-    Capabilities, FactoryContext, InMemoryOptions, InMemoryTransport, Listable, MessageCount,
-    DEFAULT_WORKER_STALE_AFTER, Heartbeat, Setup, SyncTransport, Transport, TransportFactory,
+    Capabilities, DEFAULT_WORKER_STALE_AFTER, FactoryContext, Heartbeat, InMemoryOptions,
+    InMemoryTransport, Listable, MessageCount, Setup, SyncTransport, Transport, TransportFactory,
     TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
 };
 pub use worker::{

@@ -104,6 +104,14 @@ pub enum AgentError {
     /// A provider failed; classified by [`classify`](crate::classify).
     #[error(transparent)]
     Provider(#[from] ProviderError),
+    /// A step ran longer than `runs.step_timeout`
+    /// ([`RuntimeOptions::step_timeout`](crate::RuntimeOptions::step_timeout)): the agent was
+    /// cancelled. Class `connection` (retryable), like every timeout.
+    #[error("a step ran longer than the step timeout of {after:?}")]
+    StepTimeout {
+        /// The step timeout.
+        after: std::time::Duration,
+    },
     /// Anything else (class `unknown`).
     #[error(transparent)]
     Other(courier_core::BoxError),
@@ -121,6 +129,7 @@ impl AgentError {
         match self {
             Self::Step(_) => None,
             Self::Provider(p) => Some(p.class()),
+            Self::StepTimeout { .. } => Some(FailureClass::Connection),
             Self::Other(_) => Some(FailureClass::Unknown),
         }
     }
@@ -136,6 +145,8 @@ pub trait RunObserver: Send + Sync + 'static {
 /// token.
 pub struct RunContext {
     pub(crate) run: Run,
+    /// When the current step started (for the step timeout).
+    pub(crate) steps: crate::runtime::StepClock,
     pub(crate) store: Arc<dyn RunStore>,
     /// The worker identity for worker runs; None for interactive runs (no lease, no heartbeat).
     pub(crate) owner: Option<String>,
@@ -216,6 +227,7 @@ impl RunContext {
     /// # Errors
     /// [`StepError`]: propagate it with `?`.
     pub async fn checkpoint(&mut self, step: Step) -> Result<i64, StepError> {
+        self.steps.boundary();
         for observer in self.observers.iter() {
             observer.on_step(self.run.id, &step);
         }

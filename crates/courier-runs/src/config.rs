@@ -40,8 +40,10 @@ pub struct RunsConfig {
     /// `RunAgent` again, its message presumably lost (None: the lease).
     #[serde(with = "human_opt")]
     pub redispatch_after: Option<Duration>,
-    /// The longest an agent may go between two step boundaries (the heartbeat cadence); the
-    /// lease must be longer. None: not checked.
+    /// The longest a step may take (from the run's start or a step boundary to the next
+    /// boundary, the heartbeat cadence): a longer step is cancelled and fails the execution as
+    /// a retryable timeout, requeued with backoff like any retryable failure. The lease must be
+    /// longer. None: no limit.
     #[serde(with = "human_opt")]
     pub step_timeout: Option<Duration>,
 }
@@ -215,7 +217,8 @@ impl RunsConfig {
                     Jitter::None
                 },
             ),
-            lease_check_every: Some(self.lease / 4),
+            lease_check_every: Some((self.lease / 4).min(crate::runtime::CANCEL_CHECK_EVERY)),
+            step_timeout: self.step_timeout,
             redispatch_after: Some(self.redispatch_after()),
         }
     }

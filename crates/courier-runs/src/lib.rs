@@ -79,7 +79,7 @@ pub use handler::RunAgentHandler;
 pub use identity::{new_worker_identity, worker_identity};
 pub use message::RunAgent;
 pub use reaper::{DEFAULT_REDISPATCH_AFTER, ManualRequeue, ReapOptions, ReapReport, Reaper};
-pub use runtime::{RunError, Runtime, RuntimeBuilder, RuntimeOptions};
+pub use runtime::{CANCEL_CHECK_EVERY, RunError, Runtime, RuntimeBuilder, RuntimeOptions};
 pub use scripted::ScriptedAgent;
 pub use status::{Outcome, RunStatus, TerminationReason, UnknownName};
 pub use store::{

@@ -19,6 +19,10 @@ use crate::{
 pub(crate) const REQUEUE_BACKOFF: Backoff =
     Backoff::new(Duration::from_secs(30), Duration::from_secs(600));
 
+/// The longest wait, between step boundaries, before a worker run notices that it was cancelled
+/// or that another worker owns it.
+pub const CANCEL_CHECK_EVERY: Duration = Duration::from_millis(500);
+
 /// Runtime settings (see [`RunsConfig`](crate::RunsConfig) for the file form).
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
@@ -29,10 +33,17 @@ pub struct RuntimeOptions {
     /// Requeue delays: attempt `n` is the requeue of a run requeued `n` times before (default
     /// 30 s doubling up to 10 min, no jitter).
     pub backoff: Backoff,
-    /// How often a worker run checks, between step boundaries, that it still owns its row, so the
-    /// agent is cancelled promptly when another worker took it (default lease / 4; None: only at
-    /// boundaries).
+    /// How often a worker run checks, between step boundaries, that it still owns its row and
+    /// was not cancelled, so the agent is stopped promptly when another worker took it or an
+    /// operator cancelled it (`courier runs cancel`, on any host): default the shorter of lease / 4
+    /// and [`CANCEL_CHECK_EVERY`] (500 ms), one read by primary key per running run; None: only
+    /// at step boundaries.
     pub lease_check_every: Option<Duration>,
+    /// The longest a step may take, from the run's start or its last step boundary to the next
+    /// one: a step that takes longer is cancelled and fails the execution as a retryable
+    /// timeout ([`AgentError::StepTimeout`], class `connection`, like every timeout). None
+    /// (default): no limit.
+    pub step_timeout: Option<Duration>,
     /// How long past its due time a queued run waits before the reaper dispatches it again
     /// (None: the lease).
     pub redispatch_after: Option<Duration>,
@@ -44,7 +55,8 @@ impl Default for RuntimeOptions {
             lease: Duration::from_secs(900),
             max_requeues: 3,
             backoff: REQUEUE_BACKOFF,
-            lease_check_every: Some(Duration::from_secs(225)),
+            lease_check_every: Some(CANCEL_CHECK_EVERY),
+            step_timeout: None,
             redispatch_after: None,
         }
     }
@@ -559,7 +571,9 @@ impl Runtime {
     ) -> Result<Executed, RunError> {
         let run_id = run.id;
         let token = CancellationToken::new();
+        let steps = StepClock::start();
         let mut cx = RunContext {
+            steps: steps.clone(),
             run,
             store: self.inner.store.clone(),
             owner: owner.clone(),
@@ -576,9 +590,19 @@ impl Runtime {
             self.inner.options.lease_check_every,
             token.clone(),
         );
+        let step_timeout = watch_steps(self.inner.options.step_timeout, steps, token.clone());
         let result = tokio::select! {
             result = agent.run(&mut cx) => result,
-            () = watch => return Ok(Executed::Outcome(Outcome::LeaseLost)),
+            lost = watch => {
+                return Ok(Executed::Outcome(match lost {
+                    Lost::Lease => Outcome::LeaseLost,
+                    Lost::Cancelled => Outcome::Cancelled,
+                }));
+            }
+            after = step_timeout => {
+                tracing::warn!(courier.run.id = %run_id, timeout = ?after, "step timed out; the agent is cancelled");
+                Err(AgentError::StepTimeout { after })
+            }
         };
         let owner = owner.as_deref();
         let (settlement, outcome) = match result {
@@ -703,15 +727,24 @@ pub(crate) async fn dispatch_run(
         .map_err(|source| RunError::Dispatch { run_id, source })
 }
 
-/// Between step boundaries, checks every `every` that the worker still owns the row; returns
-/// (after cancelling `token`) when it does not. Never returns for interactive runs.
+/// Why [`watch_lease`] stopped an execution.
+enum Lost {
+    /// Another worker owns the run (or it is gone).
+    Lease,
+    /// An operator cancelled it.
+    Cancelled,
+}
+
+/// Between step boundaries, checks every `every` that the worker still owns the row and that it
+/// was not cancelled; returns (after cancelling `token`) when either changed. Never returns for
+/// interactive runs.
 async fn watch_lease(
     store: Arc<dyn RunStore>,
     run_id: Uuid,
     owner: Option<String>,
     every: Option<Duration>,
     token: CancellationToken,
-) {
+) -> Lost {
     let (Some(owner), Some(every)) = (owner, every) else {
         return std::future::pending().await;
     };
@@ -723,14 +756,72 @@ async fn watch_lease(
         let Ok(run) = store.find(run_id).await else {
             continue;
         };
-        let held = run.as_ref().is_some_and(|r| {
-            r.status == RunStatus::Cancelled
-                || (r.status == RunStatus::Running && r.claimed_by.as_deref() == Some(&owner))
-        });
-        if !held {
-            tracing::warn!(courier.run.id = %run_id, "lease lost between step boundaries");
+        let lost = match run {
+            Some(r) if r.status == RunStatus::Cancelled => Lost::Cancelled,
+            Some(r)
+                if r.status == RunStatus::Running && r.claimed_by.as_deref() == Some(&owner) =>
+            {
+                continue;
+            }
+            _ => Lost::Lease,
+        };
+        match lost {
+            Lost::Cancelled => {
+                tracing::info!(courier.run.id = %run_id, "run cancelled while running; the agent is stopped");
+            }
+            Lost::Lease => {
+                tracing::warn!(courier.run.id = %run_id, "lease lost between step boundaries");
+            }
+        }
+        token.cancel();
+        return lost;
+    }
+}
+
+/// When the current step started: the run's start, then each step boundary.
+#[derive(Debug, Clone)]
+pub(crate) struct StepClock(Arc<std::sync::Mutex<tokio::time::Instant>>);
+
+impl StepClock {
+    fn start() -> Self {
+        Self(Arc::new(std::sync::Mutex::new(tokio::time::Instant::now())))
+    }
+
+    fn started(&self) -> tokio::time::Instant {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A step boundary: the next step starts now.
+    pub(crate) fn boundary(&self) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
+    }
+}
+
+/// Returns `timeout` (after cancelling `token`) once a step has run longer than it; never
+/// without a timeout.
+async fn watch_steps(
+    timeout: Option<Duration>,
+    steps: StepClock,
+    token: CancellationToken,
+) -> Duration {
+    let Some(timeout) = timeout else {
+        return std::future::pending().await;
+    };
+    loop {
+        let deadline = steps.started() + timeout;
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {}
+            () = token.cancelled() => return std::future::pending().await,
+        }
+        if steps.started() + timeout <= tokio::time::Instant::now() {
             token.cancel();
-            return;
+            return timeout;
         }
     }
 }

@@ -13,7 +13,9 @@ use courier_runs::{
     ScriptedAgent, Settlement, Step, StoreError, TerminationReason,
 };
 use serde_json::json;
-use support::{dispatched, queued_runtime, refusing_runtime, unreachable_runtime};
+use support::{
+    dispatched, queued_runtime, refusing_runtime, row, runtime_with, unreachable_runtime,
+};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -73,30 +75,6 @@ impl Agent for StopsAtMaxSteps {
     async fn run(&self, _: &mut RunContext) -> Result<AgentOutcome, AgentError> {
         Ok(AgentOutcome::Stopped(TerminationReason::MaxSteps))
     }
-}
-
-fn runtime_with(
-    store: &MemoryRunStore,
-    worker: &str,
-    f: impl FnOnce(courier_runs::RuntimeBuilder) -> courier_runs::RuntimeBuilder,
-) -> (Runtime, MessageBus, courier_core::InMemoryTransport) {
-    let queue = courier_core::InMemoryTransport::new();
-    let runtime = f(Runtime::builder(Arc::new(store.clone()))
-        .agent("scripted", ScriptedAgent)
-        .worker_identity(worker))
-    .build();
-    let bus = runtime
-        .register(
-            MessageBus::builder()
-                .transport("async", Arc::new(queue.clone()))
-                .route("courier.run_agent", ["async"]),
-        )
-        .build();
-    (runtime, bus, queue)
-}
-
-async fn row(store: &MemoryRunStore, id: Uuid) -> courier_runs::Run {
-    store.find(id).await.unwrap().unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -281,7 +259,12 @@ async fn hung_agent_is_cancelled_promptly_when_its_lease_is_lost() {
 #[tokio::test(start_paused = true)]
 async fn cancelled_mid_flight_stops_at_the_next_boundary_which_is_persisted() {
     let store = MemoryRunStore::new();
-    let (rt, _bus, _) = runtime_with(&store, A, |b| b);
+    // The boundary's own probe, without the watcher between boundaries (tests/step_watch.rs).
+    let options = RuntimeOptions {
+        lease_check_every: None,
+        ..RuntimeOptions::default()
+    };
+    let (rt, _bus, _) = runtime_with(&store, A, |b| b.options(options));
     let steps = json!({"steps": [{"sleep_ms": 1000}, {"sleep_ms": 1000}, {"sleep_ms": 1000}, {"output": "x"}]});
     let id = rt.enqueue("scripted", steps).await.unwrap();
     let task = tokio::spawn({

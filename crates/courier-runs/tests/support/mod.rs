@@ -252,3 +252,34 @@ pub fn dispatched(queue: &InMemoryTransport) -> Vec<(Uuid, Option<Duration>)> {
         })
         .collect()
 }
+
+/// A runtime over `store` for `worker` with the scripted agent, registered on a bus that routes
+/// `RunAgent` to an in-memory queue; `f` adjusts the builder.
+pub fn runtime_with(
+    store: &MemoryRunStore,
+    worker: &str,
+    f: impl FnOnce(courier_runs::RuntimeBuilder) -> courier_runs::RuntimeBuilder,
+) -> (Runtime, MessageBus, InMemoryTransport) {
+    let queue = InMemoryTransport::new();
+    let runtime = f(Runtime::builder(Arc::new(store.clone()))
+        .agent("scripted", courier_runs::ScriptedAgent)
+        .worker_identity(worker))
+    .build();
+    let bus = runtime
+        .register(
+            MessageBus::builder()
+                .transport("async", Arc::new(queue.clone()))
+                .route("courier.run_agent", ["async"]),
+        )
+        .build();
+    (runtime, bus, queue)
+}
+
+/// The stored run (it must exist).
+pub async fn row(store: &MemoryRunStore, id: Uuid) -> Run {
+    store
+        .find(id)
+        .await
+        .expect("store")
+        .expect("the run exists")
+}
