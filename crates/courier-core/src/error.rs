@@ -232,9 +232,44 @@ pub enum HandlerError {
     },
     /// Retry according to the transport's retry strategy.
     Other(BoxError),
+    /// The inner error, and the worker stops once this message is done (Messenger's
+    /// `StopWorkerExceptionInterface`); the message is retried or moved as the inner error
+    /// says. Made with [`HandlerError::stop_worker`].
+    StopWorker(Box<HandlerError>),
 }
 
 impl HandlerError {
+    /// This error, and stop the worker after this message (see [`HandlerError::StopWorker`]):
+    ///
+    /// ```
+    /// use courier_core::HandlerError;
+    /// let e = HandlerError::unrecoverable("the license expired").stop_worker();
+    /// assert!(e.stops_worker());
+    /// assert!(matches!(e.classifying(), HandlerError::Unrecoverable(_)));
+    /// ```
+    #[must_use]
+    pub fn stop_worker(self) -> Self {
+        match self {
+            Self::StopWorker(_) => self,
+            other => Self::StopWorker(Box::new(other)),
+        }
+    }
+
+    /// Whether the worker should stop after this message.
+    #[must_use]
+    pub fn stops_worker(&self) -> bool {
+        matches!(self, Self::StopWorker(_))
+    }
+
+    /// The error that decides the retry (the inner one of [`HandlerError::StopWorker`]).
+    #[must_use]
+    pub fn classifying(&self) -> &HandlerError {
+        match self {
+            Self::StopWorker(inner) => inner.classifying(),
+            other => other,
+        }
+    }
+
     /// An unrecoverable error from a message.
     #[must_use]
     pub fn unrecoverable(msg: impl fmt::Display) -> Self {
@@ -263,6 +298,7 @@ impl HandlerError {
             Self::Unrecoverable(e) | Self::Recoverable { source: e, .. } | Self::Other(e) => {
                 e.as_ref()
             }
+            Self::StopWorker(inner) => inner.source_error(),
         }
     }
 
@@ -273,6 +309,7 @@ impl HandlerError {
             Self::Unrecoverable(_) => "unrecoverable",
             Self::Recoverable { .. } => "recoverable",
             Self::Other(_) => "error",
+            Self::StopWorker(inner) => inner.class(),
         }
     }
 }
@@ -290,6 +327,7 @@ impl fmt::Debug for HandlerError {
                 .field("retry_after", retry_after)
                 .finish(),
             Self::Other(e) => f.debug_tuple("Other").field(e).finish(),
+            Self::StopWorker(inner) => f.debug_tuple("StopWorker").field(inner).finish(),
         }
     }
 }

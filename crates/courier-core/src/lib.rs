@@ -55,7 +55,7 @@ pub mod worker;
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
     BusLink, DEFAULT_BUS, Dispatcher, Handler, MessageBus, MessageBusBuilder, Middleware, Next,
-    Router, with_trace_context,
+    Router, SendHook, Sending, with_trace_context,
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,

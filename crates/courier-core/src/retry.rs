@@ -81,7 +81,7 @@ pub fn decide(
         };
     }
     for f in failures {
-        if let HandlerError::Recoverable { retry_after, .. } = &f.error {
+        if let HandlerError::Recoverable { retry_after, .. } = f.error.classifying() {
             let delay =
                 retry_after.unwrap_or_else(|| strategy.waiting_time(envelope, Some(&f.error)));
             return RetryDecision::Retry(delay);
@@ -89,7 +89,7 @@ pub fn decide(
     }
     let deciding = failures
         .iter()
-        .find(|f| !matches!(f.error, HandlerError::Unrecoverable(_)));
+        .find(|f| !matches!(f.error.classifying(), HandlerError::Unrecoverable(_)));
     match deciding {
         None => RetryDecision::Reject,
         Some(f) if strategy.is_retryable(envelope, Some(&f.error)) => {

@@ -427,6 +427,7 @@ fn reason(r: Option<StopReason>) -> &'static str {
         Some(StopReason::FailureLimit) => "failure limit reached",
         Some(StopReason::TimeLimit) => "time limit reached",
         Some(StopReason::MemoryLimit) => "memory limit reached",
+        Some(StopReason::StopRequested) => "a listener or handler asked the worker to stop",
         _ => "stopped",
     }
 }

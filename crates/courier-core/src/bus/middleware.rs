@@ -180,7 +180,14 @@ async fn send(
     envelope: Envelope,
     names: Vec<String>,
 ) -> Result<Envelope, BusError> {
-    let outgoing = envelope.without_all::<TransportNamesStamp>();
+    let mut outgoing = envelope.without_all::<TransportNamesStamp>();
+    if !bus.inner.on_send.is_empty() {
+        let mut sending = super::Sending::new(outgoing, &names);
+        for hook in &bus.inner.on_send {
+            hook(&mut sending);
+        }
+        outgoing = sending.into_envelope();
+    }
     let message_type = crate::metrics::message_type(&outgoing);
     let mut result = outgoing.clone();
     for name in names {

@@ -3,6 +3,7 @@
 mod handler;
 pub(crate) mod middleware;
 mod routing;
+mod sending;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -12,6 +13,7 @@ use std::sync::{Arc, OnceLock, Weak};
 pub use handler::Handler;
 pub use middleware::{Middleware, Next, with_trace_context};
 pub use routing::Router;
+pub use sending::{SendHook, Sending};
 
 use handler::{ErasedHandler, FnHandler, HandlerEntry, Typed};
 use middleware::{Prelude, Terminal};
@@ -31,6 +33,7 @@ pub(crate) struct BusInner {
     transports: HashMap<String, Arc<dyn Transport>>,
     router: Router,
     registry: Arc<MessageRegistry>,
+    on_send: Vec<SendHook>,
 }
 
 /// A message bus (Symfony's `MessageBusInterface`): routes each message to its transports, or
@@ -253,6 +256,7 @@ pub struct MessageBusBuilder {
     registry: Arc<MessageRegistry>,
     links: Vec<BusLink>,
     dispatchers: Vec<Dispatcher>,
+    on_send: Vec<SendHook>,
 }
 
 impl MessageBusBuilder {
@@ -260,6 +264,14 @@ impl MessageBusBuilder {
     #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Adds a hook that sees every message this bus sends to transports, before it is sent,
+    /// and may add stamps to it (Messenger's `SendMessageToTransportsEvent`; see [`Sending`]).
+    #[must_use]
+    pub fn on_send(mut self, hook: impl Fn(&mut Sending<'_>) + Send + Sync + 'static) -> Self {
+        self.on_send.push(Arc::new(hook));
         self
     }
 
@@ -410,6 +422,7 @@ impl MessageBusBuilder {
                 transports: self.transports,
                 router: self.router,
                 registry: self.registry,
+                on_send: self.on_send,
             }),
         };
         for link in &self.links {

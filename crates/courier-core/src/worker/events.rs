@@ -21,6 +21,17 @@ pub enum WorkerEvent {
         /// Its transport id.
         id: Option<String>,
     },
+    /// A [`Received`](super::Received) hook told the worker not to handle a message.
+    Skipped {
+        /// The transport it came from.
+        transport: String,
+        /// Its wire name.
+        message: String,
+        /// Its transport id.
+        id: Option<String>,
+        /// Acked or rejected.
+        how: super::Skip,
+    },
     /// A message was handled successfully.
     Handled {
         /// The transport it came from.
@@ -105,6 +116,10 @@ pub enum StopReason {
     TimeLimit,
     /// The process used more than `memory_limit`.
     MemoryLimit,
+    /// A [`Received`](super::Received) hook or a handler
+    /// ([`HandlerError::stop_worker`](crate::HandlerError::stop_worker)) asked the worker to
+    /// stop after a message.
+    StopRequested,
 }
 
 /// A listener for worker events.
@@ -122,6 +137,9 @@ pub struct WorkerStats {
     pub failed: u64,
     /// Failed messages put back for a retry.
     pub retried: u64,
+    /// Messages a [`Received`](super::Received) hook told the worker not to handle (acked or
+    /// rejected without handling).
+    pub skipped: u64,
     /// Failed messages moved to a failure transport.
     pub moved_to_failure: u64,
     /// Messages left on their transport for redelivery (a move or ack failed, or shutdown).

@@ -13,6 +13,7 @@
 //! messages stay on their transport for redelivery.
 
 mod events;
+mod hooks;
 mod io;
 mod process;
 mod run;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use events::{Listener, StopReason, WorkerEvent, WorkerStats};
+pub use hooks::{Received, ReceivedHook, Skip};
 pub use tokio_util::sync::CancellationToken;
 
 use crate::retry::{MultiplierRetryStrategy, RetryStrategy};
@@ -67,6 +69,7 @@ pub struct Worker {
     pub(crate) receivers: Vec<Receiver>,
     pub(crate) options: WorkerOptions,
     pub(crate) listeners: Vec<Listener>,
+    pub(crate) on_received: Vec<ReceivedHook>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -124,6 +127,7 @@ impl Worker {
                 receivers: Vec::new(),
                 options: WorkerOptions::default(),
                 listeners: Vec::new(),
+                on_received: Vec::new(),
             },
             global_failure: None,
         }
@@ -272,6 +276,16 @@ impl WorkerBuilder {
     #[must_use]
     pub fn listener(mut self, listener: impl Fn(&WorkerEvent) + Send + Sync + 'static) -> Self {
         self.worker.listeners.push(Arc::new(listener));
+        self
+    }
+
+    /// Adds a hook that sees every received message before it is handled and may add stamps,
+    /// skip it (ack or reject without handling) or stop the worker after it (see [`Received`]).
+    /// Hooks run in the order added; a message that does not decode skips them (it goes to the
+    /// failure transport).
+    #[must_use]
+    pub fn on_received(mut self, hook: impl Fn(&mut Received<'_>) + Send + Sync + 'static) -> Self {
+        self.worker.on_received.push(Arc::new(hook));
         self
     }
 

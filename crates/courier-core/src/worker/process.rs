@@ -21,11 +21,28 @@ pub(super) enum Outcome {
     Retried,
     /// Not acked: it will be delivered again.
     Left,
+    /// A hook skipped it and it was rejected (or acked: then it is [`Outcome::Ack`]).
+    Skipped,
 }
 
 pub(super) struct Done {
     pub(super) outcome: Outcome,
     pub(super) failed: bool,
+    /// A hook or the handler asked the worker to stop after this message.
+    pub(super) stop: bool,
+    /// A hook skipped the message.
+    pub(super) skipped: bool,
+}
+
+impl Done {
+    fn new(outcome: Outcome, failed: bool) -> Self {
+        Self {
+            outcome,
+            failed,
+            stop: false,
+            skipped: false,
+        }
+    }
 }
 
 impl Worker {
@@ -77,11 +94,65 @@ impl Worker {
                     &message_type,
                 );
             }
-            return Done {
-                outcome,
-                failed: true,
-            };
+            return Done::new(outcome, true);
         }
+        let (envelope, stop) = match self.run_hooks(receiver, envelope, &id).await {
+            Ok(received) => received,
+            Err(skipped) => return skipped,
+        };
+        let mut done = self.handle(receiver, envelope, id, message_type).await;
+        done.stop |= stop;
+        done
+    }
+
+    /// Runs the [`Received`](super::Received) hooks: the envelope to handle and whether to stop
+    /// after it, or what became of a skipped message.
+    async fn run_hooks(
+        &self,
+        receiver: &Receiver,
+        envelope: Envelope,
+        id: &Option<String>,
+    ) -> Result<(Envelope, bool), Done> {
+        if self.on_received.is_empty() {
+            return Ok((envelope, false));
+        }
+        let mut received = super::Received::new(&receiver.name, envelope);
+        for hook in &self.on_received {
+            hook(&mut received);
+        }
+        let (envelope, skip, stop) = received.into_parts();
+        let Some(how) = skip else {
+            return Ok((envelope, stop));
+        };
+        self.emit_with(|| WorkerEvent::Skipped {
+            transport: receiver.name.clone(),
+            message: envelope.message_name().to_owned(),
+            id: id.clone(),
+            how,
+        });
+        let outcome = match how {
+            super::Skip::Reject => match receiver.transport.reject(&envelope).await {
+                Ok(()) => Outcome::Skipped,
+                Err(e) => self.left(receiver, id.clone(), format!("reject failed: {e}")),
+            },
+            _ => Outcome::Ack(envelope),
+        };
+        Err(Done {
+            outcome,
+            failed: false,
+            stop,
+            skipped: true,
+        })
+    }
+
+    /// Dispatches on the bus, then acks, retries or moves the message.
+    async fn handle(
+        &self,
+        receiver: &Receiver,
+        envelope: Envelope,
+        id: Option<String>,
+        message_type: crate::metrics::SharedString,
+    ) -> Done {
         let bus = envelope
             .last::<BusNameStamp>()
             .and_then(|b| self.buses.get(&b.0))
@@ -99,13 +170,14 @@ impl Worker {
                     id,
                     elapsed: started.elapsed(),
                 });
-                return Done {
-                    outcome: Outcome::Ack(envelope),
-                    failed: false,
-                };
+                return Done::new(Outcome::Ack(envelope), false);
             }
             Err(e) => e,
         };
+        let stop = err
+            .handler_failures()
+            .iter()
+            .any(|f| f.error.stops_worker());
         let decision = decide(&*receiver.retry, &envelope, &err);
         let will_retry = matches!(decision, RetryDecision::Retry(_));
         tracing::warn!(error = %err, will_retry, "handling failed");
@@ -161,6 +233,8 @@ impl Worker {
         Done {
             outcome,
             failed: true,
+            stop,
+            skipped: false,
         }
     }
 

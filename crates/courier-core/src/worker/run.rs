@@ -445,10 +445,22 @@ impl Worker {
         if done.failed {
             state.stats.failed += 1;
         }
+        if done.stop {
+            state.stop.get_or_insert(StopReason::StopRequested);
+        }
+        if done.skipped {
+            state.stats.skipped += 1;
+        }
         match done.outcome {
             Outcome::Ack(envelope) => {
-                state.stats.handled += 1;
+                if !done.skipped {
+                    state.stats.handled += 1;
+                }
                 beside.ackers[r].push(key, envelope)
+            }
+            Outcome::Skipped => {
+                beside.held.release_keys([key]);
+                false
             }
             Outcome::Moved(envelope) => {
                 state.stats.moved_to_failure += 1;
