@@ -54,7 +54,7 @@ pub mod worker;
 
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
-    BusLink, DEFAULT_BUS, Dispatcher, Handler, MessageBus, MessageBusBuilder, Middleware, Next,
+    BusLink, DEFAULT_BUS, Dispatcher, Handler, HandlerOptions, MessageBus, MessageBusBuilder, Middleware, Next,
     Router, SendHook, Sending, with_trace_context,
 };
 pub use codec::{

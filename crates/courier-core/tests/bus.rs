@@ -346,3 +346,84 @@ async fn sync_transport_without_failure_transport_returns_the_error() {
     let transport = bus.transport("sync").unwrap();
     assert!(transport.get(10).await.unwrap().is_empty());
 }
+
+mod handler_options {
+    use std::sync::{Arc, Mutex};
+
+    use courier_core::{
+        BusError, Envelope, HandlerError, HandlerOptions, Message, MessageBus, ReceivedStamp,
+    };
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Serialize, Deserialize)]
+    struct Placed(u32);
+    impl Message for Placed {
+        const NAME: &'static str = "orders.placed";
+    }
+
+    type Log = Arc<Mutex<Vec<&'static str>>>;
+
+    fn logging(
+        log: &Log,
+        name: &'static str,
+    ) -> impl Fn(Arc<Placed>) -> std::future::Ready<Result<(), HandlerError>> + Send + Sync + 'static
+    {
+        let log = log.clone();
+        move |_| {
+            log.lock().unwrap().push(name);
+            std::future::ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn handlers_run_highest_priority_first_then_in_registration_order() {
+        let log = Log::default();
+        let bus = MessageBus::builder()
+            .handler_fn_with(HandlerOptions::new("low"), logging(&log, "low"))
+            .handler_fn_with(HandlerOptions::new("high").priority(10), logging(&log, "high"))
+            .handler_fn_with(HandlerOptions::new("low2"), logging(&log, "low2"))
+            .handler_fn_with(HandlerOptions::new("neg").priority(-5), logging(&log, "neg"))
+            .build();
+        bus.dispatch(Placed(1)).await.unwrap();
+        assert_eq!(*log.lock().unwrap(), ["high", "low", "low2", "neg"]);
+    }
+
+    #[tokio::test]
+    async fn a_from_transport_handler_runs_only_for_messages_received_from_that_transport() {
+        let log = Log::default();
+        let bus = MessageBus::builder()
+            .handler_fn_with(HandlerOptions::new("any"), logging(&log, "any"))
+            .handler_fn_with(
+                HandlerOptions::new("orders-only").from_transport("orders"),
+                logging(&log, "orders-only"),
+            )
+            .build();
+        bus.dispatch(Envelope::new(Placed(1)).with(ReceivedStamp("orders".into())))
+            .await
+            .unwrap();
+        bus.dispatch(Envelope::new(Placed(2)).with(ReceivedStamp("other".into())))
+            .await
+            .unwrap();
+        bus.dispatch(Placed(3)).await.unwrap();
+        assert_eq!(*log.lock().unwrap(), ["any", "orders-only", "any", "any"]);
+    }
+
+    #[tokio::test]
+    async fn no_applicable_handler_is_an_error_unless_the_bus_allows_no_handlers() {
+        let log = Log::default();
+        let strict = MessageBus::builder()
+            .handler_fn_with(
+                HandlerOptions::new("orders-only").from_transport("orders"),
+                logging(&log, "orders-only"),
+            )
+            .build();
+        let err = strict.dispatch(Placed(1)).await.unwrap_err();
+        assert!(matches!(err, BusError::NoHandler { .. }), "{err}");
+        let lenient = MessageBus::builder()
+            .message::<Placed>()
+            .allow_no_handlers(true)
+            .build();
+        lenient.dispatch(Placed(2)).await.unwrap();
+        assert!(log.lock().unwrap().is_empty());
+    }
+}

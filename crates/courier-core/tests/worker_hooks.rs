@@ -185,3 +185,37 @@ async fn a_send_hook_sees_the_transports_and_stamps_what_is_sent() {
         assert_eq!(sent[0].last::<PriorityStamp>(), Some(&PriorityStamp(3)));
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn dispatch_to_sends_every_message_to_one_bus_whatever_its_bus_stamp() {
+    let q = Arc::new(InMemoryTransport::new());
+    let command = Seen::default();
+    let events = Seen::default();
+    let command_bus = MessageBus::builder()
+        .name("command")
+        .handler(command.clone())
+        .build();
+    let event_bus = MessageBus::builder()
+        .name("event")
+        .handler(events.clone())
+        .build();
+    // Stamped for the command bus (as dispatching on it would), consumed with `--bus event`.
+    courier_core::Transport::send(
+        &*q,
+        Envelope::new(Job(1)).with(courier_core::BusNameStamp("command".into())),
+    )
+    .await
+    .unwrap();
+    let stats = Worker::builder(command_bus)
+        .bus(event_bus.clone())
+        .dispatch_to(event_bus)
+        .receiver("async", q.clone())
+        .limit(1)
+        .build()
+        .run(Default::default())
+        .await
+        .unwrap();
+    assert_eq!(stats.handled, 1);
+    assert_eq!(events.jobs(), [(1, None)]);
+    assert!(command.jobs().is_empty());
+}

@@ -91,8 +91,77 @@ where
     }
 }
 
+/// How a handler is registered (Messenger's `#[AsMessageHandler]` options): its name, the
+/// transport it handles messages from, and its priority.
+///
+/// ```
+/// use courier_core::{HandlerError, HandlerOptions, Message, MessageBus};
+/// use serde::{Deserialize, Serialize};
+/// use std::sync::Arc;
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Ordered { id: u32 }
+/// impl Message for Ordered { const NAME: &'static str = "orders.placed"; }
+///
+/// let bus = MessageBus::builder()
+///     // Runs first (higher priority), for every message of the type.
+///     .handler_fn_with(HandlerOptions::new("audit").priority(10), |_: Arc<Ordered>| async {
+///         Ok::<(), HandlerError>(())
+///     })
+///     // Runs only for messages a worker received from the `orders` transport.
+///     .handler_fn_with(HandlerOptions::new("ship").from_transport("orders"), |_: Arc<Ordered>| async {
+///         Ok::<(), HandlerError>(())
+///     })
+///     .build();
+/// # let _ = bus;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HandlerOptions {
+    /// The handler's name, recorded in [`HandledStamp`](crate::HandledStamp): keep it stable
+    /// across deployments.
+    pub name: String,
+    /// Handle only messages received from this transport (a worker's
+    /// [`ReceivedStamp`](crate::ReceivedStamp)); messages dispatched in-process and those
+    /// received elsewhere skip this handler.
+    pub from_transport: Option<String>,
+    /// Handlers of one message run highest priority first (default 0; equal priorities in the
+    /// order registered).
+    pub priority: i32,
+}
+
+impl HandlerOptions {
+    /// Options for a handler named `name`: every transport, priority 0.
+    #[must_use]
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            from_transport: None,
+            priority: 0,
+        }
+    }
+
+    /// Sets [`HandlerOptions::from_transport`].
+    #[must_use]
+    pub fn from_transport(mut self, transport: impl Into<String>) -> Self {
+        self.from_transport = Some(transport.into());
+        self
+    }
+
+    /// Sets [`HandlerOptions::priority`].
+    #[must_use]
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+}
+
 pub(crate) struct HandlerEntry {
     pub(crate) name: Arc<str>,
+    /// Only for messages received from this transport.
+    pub(crate) from_transport: Option<Arc<str>>,
+    /// Higher runs first.
+    pub(crate) priority: i32,
     /// The [`HandledStamp`](crate::HandledStamp) added on success, shared by every envelope.
     pub(crate) handled: Arc<dyn crate::stamp::AnyStamp>,
     pub(crate) handler: Arc<dyn ErasedHandler>,

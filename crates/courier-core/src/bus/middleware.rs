@@ -10,6 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::MessageBus;
+use super::handler::HandlerEntry;
 use crate::{
     BusError, BusNameStamp, DispatchAfterCurrentBusStamp, Envelope, HandledStamp, HandlerFailure,
     ReceivedStamp, SentStamp, SentToFailureTransportStamp, TraceContextStamp, TransportNamesStamp,
@@ -229,7 +230,22 @@ async fn handle(bus: &MessageBus, mut envelope: Envelope) -> Result<Envelope, Bu
         .handlers
         .get(envelope.message_name())
         .map_or(&[][..], Vec::as_slice);
-    if handlers.is_empty() {
+    // Read only when a handler filters by transport: the common case costs nothing.
+    let received = if handlers.iter().any(|e| e.from_transport.is_some()) {
+        envelope.last::<ReceivedStamp>().map(|r| r.0.clone())
+    } else {
+        None
+    };
+    let applies = move |entry: &&HandlerEntry| {
+        entry
+            .from_transport
+            .as_deref()
+            .is_none_or(|from| received.as_deref() == Some(from))
+    };
+    if !handlers.iter().any(|e| applies(&e)) {
+        if bus.inner.allow_no_handlers {
+            return Ok(envelope);
+        }
         return Err(BusError::NoHandler {
             name: envelope.message_name().to_owned(),
         });
@@ -237,7 +253,7 @@ async fn handle(bus: &MessageBus, mut envelope: Envelope) -> Result<Envelope, Bu
     let (envelope, failures) = CURRENT
         .scope(bus.clone(), async move {
             let mut failures = Vec::new();
-            for entry in handlers {
+            for entry in handlers.iter().filter(applies) {
                 if envelope
                     .all::<HandledStamp>()
                     .any(|h| *h.handler == *entry.name)

@@ -10,7 +10,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, OnceLock, Weak};
 
-pub use handler::Handler;
+pub use handler::{Handler, HandlerOptions};
 pub use middleware::{Middleware, Next, with_trace_context};
 pub use routing::Router;
 pub use sending::{SendHook, Sending};
@@ -34,6 +34,7 @@ pub(crate) struct BusInner {
     router: Router,
     registry: Arc<MessageRegistry>,
     on_send: Vec<SendHook>,
+    allow_no_handlers: bool,
 }
 
 /// A message bus (Symfony's `MessageBusInterface`): routes each message to its transports, or
@@ -257,6 +258,7 @@ pub struct MessageBusBuilder {
     links: Vec<BusLink>,
     dispatchers: Vec<Dispatcher>,
     on_send: Vec<SendHook>,
+    allow_no_handlers: bool,
 }
 
 impl MessageBusBuilder {
@@ -286,23 +288,60 @@ impl MessageBusBuilder {
     /// [`HandledStamp`](crate::HandledStamp): keep it stable across deployments.
     #[must_use]
     pub fn handler_named<M: Message, H: Handler<M>>(
-        mut self,
+        self,
         name: impl Into<String>,
         handler: H,
     ) -> Self {
+        self.handler_with::<M, H>(HandlerOptions::new(name), handler)
+    }
+
+    /// Registers a handler for `M` with its options: name, the transport it handles messages
+    /// from, priority (see [`HandlerOptions`]).
+    #[must_use]
+    pub fn handler_with<M: Message, H: Handler<M>>(
+        mut self,
+        options: HandlerOptions,
+        handler: H,
+    ) -> Self {
         self.know::<M>();
-        let name: String = name.into();
+        let HandlerOptions {
+            name,
+            from_transport,
+            priority,
+        } = options;
         let entry = HandlerEntry {
             handled: Arc::new(crate::HandledStamp {
                 handler: name.clone(),
             }),
             name: Arc::from(name),
+            from_transport: from_transport.map(Arc::from),
+            priority,
             handler: Arc::new(Typed::<M, H>::new(handler)) as Arc<dyn ErasedHandler>,
         };
-        self.handlers
-            .entry(M::NAME.to_owned())
-            .or_default()
-            .push(entry);
+        let entries = self.handlers.entry(M::NAME.to_owned()).or_default();
+        // Highest priority first; equal priorities keep their registration order.
+        let at = entries.partition_point(|e| e.priority >= priority);
+        entries.insert(at, entry);
+        self
+    }
+
+    /// Registers a closure handler for `M` with its options (see [`HandlerOptions`]).
+    #[must_use]
+    pub fn handler_fn_with<M, F, Fut>(self, options: HandlerOptions, f: F) -> Self
+    where
+        M: Message,
+        F: Fn(Arc<M>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        self.handler_with::<M, FnHandler<F>>(options, FnHandler(f))
+    }
+
+    /// Whether a message with no handler (none registered, or none for the transport it came
+    /// from) is handled successfully by doing nothing, instead of failing with
+    /// [`BusError::NoHandler`] (Messenger's `allow_no_handlers`; default false).
+    #[must_use]
+    pub fn allow_no_handlers(mut self, allow: bool) -> Self {
+        self.allow_no_handlers = allow;
         self
     }
 
@@ -423,6 +462,7 @@ impl MessageBusBuilder {
                 router: self.router,
                 registry: self.registry,
                 on_send: self.on_send,
+                allow_no_handlers: self.allow_no_handlers,
             }),
         };
         for link in &self.links {

@@ -70,6 +70,8 @@ pub struct Worker {
     pub(crate) options: WorkerOptions,
     pub(crate) listeners: Vec<Listener>,
     pub(crate) on_received: Vec<ReceivedHook>,
+    /// Every message goes to this bus, whatever its `BusNameStamp` says (`consume --bus`).
+    pub(crate) forced_bus: Option<MessageBus>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -128,6 +130,7 @@ impl Worker {
                 options: WorkerOptions::default(),
                 listeners: Vec::new(),
                 on_received: Vec::new(),
+                forced_bus: None,
             },
             global_failure: None,
         }
@@ -194,6 +197,14 @@ impl WorkerBuilder {
     #[must_use]
     pub fn bus(mut self, bus: MessageBus) -> Self {
         self.worker.buses.insert(bus.name().to_owned(), bus);
+        self
+    }
+
+    /// Dispatches every received message to `bus`, whatever bus its `BusNameStamp` names
+    /// (Messenger's `messenger:consume --bus`).
+    #[must_use]
+    pub fn dispatch_to(mut self, bus: MessageBus) -> Self {
+        self.worker.forced_bus = Some(bus);
         self
     }
 

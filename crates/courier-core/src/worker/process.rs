@@ -153,10 +153,12 @@ impl Worker {
         id: Option<String>,
         message_type: crate::metrics::SharedString,
     ) -> Done {
-        let bus = envelope
-            .last::<BusNameStamp>()
-            .and_then(|b| self.buses.get(&b.0))
-            .unwrap_or(&self.default_bus);
+        let bus = self.forced_bus.as_ref().unwrap_or_else(|| {
+            envelope
+                .last::<BusNameStamp>()
+                .and_then(|b| self.buses.get(&b.0))
+                .unwrap_or(&self.default_bus)
+        });
         let trace = envelope.last::<TraceContextStamp>().cloned();
         let started = Instant::now();
         let result = with_trace_context(trace, bus.dispatch(envelope.clone())).await;
