@@ -62,15 +62,33 @@ impl App {
     }
 
     /// Registers a named handler for `M`; the name goes into `HandledStamp`.
-    pub fn handler_named<M: Message, H: Handler<M>>(mut self, name: &str, handler: H) -> Self {
+    pub fn handler_named<M: Message, H: Handler<M>>(self, name: &str, handler: H) -> Self {
+        self.handler_with::<M, H>(courier_core::HandlerOptions::new(name), handler)
+    }
+
+    /// Registers a handler for `M` with its options: name, the transport it handles messages
+    /// from, priority (see [`HandlerOptions`](courier_core::HandlerOptions)).
+    pub fn handler_with<M: Message, H: Handler<M>>(
+        mut self,
+        options: courier_core::HandlerOptions,
+        handler: H,
+    ) -> Self {
         let shared = Shared(Arc::new(handler));
-        let name = name.to_owned();
         self.wiring.registry.register::<M>();
         self.wiring
             .bus_hooks
             .push(Arc::new(move |b: MessageBusBuilder| {
-                b.handler_named::<M, _>(name.clone(), shared.clone())
+                b.handler_with::<M, _>(options.clone(), shared.clone())
             }));
+        self
+    }
+
+    /// Registers a middleware under `name`, for the buses whose `[buses.NAME] middleware` list
+    /// names it (in that list's order).
+    pub fn middleware(mut self, name: &str, middleware: impl courier_core::Middleware) -> Self {
+        self.wiring
+            .middleware
+            .insert(name.to_owned(), Arc::new(middleware));
         self
     }
 

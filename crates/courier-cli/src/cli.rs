@@ -37,8 +37,12 @@ pub(crate) enum Format {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Create tables / queues / streams for every transport (idempotent)
-    Setup,
+    /// Create tables / queues / streams for every transport and the run store, or for the named
+    /// transports only (idempotent)
+    Setup {
+        /// Transports to set up (default: every transport, and the run store)
+        transports: Vec<String>,
+    },
     /// Consume messages from transports (all non-failure transports when none is named)
     ///
     /// A broker or database that is down at start is retried with capped exponential backoff
@@ -98,8 +102,19 @@ pub(crate) enum Command {
 
 #[derive(Debug, Args)]
 pub(crate) struct ConsumeArgs {
-    /// Transports to consume, highest priority first
+    /// Transports to consume, highest priority first (default: every transport that is no
+    /// failure transport)
     pub(crate) transports: Vec<String>,
+    /// With no transport named: consume all but these (comma-separated)
+    #[arg(long, value_delimiter = ',', value_name = "TRANSPORT")]
+    pub(crate) exclude_receivers: Vec<String>,
+    /// Consume only these queues of the transports (comma-separated, highest priority first;
+    /// SQL `queue_name`s, AMQP queues)
+    #[arg(long, value_delimiter = ',', value_name = "QUEUE")]
+    pub(crate) queues: Vec<String>,
+    /// Dispatch every received message to this bus, whatever bus it names
+    #[arg(long, value_name = "NAME")]
+    pub(crate) bus: Option<String>,
     /// Stop after this many messages
     #[arg(long)]
     pub(crate) limit: Option<u64>,

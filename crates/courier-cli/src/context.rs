@@ -39,6 +39,26 @@ fn registry(app: &Wiring) -> MessageRegistry {
     registry
 }
 
+/// Every middleware a `[buses.NAME]` table lists is one the application registered.
+fn check_middleware(app: &Wiring, config: &Config) -> CliResult {
+    for (bus, table) in &config.buses {
+        for name in &table.middleware {
+            if !app.middleware.contains_key(name) {
+                let known: Vec<&str> = app.middleware.keys().map(String::as_str).collect();
+                return Err(CliError::usage(format!(
+                    "buses.{bus}.middleware: unknown middleware `{name}` (registered: {})",
+                    if known.is_empty() {
+                        "none; register one with App::middleware".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Where the configuration came from.
 #[derive(Debug, Clone)]
 pub(crate) enum Source {
@@ -77,6 +97,7 @@ impl<'a> Ctx<'a> {
                 remember_secret(p);
             }
         }
+        check_middleware(app, &config)?;
         Ok(Self {
             app,
             config,
@@ -124,16 +145,44 @@ impl<'a> Ctx<'a> {
             })
     }
 
-    /// A bus over `transports` with the application's handlers, plus `extra`.
+    /// The default bus over `transports` with the application's handlers and the bus's
+    /// `[buses.NAME]` middleware, plus `extra`.
     pub(crate) fn bus(
         &self,
         transports: &Transports,
         extra: impl FnOnce(courier_core::MessageBusBuilder) -> courier_core::MessageBusBuilder,
     ) -> MessageBus {
+        let name = self.config.default_bus_name().to_owned();
+        extra(self.bus_builder(transports, &name)).build()
+    }
+
+    /// The declared buses other than the default one (a worker dispatches to the bus a
+    /// message's `BusNameStamp` names).
+    pub(crate) fn other_buses(&self, transports: &Transports) -> Vec<MessageBus> {
+        let default = self.config.default_bus_name();
+        self.config
+            .buses
+            .keys()
+            .filter(|name| name.as_str() != default)
+            .map(|name| self.bus_builder(transports, name).build())
+            .collect()
+    }
+
+    /// A bus named `name` over `transports`: the application's handlers, then the middleware
+    /// its `[buses.NAME]` table lists.
+    fn bus_builder(&self, transports: &Transports, name: &str) -> courier_core::MessageBusBuilder {
         // The bus decodes with the transports' registry (`Ctx::registry`), which already knows
         // every handler's message.
-        let builder = self.app.apply(transports.bus_builder());
-        extra(builder).build()
+        let mut builder = self.app.apply(transports.bus_builder()).name(name);
+        if let Some(bus) = self.config.buses.get(name) {
+            builder = builder.allow_no_handlers(bus.allow_no_handlers);
+            for m in &bus.middleware {
+                if let Some(middleware) = self.app.middleware.get(m) {
+                    builder = builder.middleware_shared(middleware.clone());
+                }
+            }
+        }
+        builder
     }
 
     /// Checks that every name is a configured transport.

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use courier_core::{MessageBusBuilder, MessageRegistry, TransportRegistry};
+use std::collections::BTreeMap;
+
+use courier_core::{MessageBusBuilder, MessageRegistry, Middleware, TransportRegistry};
 
 /// A bus customisation: a handler registration, middleware, routes.
 pub(crate) type BusHook = Arc<dyn Fn(MessageBusBuilder) -> MessageBusBuilder + Send + Sync>;
@@ -17,6 +19,8 @@ pub(crate) struct Wiring {
     pub(crate) registry: MessageRegistry,
     /// The transport factories, by DSN scheme.
     pub(crate) factories: TransportRegistry,
+    /// Middleware by name, for `[buses.NAME] middleware = [...]`.
+    pub(crate) middleware: BTreeMap<String, Arc<dyn Middleware>>,
     /// The agents `runs submit` and the run worker can execute.
     #[cfg(feature = "runs")]
     pub(crate) agents: crate::runs::Agents,
@@ -47,6 +51,7 @@ impl Wiring {
             bus_hooks: Vec::new(),
             registry: MessageRegistry::new(),
             factories,
+            middleware: BTreeMap::new(),
             #[cfg(feature = "runs")]
             agents: crate::runs::Agents::with_builtin(),
         }

@@ -27,6 +27,10 @@
 //! error naming it. Durations are humantime strings (`250ms`, `30s`, `10min`). Unknown keys are
 //! errors naming the key. The `[runs]` table is kept as-is for `courier-runs` to validate.
 
+mod buses;
+
+pub use buses::BusConfig;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -82,6 +86,13 @@ pub struct Config {
     /// The `[runs]` table, validated by `courier-runs`.
     #[serde(default)]
     pub runs: Option<toml::Table>,
+    /// The bus messages are dispatched on and received messages go to when they name none
+    /// (see [`Config::default_bus_name`]).
+    #[serde(default)]
+    pub default_bus: Option<String>,
+    /// `[buses.NAME]`: named buses with their middleware ([`BusConfig`]).
+    #[serde(default)]
+    pub buses: BTreeMap<String, BusConfig>,
 }
 
 /// One `[transports.NAME]` table.
@@ -276,6 +287,7 @@ impl Config {
     /// # Errors
     /// [`ConfigError`] naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        buses::validate(self.default_bus.as_deref(), &self.buses)?;
         let known = |name: &str| self.transports.contains_key(name);
         let list = || {
             self.transports
@@ -325,6 +337,13 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The default bus's name: `default_bus`, else the only bus declared, else
+    /// [`DEFAULT_BUS`](crate::DEFAULT_BUS).
+    #[must_use]
+    pub fn default_bus_name(&self) -> &str {
+        buses::default_bus(self.default_bus.as_deref(), &self.buses)
     }
 
     /// The router the `[routing]` table describes.
@@ -472,23 +491,8 @@ impl Transports {
         bus: MessageBus,
         receivers: &[String],
     ) -> Result<WorkerBuilder, ConfigError> {
-        let names: Vec<String> = if receivers.is_empty() {
-            let failure: Vec<&str> = self
-                .config
-                .transports
-                .keys()
-                .filter_map(|n| self.config.failure_transport_of(n))
-                .collect();
-            self.transports
-                .keys()
-                .filter(|n| !failure.contains(&n.as_str()))
-                .cloned()
-                .collect()
-        } else {
-            receivers.to_vec()
-        };
-        let mut builder = Worker::builder(bus);
-        for name in names {
+        let mut chosen = Vec::new();
+        for name in self.receiver_names(receivers) {
             let transport = self.transports.get(&name).ok_or_else(|| {
                 ConfigError::new(format!(
                     "unknown transport `{name}` (configured: {})",
@@ -499,6 +503,42 @@ impl Transports {
                         .join(", ")
                 ))
             })?;
+            chosen.push((name, transport.clone()));
+        }
+        Ok(self.worker_on(bus, chosen))
+    }
+
+    /// The transports a worker consumes for `receivers`: those, or, when empty, every transport
+    /// that is no transport's failure transport.
+    #[must_use]
+    pub fn receiver_names(&self, receivers: &[String]) -> Vec<String> {
+        if !receivers.is_empty() {
+            return receivers.to_vec();
+        }
+        let failure: Vec<&str> = self
+            .config
+            .transports
+            .keys()
+            .filter_map(|n| self.config.failure_transport_of(n))
+            .collect();
+        self.transports
+            .keys()
+            .filter(|n| !failure.contains(&n.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// A worker consuming these receivers in order, each `(transport name, transport)` with the
+    /// named transport's retry strategy and failure transport. The transport may be a view of
+    /// the named one (one of its queues: [`Queues`](crate::Queues)).
+    #[must_use]
+    pub fn worker_on(
+        &self,
+        bus: MessageBus,
+        receivers: Vec<(String, Arc<dyn Transport>)>,
+    ) -> WorkerBuilder {
+        let mut builder = Worker::builder(bus);
+        for (name, transport) in receivers {
             let retry = self
                 .config
                 .transports
@@ -506,7 +546,7 @@ impl Transports {
                 .map(|t| t.retry.strategy())
                 .unwrap_or_default();
             builder = builder
-                .receiver(name.clone(), transport.clone())
+                .receiver(name.clone(), transport)
                 .retry_strategy(Arc::new(retry));
             if let Some(f) = self.config.failure_transport_of(&name)
                 && let Some(ft) = self.transports.get(f)
@@ -514,7 +554,7 @@ impl Transports {
                 builder = builder.failure_transport(f.to_owned(), ft.clone());
             }
         }
-        Ok(builder)
+        builder
     }
 }
 

@@ -54,8 +54,8 @@ pub mod worker;
 
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
-    BusLink, DEFAULT_BUS, Dispatcher, Handler, HandlerOptions, MessageBus, MessageBusBuilder, Middleware, Next,
-    Router, SendHook, Sending, with_trace_context,
+    BusLink, DEFAULT_BUS, Dispatcher, Handler, HandlerOptions, MessageBus, MessageBusBuilder,
+    Middleware, Next, Router, SendHook, Sending, with_trace_context,
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,
@@ -73,8 +73,8 @@ pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
 pub use stamp::*;
 pub use transport::{
     Capabilities, DEFAULT_WORKER_STALE_AFTER, FactoryContext, Heartbeat, InMemoryOptions,
-    InMemoryTransport, Listable, MessageCount, Setup, SyncTransport, Transport, TransportFactory,
-    TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
+    InMemoryTransport, Listable, MessageCount, Queues, Setup, SyncTransport, Transport,
+    TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
 };
 pub use worker::{
     CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats,

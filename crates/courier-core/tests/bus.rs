@@ -380,9 +380,15 @@ mod handler_options {
         let log = Log::default();
         let bus = MessageBus::builder()
             .handler_fn_with(HandlerOptions::new("low"), logging(&log, "low"))
-            .handler_fn_with(HandlerOptions::new("high").priority(10), logging(&log, "high"))
+            .handler_fn_with(
+                HandlerOptions::new("high").priority(10),
+                logging(&log, "high"),
+            )
             .handler_fn_with(HandlerOptions::new("low2"), logging(&log, "low2"))
-            .handler_fn_with(HandlerOptions::new("neg").priority(-5), logging(&log, "neg"))
+            .handler_fn_with(
+                HandlerOptions::new("neg").priority(-5),
+                logging(&log, "neg"),
+            )
             .build();
         bus.dispatch(Placed(1)).await.unwrap();
         assert_eq!(*log.lock().unwrap(), ["high", "low", "low2", "neg"]);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use courier_core::{
     Backoff, Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Envelope, Listable, MessageCount,
-    MessageRegistry, PriorityStamp, Setup, Transport, TransportError, TransportErrorKind,
+    MessageRegistry, PriorityStamp, Queues, Setup, Transport, TransportError, TransportErrorKind,
     TransportMessageIdStamp, async_trait, encode_json,
 };
 use tokio::time::Instant;
@@ -460,6 +460,10 @@ impl Transport for SqlTransport {
         Some(self)
     }
 
+    fn as_queues(&self) -> Option<&dyn Queues> {
+        Some(self)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .with_delay(None)
@@ -525,6 +529,24 @@ impl MessageCount for SqlTransport {
             .attempt("counting messages", || self.backend.count())
             .await?;
         Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+/// Another `queue_name` of the same table, on a pool of its own (`consume --queues`); the table
+/// is already set up by this transport.
+#[async_trait]
+impl Queues for SqlTransport {
+    async fn queue(&self, queue: &str) -> Result<Arc<dyn Transport>, TransportError> {
+        if queue.is_empty() || queue.len() > 190 {
+            return Err(
+                TransportError::new(TransportErrorKind::Config, self.name.clone())
+                    .with_context("invalid queue name: expected 1 to 190 bytes"),
+            );
+        }
+        let options = self.options.clone().queue_name(queue).auto_setup(false);
+        let view = Self::connect_with(self.name.clone(), &self.dsn, options, self.registry.clone())
+            .await?;
+        Ok(Arc::new(view))
     }
 }
 

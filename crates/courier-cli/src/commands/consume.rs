@@ -25,6 +25,7 @@ struct Counters {
 
 pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     ctx.check_transports(&args.transports)?;
+    check_choice(ctx, args)?;
     #[cfg(feature = "runs")]
     let mut runs = crate::runs::WorkerParts::prepare(ctx, args.reap_every)?;
     #[cfg(not(feature = "runs"))]
@@ -86,8 +87,18 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     });
     let verbose = ctx.verbose >= 1;
     let listen = counters.clone();
-    let mut builder = transports
-        .worker(bus, &args.transports)?
+    let receivers = receivers(&transports, args).await?;
+    let mut builder = transports.worker_on(bus.clone(), receivers);
+    for other in ctx.other_buses(&transports) {
+        if args.bus.as_deref() == Some(other.name()) {
+            builder = builder.dispatch_to(other.clone());
+        }
+        builder = builder.bus(other);
+    }
+    if args.bus.as_deref() == Some(bus.name()) {
+        builder = builder.dispatch_to(bus);
+    }
+    let mut builder = builder
         .fetch_size(usize::from(args.fetch_size))
         .concurrency(usize::from(args.concurrency))
         .sleep(args.sleep)
@@ -144,6 +155,60 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     })?;
     report(ctx, &stats)?;
     joined
+}
+
+/// `--exclude-receivers` and `--bus` name what the configuration has.
+fn check_choice(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
+    ctx.check_transports(&args.exclude_receivers)?;
+    if !args.exclude_receivers.is_empty() && !args.transports.is_empty() {
+        return Err(CliError::usage(
+            "`--exclude-receivers` applies when no transport is named (consume all but these)",
+        ));
+    }
+    if let Some(bus) = &args.bus {
+        let default = ctx.config.default_bus_name();
+        if bus != default && !ctx.config.buses.contains_key(bus) {
+            let mut known: Vec<&str> = ctx.config.buses.keys().map(String::as_str).collect();
+            if !known.contains(&default) {
+                known.insert(0, default);
+            }
+            return Err(CliError::usage(format!(
+                "--bus: unknown bus `{bus}` (configured: {})",
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The receivers in priority order: the named transports (else all but failure transports and
+/// `--exclude-receivers`), each split into its `--queues` when given.
+async fn receivers(
+    transports: &courier_core::config::Transports,
+    args: &ConsumeArgs,
+) -> CliResult<Vec<(String, Arc<dyn courier_core::Transport>)>> {
+    let mut out = Vec::new();
+    for name in transports.receiver_names(&args.transports) {
+        if args.exclude_receivers.contains(&name) {
+            continue;
+        }
+        let Some(transport) = transports.get(&name) else {
+            return Err(CliError::usage(format!("unknown transport `{name}`")));
+        };
+        if args.queues.is_empty() {
+            out.push((name, transport.clone()));
+            continue;
+        }
+        let Some(queues) = transport.as_queues() else {
+            return Err(CliError::usage(format!(
+                "transport `{name}` has a single queue: --queues needs a transport with several (SQL)"
+            )));
+        };
+        for queue in &args.queues {
+            out.push((name.clone(), queues.queue(queue).await?));
+        }
+    }
+    Ok(out)
 }
 
 /// A task beside the worker (signals, stop file, progress line, reaper), named for its errors.

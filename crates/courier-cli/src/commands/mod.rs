@@ -18,7 +18,7 @@ use crate::error::{CliError, CliResult};
 /// Runs a command that uses the loaded configuration.
 pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
     match command {
-        Command::Setup => setup::run(ctx).await,
+        Command::Setup { transports } => setup::run(ctx, transports).await,
         Command::Consume(args) => consume::run(ctx, args).await,
         Command::Stats { transports } => stats::run(ctx, transports).await,
         Command::Failed(cmd) => failed::run(ctx, cmd).await,

@@ -1,12 +1,24 @@
-//! `courier setup`: create tables / queues / streams for every transport (idempotent).
+//! `courier setup [TRANSPORT...]`: create tables / queues / streams for every transport and the
+//! run store, or for the named transports only (idempotent).
 
 use std::collections::BTreeMap;
 
 use crate::context::Ctx;
 use crate::error::CliResult;
 
-pub(crate) async fn run(ctx: &Ctx<'_>) -> CliResult {
-    let transports = ctx.connect().await?;
+pub(crate) async fn run(ctx: &Ctx<'_>, only: &[String]) -> CliResult {
+    ctx.check_transports(only)?;
+    let transports = if only.is_empty() {
+        ctx.connect().await?
+    } else {
+        // Only these are connected: a transport that sets itself up on connect must not touch
+        // the others.
+        let mut config = ctx.config.clone();
+        config.transports.retain(|name, _| only.contains(name));
+        config
+            .connect(&ctx.app.factories, ctx.registry.clone())
+            .await?
+    };
     let mut done: BTreeMap<String, (&str, Vec<String>)> = BTreeMap::new();
     for (name, transport) in transports.all() {
         let state = match transport.as_setup() {
@@ -16,7 +28,11 @@ pub(crate) async fn run(ctx: &Ctx<'_>) -> CliResult {
         done.insert(name.clone(), state);
     }
     #[cfg(feature = "runs")]
-    let runs = crate::runs::setup(ctx).await?;
+    let runs = if only.is_empty() {
+        crate::runs::setup(ctx).await?
+    } else {
+        None
+    };
     #[cfg(not(feature = "runs"))]
     let runs: Option<(String, Vec<String>)> = None;
     if ctx.json() {

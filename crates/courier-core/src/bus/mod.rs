@@ -445,6 +445,13 @@ impl MessageBusBuilder {
         self
     }
 
+    /// Adds a shared middleware (one instance on several buses).
+    #[must_use]
+    pub fn middleware_shared(mut self, middleware: Arc<dyn Middleware>) -> Self {
+        self.middleware.push(middleware);
+        self
+    }
+
     /// Builds the bus, binds its links and fills its dispatchers.
     #[must_use]
     pub fn build(self) -> MessageBus {

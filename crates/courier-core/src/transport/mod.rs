@@ -11,6 +11,7 @@ mod sync;
 mod workers;
 
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -225,6 +226,11 @@ pub trait Transport: Send + Sync + Debug {
         None
     }
 
+    /// Receiving from one of several queues behind this transport (`consume --queues`).
+    fn as_queues(&self) -> Option<&dyn Queues> {
+        None
+    }
+
     /// The worker registry in this transport's store (a table, a hash), where workers announce
     /// themselves for `courier workers` and `courier stop-workers`.
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
@@ -260,6 +266,15 @@ pub trait Listable: Send + Sync {
     async fn remove(&self, id: &str) -> Result<bool, TransportError>;
 }
 
+/// Several queues behind one transport (SQL `queue_name`s in one table, AMQP queues): what
+/// `courier consume --queues a,b` uses (Messenger's `QueueReceiverInterface`).
+#[async_trait]
+pub trait Queues: Send + Sync {
+    /// A transport that receives from `queue` only (and sends there); it shares this
+    /// transport's connections where it can.
+    async fn queue(&self, queue: &str) -> Result<Arc<dyn Transport>, TransportError>;
+}
+
 /// Counting messages.
 #[async_trait]
 pub trait MessageCount: Send + Sync {
@@ -269,7 +284,14 @@ pub trait MessageCount: Send + Sync {
 
 // Compile-time proof that the traits are object safe and `dyn Transport` is `Send + Sync`.
 const _: () = {
-    fn _obj_safe(_: &dyn Transport, _: &dyn Setup, _: &dyn Listable, _: &dyn MessageCount) {}
+    fn _obj_safe(
+        _: &dyn Transport,
+        _: &dyn Setup,
+        _: &dyn Listable,
+        _: &dyn MessageCount,
+        _: &dyn Queues,
+    ) {
+    }
     fn _send_sync<T: Send + Sync + ?Sized>() {}
     fn _dyn_transport_is_send_sync() {
         _send_sync::<dyn Transport>();
