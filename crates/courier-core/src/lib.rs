@@ -73,8 +73,9 @@ pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
 pub use stamp::*;
 pub use transport::{
     Capabilities, DEFAULT_WORKER_STALE_AFTER, FactoryContext, Heartbeat, InMemoryOptions,
-    InMemoryTransport, Listable, MessageCount, Queues, Setup, SyncTransport, Transport,
-    TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
+    InMemoryTransport, InMemoryWorkerRegistry, Listable, MessageCount, Queues, Setup,
+    SyncTransport, Transport, TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry,
+    retry_count, shared_worker_registry,
 };
 pub use worker::{
     CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats,

@@ -9,6 +9,7 @@ mod factory;
 mod memory;
 mod sync;
 mod workers;
+mod workers_memory;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
 pub use memory::{InMemoryOptions, InMemoryTransport};
 pub use sync::SyncTransport;
 pub use workers::{DEFAULT_WORKER_STALE_AFTER, Heartbeat, WorkerRecord, WorkerRegistry};
+pub use workers_memory::{InMemoryWorkerRegistry, shared_worker_registry};
 
 use crate::{DelayStamp, Envelope, RedeliveryStamp, TransportError, TransportErrorKind};
 

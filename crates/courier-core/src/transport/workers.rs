@@ -116,6 +116,13 @@ pub trait WorkerRegistry: Send + Sync {
     fn stale_after(&self) -> Duration {
         DEFAULT_WORKER_STALE_AFTER
     }
+
+    /// Where the records live, redacted (e.g. `postgres://app:***@db/app#courier_workers`), so
+    /// a caller holding several registries (one per transport of a configuration) can tell which
+    /// share a store and ask each store once. `None`: unknown, treat as its own store.
+    fn location(&self) -> Option<String> {
+        None
+    }
 }
 
 const _: () = {

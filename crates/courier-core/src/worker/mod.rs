@@ -16,6 +16,7 @@ mod events;
 mod hooks;
 mod io;
 mod process;
+mod registry;
 mod run;
 
 use std::collections::HashMap;
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 pub use events::{Listener, StopReason, WorkerEvent, WorkerStats};
 pub use hooks::{Received, ReceivedHook, Skip};
+pub use registry::{DEFAULT_REGISTRY_HEARTBEAT, UNREGISTER_TIMEOUT, default_worker_id, host_name};
 pub use tokio_util::sync::CancellationToken;
 
 use crate::retry::{MultiplierRetryStrategy, RetryStrategy};
@@ -72,6 +74,8 @@ pub struct Worker {
     pub(crate) on_received: Vec<ReceivedHook>,
     /// Every message goes to this bus, whatever its `BusNameStamp` says (`consume --bus`).
     pub(crate) forced_bus: Option<MessageBus>,
+    /// Where the worker registers itself, if anywhere ([`WorkerBuilder::registry`]).
+    pub(crate) registration: Option<Arc<registry::Registration>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -131,6 +135,7 @@ impl Worker {
                 listeners: Vec::new(),
                 on_received: Vec::new(),
                 forced_bus: None,
+                registration: None,
             },
             global_failure: None,
         }
@@ -280,6 +285,39 @@ impl WorkerBuilder {
     #[must_use]
     pub fn ack_linger(mut self, linger: Duration) -> Self {
         self.worker.options.ack_linger = linger;
+        self
+    }
+
+    /// Registers the worker in `registry` as `record` while it runs (see
+    /// [`crate::WorkerRegistry`]): registered at start, a heartbeat with its handled
+    /// and failed counts every [`WorkerBuilder::registry_heartbeat`] on a task beside the loop,
+    /// unregistered when [`Worker::run`] returns. A heartbeat that says a stop was requested
+    /// (`courier stop-workers`) stops the worker like its shutdown token. A store that fails is
+    /// logged and tried again at the next heartbeat; it never stops the worker.
+    #[must_use]
+    pub fn registry(
+        mut self,
+        registry: Arc<dyn crate::WorkerRegistry>,
+        record: crate::WorkerRecord,
+    ) -> Self {
+        let heartbeat = self.worker.registration.as_ref().and_then(|r| r.heartbeat);
+        self.worker.registration = Some(Arc::new(registry::Registration {
+            registry,
+            record,
+            heartbeat,
+            counts: Arc::default(),
+        }));
+        self
+    }
+
+    /// How often the worker heartbeats in its registry (default
+    /// [`DEFAULT_REGISTRY_HEARTBEAT`], 2 s; never more than a third of the registry's
+    /// `stale_after`). Call after [`WorkerBuilder::registry`].
+    #[must_use]
+    pub fn registry_heartbeat(mut self, every: Duration) -> Self {
+        if let Some(r) = self.worker.registration.as_mut() {
+            Arc::make_mut(r).heartbeat = Some(every);
+        }
         self
     }
 

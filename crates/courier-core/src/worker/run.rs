@@ -81,6 +81,9 @@ impl Worker {
         if self.receivers.is_empty() {
             return Err(WorkerError::NoReceivers);
         }
+        // A stop requested through the registry stops the loop like `shutdown`.
+        let shutdown = shutdown.child_token();
+        let beating = self.registration.clone().map(|r| r.start(shutdown.clone()));
         let mut beside = self.start_beside();
         let mut state = RunState {
             stats: WorkerStats::default(),
@@ -93,6 +96,9 @@ impl Worker {
         });
         let stopped_at = self.run_loop(&shutdown, &mut beside, &mut state).await;
         self.finish(beside, stopped_at, &mut state).await;
+        if let Some(beating) = beating {
+            beating.finish().await;
+        }
         state.stats.stop_reason = state.stop;
         let reason = state.stop.unwrap_or(StopReason::Shutdown);
         tracing::info!(reason = ?reason, handled = state.stats.handled, failed = state.stats.failed, "worker stopped");
@@ -450,6 +456,12 @@ impl Worker {
         }
         if done.skipped {
             state.stats.skipped += 1;
+        }
+        if let Some(r) = &self.registration {
+            r.counts.settled(
+                matches!(done.outcome, Outcome::Ack(_)) && !done.skipped,
+                done.failed,
+            );
         }
         match done.outcome {
             Outcome::Ack(envelope) => {
