@@ -151,6 +151,15 @@ pub(crate) trait Backend: Send + Sync + Debug {
     async fn count(&self) -> Result<i64, sqlx::Error>;
     /// Starts server push wake-ups if the dialect has them (idempotent).
     fn start_listener(&self, wake: &Arc<Wake>);
+    /// The worker registry beside the message table (`<table>_workers`) on the same pool.
+    fn workers(
+        &self,
+        name: &str,
+        location: &str,
+        stale_after: std::time::Duration,
+    ) -> Box<dyn courier_core::WorkerRegistry>;
+    /// Applies the worker registry's migrations not yet recorded; returns those it recorded.
+    async fn setup_workers(&self) -> Result<Vec<Applied>, sqlx::Error>;
     /// Server-side ids of the pool's connections, for tests that kill them.
     fn connection_ids(&self) -> Vec<u64>;
     /// The cause behind a pool that timed out, when one direct connection attempt finds it

@@ -85,6 +85,7 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transport;
+mod workers;
 
 pub use dialect::{
     Dialect, MAX_TABLE_NAME_LEN, UnknownDialect, invalid_table_name, is_valid_identifier,
@@ -102,3 +103,4 @@ pub use pool::sqlite_pool;
 pub use pool::{ConnectionIds, mysql_pool};
 pub use pool::{PoolSettings, SqlDatabase};
 pub use transport::SqlTransport;
+pub use workers::workers_table;

@@ -238,15 +238,41 @@ where
     for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
     for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
     for<'r> (Option<i64>,): sqlx::FromRow<'r, DB::Row>,
+    for<'r> crate::workers::Row: sqlx::FromRow<'r, DB::Row>,
 {
     async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error> {
+        let mut applied = {
+            let _turn = self.write_turn().await;
+            migrate::migrate(
+                &self.pool,
+                &migrate::MESSAGES,
+                &[("{messages}", &self.table)],
+            )
+            .await?
+        };
+        applied.extend(self.setup_workers().await?);
+        Ok(applied)
+    }
+
+    async fn setup_workers(&self) -> Result<Vec<Applied>, sqlx::Error> {
         let _turn = self.write_turn().await;
-        migrate::migrate(
-            &self.pool,
-            &migrate::MESSAGES,
-            &[("{messages}", &self.table)],
-        )
-        .await
+        let workers = crate::workers::workers_table(&self.table);
+        migrate::migrate(&self.pool, &migrate::WORKERS, &[("{workers}", &workers)]).await
+    }
+
+    fn workers(
+        &self,
+        name: &str,
+        location: &str,
+        stale_after: std::time::Duration,
+    ) -> Box<dyn courier_core::WorkerRegistry> {
+        Box::new(crate::workers::SqlWorkers::new(
+            self.pool.clone(),
+            &crate::workers::workers_table(&self.table),
+            name,
+            location,
+            stale_after,
+        ))
     }
 
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {

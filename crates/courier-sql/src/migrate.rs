@@ -1,5 +1,5 @@
 //! Versioned migrations for tables whose names are configured: the files in `migrations/` are
-//! templates (`{messages}`, `{runs}`, `{events}`), rendered with the table names and applied in
+//! templates (`{messages}`, `{workers}`, `{runs}`, `{events}`), rendered with the table names and applied in
 //! order, each once, recorded in a version table of the migrated table's own
 //! (`<table>_migrations`), so two sets of tables in one database never share versions and an
 //! application's own `_sqlx_migrations` is left alone.
@@ -65,6 +65,19 @@ pub static MESSAGES: Migrations = Migrations {
         mysql: Some(include_str!(
             "../migrations/mysql/0001_courier_messages.sql"
         )),
+        present_when: None,
+    }],
+};
+
+/// The worker registry's migrations (placeholder `{workers}`), beside each message table.
+pub static WORKERS: Migrations = Migrations {
+    main: "{workers}",
+    list: &[Migration {
+        version: 5,
+        description: "courier workers",
+        sqlite: include_str!("../migrations/sqlite/0005_courier_workers.sql"),
+        postgres: include_str!("../migrations/postgres/0005_courier_workers.sql"),
+        mysql: Some(include_str!("../migrations/mysql/0005_courier_workers.sql")),
         present_when: None,
     }],
 };

@@ -10,8 +10,8 @@ use crate::dialect::{invalid_table_name, is_valid_identifier};
 /// The options of a [`SqlTransport`](crate::SqlTransport).
 ///
 /// From a DSN query: `table_name`, `queue_name`, `redeliver_timeout`, `auto_setup`,
-/// `poll_window`, `max_connections`, `min_connections`, `acquire_timeout`, and on SQLite
-/// `busy_timeout`. Durations are humantime strings (`250ms`, `30s`, `1h`).
+/// `poll_window`, `max_connections`, `min_connections`, `acquire_timeout`, `worker_stale_after`
+/// (the worker registry's), and on SQLite `busy_timeout`. Durations are humantime strings (`250ms`, `30s`, `1h`).
 ///
 /// ```
 /// use courier_core::Dsn;
@@ -39,6 +39,7 @@ pub struct SqlOptions {
     pub(crate) min_connections: u32,
     pub(crate) acquire_timeout: Duration,
     pub(crate) busy_timeout: Duration,
+    pub(crate) worker_stale_after: Duration,
 }
 
 impl Default for SqlOptions {
@@ -53,6 +54,7 @@ impl Default for SqlOptions {
             min_connections: 0,
             acquire_timeout: Duration::from_secs(30),
             busy_timeout: Duration::from_secs(10),
+            worker_stale_after: courier_core::DEFAULT_WORKER_STALE_AFTER,
         }
     }
 }
@@ -71,6 +73,7 @@ pub(crate) const COURIER_OPTIONS: &[&str] = &[
     "min_connections",
     "acquire_timeout",
     "busy_timeout",
+    "worker_stale_after",
 ];
 
 impl From<&SqlOptions> for PoolSettings {
@@ -128,6 +131,12 @@ impl SqlOptions {
         }
         if let Some(t) = dsn.duration_option("busy_timeout")? {
             o.busy_timeout = t;
+        }
+        if let Some(t) = dsn.duration_option("worker_stale_after")? {
+            if t.is_zero() {
+                return Err(bad("worker_stale_after must be more than 0".to_owned()));
+            }
+            o.worker_stale_after = t;
         }
         Ok(o)
     }
@@ -200,6 +209,15 @@ impl SqlOptions {
     #[must_use]
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// Sets how long a worker may go without a heartbeat before the worker registry
+    /// (`<table>_workers`) counts it as gone (default 30 s; workers heartbeat every 2 s, or a
+    /// third of this when shorter).
+    #[must_use]
+    pub fn worker_stale_after(mut self, stale_after: Duration) -> Self {
+        self.worker_stale_after = stale_after;
         self
     }
 

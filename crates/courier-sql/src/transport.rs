@@ -6,7 +6,7 @@ use std::time::Duration;
 use courier_core::{
     Backoff, Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Envelope, Listable, MessageCount,
     MessageRegistry, PriorityStamp, Queues, Setup, Transport, TransportError, TransportErrorKind,
-    TransportMessageIdStamp, async_trait, encode_json,
+    TransportMessageIdStamp, WorkerRegistry, async_trait, encode_json,
 };
 use tokio::time::Instant;
 
@@ -32,6 +32,8 @@ pub struct SqlTransport {
     registry: Arc<MessageRegistry>,
     backend: Box<dyn Backend>,
     wake: Arc<Wake>,
+    /// The worker registry beside the table (`<table>_workers`).
+    workers: Box<dyn WorkerRegistry>,
     /// Migrations applied since it connected and not yet reported by `setup_report`.
     applied: std::sync::Mutex<Vec<String>>,
 }
@@ -80,7 +82,10 @@ impl SqlTransport {
     ) -> Result<Self, TransportError> {
         let name = name.into();
         let backend = crate::connect::backend(&name, dsn, &options).await?;
+        let location = courier_core::redact(dsn.expose_without_query());
+        let workers = backend.workers(&name, &location, options.worker_stale_after);
         let transport = Self {
+            workers,
             name,
             dsn: dsn.clone(),
             options,
@@ -137,6 +142,45 @@ impl SqlTransport {
             );
         }
         Ok(applied)
+    }
+
+    /// Connects only the worker registry of the table the DSN names (`<table>_workers`), and
+    /// creates its table if missing: where workers register when no transport of theirs has a
+    /// registry (a RabbitMQ-only configuration whose run store is SQL). The message table is not
+    /// created.
+    ///
+    /// # Errors
+    /// As [`SqlTransport::connect`].
+    pub async fn connect_worker_registry(
+        name: impl Into<String>,
+        dsn: &Dsn,
+    ) -> Result<Arc<dyn WorkerRegistry>, TransportError> {
+        let name = name.into();
+        let options = SqlOptions::from_dsn(dsn)
+            .map_err(|e| {
+                TransportError::new(TransportErrorKind::Config, name.clone())
+                    .with_context(e.to_string())
+            })?
+            .auto_setup(false);
+        let transport =
+            Self::connect_with(name.clone(), dsn, options, Arc::new(MessageRegistry::new()))
+                .await?;
+        transport.migrate_workers().await?;
+        courier_core::shared_worker_registry(Arc::new(transport)).ok_or_else(|| {
+            TransportError::new(TransportErrorKind::Config, name).with_context("no worker registry")
+        })
+    }
+
+    /// Applies the worker registry's migrations not yet recorded (`<table>_workers`); returns
+    /// those it recorded. [`SqlTransport::migrate`] does it too.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn migrate_workers(&self) -> Result<Vec<Applied>, TransportError> {
+        self.attempt("migrating the workers table", || {
+            self.backend.setup_workers()
+        })
+        .await
     }
 
     fn error(&self, context: &'static str, e: sqlx::Error) -> TransportError {
@@ -464,6 +508,10 @@ impl Transport for SqlTransport {
         Some(self)
     }
 
+    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
+        Some(&*self.workers)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .with_delay(None)
@@ -625,6 +673,12 @@ mod tests {
         async fn explain(&self, e: sqlx::Error) -> sqlx::Error {
             e
         }
+        fn workers(&self, _: &str, _: &str, _: Duration) -> Box<dyn courier_core::WorkerRegistry> {
+            Box::new(courier_core::InMemoryWorkerRegistry::new())
+        }
+        async fn setup_workers(&self) -> Result<Vec<Applied>, sqlx::Error> {
+            Ok(Vec::new())
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -636,6 +690,7 @@ mod tests {
             options: SqlOptions::default(),
             registry: Arc::new(MessageRegistry::new()),
             backend: Box::new(backend.clone()),
+            workers: Box::new(courier_core::InMemoryWorkerRegistry::new()),
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
         };

@@ -306,7 +306,13 @@ impl Drop for SqlHarness {
         tokio::task::block_in_place(|| {
             handle.block_on(async {
                 for table in tables {
-                    for t in [table.clone(), format!("{table}_migrations")] {
+                    let workers = courier_sql::workers_table(&table);
+                    for t in [
+                        table.clone(),
+                        format!("{table}_migrations"),
+                        format!("{workers}_migrations"),
+                        workers,
+                    ] {
                         admin.exec(&format!("DROP TABLE IF EXISTS {t}"), &[]).await;
                     }
                 }
