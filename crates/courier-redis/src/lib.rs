@@ -32,6 +32,12 @@
 //! due entry to the stream atomically (`ZRANGEBYSCORE` + `XADD` + `ZREM`). Keys use no hash
 //! tags: Redis Cluster is not supported.
 //!
+//! The worker registry ([`WorkerRegistry`](courier_core::WorkerRegistry), `courier workers`,
+//! `courier stop-workers`) is the hash `<group>:workers` (field = worker id, value = its record as
+//! JSON, times from the server's `TIME`) and the set `<group>:workers:stop` of the ids asked to
+//! stop; each operation is one Lua script, `list` deletes the records older than
+//! `worker_stale_after` (default 30 s) on the way.
+//!
 //! # Delivery
 //!
 //! - `get(max)` sends the promotion script and `XREADGROUP ... COUNT max BLOCK <poll window>` in
@@ -95,6 +101,7 @@ mod reader;
 mod reply;
 mod scripts;
 mod transport;
+mod workers;
 
 pub use factory::RedisTransportFactory;
 pub use options::RedisOptions;

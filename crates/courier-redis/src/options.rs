@@ -35,6 +35,9 @@ pub struct RedisOptions {
     pub db: Option<i64>,
     /// The longest a `get` blocks (`XREADGROUP BLOCK`) before returning empty. Default 1 s.
     pub poll_window: Duration,
+    /// How long a worker may go without a heartbeat before the worker registry
+    /// (`<group>:workers`) counts it as gone. Default 30 s.
+    pub worker_stale_after: Duration,
 }
 
 impl Default for RedisOptions {
@@ -50,6 +53,7 @@ impl Default for RedisOptions {
             claim_interval: None,
             db: None,
             poll_window: Duration::from_secs(1),
+            worker_stale_after: courier_core::DEFAULT_WORKER_STALE_AFTER,
         }
     }
 }
@@ -86,6 +90,8 @@ impl RedisOptions {
         db: Option<i64>);
     setter!(/// Sets [`RedisOptions::poll_window`].
         poll_window: Duration);
+    setter!(/// Sets [`RedisOptions::worker_stale_after`].
+        worker_stale_after: Duration);
 
     /// The option names a DSN may carry.
     pub const DSN_OPTIONS: &'static [&'static str] = &[
@@ -98,6 +104,7 @@ impl RedisOptions {
         "claim_interval",
         "db",
         "poll_window",
+        "worker_stale_after",
     ];
 
     /// Reads the options from a DSN's query, on top of `self`.
@@ -154,6 +161,15 @@ impl RedisOptions {
         if let Some(v) = dsn.duration_option("poll_window").map_err(|e| e.reason)? {
             self.poll_window = v;
         }
+        if let Some(v) = dsn
+            .duration_option("worker_stale_after")
+            .map_err(|e| e.reason)?
+        {
+            if v.is_zero() {
+                return Err("option `worker_stale_after` must be more than 0".to_owned());
+            }
+            self.worker_stale_after = v;
+        }
         Ok(self)
     }
 
@@ -166,6 +182,12 @@ impl RedisOptions {
 
     pub(crate) fn delayed_key(&self) -> String {
         format!("{}:delayed", self.stream)
+    }
+
+    /// The worker registry's hash: `<group>:workers` (the default group gives
+    /// `courier:workers`); the ids asked to stop are in the set `<group>:workers:stop`.
+    pub(crate) fn workers_key(&self) -> String {
+        format!("{}:workers", self.group)
     }
 
     pub(crate) fn delayed_data_key(&self) -> String {

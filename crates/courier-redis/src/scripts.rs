@@ -34,6 +34,10 @@ pub(crate) struct Scripts {
     pub(crate) claim: Lua,
     pub(crate) recover: Lua,
     pub(crate) count: Lua,
+    pub(crate) worker_register: Lua,
+    pub(crate) worker_heartbeat: Lua,
+    pub(crate) worker_list: Lua,
+    pub(crate) worker_stop: Lua,
 }
 
 impl Scripts {
@@ -63,10 +67,26 @@ impl Scripts {
             claim: Lua::new(include_str!("lua/claim.lua")),
             recover: Lua::new(include_str!("lua/recover.lua")),
             count: Lua::new(include_str!("lua/count.lua")),
+            worker_register: Lua::new(concat!(
+                include_str!("lua/workers.lua"),
+                include_str!("lua/worker_register.lua")
+            )),
+            worker_heartbeat: Lua::new(concat!(
+                include_str!("lua/workers.lua"),
+                include_str!("lua/worker_heartbeat.lua")
+            )),
+            worker_list: Lua::new(concat!(
+                include_str!("lua/workers.lua"),
+                include_str!("lua/worker_list.lua")
+            )),
+            worker_stop: Lua::new(concat!(
+                include_str!("lua/workers.lua"),
+                include_str!("lua/worker_stop.lua")
+            )),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Lua; 8] {
+    pub(crate) fn all(&self) -> [&Lua; 12] {
         [
             &self.ack,
             &self.keepalive,
@@ -76,6 +96,10 @@ impl Scripts {
             &self.claim,
             &self.recover,
             &self.count,
+            &self.worker_register,
+            &self.worker_heartbeat,
+            &self.worker_list,
+            &self.worker_stop,
         ]
     }
 }

@@ -49,6 +49,8 @@ pub struct RedisTransport {
     pub(crate) due_hint: Mutex<Option<Instant>>,
     /// The delivery tag of every first delivery (count 1, nearly all of them), shared.
     first_delivery: Arc<DeliveryTagStamp>,
+    /// The server, redacted, with its database: where the worker registry lives.
+    pub(crate) location: String,
 }
 
 impl fmt::Debug for RedisTransport {
@@ -150,6 +152,10 @@ impl RedisTransport {
             next_prune: Mutex::new(Instant::now()),
             due_hint: Mutex::new(None),
             first_delivery: Arc::new(DeliveryTagStamp("1".to_owned())),
+            location: match options.db {
+                Some(db) => format!("{}?db={db}", courier_core::redact(url)),
+                None => courier_core::redact(url),
+            },
             options,
         };
         transport
@@ -635,6 +641,10 @@ impl Transport for RedisTransport {
     }
 
     fn as_listable(&self) -> Option<&dyn Listable> {
+        Some(self)
+    }
+
+    fn as_worker_registry(&self) -> Option<&dyn courier_core::WorkerRegistry> {
         Some(self)
     }
 

@@ -36,6 +36,13 @@
 //! when the options are read, so nothing else can reach the SQL.
 //! `setup()` is idempotent; `auto_setup` (default on) runs it on connect.
 //!
+//! Beside it, the worker registry ([`WorkerRegistry`](courier_core::WorkerRegistry), for
+//! `courier workers` and `courier stop-workers`): `<table>_workers` ([`workers_table`]:
+//! `courier_messages` -> `courier_workers`, migration `0005`, recorded in
+//! `<workers>_migrations`), one row per running worker with its heartbeat from the database
+//! clock; rows older than `worker_stale_after` (default 30 s) are pruned when listed.
+//! [`SqlTransport::connect_worker_registry`] opens it alone (a run store's database).
+//!
 //! # Behaviour
 //!
 //! - `get(max)` claims up to `max` rows in one statement or transaction: PostgreSQL
