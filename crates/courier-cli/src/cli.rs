@@ -62,8 +62,22 @@ pub(crate) enum Command {
     /// Inspect, retry or remove messages in failure transports
     #[command(subcommand)]
     Failed(FailedCommand),
-    /// Ask every worker of this configuration to stop after its in-flight messages
+    /// Ask every worker of this configuration to stop after its in-flight messages, on every
+    /// host, through the worker registry (the stop file next to the configuration only when no
+    /// transport or run store keeps a registry)
+    ///
+    /// JSON: {"requested": N} (workers asked), or {"stop_file", "requested_at_ms"} without a
+    /// registry.
+    #[command(verbatim_doc_comment)]
     StopWorkers,
+    /// The running workers of this configuration (id, host, pid, version, transports, start,
+    /// last heartbeat, handled, failed), from the worker registry
+    ///
+    /// JSON: an array of {"id", "host", "pid", "version", "transports", "started_at",
+    /// "started_at_ms", "last_heartbeat", "last_heartbeat_ms", "handled", "failed",
+    /// "stop_requested"}, oldest first (times RFC 3339, plus the raw epoch ms).
+    #[command(verbatim_doc_comment)]
+    Workers,
     /// Durable agent runs
     #[command(subcommand)]
     Runs(RunsCommand),
@@ -145,6 +159,14 @@ pub(crate) struct ConsumeArgs {
     /// Run the stale-run reaper at this interval inside the worker (at most `[runs] lease`)
     #[arg(long, value_parser = parse_duration)]
     pub(crate) reap_every: Option<Duration>,
+    /// This worker's id in the worker registry (`courier workers`); default `host:pid:random`
+    /// (host and pid alone are not unique: containers often all run pid 1)
+    #[arg(long, value_name = "ID")]
+    pub(crate) worker_id: Option<String>,
+    /// How often the worker heartbeats in the worker registry (at most a third of the
+    /// registry's `worker_stale_after`)
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    pub(crate) registry_heartbeat: Duration,
     /// Serve Prometheus metrics at `GET /metrics` on this address (e.g. 127.0.0.1:9464), and
     /// sample every transport's queue depth every 5 s
     #[arg(long, value_name = "ADDR")]

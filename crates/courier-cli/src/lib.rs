@@ -34,6 +34,7 @@ mod dispatch;
 mod error;
 mod metrics;
 mod raw;
+mod registry;
 #[cfg(feature = "runs")]
 mod runs;
 mod table;

@@ -289,8 +289,15 @@ fn stop_workers_stops_a_running_consume() {
     let env = Env::with_config();
     env.run(&["setup"]).ok();
     let child = env.spawn(&["consume", "--sleep", "20ms"]);
-    std::thread::sleep(Duration::from_millis(300));
-    env.run(&["stop-workers"]).ok();
+    // Registered (in courier_workers) once it is up.
+    eventually("the worker to register", || {
+        env.run(&["workers", "--format", "json"])
+            .json()
+            .as_array()
+            .is_some_and(|a| a.len() == 1)
+    });
+    let asked = env.run(&["stop-workers", "--format", "json"]).json();
+    assert_eq!(asked, serde_json::json!({ "requested": 1 }));
     let out = wait(child, Duration::from_secs(15));
     out.ok();
     assert!(out.stderr.contains("shutdown requested"), "{}", out.stderr);

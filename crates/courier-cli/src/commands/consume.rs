@@ -1,27 +1,19 @@
 //! `courier consume`: run a worker until a limit, a signal or `stop-workers`.
 
-use std::io::{IsTerminal, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use courier_core::{CancellationToken, StopReason, WorkerError, WorkerEvent, WorkerStats};
+use courier_core::{
+    CancellationToken, StopReason, WorkerError, WorkerEvent, WorkerRecord, WorkerStats,
+};
 
 use crate::cli::ConsumeArgs;
+use crate::commands::progress::{Counters, progress};
 use crate::commands::stop;
 use crate::connect;
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, scrub};
-
-/// Counters the progress line reads.
-#[derive(Debug, Default)]
-struct Counters {
-    received: AtomicU64,
-    handled: AtomicU64,
-    failed: AtomicU64,
-    retried: AtomicU64,
-    moved: AtomicU64,
-}
 
 pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     ctx.check_transports(&args.transports)?;
@@ -38,30 +30,21 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
         Some(addr) => Some(crate::metrics::Exporter::bind(addr).await?),
         None => None,
     };
-    let counters = Arc::new(Counters::default());
+    let worker_id = worker_id(args.worker_id.as_deref())?;
+    let counters = Arc::new(Counters::new(ctx.config.transports.keys().cloned()));
     let shutdown = CancellationToken::new();
     let helpers = CancellationToken::new();
     // Signals are watched from the start: a worker still waiting for its servers stops too.
-    let mut tasks: Vec<Helper> = vec![
-        (
-            "signal watcher",
-            tokio::spawn(watch_signals(
-                shutdown.clone(),
-                helpers.clone(),
-                args.grace,
-                ctx.quiet,
-                counters.clone(),
-            )),
-        ),
-        (
-            "stop-file watcher",
-            tokio::spawn(watch_stop_file(
-                ctx.stop_file(),
-                shutdown.clone(),
-                helpers.clone(),
-            )),
-        ),
-    ];
+    let mut tasks: Vec<Helper> = vec![(
+        "signal watcher",
+        tokio::spawn(watch_signals(
+            shutdown.clone(),
+            helpers.clone(),
+            args.grace,
+            ctx.quiet,
+            counters.clone(),
+        )),
+    )];
     let connected = connect::until_up(&shutdown, || ctx.try_connect()).await;
     let transports = match connected {
         Ok(Some(transports)) => transports,
@@ -116,6 +99,31 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     }
     if let Some(m) = args.memory_limit {
         builder = builder.memory_limit(m);
+    }
+    let consumed = consumed_names(ctx, &transports, &args.transports);
+    match crate::registry::for_consume(ctx, &transports, &consumed).await {
+        Some(found) => {
+            tracing::info!(courier.worker.id = %worker_id, registry = %found.what,
+                "registering in the worker registry");
+            let record = WorkerRecord::new(
+                worker_id,
+                courier_core::worker::host_name(),
+                std::process::id(),
+                consumed,
+            );
+            builder = builder
+                .registry(found.registry, record)
+                .registry_heartbeat(args.registry_heartbeat);
+        }
+        None => {
+            let path = ctx.stop_file();
+            tracing::info!(stop_file = %path.display(),
+                "no shared store for the worker registry: `courier stop-workers` reaches this worker through the stop file (same file system only)");
+            tasks.push((
+                "stop-file watcher",
+                tokio::spawn(watch_stop_file(path, shutdown.clone(), helpers.clone())),
+            ));
+        }
     }
     let worker = builder.build();
 
@@ -244,6 +252,43 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".to_owned())
 }
 
+/// The worker id: `--worker-id`, checked, else `host:pid:random`.
+fn worker_id(given: Option<&str>) -> CliResult<String> {
+    let Some(id) = given else {
+        return Ok(courier_core::worker::default_worker_id());
+    };
+    if id.is_empty() || id.len() > 190 || id.chars().any(char::is_control) {
+        return Err(CliError::usage(
+            "--worker-id: expected 1 to 190 bytes of printable text",
+        ));
+    }
+    Ok(id.to_owned())
+}
+
+/// The transports the worker consumes: those named, else every one that is not a failure
+/// transport (as [`courier_core::config::Transports::worker`] picks them).
+fn consumed_names(
+    ctx: &Ctx<'_>,
+    transports: &courier_core::config::Transports,
+    named: &[String],
+) -> Vec<String> {
+    if !named.is_empty() {
+        return named.to_vec();
+    }
+    let failure: Vec<&str> = ctx
+        .config
+        .transports
+        .keys()
+        .filter_map(|n| ctx.config.failure_transport_of(n))
+        .collect();
+    transports
+        .all()
+        .keys()
+        .filter(|n| !failure.contains(&n.as_str()))
+        .cloned()
+        .collect()
+}
+
 fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
     match event {
         WorkerEvent::Received {
@@ -252,6 +297,9 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
             id,
         } => {
             c.received.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = c.of(transport) {
+                t.received.fetch_add(1, Ordering::Relaxed);
+            }
             if verbose {
                 tracing::info!(transport = %transport, message = %message, id = id.as_deref().unwrap_or("-"), "received");
             }
@@ -263,6 +311,9 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
             elapsed,
         } => {
             c.handled.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = c.of(transport) {
+                t.handled.fetch_add(1, Ordering::Relaxed);
+            }
             if verbose {
                 tracing::info!(transport = %transport, message = %message, id = id.as_deref().unwrap_or("-"),
                     elapsed_ms = elapsed.as_millis() as u64, "handled");
@@ -276,6 +327,9 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
             will_retry,
         } => {
             c.failed.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = c.of(transport) {
+                t.failed.fetch_add(1, Ordering::Relaxed);
+            }
             if verbose {
                 tracing::warn!(transport = %transport, message = %message, id = id.as_deref().unwrap_or("-"),
                     will_retry, error = %crate::error::scrub(error), "failed");
@@ -316,13 +370,6 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
         }
         _ => {}
     }
-}
-
-/// Messages received and not finished (handled or failed): what a forced exit leaves for
-/// redelivery.
-fn in_flight(c: &Counters) -> u64 {
-    let finished = c.handled.load(Ordering::Relaxed) + c.failed.load(Ordering::Relaxed);
-    c.received.load(Ordering::Relaxed).saturating_sub(finished)
 }
 
 /// SIGINT and SIGTERM, as one stream.
@@ -396,7 +443,7 @@ async fn watch_signals(
         () = signals.next() => {}
         () = done.cancelled() => return,
     }
-    let left = in_flight(&counters);
+    let left = counters.in_flight();
     tracing::warn!(
         in_flight = left,
         "second signal: exiting at once; in-flight messages are left for redelivery"
@@ -439,47 +486,6 @@ async fn watch_stop_file(
         if stop::requested_at(&path).is_some_and(|at| at >= started) {
             tracing::info!(file = %path.display(), "stop requested by `courier stop-workers`");
             shutdown.cancel();
-            return;
-        }
-    }
-}
-
-/// A progress line on a terminal, a log line every 10 s otherwise.
-async fn progress(c: Arc<Counters>, done: CancellationToken) {
-    let tty = std::io::stderr().is_terminal();
-    let started = Instant::now();
-    let period = if tty {
-        Duration::from_millis(250)
-    } else {
-        Duration::from_secs(10)
-    };
-    let mut tick = tokio::time::interval(period);
-    tick.tick().await;
-    let mut last = u64::MAX;
-    loop {
-        let finished = tokio::select! {
-            _ = tick.tick() => false,
-            () = done.cancelled() => true,
-        };
-        let handled = c.handled.load(Ordering::Relaxed);
-        let failed = c.failed.load(Ordering::Relaxed);
-        let rate = handled as f64 / started.elapsed().as_secs_f64().max(0.001);
-        let line = format!(
-            "handled {handled}  failed {failed}  retried {}  to failure {}  {rate:.0}/s",
-            c.retried.load(Ordering::Relaxed),
-            c.moved.load(Ordering::Relaxed),
-        );
-        if tty {
-            eprint!("\r\x1b[2K{line}");
-            if finished {
-                eprintln!();
-            }
-            let _ = std::io::stderr().flush();
-        } else if handled + failed != last && !finished {
-            eprintln!("{line}");
-        }
-        last = handled + failed;
-        if finished {
             return;
         }
     }

@@ -5,11 +5,13 @@ mod consume;
 #[cfg(feature = "runs")]
 pub(crate) mod demo;
 mod failed;
+mod progress;
 #[cfg(feature = "runs")]
 mod runs;
 mod setup;
 mod stats;
 mod stop;
+mod workers;
 
 use crate::cli::Command;
 use crate::context::Ctx;
@@ -22,7 +24,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
         Command::Consume(args) => consume::run(ctx, args).await,
         Command::Stats { transports } => stats::run(ctx, transports).await,
         Command::Failed(cmd) => failed::run(ctx, cmd).await,
-        Command::StopWorkers => stop::run(ctx),
+        Command::StopWorkers => stop::run(ctx).await,
+        Command::Workers => workers::run(ctx).await,
         #[cfg(feature = "runs")]
         Command::Runs(cmd) => runs::run(ctx, cmd).await,
         #[cfg(feature = "runs")]
