@@ -63,12 +63,12 @@ impl Drop for Workers {
 /// Two workers in one directory and a third one elsewhere (another working directory, another
 /// configuration file, the same store) are listed, then all stopped by `stop-workers` from the
 /// first directory; each exits 0 and leaves the list.
-fn workers_of_one_store_are_listed_and_stopped_from_anywhere(dsn: &str) {
+fn workers_of_one_store_are_listed_and_stopped_from_anywhere(config_text: &str) {
     let first = Env::empty();
     let elsewhere = Env::empty();
-    first.write("a.toml", &config(dsn));
+    first.write("a.toml", config_text);
     std::fs::create_dir(elsewhere.path("conf")).unwrap_or_else(|e| panic!("mkdir: {e}"));
-    elsewhere.write("conf/b.toml", &config(dsn));
+    elsewhere.write("conf/b.toml", config_text);
     first.run(&["--config", "a.toml", "setup"]).ok();
 
     let mut running = Workers(vec![
@@ -146,7 +146,10 @@ fn sqlite_dsn(dir: &Path, extra: &str) -> String {
 #[test]
 fn sqlite_workers_are_listed_and_stopped_across_directories_and_config_files() {
     let store = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
-    workers_of_one_store_are_listed_and_stopped_from_anywhere(&sqlite_dsn(store.path(), ""));
+    workers_of_one_store_are_listed_and_stopped_from_anywhere(&config(&sqlite_dsn(
+        store.path(),
+        "",
+    )));
 }
 
 #[test]
@@ -218,9 +221,29 @@ fn redis_workers_are_listed_and_stopped_across_directories_and_config_files() {
         ],
     };
     let sep = if url.contains('?') { '&' } else { '?' };
-    workers_of_one_store_are_listed_and_stopped_from_anywhere(&format!(
+    workers_of_one_store_are_listed_and_stopped_from_anywhere(&config(&format!(
         "{url}{sep}stream={name}&group={name}"
-    ));
+    )));
+}
+
+/// RabbitMQ keeps no registry: the workers register in the run store's database (SQLite here).
+#[cfg(feature = "amqp")]
+#[test]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+fn amqp_workers_register_in_the_sql_run_store() {
+    let url = std::env::var("COURIER_TEST_AMQP_URL").unwrap_or_else(|_| {
+        panic!("set COURIER_TEST_AMQP_URL (scripts/services prints it), e.g. amqp://guest:guest@127.0.0.1:5672/%2f")
+    });
+    let store = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let text = format!(
+        "{}\n[runs]\nstore = \"{}\"\n",
+        config(&format!(
+            "{url}{sep}exchange=courier_cli_test_workers&queues=courier_cli_test_workers"
+        )),
+        sqlite_dsn(store.path(), "")
+    );
+    workers_of_one_store_are_listed_and_stopped_from_anywhere(&text);
 }
 
 /// Deletes the test's Redis keys when dropped.
