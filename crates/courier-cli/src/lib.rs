@@ -7,7 +7,7 @@
 //! }
 //! ```
 //!
-//! Commands: `setup`, `consume`, `stats`, `failed show|retry|remove`, `stop-workers`,
+//! Commands: `setup`, `consume`, `stats`, `failed show|retry|remove`, `workers`, `stop-workers`,
 //! `runs submit|show|list|events|cancel|requeue`, `reap`, `demo`, `bench`. Global flags:
 //! `--config FILE` (else `COURIER_CONFIG`, else `./courier.toml`, else [`EMBEDDED_CONFIG`]),
 //! `-v`/`-q`, `--format text|json`. Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration
@@ -20,10 +20,15 @@
 //! 2 at once. The first SIGINT/SIGTERM stops gracefully within `--grace`; a second one exits at
 //! once (130) after logging how many in-flight messages it leaves for redelivery.
 //!
-//! `stop-workers` writes the current time to a stop file next to the configuration
-//! (`courier.toml.stop-workers`, or `./courier.stop-workers` with the embedded configuration);
-//! every `consume` of that configuration checks it twice a second and stops gracefully, as on
-//! SIGTERM, when it holds a time after its own start.
+//! Every `consume` registers in the configuration's worker registry (a SQL transport's
+//! `<table>_workers` table, a Redis transport's `<group>:workers` hash, else the SQL run store's
+//! database) with its id (`--worker-id`, default `host:pid:random`), host, pid, version,
+//! transports and counts, heartbeats every `--registry-heartbeat` (2 s) and unregisters on exit.
+//! `workers` lists them; `stop-workers` flags them all, and each stops gracefully, as on
+//! SIGTERM, at its next heartbeat, on whatever host it runs. Only without any shared store does
+//! `stop-workers` write the current time to a stop file next to the configuration
+//! (`courier.toml.stop-workers`, or `./courier.stop-workers` with the embedded configuration),
+//! which such a `consume` checks twice a second.
 
 mod app;
 mod cli;

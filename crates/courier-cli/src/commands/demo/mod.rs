@@ -109,7 +109,11 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &DemoArgs) -> CliResult {
     let elapsed = started.elapsed();
     let worker_pids = workers.pids();
     // Stop the workers whatever happened, so none is left behind.
-    let stopped = workers.stop(&work).await;
+    let registry = transports
+        .get("demo")
+        .cloned()
+        .and_then(courier_core::shared_worker_registry);
+    let stopped = workers.stop(&work, registry).await;
     driven?;
     for line in stopped? {
         watch.line(&out, &line);

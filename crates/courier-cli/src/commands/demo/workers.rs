@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -257,7 +258,33 @@ impl Workers {
 
     /// Asks the live workers to stop like `courier stop-workers` does, waits for them (killing
     /// any still running after their grace period) and returns the lines they wrote meanwhile.
-    pub(super) async fn stop(mut self, work: &WorkDir) -> CliResult<Vec<Line>> {
+    ///
+    /// The request goes through the worker registry, asked again every 250 ms while the workers
+    /// stop (a worker restarted a moment ago may not have registered yet); the stop file is
+    /// written too, for a build whose demo transport keeps no registry.
+    pub(super) async fn stop(
+        mut self,
+        work: &WorkDir,
+        registry: Option<Arc<dyn courier_core::WorkerRegistry>>,
+    ) -> CliResult<Vec<Line>> {
+        let asking = registry.map(|registry| {
+            tokio::spawn(async move {
+                loop {
+                    if let Err(e) = registry.request_stop(None).await {
+                        tracing::debug!(error = %e, "asking the demo workers to stop failed");
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            })
+        });
+        let stopped = self.stop_processes(work).await;
+        if let Some(task) = asking {
+            task.abort();
+        }
+        stopped
+    }
+
+    async fn stop_processes(&mut self, work: &WorkDir) -> CliResult<Vec<Line>> {
         let path = work.stop_file();
         std::fs::write(&path, super::super::stop::now_ms().to_string()).map_err(|e| {
             CliError::runtime(format!(
