@@ -71,6 +71,12 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     let verbose = ctx.verbose >= 1;
     let listen = counters.clone();
     let receivers = receivers(&transports, args).await?;
+    let mut consumed: Vec<String> = Vec::new();
+    for (name, _) in &receivers {
+        if !consumed.contains(name) {
+            consumed.push(name.clone());
+        }
+    }
     let mut builder = transports.worker_on(bus.clone(), receivers);
     for other in ctx.other_buses(&transports) {
         if args.bus.as_deref() == Some(other.name()) {
@@ -100,7 +106,6 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     if let Some(m) = args.memory_limit {
         builder = builder.memory_limit(m);
     }
-    let consumed = consumed_names(ctx, &transports, &args.transports);
     match crate::registry::for_consume(ctx, &transports, &consumed).await {
         Some(found) => {
             tracing::info!(courier.worker.id = %worker_id, registry = %found.what,
@@ -263,30 +268,6 @@ fn worker_id(given: Option<&str>) -> CliResult<String> {
         ));
     }
     Ok(id.to_owned())
-}
-
-/// The transports the worker consumes: those named, else every one that is not a failure
-/// transport (as [`courier_core::config::Transports::worker`] picks them).
-fn consumed_names(
-    ctx: &Ctx<'_>,
-    transports: &courier_core::config::Transports,
-    named: &[String],
-) -> Vec<String> {
-    if !named.is_empty() {
-        return named.to_vec();
-    }
-    let failure: Vec<&str> = ctx
-        .config
-        .transports
-        .keys()
-        .filter_map(|n| ctx.config.failure_transport_of(n))
-        .collect();
-    transports
-        .all()
-        .keys()
-        .filter(|n| !failure.contains(&n.as_str()))
-        .cloned()
-        .collect()
 }
 
 fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
