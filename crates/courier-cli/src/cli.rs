@@ -36,6 +36,10 @@ pub(crate) enum Format {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; `consume` has many flags"
+)]
 pub(crate) enum Command {
     /// Create tables / queues / streams for every transport and the run store, or for the named
     /// transports only (idempotent)
