@@ -89,7 +89,11 @@ impl Heartbeat {
     }
 }
 
-/// A shared store of running workers (see the [module docs](self)).
+/// A shared store of running workers. Each worker [`register`](WorkerRegistry::register)s at
+/// start, [`heartbeat`](WorkerRegistry::heartbeat)s every few seconds (learning whether a stop
+/// was requested) and [`unregister`](WorkerRegistry::unregister)s on a clean exit;
+/// [`list`](WorkerRegistry::list) leaves out (and prunes) records older than
+/// [`WorkerRegistry::stale_after`]. Times are the store's clock, in epoch ms.
 #[async_trait]
 pub trait WorkerRegistry: Send + Sync {
     /// Registers (or replaces) the worker's record, stamping `started_at_ms` and

@@ -108,6 +108,6 @@ impl<'a> Received<'a> {
     }
 }
 
-/// A hook called with every received message before it is handled (see the [module
-/// docs](self)); hooks run in the order added.
+/// A hook called with every received message before it is handled (see [`Received`]); hooks
+/// run in the order added.
 pub type ReceivedHook = Arc<dyn Fn(&mut Received<'_>) + Send + Sync>;
