@@ -194,6 +194,21 @@ fn without_a_shared_store_stop_workers_falls_back_to_the_stop_file() {
     assert!(out["stop_file"].is_string(), "{out}");
     assert!(env.path("mem.toml.stop-workers").is_file());
     assert!(workers(&env, "mem.toml").is_empty());
+
+    // A worker of that configuration watches the file (from once it is up: ask until it stops).
+    let mut child = env.spawn(&["--config", "mem.toml", "consume", "--sleep", "20ms"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().ok().flatten().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never saw the stop file"
+        );
+        env.run(&["--config", "mem.toml", "stop-workers"]).ok();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = wait(child, Duration::from_secs(5));
+    out.ok();
+    assert!(out.stderr.contains("shutdown requested"), "{}", out.stderr);
 }
 
 #[cfg(feature = "redis")]
