@@ -36,6 +36,10 @@ pub(crate) async fn run(ctx: &Ctx<'_>) -> CliResult {
         );
         return Ok(());
     }
+    if workers.is_empty() {
+        println!("No worker is running (none registered with a fresh heartbeat).");
+        return Ok(());
+    }
     let mut table = Table::new(&[
         "ID",
         "HOST",
