@@ -37,6 +37,7 @@ mod raw;
 #[cfg(feature = "runs")]
 mod runs;
 mod table;
+mod telemetry;
 mod time;
 mod wiring;
 
