@@ -8,14 +8,16 @@
 //! | `ack <transport>` | | `settle` | the worker acks a batch (`messaging.batch.message_count`) |
 //! | `release <transport>` | | `settle` | the worker puts unstarted messages back at shutdown |
 //! | `keepalive <transport>` | | | the worker extends the redelivery window of what it holds |
+//! | `receive <transport>` | | `receive` | `AmqpTransport::get` (the other transports have none) |
 //!
 //! Every span has `messaging.system` (the transport's [`Transport::messaging_system`]: `sqlite`,
 //! `postgresql`, `mysql`, `redis`, `rabbitmq`, ...), `messaging.destination.name` (the transport's
 //! name in the application) and `messaging.operation.name`; `send` and `process` add
-//! `messaging.message.id` (the transport's id) and `courier.message.type` (the wire name). The
-//! tracing span names are the bare operation (`send`, `process`, ...), so a log line stays short;
-//! `otel.name` is what an OpenTelemetry exporter shows. `send` and `process` are at `INFO`, the
-//! others at `DEBUG`.
+//! `messaging.message.id` (the transport's id) and `courier.message.type` (the wire name); the
+//! batch operations add `messaging.batch.message_count`. The `tracing` span names are short
+//! (`send`, `process`, `settle` for ack and release, `keepalive`, `receive`), so a log line stays
+//! short; `otel.name` is what an OpenTelemetry exporter shows. `send` and `process` are at `INFO`,
+//! the others at `DEBUG`; the batch spans are roots, as a batch mixes messages of many traces.
 //!
 //! Trace context travels in a [`TraceContextStamp`] (W3C `traceparent`), a sendable stamp, so it
 //! crosses every transport in the `x-courier-stamp-trace-context` header. Without a
