@@ -22,7 +22,7 @@
 //!
 //! - [`OtelPropagator`] is Courier's [`TracePropagator`] for OpenTelemetry: the bus stamps each
 //!   `send <transport>` span's context on the message as a
-//!   [`TraceContextStamp`](courier_core::TraceContextStamp) (W3C `traceparent` and `tracestate`,
+//!   [`TraceContextStamp`] (W3C `traceparent` and `tracestate`,
 //!   which every transport carries in its headers), and the worker parents its
 //!   `process <transport>` span on it. [`layer`] and [`otlp_layer`] install it
 //!   ([`install_propagator`] does it alone).
