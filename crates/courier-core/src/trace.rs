@@ -31,7 +31,7 @@
 
 use std::sync::OnceLock;
 
-use crate::TraceContextStamp;
+use crate::{Envelope, TraceContextStamp};
 
 /// Moves trace context between the current span and a [`TraceContextStamp`].
 ///
@@ -119,8 +119,7 @@ pub(crate) fn process_span(
     destination: &str,
     system: &'static str,
     id: &str,
-    message: &str,
-    stamp: Option<&TraceContextStamp>,
+    envelope: &Envelope,
 ) -> tracing::Span {
     let span = tracing::info_span!(
         "process",
@@ -131,10 +130,12 @@ pub(crate) fn process_span(
         messaging.operation.type = "process",
         messaging.operation.name = "process",
         messaging.message.id = id,
-        courier.message.type = message,
+        courier.message.type = envelope.message_name(),
     );
-    if let (Some(propagator), Some(stamp)) = (propagator(), stamp)
+    // The stamp is looked up only when someone will read the span.
+    if let Some(propagator) = propagator()
         && !span.is_disabled()
+        && let Some(stamp) = envelope.last::<TraceContextStamp>()
     {
         propagator.extract(stamp, &span);
     }

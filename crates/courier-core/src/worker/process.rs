@@ -52,8 +52,7 @@ impl Worker {
             &receiver.name,
             receiver.transport.messaging_system(),
             id.as_deref().unwrap_or(""),
-            envelope.message_name(),
-            envelope.last::<TraceContextStamp>(),
+            &envelope,
         );
         self.process_inner(receiver, envelope.with_shared(&receiver.received), id)
             .instrument(span)
