@@ -46,6 +46,7 @@
 //! | `amqp` | `amqp::AmqpTransport` (RabbitMQ) |
 //! | `runs` (default) | [`runs`]: durable runs under a lease, heartbeat, reaper, retry per failure class |
 //! | `cli` (default) | [`cli`]: the `courier` command line as a library (clap, tracing-subscriber; the binary adds mimalloc) |
+//! | `otel` | `otel` (`courier-otel`): OpenTelemetry spans and W3C trace context across transports, an OTLP exporter; with `cli`, `courier` exports to `OTEL_EXPORTER_OTLP_ENDPOINT` when it is set |
 //! | `full` | everything |
 //!
 //! The defaults build the `courier` binary. A library turns them off and picks its transports,
@@ -62,6 +63,8 @@ pub use courier_core::*;
 pub use courier_amqp as amqp;
 #[cfg(feature = "cli")]
 pub use courier_cli as cli;
+#[cfg(feature = "otel")]
+pub use courier_otel as otel;
 #[cfg(feature = "redis")]
 pub use courier_redis as redis;
 #[cfg(feature = "runs")]

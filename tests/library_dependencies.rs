@@ -1,6 +1,7 @@
 //! A library user gets a library: `courier` without its default features pulls neither the
 //! command line's dependencies (clap, tracing-subscriber) nor the binary's C allocator
-//! (mimalloc), and tokio gets no signal, process or multi-threaded runtime code from Courier.
+//! (mimalloc), nor OpenTelemetry without `otel`, and tokio gets no signal, process or
+//! multi-threaded runtime code from Courier.
 //!
 //! Runs `cargo tree --locked --offline` on this workspace, so it needs no network and fails when
 //! the lock file would have to change.
@@ -86,5 +87,26 @@ fn a_library_user_gets_no_signal_process_nor_multi_threaded_tokio() {
             !features.contains(feature),
             "`courier` with features {LIBRARY} (no defaults) enables tokio/{feature}: {features:?}"
         );
+    }
+}
+
+#[test]
+fn opentelemetry_comes_only_with_the_otel_feature() {
+    let is_otel = |name: &String| name.contains("opentelemetry") || name == "courier-otel";
+    for features in [LIBRARY, EVERY_TRANSPORT, "sql,sqlite,runs,cli"] {
+        let deps = normal_dependencies(&["--no-default-features", "--features", features]);
+        let otel: Vec<_> = deps.iter().filter(|n| is_otel(n)).collect();
+        assert!(
+            otel.is_empty(),
+            "`courier` with features {features} pulls {otel:?}"
+        );
+    }
+    let deps = normal_dependencies(&["--no-default-features", "--features", "sql,sqlite,otel"]);
+    for name in ["courier-otel", "opentelemetry", "tracing-opentelemetry"] {
+        assert!(deps.contains(name), "{name} missing with `otel`: {deps:?}");
+    }
+    // tracing-subscriber comes with it (tracing-opentelemetry is a layer of its registry).
+    for name in ["clap", "mimalloc", "courier-cli"] {
+        assert!(!deps.contains(name), "`otel` without `cli` pulls {name}");
     }
 }

@@ -291,12 +291,21 @@ impl AmqpTransport {
 
 #[async_trait]
 impl Transport for AmqpTransport {
-    #[tracing::instrument(skip_all, fields(messaging.system = "rabbitmq", messaging.destination.name = %self.name()))]
+    fn messaging_system(&self) -> &'static str {
+        "rabbitmq"
+    }
+
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         self.send_to(envelope, &Target::Exchange).await
     }
 
-    #[tracing::instrument(skip_all, fields(messaging.system = "rabbitmq", messaging.destination.name = %self.name()))]
+    #[tracing::instrument(level = "debug", name = "receive", skip_all, fields(
+        otel.name = %format_args!("receive {}", self.name()),
+        messaging.system = "rabbitmq",
+        messaging.destination.name = %self.name(),
+        messaging.operation.type = "receive",
+        messaging.operation.name = "receive",
+    ))]
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
         let received = self
             .inbox
@@ -317,7 +326,6 @@ impl Transport for AmqpTransport {
 
     /// Publishes the retry to the queue the envelope came from only (through the default
     /// exchange, or that queue's delay bucket), waits for its confirm, then acks the original.
-    #[tracing::instrument(skip_all, fields(messaging.system = "rabbitmq", messaging.destination.name = %self.name()))]
     async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
         let next = envelope.clone().without_all::<DelayStamp>();
         let next = if delay.is_zero() {
@@ -336,7 +344,6 @@ impl Transport for AmqpTransport {
     }
 
     /// Publishes all, then waits for all confirms (one wait for the whole batch).
-    #[tracing::instrument(skip_all, fields(messaging.system = "rabbitmq", messaging.destination.name = %self.name()))]
     async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
         let session = self.link.session().await?;
         let mut pending = Vec::with_capacity(envelopes.len());

@@ -10,6 +10,7 @@ use crate::cli::{Cli, Command};
 use crate::commands;
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult};
+use crate::telemetry::Telemetry;
 use crate::wiring::Wiring;
 
 /// Runs the command line and returns the exit code.
@@ -25,7 +26,8 @@ where
             return u8::try_from(e.exit_code()).unwrap_or(2);
         }
     };
-    init_logging(&cli);
+    // Held to the end: dropping it flushes the spans not exported yet.
+    let _telemetry = init_logging(&cli);
     match execute(&app, cli) {
         Ok(()) => 0,
         Err(e) => {
@@ -35,7 +37,7 @@ where
     }
 }
 
-fn init_logging(cli: &Cli) {
+fn init_logging(cli: &Cli) -> Telemetry {
     let level = match (cli.quiet, cli.verbose) {
         (true, _) => LevelFilter::ERROR,
         (false, 0) => LevelFilter::WARN,
@@ -43,12 +45,7 @@ fn init_logging(cli: &Cli) {
         (false, 2) => LevelFilter::DEBUG,
         (false, _) => LevelFilter::TRACE,
     };
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(cli.verbose >= 2)
-        .try_init();
+    crate::telemetry::init(level, cli.verbose >= 2)
 }
 
 fn execute(app: &Wiring, cli: Cli) -> CliResult {

@@ -43,6 +43,7 @@ mod registry;
 #[cfg(feature = "runs")]
 mod runs;
 mod table;
+mod telemetry;
 mod time;
 mod wiring;
 

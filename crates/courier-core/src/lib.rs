@@ -49,6 +49,7 @@ mod message;
 pub mod metrics;
 pub mod retry;
 mod stamp;
+pub mod trace;
 mod transport;
 pub mod worker;
 
@@ -71,6 +72,7 @@ pub use error::{
 pub use message::Message;
 pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
 pub use stamp::*;
+pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{
     Capabilities, DEFAULT_WORKER_STALE_AFTER, FactoryContext, Heartbeat, InMemoryOptions,
     InMemoryTransport, InMemoryWorkerRegistry, Listable, MessageCount, Queues, Setup,

@@ -3,8 +3,8 @@
 //! Courier only *emits*: nothing is recorded until the application installs a recorder (for
 //! example `metrics-exporter-prometheus`, as `courier consume --metrics ADDR` does). A library
 //! never installs one. Names follow the Prometheus conventions (`_total` for counters, base units
-//! in the name) and the OpenTelemetry messaging semantics (a transport is the
-//! `messaging.destination.name`, the message type its `messaging.message.type`).
+//! in the name); the labels are what the spans of [`trace`](crate::trace) call
+//! `messaging.destination.name` (`transport`) and `courier.message.type` (`message_type`).
 //!
 //! | Name | Kind | Labels | What |
 //! |------|------|--------|------|

@@ -478,6 +478,10 @@ impl RedisTransport {
 
 #[async_trait]
 impl Transport for RedisTransport {
+    fn messaging_system(&self) -> &'static str {
+        "redis"
+    }
+
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         let mut sent = self.send_batch(vec![envelope]).await?;
         sent.pop().ok_or_else(|| {

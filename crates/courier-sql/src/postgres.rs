@@ -155,8 +155,7 @@ impl MessageDialect for Postgres {
     fn start_listener(m: &Messages<Self>, wake: &Arc<Wake>) {
         let mut task = m.state.listener.lock().unwrap_or_else(|e| e.into_inner());
         if task.as_ref().is_none_or(JoinHandle::is_finished) {
-            let span =
-                tracing::debug_span!("courier.sql.listen", messaging.destination.name = %m.queue);
+            let span = tracing::debug_span!("courier.sql.listen", messaging.system = "postgresql", messaging.destination.name = %m.queue);
             *task = Some(tokio::spawn(tracing::Instrument::instrument(
                 listen(
                     m.pool.clone(),

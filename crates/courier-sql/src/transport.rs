@@ -10,10 +10,10 @@ use courier_core::{
 };
 use tokio::time::Instant;
 
-use crate::SqlOptions;
 use crate::backend::{Backend, NewRow, StoredRow, Wake};
 use crate::error::{retry_transient, transport_error};
 use crate::migrate::Applied;
+use crate::{Dialect, SqlOptions};
 
 /// The longest pause between two polls of an idle queue when no server push is available.
 const MAX_IDLE_BACKOFF: Duration = Duration::from_millis(250);
@@ -135,7 +135,7 @@ impl SqlTransport {
             .extend(applied.iter().map(ToString::to_string));
         for migration in &applied {
             tracing::info!(
-                courier.transport = %self.name,
+                messaging.destination.name = %self.name,
                 courier.sql.table = %self.options.table_name,
                 courier.sql.migration = %migration,
                 "applied migration"
@@ -272,13 +272,13 @@ impl SqlTransport {
                     .await?
             }
             (None, _) => {
-                tracing::debug!(courier.transport = %self.name, "{verb} of an envelope without a transport id: nothing to delete");
+                tracing::debug!(messaging.destination.name = %self.name, "{verb} of an envelope without a transport id: nothing to delete");
                 return Ok(());
             }
         };
         if deleted == 0 {
             tracing::debug!(
-                courier.transport = %self.name,
+                messaging.destination.name = %self.name,
                 messaging.message.id = envelope.id().unwrap_or_default(),
                 "{verb} deleted nothing: already gone, or the delivery was superseded by a redelivery"
             );
@@ -289,6 +289,14 @@ impl SqlTransport {
 
 #[async_trait]
 impl Transport for SqlTransport {
+    fn messaging_system(&self) -> &'static str {
+        match Dialect::from_scheme(self.dsn.scheme()) {
+            Ok(Dialect::Postgres) => "postgresql",
+            Ok(Dialect::Mysql) => "mysql",
+            _ => "sqlite",
+        }
+    }
+
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         let mut sent = self.send_batch(vec![envelope]).await?;
         sent.pop()
@@ -412,7 +420,7 @@ impl Transport for SqlTransport {
             .await?;
         if deleted < pairs.len() as u64 {
             tracing::debug!(
-                courier.transport = %self.name,
+                messaging.destination.name = %self.name,
                 acked = pairs.len(),
                 deleted,
                 "some acks deleted nothing: already gone, or superseded by a redelivery"
@@ -442,7 +450,7 @@ impl Transport for SqlTransport {
             .await?;
         if updated == 0 {
             tracing::debug!(
-                courier.transport = %self.name,
+                messaging.destination.name = %self.name,
                 messaging.message.id = id,
                 "retry updated nothing: the delivery was superseded by a redelivery, which now owns the message"
             );
@@ -459,7 +467,7 @@ impl Transport for SqlTransport {
                 })
                 .await?;
             if n == 0 {
-                tracing::debug!(courier.transport = %self.name, messaging.message.id = id, "keepalive of a delivery that is no longer live");
+                tracing::debug!(messaging.destination.name = %self.name, messaging.message.id = id, "keepalive of a delivery that is no longer live");
             }
         }
         Ok(())
@@ -483,7 +491,7 @@ impl Transport for SqlTransport {
             .await?;
         if live < pairs.len() as u64 {
             tracing::debug!(
-                courier.transport = %self.name,
+                messaging.destination.name = %self.name,
                 held = pairs.len(),
                 live,
                 "some kept-alive deliveries are no longer live"

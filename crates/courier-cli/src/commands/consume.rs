@@ -282,7 +282,7 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
                 t.received.fetch_add(1, Ordering::Relaxed);
             }
             if verbose {
-                tracing::info!(transport = %transport, message = %message, id = id.as_deref().unwrap_or("-"), "received");
+                tracing::info!(messaging.destination.name = %transport, courier.message.type = %message, messaging.message.id = id.as_deref().unwrap_or("-"), "received");
             }
         }
         WorkerEvent::Handled {
@@ -296,7 +296,7 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
                 t.handled.fetch_add(1, Ordering::Relaxed);
             }
             if verbose {
-                tracing::info!(transport = %transport, message = %message, id = id.as_deref().unwrap_or("-"),
+                tracing::info!(messaging.destination.name = %transport, courier.message.type = %message, messaging.message.id = id.as_deref().unwrap_or("-"),
                     elapsed_ms = elapsed.as_millis() as u64, "handled");
             }
         }
@@ -312,7 +312,7 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
                 t.failed.fetch_add(1, Ordering::Relaxed);
             }
             if verbose {
-                tracing::warn!(transport = %transport, message = %message, id = id.as_deref().unwrap_or("-"),
+                tracing::warn!(messaging.destination.name = %transport, courier.message.type = %message, messaging.message.id = id.as_deref().unwrap_or("-"),
                     will_retry, error = %crate::error::scrub(error), "failed");
             }
         }
@@ -324,7 +324,7 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
         } => {
             c.retried.fetch_add(1, Ordering::Relaxed);
             if verbose {
-                tracing::info!(transport = %transport, id = id.as_deref().unwrap_or("-"), retry_count,
+                tracing::info!(messaging.destination.name = %transport, messaging.message.id = id.as_deref().unwrap_or("-"), retry_count,
                     delay = %humantime::format_duration(*delay), "retried");
             }
         }
@@ -335,19 +335,19 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
         } => {
             c.moved.fetch_add(1, Ordering::Relaxed);
             if verbose {
-                tracing::info!(transport = %transport, failure_transport = %failure_transport,
-                    id = id.as_deref().unwrap_or("-"), "moved to the failure transport");
+                tracing::info!(messaging.destination.name = %transport, courier.failure_transport = %failure_transport,
+                    messaging.message.id = id.as_deref().unwrap_or("-"), "moved to the failure transport");
             }
         }
         WorkerEvent::TransportError { transport, error } => {
-            tracing::warn!(transport = %transport, error = %crate::error::scrub(error), "transport error");
+            tracing::warn!(messaging.destination.name = %transport, error = %crate::error::scrub(error), "transport error");
         }
         WorkerEvent::LeftForRedelivery {
             transport,
             id,
             reason,
         } => {
-            tracing::warn!(transport = %transport, id = id.as_deref().unwrap_or("-"), reason = %reason, "left for redelivery");
+            tracing::warn!(messaging.destination.name = %transport, messaging.message.id = id.as_deref().unwrap_or("-"), reason = %reason, "left for redelivery");
         }
         _ => {}
     }

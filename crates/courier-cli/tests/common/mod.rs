@@ -109,6 +109,8 @@ impl Env {
             .env_remove("COURIER_CONFIG")
             .env_remove("COURIER_DSN")
             .env_remove("RUST_LOG")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .stdin(Stdio::null());
         c
     }

@@ -8,6 +8,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tracing::Instrument;
 
 use super::MessageBus;
 use super::handler::HandlerEntry;
@@ -198,15 +199,25 @@ async fn send(
                 transport: name.clone(),
                 name: outgoing.message_name().to_owned(),
             })?;
-        let sent = transport
-            .send(outgoing.clone().with(SentStamp {
+        let span =
+            crate::trace::send_span(&name, transport.messaging_system(), outgoing.message_name());
+        let envelope = stamp_trace_context(
+            outgoing.clone().with(SentStamp {
                 transport: name.clone(),
-            }))
+            }),
+            &span,
+        );
+        let sent = transport
+            .send(envelope)
+            .instrument(span.clone())
             .await
             .map_err(|source| BusError::Send {
                 name: outgoing.message_name().to_owned(),
                 source,
             })?;
+        if let Some(id) = sent.id() {
+            span.record("messaging.message.id", id);
+        }
         crate::metrics::message(
             crate::metrics::MESSAGES_SENT,
             &crate::metrics::SharedString::from_owned(name.clone()),
@@ -218,6 +229,27 @@ async fn send(
         }
     }
     Ok(result)
+}
+
+/// With a propagator and a span someone listens to, the `send` span's context becomes the
+/// envelope's trace context (parented on the stamp it carried when no span is current);
+/// otherwise the envelope keeps the stamp it has (the handled message's, see [`Prelude`]).
+fn stamp_trace_context(envelope: Envelope, span: &tracing::Span) -> Envelope {
+    let Some(propagator) = crate::trace::propagator() else {
+        return envelope;
+    };
+    if span.is_disabled() {
+        return envelope;
+    }
+    if tracing::Span::current().is_none()
+        && let Some(stamp) = envelope.last::<TraceContextStamp>()
+    {
+        propagator.extract(stamp, span);
+    }
+    match propagator.inject(span) {
+        Some(stamp) => envelope.without_all::<TraceContextStamp>().with(stamp),
+        None => envelope,
+    }
 }
 
 /// Runs every handler of the message that has not handled it yet; collects the failures.

@@ -276,9 +276,12 @@ impl Stamp for PriorityStamp {
 ///
 /// The worker makes a received message's trace context current while it is handled, and the bus
 /// stamps it on every message dispatched meanwhile, so a chain of messages stays one trace.
-/// Courier does not depend on OpenTelemetry: to start a trace from your own span, add this stamp
-/// when dispatching (e.g. from your propagator's `traceparent`), or dispatch inside
-/// [`with_trace_context`](crate::with_trace_context).
+/// With a [`TracePropagator`](crate::TracePropagator) installed (`courier-otel`), the bus stamps
+/// the context of its `send` span instead, a child of the current span (or of the stamp the
+/// envelope carried, when no span is current), and the worker's `process` span is parented on
+/// it. Without one, to start a trace from your own context, add this stamp when dispatching (e.g.
+/// from your propagator's `traceparent`), or dispatch inside
+/// [`with_trace_context`](crate::with_trace_context). See [`trace`](crate::trace).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceContextStamp {
     /// The W3C `traceparent` header value.

@@ -248,6 +248,10 @@ impl InMemoryTransport {
 
 #[async_trait]
 impl Transport for InMemoryTransport {
+    fn messaging_system(&self) -> &'static str {
+        "in_memory"
+    }
+
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         self.capabilities()
             .check_delay(&self.options.name, &envelope)?;

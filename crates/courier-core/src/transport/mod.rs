@@ -151,6 +151,13 @@ impl Capabilities {
     note = "implement `courier::Transport` (with `#[async_trait]`) for `{Self}`"
 )]
 pub trait Transport: Send + Sync + Debug {
+    /// The messaging system behind this transport, as OpenTelemetry's `messaging.system` names
+    /// it on Courier's spans (`sqlite`, `postgresql`, `mysql`, `redis`, `rabbitmq`, ...). The
+    /// default, `courier`, says only that the message went through Courier.
+    fn messaging_system(&self) -> &'static str {
+        "courier"
+    }
+
     /// Stores the envelope for delivery; returns it with a
     /// [`TransportMessageIdStamp`](crate::TransportMessageIdStamp).
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError>;

@@ -62,6 +62,10 @@ impl SyncTransport {
 
 #[async_trait]
 impl Transport for SyncTransport {
+    fn messaging_system(&self) -> &'static str {
+        "sync"
+    }
+
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         let bus = self.bus.get().ok_or_else(|| {
             self.error(TransportErrorKind::Config)

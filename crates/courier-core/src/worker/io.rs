@@ -155,7 +155,6 @@ pub(super) fn spawn_acker(
     max_batch: usize,
 ) -> (Acker, JoinHandle<AckStats>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(u64, Envelope)>>();
-    let span = tracing::debug_span!("courier.ack", messaging.destination.name = %name);
     let task = async move {
         let batch_size = metrics::histogram!(crate::metrics::ACK_BATCH_SIZE, crate::metrics::TRANSPORT => name.clone());
         let mut stats = AckStats::default();
@@ -172,8 +171,9 @@ pub(super) fn spawn_acker(
             std::mem::swap(&mut batch, &mut envelopes);
             #[allow(clippy::cast_precision_loss)]
             batch_size.record(batch.len() as f64);
-            if let Err(e) = transport.ack_batch(&batch).await {
-                tracing::warn!(error = %crate::error_chain(&e), count = batch.len(), "ack failed; the messages will be redelivered");
+            let span = settle_span("ack", &name, &*transport, batch.len());
+            if let Err(e) = transport.ack_batch(&batch).instrument(span).await {
+                tracing::warn!(messaging.destination.name = %name, error = %crate::error_chain(&e), count = batch.len(), "ack failed; the messages will be redelivered");
                 let event = WorkerEvent::TransportError {
                     transport: name.clone(),
                     error: crate::error_chain(&e).to_string(),
@@ -193,7 +193,7 @@ pub(super) fn spawn_acker(
             tx,
             pending: Vec::new(),
         },
-        tokio::spawn(task.instrument(span)),
+        tokio::spawn(task),
     )
 }
 
@@ -226,7 +226,17 @@ pub(super) fn spawn_keepalive(
                 if envelopes.is_empty() {
                     continue;
                 }
-                match tokio::time::timeout(interval, transport.keepalive_batch(&envelopes)).await {
+                let span = tracing::debug_span!(
+                    parent: None,
+                    "keepalive",
+                    otel.name = %format_args!("keepalive {name}"),
+                    messaging.system = transport.messaging_system(),
+                    messaging.destination.name = %name,
+                    messaging.operation.name = "keepalive",
+                    messaging.batch.message_count = envelopes.len(),
+                );
+                let call = transport.keepalive_batch(&envelopes).instrument(span);
+                match tokio::time::timeout(interval, call).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => {
                         tracing::warn!(messaging.destination.name = %name, error = %crate::error_chain(&e), count = envelopes.len(), "keepalive failed");
@@ -238,7 +248,7 @@ pub(super) fn spawn_keepalive(
             }
         }
     };
-    tokio::spawn(task.instrument(tracing::debug_span!("courier.keepalive")))
+    tokio::spawn(task)
 }
 
 /// Puts unstarted envelopes back on their transport at once, unchanged (shutdown, or a stop
@@ -249,6 +259,7 @@ pub(super) fn spawn_release(
     held: Arc<Held>,
     envelopes: Vec<(u64, Envelope)>,
 ) -> JoinHandle<u64> {
+    let span = settle_span("release", &name, &*transport, envelopes.len());
     let task = async move {
         let mut released = 0;
         for (key, envelope) in envelopes {
@@ -262,5 +273,25 @@ pub(super) fn spawn_release(
         }
         released
     };
-    tokio::spawn(task.instrument(tracing::debug_span!("courier.release")))
+    tokio::spawn(task.instrument(span))
+}
+
+/// The `ack <transport>` / `release <transport>` span of one batch (`messaging.operation.type`
+/// `settle`); a root span, as the batch mixes messages of many traces.
+fn settle_span(
+    operation: &'static str,
+    name: &str,
+    transport: &dyn Transport,
+    count: usize,
+) -> tracing::Span {
+    tracing::debug_span!(
+        parent: None,
+        "settle",
+        otel.name = %format_args!("{operation} {name}"),
+        messaging.system = transport.messaging_system(),
+        messaging.destination.name = %name,
+        messaging.operation.type = "settle",
+        messaging.operation.name = operation,
+        messaging.batch.message_count = count,
+    )
 }

@@ -48,12 +48,11 @@ impl Done {
 impl Worker {
     pub(super) async fn process(&self, receiver: &Receiver, envelope: Envelope) -> Done {
         let id = envelope.id().map(str::to_owned);
-        let span = tracing::info_span!(
-            "courier.handle",
-            messaging.system = "courier",
-            messaging.destination.name = %receiver.name,
-            messaging.message.id = id.as_deref().unwrap_or(""),
-            messaging.message.type = envelope.message_name(),
+        let span = crate::trace::process_span(
+            &receiver.name,
+            receiver.transport.messaging_system(),
+            id.as_deref().unwrap_or(""),
+            &envelope,
         );
         self.process_inner(receiver, envelope.with_shared(&receiver.received), id)
             .instrument(span)

@@ -314,6 +314,10 @@ impl CountingTransport {
 
 #[async_trait]
 impl Transport for CountingTransport {
+    fn messaging_system(&self) -> &'static str {
+        self.inner.messaging_system()
+    }
+
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         self.bump("send", 1);
         self.inner.send(envelope).await
