@@ -379,6 +379,20 @@ impl Config {
             .or(self.failure_transport.as_deref())
     }
 
+    /// The failure transports (those some transport names as its `failure_transport`), sorted,
+    /// each once.
+    #[must_use]
+    pub fn failure_transport_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .transports
+            .keys()
+            .filter_map(|n| self.failure_transport_of(n).map(str::to_owned))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// Connects every transport through `factories`.
     ///
     /// # Errors
@@ -448,6 +462,12 @@ pub struct Transports {
 }
 
 impl Transports {
+    /// The configuration the transports were connected from.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// The registry every transport was built with.
     #[must_use]
     pub fn messages(&self) -> &Arc<MessageRegistry> {
@@ -464,6 +484,29 @@ impl Transports {
     #[must_use]
     pub fn all(&self) -> &BTreeMap<String, Arc<dyn Transport>> {
         &self.transports
+    }
+
+    /// The message count of every transport by name (`None` where the transport cannot count):
+    /// the shape of `courier stats --format json`. `names` selects some (all when empty).
+    ///
+    /// # Errors
+    /// The first count that failed.
+    pub async fn message_counts(
+        &self,
+        names: &[String],
+    ) -> Result<BTreeMap<String, Option<u64>>, TransportError> {
+        let mut counts = BTreeMap::new();
+        for (name, transport) in &self.transports {
+            if !names.is_empty() && !names.contains(name) {
+                continue;
+            }
+            let count = match transport.as_message_count() {
+                Some(c) => Some(c.message_count().await?),
+                None => None,
+            };
+            counts.insert(name.clone(), count);
+        }
+        Ok(counts)
     }
 
     /// A bus builder with every transport, the routing, the link `sync://` transports need and

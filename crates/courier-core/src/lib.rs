@@ -45,6 +45,7 @@ pub mod config;
 mod dsn;
 mod envelope;
 mod error;
+pub mod failed;
 mod message;
 pub mod metrics;
 pub mod retry;
@@ -65,6 +66,7 @@ pub use codec::{
 };
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;
+pub use failed::rfc3339;
 pub use error::{
     BoxError, BusError, ErrorChain, HandlerError, HandlerFailure, HandlerResultExt, TransportError,
     TransportErrorKind, error_chain,

@@ -1,53 +1,13 @@
 //! `courier failed show | retry | remove`: the messages in failure transports.
 
-use std::sync::Arc;
-
 use courier_core::config::Transports;
-use courier_core::{
-    DelayStamp, DeliveryTagStamp, Envelope, ErrorDetailsStamp, Listable, ReceivedStamp,
-    RedeliveryStamp, SentToFailureTransportStamp, Transport, TransportMessageIdStamp, retry_count,
-};
-use serde::Serialize;
+use courier_core::failed::{FailedMessage as Row, RetryFailedError, retry_failed};
+use courier_core::{Envelope, ErrorDetailsStamp, Listable};
 
 use crate::cli::{FailedCommand, FailedIds};
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult};
 use crate::table::{Table, shorten};
-use crate::time::rfc3339;
-
-/// One failed message, as `failed show --format json` prints it.
-#[derive(Debug, Serialize)]
-struct Row {
-    id: Option<String>,
-    #[serde(rename = "type")]
-    kind: String,
-    transport: Option<String>,
-    error_class: Option<String>,
-    error: Option<String>,
-    retry_count: u32,
-    failed_at: Option<String>,
-    failure_transport: String,
-}
-
-impl Row {
-    fn new(failure_transport: &str, e: &Envelope) -> Self {
-        let details = e.last::<ErrorDetailsStamp>();
-        Self {
-            id: e.id().map(str::to_owned),
-            kind: e.message_name().to_owned(),
-            transport: e
-                .last::<SentToFailureTransportStamp>()
-                .map(|s| s.original.clone()),
-            error_class: details.map(|d| d.class.clone()),
-            error: details.map(|d| d.message.clone()),
-            retry_count: retry_count(e),
-            failed_at: e
-                .last::<SentToFailureTransportStamp>()
-                .map(|s| rfc3339(s.at)),
-            failure_transport: failure_transport.to_owned(),
-        }
-    }
-}
 
 pub(crate) async fn run(ctx: &Ctx<'_>, command: &FailedCommand) -> CliResult {
     match command {
@@ -65,14 +25,7 @@ fn failure_names(ctx: &Ctx<'_>, named: Option<&str>) -> CliResult<Vec<String>> {
         ctx.check_transports(&[name.to_owned()])?;
         return Ok(vec![name.to_owned()]);
     }
-    let mut names: Vec<String> = ctx
-        .config
-        .transports
-        .keys()
-        .filter_map(|n| ctx.config.failure_transport_of(n).map(str::to_owned))
-        .collect();
-    names.sort();
-    names.dedup();
+    let names = ctx.config.failure_transport_names();
     if names.is_empty() {
         return Err(CliError::usage(
             "no failure transport is configured (set `failure_transport` on a transport)",
@@ -195,24 +148,17 @@ async fn act(ctx: &Ctx<'_>, ids: &FailedIds, retry: bool) -> CliResult {
             found
         };
         for e in envelopes {
-            let id = e.id().unwrap_or_default().to_owned();
-            if retry {
-                let original = e
-                    .last::<SentToFailureTransportStamp>()
-                    .map(|s| s.original.clone())
-                    .ok_or_else(|| {
-                        CliError::runtime(format!(
-                            "message `{id}` does not say which transport it failed on"
-                        ))
-                    })?;
-                let target: &Arc<dyn Transport> = transports.get(&original).ok_or_else(|| {
-                    CliError::usage(format!(
-                        "message `{id}` failed on transport `{original}`, which is not configured"
-                    ))
-                })?;
-                target.send(fresh(e)).await?;
-            }
-            list.remove(&id).await?;
+            let id = if retry {
+                retry_failed(&transports, list, e).await.map_err(|e| match e {
+                    RetryFailedError::UnknownTransport { .. } => CliError::usage(e.to_string()),
+                    RetryFailedError::Transport(t) => t.into(),
+                    other => CliError::runtime(other.to_string()),
+                })?
+            } else {
+                let id = e.id().unwrap_or_default().to_owned();
+                list.remove(&id).await?;
+                id
+            };
             done.push(id);
         }
     }
@@ -258,17 +204,6 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
     }
     lines.push(line);
     lines
-}
-
-/// The envelope as it goes back to its original transport: no failure marker, no delay, no
-/// retries counted, no ids of the failure transport (the error history stays).
-fn fresh(e: Envelope) -> Envelope {
-    e.without_all::<SentToFailureTransportStamp>()
-        .without_all::<TransportMessageIdStamp>()
-        .without_all::<DeliveryTagStamp>()
-        .without_all::<ReceivedStamp>()
-        .without_all::<DelayStamp>()
-        .without_all::<RedeliveryStamp>()
 }
 
 #[cfg(test)]

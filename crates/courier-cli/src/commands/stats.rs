@@ -19,17 +19,7 @@ const SCAN_LIMIT: usize = 1_000;
 pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String]) -> CliResult {
     ctx.check_transports(names)?;
     let transports = ctx.connect().await?;
-    let mut counts: BTreeMap<String, Option<u64>> = BTreeMap::new();
-    for (name, transport) in transports.all() {
-        if !names.is_empty() && !names.contains(name) {
-            continue;
-        }
-        let count = match transport.as_message_count() {
-            Some(c) => Some(c.message_count().await?),
-            None => None,
-        };
-        counts.insert(name.clone(), count);
-    }
+    let counts = transports.message_counts(names).await?;
     if ctx.json() {
         ctx.print_json(&counts)?;
     } else {
