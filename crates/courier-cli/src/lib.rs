@@ -44,7 +44,6 @@ mod registry;
 mod runs;
 mod table;
 mod telemetry;
-mod time;
 mod wiring;
 
 pub use app::App;

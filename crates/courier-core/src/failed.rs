@@ -3,7 +3,7 @@
 //! failed show --format json`), the failure transports of a configuration, and the retry that
 //! sends a failed message back to the transport it failed on ([`retry_failed`]).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -60,6 +60,12 @@ impl FailedMessage {
 #[must_use]
 pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// An epoch-milliseconds time (as stores keep them) as RFC 3339; negative times are the epoch.
+#[must_use]
+pub fn rfc3339_ms(ms: i64) -> String {
+    rfc3339(UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
 /// Retrying a failed message went wrong.
@@ -139,10 +145,11 @@ mod tests {
     }
 
     async fn transports() -> Transports {
-        let config: Config = "[transports.async]\ndsn = \"in-memory://\"\nfailure_transport = \"failed\"\n\
+        let config: Config =
+            "[transports.async]\ndsn = \"in-memory://\"\nfailure_transport = \"failed\"\n\
              [transports.failed]\ndsn = \"in-memory://\"\n"
-            .parse()
-            .expect("config");
+                .parse()
+                .expect("config");
         let mut registry = crate::MessageRegistry::new();
         registry.register::<Ping>();
         config
@@ -154,7 +161,10 @@ mod tests {
     #[tokio::test]
     async fn a_retried_message_goes_back_to_its_transport_as_new() {
         let t = transports().await;
-        assert_eq!(t.config().failure_transport_names(), vec!["failed".to_owned()]);
+        assert_eq!(
+            t.config().failure_transport_names(),
+            vec!["failed".to_owned()]
+        );
         let failed = t.get("failed").expect("failed").clone();
         failed
             .send(

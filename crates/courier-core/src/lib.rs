@@ -66,11 +66,11 @@ pub use codec::{
 };
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;
-pub use failed::rfc3339;
 pub use error::{
     BoxError, BusError, ErrorChain, HandlerError, HandlerFailure, HandlerResultExt, TransportError,
     TransportErrorKind, error_chain,
 };
+pub use failed::{rfc3339, rfc3339_ms};
 pub use message::Message;
 pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
 pub use stamp::*;

@@ -112,6 +112,16 @@ pub static RUNS: Migrations = Migrations {
             mysql: None,
             present_when: None,
         },
+        Migration {
+            version: 5,
+            description: "courier runs listing",
+            sqlite: include_str!("../migrations/sqlite/0005_courier_runs_listing.sql"),
+            postgres: include_str!("../migrations/postgres/0005_courier_runs_listing.sql"),
+            mysql: Some(include_str!(
+                "../migrations/mysql/0005_courier_runs_listing.sql"
+            )),
+            present_when: None,
+        },
     ],
 };
 

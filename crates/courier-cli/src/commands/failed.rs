@@ -149,11 +149,13 @@ async fn act(ctx: &Ctx<'_>, ids: &FailedIds, retry: bool) -> CliResult {
         };
         for e in envelopes {
             let id = if retry {
-                retry_failed(&transports, list, e).await.map_err(|e| match e {
-                    RetryFailedError::UnknownTransport { .. } => CliError::usage(e.to_string()),
-                    RetryFailedError::Transport(t) => t.into(),
-                    other => CliError::runtime(other.to_string()),
-                })?
+                retry_failed(&transports, list, e)
+                    .await
+                    .map_err(|e| match e {
+                        RetryFailedError::UnknownTransport { .. } => CliError::usage(e.to_string()),
+                        RetryFailedError::Transport(t) => t.into(),
+                        other => CliError::runtime(other.to_string()),
+                    })?
             } else {
                 let id = e.id().unwrap_or_default().to_owned();
                 list.remove(&id).await?;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use courier_runs::{
     ManualRequeue, ReapOptions, Run, RunError, RunEvent, RunStatus, RunStore, RunsConfig, Runtime,
+    rfc3339_ms,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -13,7 +14,6 @@ use crate::context::Ctx;
 use crate::error::{CliError, CliResult, chain};
 use crate::runs::{open_store, runtime, settings};
 use crate::table::{Table, shorten};
-use crate::time::rfc3339_ms;
 
 pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
     let config = settings(ctx)?;
@@ -57,7 +57,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
             find(&store, id).await?;
             let events = store.events(id).await.map_err(runtime_error)?;
             if ctx.json() {
-                return ctx.print_json(&events.iter().map(event_json).collect::<Vec<_>>());
+                return ctx.print_json(&events.iter().map(RunEvent::to_json).collect::<Vec<_>>());
             }
             print!("{}", events_table(&events));
             Ok(())
@@ -162,47 +162,9 @@ async fn submit(
     Ok(())
 }
 
-fn ms(v: Option<i64>) -> Value {
-    v.map_or(Value::Null, |t| Value::String(rfc3339_ms(t)))
-}
-
-/// A run as `runs show` / `runs list` print it (absent values are null).
-pub(crate) fn run_json(r: &Run) -> Value {
-    json!({
-        "id": r.id,
-        "agent": r.agent,
-        "status": r.status.as_str(),
-        "termination_reason": r.termination_reason.map(|t| t.as_str()),
-        "requeue_count": r.requeue_count,
-        "claimed_by": r.claimed_by,
-        "lease_expires": r.lease_expires,
-        "error_class": r.error_class.map(|c| c.as_str()),
-        "output": r.output,
-        "input": r.input,
-        "pending_effect": r.pending_effect,
-        "created_at": rfc3339_ms(r.created_at),
-        "started_at": ms(r.started_at),
-        "finished_at": ms(r.finished_at),
-        "updated_at": rfc3339_ms(r.updated_at),
-        // When a queued run is due (the reaper re-dispatches it well past that); null otherwise.
-        "due_at": (r.status == RunStatus::Queued).then(|| rfc3339_ms(r.due_at)),
-    })
-}
-
-fn event_json(e: &RunEvent) -> Value {
-    json!({ "seq": e.seq, "kind": e.kind, "payload": e.payload, "created_at": rfc3339_ms(e.created_at) })
-}
-
 fn show(ctx: &Ctx<'_>, run: &Run, events: &[RunEvent]) -> CliResult {
     if ctx.json() {
-        let mut value = run_json(run);
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert(
-                "events".into(),
-                Value::Array(events.iter().map(event_json).collect()),
-            );
-        }
-        return ctx.print_json(&value);
+        return ctx.print_json(&run.to_json_with_events(events));
     }
     let field = |k: &str, v: String| println!("{k:<19} {v}");
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
@@ -253,7 +215,7 @@ fn events_table(events: &[RunEvent]) -> String {
 
 fn list(ctx: &Ctx<'_>, runs: &[Run]) -> CliResult {
     if ctx.json() {
-        return ctx.print_json(&runs.iter().map(run_json).collect::<Vec<_>>());
+        return ctx.print_json(&runs.iter().map(Run::to_json).collect::<Vec<_>>());
     }
     if runs.is_empty() {
         println!("No runs.");

@@ -11,7 +11,7 @@ use crate::context::Ctx;
 use crate::error::CliResult;
 use crate::registry;
 use crate::table::Table;
-use crate::time::rfc3339_ms;
+use courier_core::rfc3339_ms;
 
 pub(crate) async fn run(ctx: &Ctx<'_>) -> CliResult {
     let transports = ctx.connect().await?;

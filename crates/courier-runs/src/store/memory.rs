@@ -8,7 +8,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError, lease_ms};
+use super::{
+    NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError, count_statuses, lease_ms,
+};
 use crate::{RunStatus, TerminationReason};
 
 #[derive(Debug, Default)]
@@ -178,6 +180,15 @@ impl RunStore for MemoryRunStore {
         runs.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
         runs.truncate(limit);
         Ok(runs)
+    }
+
+    async fn page(&self, query: &RunPageQuery) -> Result<Vec<Run>, StoreError> {
+        let runs: Vec<Run> = self.lock().runs.values().cloned().collect();
+        Ok(query.select(runs))
+    }
+
+    async fn count_by_status(&self) -> Result<Vec<(RunStatus, u64)>, StoreError> {
+        Ok(count_statuses(self.lock().runs.values().map(|r| r.status)))
     }
 
     async fn claim(

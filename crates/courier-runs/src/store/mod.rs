@@ -1,6 +1,8 @@
 //! The run store: every transition of DESIGN §5 as one guarded write.
 
+mod json;
 mod memory;
+mod page;
 mod sql;
 
 use std::time::Duration;
@@ -11,7 +13,9 @@ use uuid::Uuid;
 
 use crate::{FailureClass, RunStatus, TerminationReason};
 
+pub use json::rfc3339_ms;
 pub use memory::MemoryRunStore;
+pub use page::{InvalidCursor, PageFrom, RunCursor, RunPageQuery};
 pub use sql::{Dialect, SqlRunStore, SqlRunStoreOptions};
 
 /// A run as stored. Times are epoch milliseconds from the store's clock (the database clock for
@@ -195,6 +199,19 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError>;
     /// Lists runs, newest first.
     async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError>;
+    /// A page of runs, newest first: those matching the query's filters, from its cursor (keyset
+    /// pagination, see [`RunPageQuery`]). The default filters [`RunStore::list`] in memory; the
+    /// SQL and memory stores override it (the SQL one with indexed queries).
+    async fn page(&self, query: &RunPageQuery) -> Result<Vec<Run>, StoreError> {
+        Ok(query.select(self.list(query.status, usize::MAX).await?))
+    }
+    /// How many runs there are of each status, in [`RunStatus::ALL`] order, statuses without
+    /// runs left out. The default counts [`RunStore::list`]; the SQL store counts in one
+    /// `GROUP BY` over its status index.
+    async fn count_by_status(&self) -> Result<Vec<(RunStatus, u64)>, StoreError> {
+        let runs = self.list(None, usize::MAX).await?;
+        Ok(count_statuses(runs.iter().map(|r| r.status)))
+    }
     /// Claim: `id AND status='queued'` -> running, claimed_by=worker, lease = now + lease.
     /// Returns the claimed run as written (None: the guard matched nothing), read in the same
     /// statement where the database can (`UPDATE ... RETURNING` on PostgreSQL and SQLite; MySQL
@@ -272,6 +289,17 @@ const _: () = {
     }
     let _ = (assert_dyn, check);
 };
+
+/// Counts statuses, in [`RunStatus::ALL`] order, leaving out those with none.
+pub(crate) fn count_statuses(statuses: impl Iterator<Item = RunStatus>) -> Vec<(RunStatus, u64)> {
+    let mut counts = RunStatus::ALL.map(|s| (s, 0_u64));
+    for status in statuses {
+        if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == status) {
+            slot.1 += 1;
+        }
+    }
+    counts.into_iter().filter(|(_, n)| *n > 0).collect()
+}
 
 pub(crate) fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 4)

@@ -12,10 +12,11 @@ use courier_sql::migrate::Applied;
 use courier_sql::{PoolSettings, invalid_table_name, is_valid_identifier};
 use uuid::Uuid;
 
-use super::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError};
+use super::{NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError};
 use crate::{RunStatus, TerminationReason};
 
 mod engine;
+mod listing;
 mod queries;
 
 pub use courier_sql::Dialect;
@@ -255,6 +256,14 @@ impl RunStore for SqlRunStore {
 
     async fn list(&self, status: Option<RunStatus>, n: usize) -> Result<Vec<Run>, StoreError> {
         self.engine.list(status, n).await
+    }
+
+    async fn page(&self, query: &RunPageQuery) -> Result<Vec<Run>, StoreError> {
+        self.engine.page(query).await
+    }
+
+    async fn count_by_status(&self) -> Result<Vec<(RunStatus, u64)>, StoreError> {
+        self.engine.count_by_status().await
     }
 
     async fn claim(

@@ -117,6 +117,20 @@ impl Fixture {
         }
     }
 
+    /// Rewrites `created_at`.
+    pub async fn set_created_at(&self, id: Uuid, created_at: i64) {
+        match &self.backend {
+            Backend::Memory(m) => assert!(m.rewrite(id, |r| r.created_at = created_at)),
+            Backend::Sql(s) => {
+                let sql = format!(
+                    "UPDATE {} SET created_at = {created_at} WHERE id = '{id}'",
+                    s.runs_table()
+                );
+                s.execute(&sql).await.expect("rewrite created_at");
+            }
+        }
+    }
+
     /// Moves the claim to another worker (it now owns the row).
     pub async fn give_to(&self, id: Uuid, worker: &str) {
         match &self.backend {

@@ -10,9 +10,12 @@ use courier_sql::{Dialect, SqlDatabase};
 use sqlx::{Pool, Row as _};
 use uuid::Uuid;
 
+use super::listing::PageQueries;
 use super::queries::Queries;
 use super::{Engine, SqlRunStoreOptions, db};
-use crate::store::{NewRun, Run, RunEvent, RunStore, Settlement, StoreError, lease_ms};
+use crate::store::{
+    NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError, lease_ms,
+};
 use crate::{RunStatus, TerminationReason};
 
 /// A database the run store runs on, with the type its run ids travel as: PostgreSQL's `UUID`,
@@ -70,6 +73,7 @@ pub(super) struct Runs<DB: RunDialect> {
     runs: String,
     events: String,
     q: Queries,
+    pub(super) pages: PageQueries,
     /// The database has `INSERT ... RETURNING`: an insert returns the new row (or sequence
     /// number) in the same statement.
     insert_returning: bool,
@@ -93,8 +97,14 @@ impl<DB: RunDialect> Runs<DB> {
                 &options.events_table,
                 insert_returning,
             ),
+            pages: PageQueries::new(DB::DIALECT, &options.runs_table),
             insert_returning,
         }
+    }
+
+    /// The pool.
+    pub(super) fn pool(&self) -> &Pool<DB> {
+        &self.pool
     }
 }
 
@@ -104,7 +114,7 @@ fn corrupt(col: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
 
 /// A column read without the driver's type check (MySQL reports text of a binary collation as
 /// bytes), decoded all the same: a value that does not decode is an error.
-fn column<'r, R, T>(row: &'r R, col: &str) -> Result<T, StoreError>
+pub(super) fn column<'r, R, T>(row: &'r R, col: &str) -> Result<T, StoreError>
 where
     R: sqlx::Row,
     for<'a> &'a str: sqlx::ColumnIndex<R>,
@@ -173,7 +183,7 @@ where
 }
 
 /// A decode failure inside `FromRow` back to the store's own error.
-fn rows_error(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+pub(super) fn rows_error(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |e| match e {
         sqlx::Error::Decode(inner) => match inner.downcast::<StoreError>() {
             Ok(store) => *store,
@@ -244,6 +254,14 @@ where
         q.fetch_all(&self.pool)
             .await
             .map_err(rows_error("list runs"))
+    }
+
+    async fn page(&self, query: &RunPageQuery) -> Result<Vec<Run>, StoreError> {
+        self.select_page(query).await
+    }
+
+    async fn count_by_status(&self) -> Result<Vec<(RunStatus, u64)>, StoreError> {
+        self.status_counts().await
     }
 
     async fn claim(

@@ -3,7 +3,7 @@
 
 use courier_sql::Dialect;
 
-const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
+pub(super) const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
     lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at, due_at";
 const NON_TERMINAL: &str = "('queued', 'running', 'waiting_for_approval', 'waiting_for_input')";
 const STALE: &str = "status = 'running' AND lease_expires > 0 AND lease_expires < {now}";

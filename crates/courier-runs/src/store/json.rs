@@ -1,0 +1,98 @@
+//! Runs and events as JSON: the shapes of `courier runs show|list|events --format json` and the
+//! dashboard's `/api/runs` (DESIGN.md §6): absent values are `null`, never omitted; times are
+//! RFC 3339 strings except `lease_expires` (epoch ms, as stored).
+
+pub use courier_core::rfc3339_ms;
+use serde_json::{Value, json};
+
+use super::{Run, RunEvent};
+use crate::RunStatus;
+
+fn ms(v: Option<i64>) -> Value {
+    v.map_or(Value::Null, |t| Value::String(rfc3339_ms(t)))
+}
+
+impl Run {
+    /// The run as `runs show` (without `events`) and `runs list` print it.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "agent": self.agent,
+            "status": self.status.as_str(),
+            "termination_reason": self.termination_reason.map(|t| t.as_str()),
+            "requeue_count": self.requeue_count,
+            "claimed_by": self.claimed_by,
+            "lease_expires": self.lease_expires,
+            "error_class": self.error_class.map(|c| c.as_str()),
+            "output": self.output,
+            "input": self.input,
+            "pending_effect": self.pending_effect,
+            "created_at": rfc3339_ms(self.created_at),
+            "started_at": ms(self.started_at),
+            "finished_at": ms(self.finished_at),
+            "updated_at": rfc3339_ms(self.updated_at),
+            // When a queued run is due (the reaper re-dispatches it well past that); null otherwise.
+            "due_at": (self.status == RunStatus::Queued).then(|| rfc3339_ms(self.due_at)),
+        })
+    }
+
+    /// The run with its events, as `runs show` prints it.
+    #[must_use]
+    pub fn to_json_with_events(&self, events: &[RunEvent]) -> Value {
+        let mut value = self.to_json();
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "events".into(),
+                Value::Array(events.iter().map(RunEvent::to_json).collect()),
+            );
+        }
+        value
+    }
+}
+
+impl RunEvent {
+    /// The event as `runs events` prints it: `{"seq", "kind", "payload", "created_at"}`.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        json!({
+            "seq": self.seq,
+            "kind": self.kind,
+            "payload": self.payload,
+            "created_at": rfc3339_ms(self.created_at),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_values_are_null_and_times_rfc3339() {
+        let run = Run {
+            id: uuid::Uuid::nil(),
+            agent: "scripted".into(),
+            status: RunStatus::Queued,
+            input: json!({}),
+            output: None,
+            error_class: None,
+            termination_reason: None,
+            claimed_by: None,
+            lease_expires: 0,
+            requeue_count: 0,
+            pending_effect: None,
+            created_at: 1_000,
+            started_at: None,
+            finished_at: None,
+            updated_at: 1_000,
+            due_at: 1_000,
+        };
+        let v = run.to_json_with_events(&[]);
+        assert_eq!(v["created_at"], "1970-01-01T00:00:01.000Z");
+        assert_eq!(v["started_at"], Value::Null);
+        assert_eq!(v["termination_reason"], Value::Null);
+        assert_eq!(v["events"], json!([]));
+        assert_eq!(v["due_at"], "1970-01-01T00:00:01.000Z");
+    }
+}

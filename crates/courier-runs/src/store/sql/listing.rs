@@ -1,0 +1,145 @@
+//! The run listing of the dashboard and `runs list`: keyset pages and status counts.
+//!
+//! A page is one statement, `WHERE [status = ?] [AND agent = ?] [AND <before|after cursor>]
+//! ORDER BY created_at, id LIMIT ?`, backed by the `(created_at, id)`, `(status, created_at,
+//! id)` and `(agent, created_at, id)` indexes of migration 0005: the database seeks to the
+//! cursor and reads `limit` rows, however deep the page. The cursor condition is written
+//! `created_at <= ? AND (created_at < ? OR id < ?)` so that every dialect turns it into an index
+//! range on `created_at` (a row-value comparison is not a range on every MySQL version).
+
+use courier_sql::Dialect;
+
+use super::engine::{RunDialect, Runs, column, rows_error};
+use super::queries::COLUMNS;
+use crate::RunStatus;
+use crate::store::{PageFrom, Run, RunPageQuery, StoreError};
+
+/// Every page statement, by filter and direction, rendered once.
+#[derive(Debug)]
+pub(super) struct PageQueries {
+    /// `[status?][agent?][from]`, from: 0 newest, 1 before, 2 after.
+    pages: Vec<String>,
+    count_by_status: String,
+}
+
+fn slot(status: bool, agent: bool, from: PageFrom) -> usize {
+    let from = match from {
+        PageFrom::Newest => 0,
+        PageFrom::Before(_) => 1,
+        PageFrom::After(_) => 2,
+    };
+    usize::from(status) * 6 + usize::from(agent) * 3 + from
+}
+
+impl PageQueries {
+    pub(super) fn new(dialect: Dialect, runs: &str) -> Self {
+        let mut pages = vec![String::new(); 12];
+        for status in [false, true] {
+            for agent in [false, true] {
+                for (from, cond, order) in [
+                    (PageFrom::Newest, None, "DESC"),
+                    (PageFrom::Before(CURSOR), Some(("<=", "<")), "DESC"),
+                    (PageFrom::After(CURSOR), Some((">=", ">")), "ASC"),
+                ] {
+                    let mut wheres = Vec::new();
+                    if status {
+                        wheres.push("status = ?".to_owned());
+                    }
+                    if agent {
+                        wheres.push("agent = ?".to_owned());
+                    }
+                    if let Some((wide, strict)) = cond {
+                        wheres.push(format!(
+                            "created_at {wide} ? AND (created_at {strict} ? OR id {strict} ?)"
+                        ));
+                    }
+                    let filter = if wheres.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" WHERE {}", wheres.join(" AND "))
+                    };
+                    pages[slot(status, agent, from)] = dialect.render(&format!(
+                        "SELECT {COLUMNS} FROM {runs}{filter} ORDER BY created_at {order}, id {order} LIMIT ?"
+                    ));
+                }
+            }
+        }
+        Self {
+            pages,
+            count_by_status: dialect.render(&format!(
+                "SELECT status, COUNT(*) AS n FROM {runs} GROUP BY status"
+            )),
+        }
+    }
+}
+
+/// A placeholder cursor for picking a statement.
+const CURSOR: crate::store::RunCursor = crate::store::RunCursor {
+    created_at: 0,
+    id: uuid::Uuid::nil(),
+};
+
+impl<DB> Runs<DB>
+where
+    DB: RunDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> Run: sqlx::FromRow<'r, DB::Row>,
+    for<'r> String: sqlx::Decode<'r, DB>,
+    for<'r> i64: sqlx::Decode<'r, DB>,
+    for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
+{
+    /// [`RunStore::page`](crate::RunStore::page) in one indexed statement.
+    pub(super) async fn select_page(&self, q: &RunPageQuery) -> Result<Vec<Run>, StoreError> {
+        let sql = &self.pages.pages[slot(q.status.is_some(), q.agent.is_some(), q.from)];
+        let mut query = sqlx::query_as::<DB, Run>(sql);
+        if let Some(status) = q.status {
+            query = query.bind(status.as_str());
+        }
+        if let Some(agent) = q.agent.as_deref() {
+            query = query.bind(agent);
+        }
+        if let PageFrom::Before(c) | PageFrom::After(c) = q.from {
+            query = query
+                .bind(c.created_at)
+                .bind(c.created_at)
+                .bind(DB::id(c.id));
+        }
+        let mut runs = query
+            .bind(i64::try_from(q.limit).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await
+            .map_err(rows_error("page runs"))?;
+        if let PageFrom::After(_) = q.from {
+            runs.reverse();
+        }
+        Ok(runs)
+    }
+
+    /// [`RunStore::count_by_status`](crate::RunStore::count_by_status) in one `GROUP BY`.
+    pub(super) async fn status_counts(&self) -> Result<Vec<(RunStatus, u64)>, StoreError> {
+        let rows = sqlx::query(&self.pages.count_by_status)
+            .fetch_all(self.pool())
+            .await
+            .map_err(super::db("count runs"))?;
+        let mut counts = Vec::new();
+        for row in &rows {
+            let status: String = column(row, "status")?;
+            let n: i64 = column(row, "n")?;
+            let status: RunStatus = status
+                .parse()
+                .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+            counts.push((status, u64::try_from(n).unwrap_or(0)));
+        }
+        // In RunStatus::ALL order, like the other stores.
+        let mut ordered = Vec::with_capacity(counts.len());
+        for status in RunStatus::ALL {
+            if let Some((_, n)) = counts.iter().find(|(s, _)| *s == status) {
+                ordered.push((status, *n));
+            }
+        }
+        Ok(ordered)
+    }
+}
