@@ -90,6 +90,13 @@ pub(crate) enum Command {
     Reap(ReapArgs),
     /// The main job on the embedded default: scripted runs, workers, a crash, the reaper
     Demo(DemoArgs),
+    /// Serve the web dashboard: transports, runs, failed messages, workers, and a JSON API
+    ///
+    /// Loopback by default (and then only requests for a loopback host name are served). A
+    /// non-loopback --listen needs --token (or COURIER_DASHBOARD_TOKEN): every request must
+    /// carry it, as `Authorization: Bearer TOKEN` or the cookie set by opening a page once with
+    /// `?token=TOKEN`. Forms post with a per-process CSRF token; GET never changes state.
+    Dashboard(DashboardArgs),
     /// Send/consume benchmark through the real worker path
     ///
     /// Modes: the default measures produce and consume throughput (and a short latency sample);
@@ -275,6 +282,16 @@ pub(crate) struct DemoArgs {
     /// Database file (default: courier.db in the working directory)
     #[arg(long, value_name = "FILE")]
     pub(crate) db: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DashboardArgs {
+    /// Address to serve on
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// Require this token on every request (needed for a non-loopback --listen)
+    #[arg(long, env = "COURIER_DASHBOARD_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -11,7 +11,8 @@ pub fn require(var: &str) -> String {
         Ok(v) if !v.is_empty() => v,
         _ => panic!(
             "{var} is not set. This test needs a real server: run `scripts/services` \
-             (it starts PostgreSQL, MariaDB, Redis and RabbitMQ on 127.0.0.1 and prints the variables), \
+             (it starts PostgreSQL, MariaDB, Redis and RabbitMQ on 127.0.0.1, installs Chromium and \
+             chromedriver, and prints the variables), \
              export what it prints, then rerun with `--include-ignored`, or run `scripts/test`."
         ),
     }
@@ -39,6 +40,13 @@ pub fn redis_url() -> String {
 #[must_use]
 pub fn amqp_url() -> String {
     require("COURIER_TEST_AMQP_URL")
+}
+
+/// `COURIER_TEST_CHROMEDRIVER`, the path of Debian's `chromedriver` (package
+/// `chromium-driver`, which `scripts/services` installs), e.g. `/usr/bin/chromedriver`.
+#[must_use]
+pub fn chromedriver() -> String {
+    require("COURIER_TEST_CHROMEDRIVER")
 }
 
 /// A unique lowercase identifier `prefix_<random>` for a test's table / queue / stream.

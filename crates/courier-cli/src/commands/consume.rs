@@ -354,7 +354,7 @@ fn on_event(c: &Counters, verbose: bool, event: &WorkerEvent) {
 }
 
 /// SIGINT and SIGTERM, as one stream.
-struct Signals {
+pub(crate) struct Signals {
     #[cfg(unix)]
     interrupt: Option<tokio::signal::unix::Signal>,
     #[cfg(unix)]
@@ -362,7 +362,7 @@ struct Signals {
 }
 
 impl Signals {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{SignalKind, signal};
@@ -376,7 +376,7 @@ impl Signals {
     }
 
     /// The next SIGINT or SIGTERM.
-    async fn next(&mut self) {
+    pub(crate) async fn next(&mut self) {
         #[cfg(unix)]
         {
             async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {

@@ -2,6 +2,8 @@
 
 pub(crate) mod bench;
 mod consume;
+#[cfg(feature = "dashboard")]
+mod dashboard;
 #[cfg(feature = "runs")]
 pub(crate) mod demo;
 mod failed;
@@ -34,6 +36,10 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
         Command::Runs(_) | Command::Reap(_) => {
             Err(CliError::usage("this build has no `runs` feature"))
         }
+        #[cfg(feature = "dashboard")]
+        Command::Dashboard(args) => dashboard::run(ctx, args).await,
+        #[cfg(not(feature = "dashboard"))]
+        Command::Dashboard(_) => Err(CliError::usage("this build has no `dashboard` feature")),
         Command::Demo(_) | Command::Bench(_) => Err(CliError::runtime(
             "internal: handled before loading the configuration",
         )),

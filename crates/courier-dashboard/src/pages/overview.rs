@@ -1,0 +1,111 @@
+//! `/`: transports with depth and rate, runs by status, workers alive.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::Html;
+use maud::html;
+
+use super::layout::{self, Nav};
+use crate::error::PageError;
+use crate::state::Shared;
+
+/// A rate for people: `+1.5/s`, `−0.2/s`, `steady`.
+fn rate(per_second: Option<f64>) -> maud::Markup {
+    match per_second {
+        None => html! { span.muted title="needs two depth samples a few seconds apart" { "–" } },
+        Some(r) if r.abs() < 0.005 => html! { span.muted { "steady" } },
+        Some(r) if r > 0.0 => html! { span.up title="the queue grows" { "+" (format!("{r:.2}")) "/s" } },
+        Some(r) => html! { span.down title="the queue drains" { "−" (format!("{:.2}", -r)) "/s" } },
+    }
+}
+
+pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<String>, PageError> {
+    let failure = shared.failure_names();
+    let config = shared.transports.config();
+    let mut rows = Vec::new();
+    for (name, transport) in shared.transports.all() {
+        let depth = match transport.as_message_count() {
+            Some(c) => Some(c.message_count().await.map_err(|e| e.to_string())),
+            None => None,
+        };
+        if let Some(Ok(d)) = &depth {
+            shared.rates.record(name, *d);
+        }
+        let dsn = config
+            .effective_dsn(name)
+            .map(|d| d.to_string())
+            .unwrap_or_default();
+        rows.push((name.clone(), dsn, failure.contains(name), depth));
+    }
+    let statuses = shared.store.count_by_status().await?;
+    let total: u64 = statuses.iter().map(|(_, n)| n).sum();
+    let workers = match shared.registry() {
+        Some(r) => Some(r.list().await.map(|w| w.len()).map_err(|e| e.to_string())),
+        None => None,
+    };
+    let failed_total: u64 = rows
+        .iter()
+        .filter(|r| r.2)
+        .filter_map(|r| r.3.as_ref().and_then(|d| d.as_ref().ok()))
+        .sum();
+    let body = html! {
+        h1 { "Overview" }
+        div.cards {
+            div.card { div.label { "Runs" } div.value { (total) } }
+            @for (status, n) in &statuses {
+                a.card href={ "/runs?status=" (status.as_str()) } {
+                    div.label { (status.as_str().replace('_', " ")) }
+                    div.value { (n) }
+                }
+            }
+            a.card href="/failed" { div.label { "Failed messages" } div.value { (failed_total) } }
+            a.card href="/workers" {
+                div.label { "Workers alive" }
+                div.value {
+                    @match &workers {
+                        Some(Ok(n)) => (n),
+                        Some(Err(_)) => span.muted title="the registry failed" { "?" },
+                        None => span.muted title="no worker registry in this configuration" { "–" },
+                    }
+                }
+            }
+        }
+        h2 { "Transports" }
+        div.panel {
+            table {
+                thead { tr {
+                    th { "Transport" } th { "DSN" } th { "Role" }
+                    th.num { "Depth" } th.num title="net change of the depth per second, last minute" { "Rate" }
+                } }
+                tbody {
+                    @for (name, dsn, is_failure, depth) in &rows {
+                        tr {
+                            td { strong { (name) } }
+                            td.mono.muted { (dsn) }
+                            td {
+                                @if *is_failure {
+                                    a href={ "/failed?transport=" (super::encode(name)) } { "failure transport" }
+                                } @else {
+                                    "queue"
+                                }
+                            }
+                            td.num {
+                                @match depth {
+                                    Some(Ok(d)) => (d),
+                                    Some(Err(e)) => span.up title=(e) { "error" },
+                                    None => span.muted title="this transport cannot count its messages" { "n/a" },
+                                }
+                            }
+                            td.num { (rate(shared.rates.per_second(name))) }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(Err(e)) = &workers {
+            div.notice.error.spaced { "The worker registry failed: " (e) }
+        }
+    };
+    Ok(super::html(layout::page("Overview", Nav::Overview, body)))
+}

@@ -1,0 +1,232 @@
+//! The dashboard's state: what it shows (transports, run store, worker registry) and how it
+//! guards itself (token, allowed hosts, CSRF token).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+use courier_core::config::Transports;
+use courier_core::{CancellationToken, Listable, WorkerRegistry};
+use courier_runs::RunStore;
+use tokio::net::TcpListener;
+
+use crate::error::DashboardError;
+use crate::rates::Rates;
+use crate::{api, assets, guard, pages};
+
+/// How often [`Dashboard::serve`] samples the depth of every transport (for the rates).
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+
+/// How the dashboard guards itself and pages its lists.
+#[derive(Clone, Default)]
+pub struct DashboardOptions {
+    /// Every request must carry this token (`Authorization: Bearer`, or the cookie set by
+    /// opening a page with `?token=`). Required by the CLI when binding to a non-loopback
+    /// address.
+    pub token: Option<String>,
+    /// When set, only requests whose `Host` header is one of these are served (the CLI sets
+    /// the loopback names of its port when it has no token, so a page on another site cannot
+    /// reach the dashboard through DNS rebinding).
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Runs per page (default 50).
+    pub page_size: Option<usize>,
+    /// The worker registry to show (default: the first transport that has one).
+    pub worker_registry: Option<Arc<dyn WorkerRegistry>>,
+}
+
+impl fmt::Debug for DashboardOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DashboardOptions")
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("page_size", &self.page_size)
+            .field("worker_registry", &self.worker_registry.is_some())
+            .finish()
+    }
+}
+
+impl DashboardOptions {
+    /// Requires `token` on every request.
+    #[must_use]
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Serves only requests for the loopback names of `port` (`127.0.0.1`, `localhost`,
+    /// `[::1]`).
+    #[must_use]
+    pub fn loopback_hosts(mut self, port: u16) -> Self {
+        self.allowed_hosts = Some(
+            ["127.0.0.1", "localhost", "[::1]"]
+                .iter()
+                .flat_map(|h| [format!("{h}:{port}"), (*h).to_owned()])
+                .collect(),
+        );
+        self
+    }
+
+    /// Shows `registry` on the workers page.
+    #[must_use]
+    pub fn worker_registry(mut self, registry: Arc<dyn WorkerRegistry>) -> Self {
+        self.worker_registry = Some(registry);
+        self
+    }
+}
+
+/// What every handler reads.
+pub(crate) struct Shared {
+    pub(crate) transports: Transports,
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) options: DashboardOptions,
+    /// The per-process CSRF token every form carries.
+    pub(crate) csrf: String,
+    pub(crate) rates: Rates,
+}
+
+impl Shared {
+    /// The worker registry: the configured one, else the first transport's.
+    pub(crate) fn registry(&self) -> Option<&dyn WorkerRegistry> {
+        if let Some(r) = &self.options.worker_registry {
+            return Some(r.as_ref());
+        }
+        self.transports
+            .all()
+            .values()
+            .find_map(|t| t.as_worker_registry())
+    }
+
+    /// The failure transports of the configuration.
+    pub(crate) fn failure_names(&self) -> Vec<String> {
+        self.transports.config().failure_transport_names()
+    }
+
+    /// The failure transport `name`, listable.
+    pub(crate) fn listable(&self, name: &str) -> Result<&dyn Listable, DashboardError> {
+        if !self.failure_names().iter().any(|n| n == name) {
+            return Err(DashboardError::NotFound(format!(
+                "no failure transport `{name}`"
+            )));
+        }
+        self.transports
+            .get(name)
+            .and_then(|t| t.as_listable())
+            .ok_or_else(|| {
+                DashboardError::BadRequest(format!(
+                    "transport `{name}` cannot list its messages (use a SQL or Redis transport as \
+                     the failure transport to browse it)"
+                ))
+            })
+    }
+
+    pub(crate) fn page_size(&self) -> usize {
+        self.options.page_size.unwrap_or(50).clamp(1, 500)
+    }
+}
+
+/// The dashboard of one application (see the [crate docs](crate)).
+#[derive(Clone)]
+pub struct Dashboard {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Dashboard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dashboard")
+            .field("transports", &self.shared.transports.all().keys())
+            .field("options", &self.shared.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dashboard {
+    /// A dashboard over connected `transports` and a run `store` (set up).
+    #[must_use]
+    pub fn new(
+        transports: Transports,
+        store: Arc<dyn RunStore>,
+        options: DashboardOptions,
+    ) -> Self {
+        // Two v4 UUIDs: 244 bits from the operating system's random source.
+        let csrf = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        Self {
+            shared: Arc::new(Shared {
+                transports,
+                store,
+                options,
+                csrf,
+                rates: Rates::default(),
+            }),
+        }
+    }
+
+    /// The CSRF token every state-changing form must carry (one per process).
+    #[must_use]
+    pub fn csrf_token(&self) -> &str {
+        &self.shared.csrf
+    }
+
+    /// The routes: pages, `/api/`, `/assets/`, behind the guard (token, host, security headers).
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/", get(pages::overview::page))
+            .route("/runs", get(pages::runs::page))
+            .route("/runs/{id}", get(pages::run::page))
+            .route("/failed", get(pages::failed::list))
+            .route("/failed/{transport}/{id}", get(pages::failed::detail))
+            .route("/failed/retry", post(pages::failed::retry))
+            .route("/failed/remove", post(pages::failed::remove))
+            .route("/workers", get(pages::workers::page))
+            .route("/api/runs", get(api::runs))
+            .route("/api/runs/{id}", get(api::run))
+            .route("/api/runs/{id}/events", get(api::events))
+            .route("/api/failed", get(api::failed))
+            .route("/api/stats", get(api::stats))
+            .route("/api/workers", get(api::workers))
+            .route("/assets/dashboard.css", get(assets::css))
+            .route("/assets/dashboard.js", get(assets::js))
+            .route("/favicon.ico", get(assets::favicon))
+            .fallback(pages::not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                self.shared.clone(),
+                guard::guard,
+            ))
+            .with_state(self.shared.clone())
+    }
+
+    /// Serves the dashboard on `listener` until `shutdown` is cancelled, sampling the depth of
+    /// every transport every few seconds meanwhile (the rates on the overview).
+    ///
+    /// # Errors
+    /// The listener failed.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), DashboardError> {
+        let sampler = {
+            let shared = self.shared.clone();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                loop {
+                    shared.rates.sample(&shared.transports).await;
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(SAMPLE_EVERY) => {}
+                    }
+                }
+            })
+        };
+        let served = axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await;
+        sampler.abort();
+        served.map_err(DashboardError::Io)
+    }
+}
