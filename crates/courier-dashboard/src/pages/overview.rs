@@ -54,21 +54,22 @@ pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<Strin
         div.cards {
             div.card { div.label { "Runs" } div.value { (total) } }
             @for (status, n) in &statuses {
-                a.card href={ "/runs?status=" (status.as_str()) } {
+                a class={ "card st-" (status.as_str()) } href={ "/runs?status=" (status.as_str()) } {
                     div.label { (status.as_str().replace('_', " ")) }
                     div.value { (n) }
                 }
             }
-            a.card href="/failed" { div.label { "Failed messages" } div.value { (failed_total) } }
+            a.card.st-failed href="/failed" { div.label { "Failed messages" } div.value { (failed_total) } }
             a.card href="/workers" {
                 div.label { "Workers alive" }
                 div.value {
                     @match &workers {
                         Some(Ok(n)) => (n),
                         Some(Err(_)) => span.muted title="the registry failed" { "?" },
-                        None => span.muted title="no worker registry in this configuration" { "–" },
+                        None => span.muted { "–" },
                     }
                 }
+                @if workers.is_none() { div.hint { "no worker registry in this configuration" } }
             }
         }
         h2 { "Transports" }

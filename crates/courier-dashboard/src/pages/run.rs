@@ -124,23 +124,29 @@ pub(crate) async fn page(
                 }
             }
             div {
-                h2 { "Input" }
-                (layout::json(&run.input))
-                @if let Some(output) = &run.output {
-                    h2 { "Output" }
-                    (layout::json(output))
+                div.panel {
+                    div.panel-title { "Timeline · " (events.len()) " event(s)" }
+                    ol.timeline #timeline {
+                        @for e in timeline(&run, &events, now) {
+                            li class=(e.class) {
+                                span.kind { (e.title) }
+                                span.when { (layout::time(e.at)) }
+                                @if let Some(d) = e.detail { div { (d) } }
+                            }
+                        }
+                    }
                 }
             }
         }
-        h2 { "Timeline (" (events.len()) " event(s))" }
-        div.panel {
-            ol.timeline #timeline {
-                @for e in timeline(&run, &events, now) {
-                    li class=(e.class) {
-                        span.kind { (e.title) }
-                        span.when { (layout::time(e.at)) }
-                        @if let Some(d) = e.detail { div { (d) } }
-                    }
+        div.grid2 {
+            div {
+                h2 { "Input" }
+                (layout::json(&run.input))
+            }
+            @if let Some(output) = &run.output {
+                div {
+                    h2 { "Output" }
+                    (layout::json(output))
                 }
             }
         }

@@ -133,6 +133,36 @@ async fn claim_with_steps(store: &SqlRunStore, id: Uuid, steps: &[(&str, serde_j
     }
 }
 
+/// Spreads the runs over the last quarter of an hour, in creation order (newest last), each
+/// step a few seconds after the one before, as a real day's runs would be.
+async fn backdate(store: &SqlRunStore, runs: &[Uuid]) {
+    let n = runs.len();
+    for (i, id) in runs.iter().enumerate() {
+        let shift = i64::try_from((n - i) * 83_000).unwrap();
+        let events = store.events(*id).await.unwrap().len();
+        let done = 2_500 + (i64::try_from(events).unwrap() + 1) * 3_700;
+        let (runs_table, events_table) = (store.runs_table(), store.events_table());
+        store
+            .execute(&format!(
+                "UPDATE {runs_table} SET created_at = created_at - {shift}, \
+                 started_at = started_at - {shift} + 2500, \
+                 finished_at = finished_at - {shift} + {done}, \
+                 updated_at = CASE WHEN started_at IS NULL THEN updated_at - {shift} \
+                     ELSE updated_at - {shift} + {done} END, \
+                 due_at = due_at - {shift} WHERE id = '{id}'"
+            ))
+            .await
+            .unwrap();
+        store
+            .execute(&format!(
+                "UPDATE {events_table} SET created_at = created_at - {shift} + 2500 + seq * 3700 \
+                 WHERE run_id = '{id}'"
+            ))
+            .await
+            .unwrap();
+    }
+}
+
 async fn seed(store: &SqlRunStore, transports: &Transports) -> Seeded {
     use serde_json::json;
     let mut runs = Vec::new();
@@ -209,6 +239,8 @@ async fn seed(store: &SqlRunStore, transports: &Transports) -> Seeded {
         .await
         .unwrap();
     runs.push(running);
+
+    backdate(store, &runs).await;
 
     // Failed messages: moved from `async` after their retries.
     let failed = transports.get("failed").unwrap();
