@@ -13,8 +13,16 @@ use std::process::Command;
 const LIBRARY: &str = "sql,sqlite,runs";
 /// Every transport and the run layer, still without the command line.
 const EVERY_TRANSPORT: &str = "sql,sqlite,postgres,mysql,redis,amqp,runs";
-/// What only the `courier` binary needs.
-const BINARY_ONLY: [&str; 4] = ["clap", "tracing-subscriber", "mimalloc", "courier-cli"];
+/// What only the `courier` binary needs (its dashboard included).
+const BINARY_ONLY: [&str; 7] = [
+    "clap",
+    "tracing-subscriber",
+    "mimalloc",
+    "courier-cli",
+    "courier-dashboard",
+    "axum",
+    "maud",
+];
 
 /// `cargo tree` for the facade with `args`, one line per entry, without the tree drawing.
 fn cargo_tree(args: &[&str]) -> String {

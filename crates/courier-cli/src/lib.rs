@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Commands: `setup`, `consume`, `stats`, `failed show|retry|remove`, `workers`, `stop-workers`,
-//! `runs submit|show|list|events|cancel|requeue`, `reap`, `demo`, `bench`. Global flags:
+//! `runs submit|show|list|events|cancel|requeue`, `reap`, `dashboard` (feature `dashboard`),
+//! `demo`, `bench`. Global flags:
 //! `--config FILE` (else `COURIER_CONFIG`, else `./courier.toml`, else [`EMBEDDED_CONFIG`]),
 //! `-v`/`-q`, `--format text|json`. Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration
 //! error, 130 a `consume` forced to exit by a second SIGINT/SIGTERM.

@@ -205,3 +205,23 @@ fn a_run_store_dsn_that_does_not_parse_is_a_config_error() {
         assert!(err.contains("runs.store"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_dashboard_off_loopback_needs_a_token() {
+    let env = Env::with_config();
+    let err = env
+        .run(&["dashboard", "--listen", "0.0.0.0:0"])
+        .fails(2)
+        .to_owned();
+    assert!(
+        err.contains("--listen 0.0.0.0:0")
+            && err.contains("--token")
+            && err.contains("COURIER_DASHBOARD_TOKEN"),
+        "{err}"
+    );
+    let err = env
+        .run(&["dashboard", "--listen", "nowhere"])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("--listen"), "{err}");
+}

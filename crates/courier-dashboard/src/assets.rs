@@ -9,7 +9,10 @@ const ICON: &str = include_str!("../assets/favicon.svg");
 
 pub(crate) async fn css() -> impl IntoResponse {
     (
-        [(CONTENT_TYPE, "text/css; charset=utf-8"), (CACHE_CONTROL, "max-age=300")],
+        [
+            (CONTENT_TYPE, "text/css; charset=utf-8"),
+            (CACHE_CONTROL, "max-age=300"),
+        ],
         CSS,
     )
 }
@@ -26,7 +29,10 @@ pub(crate) async fn js() -> impl IntoResponse {
 
 pub(crate) async fn favicon() -> impl IntoResponse {
     (
-        [(CONTENT_TYPE, "image/svg+xml"), (CACHE_CONTROL, "max-age=86400")],
+        [
+            (CONTENT_TYPE, "image/svg+xml"),
+            (CACHE_CONTROL, "max-age=86400"),
+        ],
         ICON,
     )
 }

@@ -29,7 +29,12 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
 }
 
 fn refused(status: StatusCode, text: &'static str) -> Response {
-    (status, [("content-type", "text/plain; charset=utf-8")], text).into_response()
+    (
+        status,
+        [("content-type", "text/plain; charset=utf-8")],
+        text,
+    )
+        .into_response()
 }
 
 /// The `token` query parameter, and the query without it.
@@ -55,16 +60,14 @@ fn percent_decode(s: &str) -> String {
     while i < bytes.len() {
         let hex = |b: u8| char::from(b).to_digit(16);
         match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
-                        i += 3;
-                        continue;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                    i += 3;
+                    continue;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b'+' => out.push(b' '),
             b => out.push(b),
         }
@@ -90,7 +93,11 @@ fn presented(headers: &HeaderMap, token: &str) -> bool {
 }
 
 /// Host check, token check, then the handler; security headers on whatever comes back.
-pub(crate) async fn guard(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+pub(crate) async fn guard(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if let Some(allowed) = &shared.options.allowed_hosts {
         let host = request.headers().get(HOST).and_then(|h| h.to_str().ok());
         if !host.is_some_and(|h| allowed.iter().any(|a| a.eq_ignore_ascii_case(h))) {
@@ -112,8 +119,12 @@ pub(crate) async fn guard(State(shared): State<Arc<Shared>>, request: Request, n
                     } else {
                         format!("{path}?{rest}")
                     };
-                    let cookie = format!("{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict");
-                    match (HeaderValue::from_str(&target), HeaderValue::from_str(&cookie)) {
+                    let cookie =
+                        format!("{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict");
+                    match (
+                        HeaderValue::from_str(&target),
+                        HeaderValue::from_str(&cookie),
+                    ) {
                         (Ok(location), Ok(cookie)) => (
                             StatusCode::SEE_OTHER,
                             [(LOCATION, location), (SET_COOKIE, cookie)],

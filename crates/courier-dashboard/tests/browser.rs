@@ -77,7 +77,11 @@ where
 struct BrowserLog;
 
 impl WebDriverCompatibleCommand for BrowserLog {
-    fn endpoint(&self, base: &url::Url, session: Option<&str>) -> Result<url::Url, url::ParseError> {
+    fn endpoint(
+        &self,
+        base: &url::Url,
+        session: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
         base.join(&format!("session/{}/se/log", session.unwrap_or_default()))
     }
 
@@ -99,7 +103,11 @@ async fn assert_no_console_errors(client: &Client, page: &str) {
         .execute("return window.__courierErrors || null;", vec![])
         .await
         .unwrap();
-    assert_eq!(caught, json!([]), "errors caught by the page on {page} (or no script)");
+    assert_eq!(
+        caught,
+        json!([]),
+        "errors caught by the page on {page} (or no script)"
+    );
 }
 
 async fn save(client: &Client, name: &str) {
@@ -164,7 +172,9 @@ async fn journey(chromedriver: &str) {
     );
     let webdriver = format!("http://127.0.0.1:{driver_port}");
     until("chromedriver to listen", || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", driver_port)).await.ok()
+        tokio::net::TcpStream::connect(("127.0.0.1", driver_port))
+            .await
+            .ok()
     })
     .await;
     let mut options = json!({
@@ -205,21 +215,45 @@ async fn journey(chromedriver: &str) {
 async fn steps(client: &Client, fx: &Fixture, base: &str) {
     // The overview.
     client.goto(&format!("{base}/")).await.unwrap();
-    let h1 = client.wait().at_most(WAIT).for_element(Locator::Css("h1")).await.unwrap();
+    let h1 = client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("h1"))
+        .await
+        .unwrap();
     assert_eq!(h1.text().await.unwrap(), "Overview");
-    let transports = client.find(Locator::Css("table")).await.unwrap().text().await.unwrap();
-    assert!(transports.contains("async") && transports.contains("failed"), "{transports}");
+    let transports = client
+        .find(Locator::Css("table"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        transports.contains("async") && transports.contains("failed"),
+        "{transports}"
+    );
     // Two depth samples a few seconds apart give a rate; look again for the screenshot.
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     client.refresh().await.unwrap();
-    client.wait().at_most(WAIT).for_element(Locator::Css("h1")).await.unwrap();
+    client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("h1"))
+        .await
+        .unwrap();
     save(client, "overview.png").await;
     assert_no_console_errors(client, "the overview").await;
 
     // Find a run by id, open its timeline.
     let running = fx.seeded.running.to_string();
     client.goto(&format!("{base}/runs")).await.unwrap();
-    let search = client.wait().at_most(WAIT).for_element(Locator::Css("input[name=id]")).await.unwrap();
+    let search = client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("input[name=id]"))
+        .await
+        .unwrap();
     search.send_keys(&running).await.unwrap();
     save(client, "runs.png").await;
     client
@@ -231,13 +265,26 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
         .unwrap();
     let run_url = url::Url::parse(&format!("{base}/runs/{running}")).unwrap();
     client.wait().at_most(WAIT).for_url(&run_url).await.unwrap();
-    let title = client.find(Locator::Css("h1")).await.unwrap().text().await.unwrap();
+    let title = client
+        .find(Locator::Css("h1"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(title.contains(&running), "{title}");
     let timeline = client.find(Locator::Css("#timeline")).await.unwrap();
     let entries = timeline.find_all(Locator::Css("li")).await.unwrap();
-    assert!(entries.len() >= 5, "created, started, 2 events, heartbeat: {}", entries.len());
+    assert!(
+        entries.len() >= 5,
+        "created, started, 2 events, heartbeat: {}",
+        entries.len()
+    );
     let text = timeline.text().await.unwrap();
-    assert!(text.contains("#1 fetch") && text.contains("#2 llm_call"), "{text}");
+    assert!(
+        text.contains("#1 fetch") && text.contains("#2 llm_call"),
+        "{text}"
+    );
     assert!(text.contains("last heartbeat by worker:build-7"), "{text}");
     save(client, "run.png").await;
     assert_no_console_errors(client, "the run").await;
@@ -267,17 +314,36 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
 
     let (retried, retried_text) = fx.seeded.messages[0].clone();
     client.goto(&format!("{base}/failed")).await.unwrap();
-    client.wait().at_most(WAIT).for_element(Locator::Css("tr[data-id]")).await.unwrap();
+    client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("tr[data-id]"))
+        .await
+        .unwrap();
     assert_eq!(rows(client).await.len(), 4);
     save(client, "failed.png").await;
     assert_no_console_errors(client, "the failed messages").await;
     let button = format!("tr[data-id='{retried}'] button[data-action=retry]");
-    client.find(Locator::Css(&button)).await.unwrap().click().await.unwrap();
+    client
+        .find(Locator::Css(&button))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     accept_dialog(client, &format!("Retry message {retried}")).await;
     notice(client, "Retried 1 failed message(s).").await;
-    let got = tokio::time::timeout(WAIT, handled.recv()).await.expect("the worker got nothing");
-    assert_eq!(got.as_deref(), Some(retried_text.as_str()), "the worker consumed it");
-    let stats = tokio::time::timeout(WAIT, worker).await.expect("worker did not stop");
+    let got = tokio::time::timeout(WAIT, handled.recv())
+        .await
+        .expect("the worker got nothing");
+    assert_eq!(
+        got.as_deref(),
+        Some(retried_text.as_str()),
+        "the worker consumed it"
+    );
+    let stats = tokio::time::timeout(WAIT, worker)
+        .await
+        .expect("worker did not stop");
     assert_eq!(stats.unwrap().unwrap().handled, 1);
     worker_stop.cancel();
     assert!(!rows(client).await.contains(&retried), "gone from the list");
@@ -285,18 +351,39 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
     // Remove one: dismissing the dialog keeps it, accepting removes it.
     let (removed, _) = fx.seeded.messages[1].clone();
     let button = format!("tr[data-id='{removed}'] button[data-action=remove]");
-    client.find(Locator::Css(&button)).await.unwrap().click().await.unwrap();
-    until("the dialog", || async { client.get_alert_text().await.ok() }).await;
+    client
+        .find(Locator::Css(&button))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until("the dialog", || async {
+        client.get_alert_text().await.ok()
+    })
+    .await;
     client.dismiss_alert().await.unwrap();
-    assert!(rows(client).await.contains(&removed), "dismissed: still there");
-    client.find(Locator::Css(&button)).await.unwrap().click().await.unwrap();
+    assert!(
+        rows(client).await.contains(&removed),
+        "dismissed: still there"
+    );
+    client
+        .find(Locator::Css(&button))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     accept_dialog(client, &format!("Remove message {removed}")).await;
     notice(client, "Removed 1 failed message(s).").await;
     let left = rows(client).await;
     assert_eq!(left.len(), 2, "{left:?}");
     assert!(!left.contains(&removed));
     let listable = fx.transports.get("failed").unwrap().as_listable().unwrap();
-    assert!(listable.find(&removed).await.unwrap().is_none(), "removed from the store");
+    assert!(
+        listable.find(&removed).await.unwrap().is_none(),
+        "removed from the store"
+    );
     assert_no_console_errors(client, "the failed messages after the actions").await;
 
     // A `<script>` body is text, and it did not run.
@@ -308,11 +395,25 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
         .text()
         .await
         .unwrap();
-    assert!(error_cell.contains("template: <b>bad</b> markup"), "{error_cell}");
-    client.goto(&format!("{base}/failed/failed/{script}")).await.unwrap();
-    let body = client.wait().at_most(WAIT).for_element(Locator::Css("#body")).await.unwrap();
+    assert!(
+        error_cell.contains("template: <b>bad</b> markup"),
+        "{error_cell}"
+    );
+    client
+        .goto(&format!("{base}/failed/failed/{script}"))
+        .await
+        .unwrap();
+    let body = client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#body"))
+        .await
+        .unwrap();
     assert!(body.text().await.unwrap().contains(SCRIPT_TEXT));
-    let pwned = client.execute("return typeof window.__pwned;", vec![]).await.unwrap();
+    let pwned = client
+        .execute("return typeof window.__pwned;", vec![])
+        .await
+        .unwrap();
     assert_eq!(pwned, json!("undefined"), "the body's script ran");
     save(client, "failed-message.png").await;
     assert_no_console_errors(client, "the failed message").await;

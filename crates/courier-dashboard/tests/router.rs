@@ -59,9 +59,16 @@ async fn pages_show_the_seeded_runs_timeline_and_transports() {
     let router = fx.dashboard(DashboardOptions::default()).router();
     let (status, headers, overview) = get(&router, "/").await;
     assert_eq!(status, StatusCode::OK);
-    assert!(overview.contains("Transports") && overview.contains("async"), "{overview}");
+    assert!(
+        overview.contains("Transports") && overview.contains("async"),
+        "{overview}"
+    );
     assert!(overview.contains("failure transport"));
-    let csp = headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap();
+    let csp = headers
+        .get(header::CONTENT_SECURITY_POLICY)
+        .unwrap()
+        .to_str()
+        .unwrap();
     assert!(csp.contains("script-src 'self'"), "{csp}");
 
     let (status, _, runs) = get(&router, "/runs").await;
@@ -76,10 +83,16 @@ async fn pages_show_the_seeded_runs_timeline_and_transports() {
     let running = fx.seeded.running;
     let (status, headers, _) = get(&router, &format!("/runs?id={running}")).await;
     assert_eq!(status, StatusCode::SEE_OTHER, "find by id redirects");
-    assert_eq!(headers[header::LOCATION], format!("/runs/{running}").as_str());
+    assert_eq!(
+        headers[header::LOCATION],
+        format!("/runs/{running}").as_str()
+    );
     let (status, _, detail) = get(&router, &format!("/runs/{running}")).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(detail.contains("last heartbeat by worker:build-7:4242:a1b2c3"), "{detail}");
+    assert!(
+        detail.contains("last heartbeat by worker:build-7:4242:a1b2c3"),
+        "{detail}"
+    );
     assert!(detail.contains("#1 fetch") && detail.contains("#2 llm_call"));
     assert!(detail.contains("lease expires"));
     let (status, _, _) = get(&router, &format!("/runs/{}", uuid::Uuid::new_v4())).await;
@@ -95,7 +108,10 @@ async fn a_script_in_a_body_or_an_error_is_shown_as_text() {
     let id = &fx.seeded.script_message;
     let (status, _, page) = get(&router, &format!("/failed/failed/{id}")).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(page.contains("&lt;script&gt;window.__pwned = 1&lt;/script&gt; hello"), "{page}");
+    assert!(
+        page.contains("&lt;script&gt;window.__pwned = 1&lt;/script&gt; hello"),
+        "{page}"
+    );
     assert!(!page.contains(SCRIPT_TEXT));
     assert!(!page.contains("<b>bad</b>") && page.contains("&lt;b&gt;bad&lt;/b&gt;"));
     let (_, _, list) = get(&router, "/failed").await;
@@ -112,21 +128,42 @@ async fn a_post_needs_the_csrf_token_and_a_confirmation() {
     let form = format!("transport=failed&id={id}");
     let (status, _, _) = post(&router, "/failed/remove", &format!("{form}&confirmed=1")).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "no csrf token");
-    let (status, _, _) =
-        post(&router, "/failed/remove", &format!("{form}&confirmed=1&csrf=nope")).await;
+    let (status, _, _) = post(
+        &router,
+        "/failed/remove",
+        &format!("{form}&confirmed=1&csrf=nope"),
+    )
+    .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "wrong csrf token");
-    let (status, _, page) =
-        post(&router, "/failed/remove", &format!("{form}&confirmed=0&csrf={csrf}")).await;
+    let (status, _, page) = post(
+        &router,
+        "/failed/remove",
+        &format!("{form}&confirmed=0&csrf={csrf}"),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     assert!(page.contains("Confirm"), "a confirmation page: {page}");
     assert!(failed_ids(&fx).await.contains(&id), "nothing removed yet");
-    let (status, headers, _) =
-        post(&router, "/failed/remove", &format!("{form}&confirmed=1&csrf={csrf}")).await;
+    let (status, headers, _) = post(
+        &router,
+        "/failed/remove",
+        &format!("{form}&confirmed=1&csrf={csrf}"),
+    )
+    .await;
     assert_eq!(status, StatusCode::SEE_OTHER);
-    assert!(headers[header::LOCATION].to_str().unwrap().contains("done=removed&n=1"));
+    assert!(
+        headers[header::LOCATION]
+            .to_str()
+            .unwrap()
+            .contains("done=removed&n=1")
+    );
     assert!(!failed_ids(&fx).await.contains(&id), "removed");
     let (status, _, _) = get(&router, "/failed/remove").await;
-    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "GET changes nothing");
+    assert_eq!(
+        status,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "GET changes nothing"
+    );
 }
 
 #[tokio::test]
@@ -163,7 +200,9 @@ async fn a_retry_sends_the_message_back_to_the_transport_it_failed_on() {
 #[tokio::test]
 async fn a_token_is_required_on_every_request_when_set() {
     let fx = Fixture::new().await;
-    let router = fx.dashboard(DashboardOptions::default().token("s3cret-token")).router();
+    let router = fx
+        .dashboard(DashboardOptions::default().token("s3cret-token"))
+        .router();
     let (status, _, _) = get(&router, "/").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let (status, _, _) = get(&router, "/api/stats").await;
@@ -182,7 +221,10 @@ async fn a_token_is_required_on_every_request_when_set() {
     assert_eq!(status, StatusCode::SEE_OTHER, "login");
     assert_eq!(headers[header::LOCATION], "/runs?status=failed");
     let cookie = headers[header::SET_COOKIE].to_str().unwrap();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     let with_cookie = Request::get("/runs?status=failed")
         .header(header::COOKIE, cookie.split(';').next().unwrap())
         .body(Body::empty())
@@ -195,15 +237,23 @@ async fn a_token_is_required_on_every_request_when_set() {
 #[tokio::test]
 async fn only_loopback_host_names_are_served_without_a_token() {
     let fx = Fixture::new().await;
-    let router = fx.dashboard(DashboardOptions::default().loopback_hosts(8080)).router();
+    let router = fx
+        .dashboard(DashboardOptions::default().loopback_hosts(8080))
+        .router();
     let with_host = |host: &str| {
         Request::get("/")
             .header(header::HOST, host)
             .body(Body::empty())
             .unwrap()
     };
-    assert_eq!(send(&router, with_host("127.0.0.1:8080")).await.0, StatusCode::OK);
-    assert_eq!(send(&router, with_host("localhost:8080")).await.0, StatusCode::OK);
+    assert_eq!(
+        send(&router, with_host("127.0.0.1:8080")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&router, with_host("localhost:8080")).await.0,
+        StatusCode::OK
+    );
     assert_eq!(
         send(&router, with_host("attacker.example:8080")).await.0,
         StatusCode::FORBIDDEN,
@@ -224,15 +274,28 @@ async fn the_api_answers_in_the_cli_json_shapes() {
     let first = first.as_array().unwrap();
     assert_eq!(first.len(), 4);
     for key in [
-        "id", "agent", "status", "termination_reason", "requeue_count", "claimed_by",
-        "lease_expires", "error_class", "output", "created_at", "started_at", "finished_at",
+        "id",
+        "agent",
+        "status",
+        "termination_reason",
+        "requeue_count",
+        "claimed_by",
+        "lease_expires",
+        "error_class",
+        "output",
+        "created_at",
+        "started_at",
+        "finished_at",
     ] {
         assert!(first[0].get(key).is_some(), "runs list has `{key}`");
     }
     let next = headers["x-next-cursor"].to_str().unwrap();
     let (_, _, body) = get(&router, &format!("/api/runs?limit=100&before={next}")).await;
     let rest = json(&body);
-    assert_eq!(first.len() + rest.as_array().unwrap().len(), fx.seeded.runs.len());
+    assert_eq!(
+        first.len() + rest.as_array().unwrap().len(),
+        fx.seeded.runs.len()
+    );
 
     let id = fx.seeded.failed_run;
     let (_, _, body) = get(&router, &format!("/api/runs/{id}")).await;
@@ -251,7 +314,15 @@ async fn the_api_answers_in_the_cli_json_shapes() {
     let failed = json(&body);
     let failed = failed.as_array().unwrap();
     assert_eq!(failed.len(), 4);
-    for key in ["id", "type", "transport", "error_class", "error", "retry_count", "failed_at"] {
+    for key in [
+        "id",
+        "type",
+        "transport",
+        "error_class",
+        "error",
+        "retry_count",
+        "failed_at",
+    ] {
         assert!(failed[0].get(key).is_some(), "failed has `{key}`");
     }
     assert_eq!(failed[0]["type"], "app.note");
@@ -263,10 +334,18 @@ async fn the_api_answers_in_the_cli_json_shapes() {
 
     let (status, _, body) = get(&router, "/api/workers").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(json(&body)["error"], "no worker registry in this configuration");
+    assert_eq!(
+        json(&body)["error"],
+        "no worker registry in this configuration"
+    );
     let (status, _, body) = get(&router, "/api/runs/not-a-uuid").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(json(&body)["error"].as_str().unwrap().contains("not a run id"));
+    assert!(
+        json(&body)["error"]
+            .as_str()
+            .unwrap()
+            .contains("not a run id")
+    );
 }
 
 /// A registry holding fixed records.
@@ -300,8 +379,15 @@ impl WorkerRegistry for FixedRegistry {
 #[tokio::test]
 async fn the_workers_page_lists_the_registry_or_says_there_is_none() {
     let fx = Fixture::new().await;
-    let (_, _, page) = get(&fx.dashboard(DashboardOptions::default()).router(), "/workers").await;
-    assert!(page.contains("no worker registry in this configuration"), "{page}");
+    let (_, _, page) = get(
+        &fx.dashboard(DashboardOptions::default()).router(),
+        "/workers",
+    )
+    .await;
+    assert!(
+        page.contains("no worker registry in this configuration"),
+        "{page}"
+    );
 
     let registry = Arc::new(FixedRegistry::default());
     let mut w = WorkerRecord::new("worker:host-a:311:x1", "host-a", 311, vec!["async".into()]);
@@ -310,7 +396,12 @@ async fn the_workers_page_lists_the_registry_or_says_there_is_none() {
     w.last_heartbeat_ms = 1_700_000_005_000;
     registry.register(&w).await.unwrap();
     registry
-        .register(&WorkerRecord::new("worker:host-b:7:y2", "host-b", 7, vec!["async".into()]))
+        .register(&WorkerRecord::new(
+            "worker:host-b:7:y2",
+            "host-b",
+            7,
+            vec!["async".into()],
+        ))
         .await
         .unwrap();
     let router = fx

@@ -42,7 +42,9 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &DashboardArgs) -> CliResult {
     } else {
         ""
     };
-    ctx.note(format!("Dashboard on http://{addr}/{login}; Ctrl-C stops it."));
+    ctx.note(format!(
+        "Dashboard on http://{addr}/{login}; Ctrl-C stops it."
+    ));
     let stop = CancellationToken::new();
     let on_signal = stop.clone();
     tokio::spawn(async move {

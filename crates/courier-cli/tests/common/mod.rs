@@ -111,6 +111,7 @@ impl Env {
             .env_remove("RUST_LOG")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("COURIER_DASHBOARD_TOKEN")
             .stdin(Stdio::null());
         c
     }

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
+use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use axum::Form;
 use courier_core::failed::{FailedMessage, retry_failed};
 use courier_core::{Envelope, ErrorDetailsStamp};
 use maud::{Markup, html};
@@ -55,10 +55,26 @@ pub(crate) async fn read(
 /// A form posting `action` for one message (`id`) or all of a transport's.
 fn action_form(shared: &Shared, action: &str, transport: &str, id: Option<&str>) -> Markup {
     let (label, class, question) = match (action, id) {
-        ("retry", Some(id)) => ("Retry", "small", format!("Retry message {id} on its original transport?")),
-        ("retry", None) => ("Retry all", "", format!("Retry every message in `{transport}`?")),
-        (_, Some(id)) => ("Remove", "small danger", format!("Remove message {id} for good?")),
-        (_, None) => ("Remove all", "danger", format!("Remove every message in `{transport}` for good?")),
+        ("retry", Some(id)) => (
+            "Retry",
+            "small",
+            format!("Retry message {id} on its original transport?"),
+        ),
+        ("retry", None) => (
+            "Retry all",
+            "",
+            format!("Retry every message in `{transport}`?"),
+        ),
+        (_, Some(id)) => (
+            "Remove",
+            "small danger",
+            format!("Remove message {id} for good?"),
+        ),
+        (_, None) => (
+            "Remove all",
+            "danger",
+            format!("Remove every message in `{transport}` for good?"),
+        ),
     };
     html! {
         form.inline method="post" action={ "/failed/" (action) } data-confirm=(question) {
@@ -139,7 +155,11 @@ pub(crate) async fn list(
             }
         }
     };
-    Ok(super::html(layout::page("Failed messages", Nav::Failed, body)))
+    Ok(super::html(layout::page(
+        "Failed messages",
+        Nav::Failed,
+        body,
+    )))
 }
 
 /// The body as text: the message as JSON, or the stored bytes of one that did not decode.
@@ -164,7 +184,9 @@ pub(crate) async fn detail(
         .listable(&transport)?
         .find(&id)
         .await?
-        .ok_or_else(|| DashboardError::NotFound(format!("no failed message `{id}` in `{transport}`")))?;
+        .ok_or_else(|| {
+            DashboardError::NotFound(format!("no failed message `{id}` in `{transport}`"))
+        })?;
     let m = FailedMessage::new(&transport, &e);
     let details = e.last::<ErrorDetailsStamp>();
     let stamps: Vec<&str> = e.stamp_names().collect();
@@ -195,7 +217,11 @@ pub(crate) async fn detail(
         h2 { "Body" }
         pre #body { (body_text(&e)) }
     };
-    Ok(super::html(layout::page("Failed message", Nav::Failed, body)))
+    Ok(super::html(layout::page(
+        "Failed message",
+        Nav::Failed,
+        body,
+    )))
 }
 
 /// What a retry or remove form posts.
@@ -262,7 +288,11 @@ async fn act(shared: &Shared, action: &str, form: ActionForm) -> Result<Response
         }
         n += 1;
     }
-    let done = if action == "retry" { "retried" } else { "removed" };
+    let done = if action == "retry" {
+        "retried"
+    } else {
+        "removed"
+    };
     Ok(Redirect::to(&format!(
         "/failed?transport={}&done={done}&n={n}",
         encode(&form.transport)

@@ -15,7 +15,9 @@ fn rate(per_second: Option<f64>) -> maud::Markup {
     match per_second {
         None => html! { span.muted title="needs two depth samples a few seconds apart" { "–" } },
         Some(r) if r.abs() < 0.005 => html! { span.muted { "steady" } },
-        Some(r) if r > 0.0 => html! { span.up title="the queue grows" { "+" (format!("{r:.2}")) "/s" } },
+        Some(r) if r > 0.0 => {
+            html! { span.up title="the queue grows" { "+" (format!("{r:.2}")) "/s" } }
+        }
         Some(r) => html! { span.down title="the queue drains" { "−" (format!("{:.2}", -r)) "/s" } },
     }
 }

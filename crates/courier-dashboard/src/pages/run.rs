@@ -68,14 +68,21 @@ fn timeline(run: &Run, events: &[RunEvent], now: i64) -> Vec<Entry> {
         entries.push(Entry {
             at: run.updated_at,
             class: "heartbeat",
-            title: format!("last heartbeat by {}", run.claimed_by.as_deref().unwrap_or("?")),
+            title: format!(
+                "last heartbeat by {}",
+                run.claimed_by.as_deref().unwrap_or("?")
+            ),
             detail: Some(html! { span.muted { (lease) } }),
         });
     }
     if let Some(at) = run.finished_at {
         entries.push(Entry {
             at,
-            class: if run.status == RunStatus::Failed { "end failed" } else { "end" },
+            class: if run.status == RunStatus::Failed {
+                "end failed"
+            } else {
+                "end"
+            },
             title: format!(
                 "{}{}",
                 run.status.as_str(),

@@ -84,11 +84,7 @@ pub(crate) async fn read_page(shared: &Shared, q: &RunPageQuery) -> Result<Page,
             (more, true)
         }
     };
-    Ok(Page {
-        runs,
-        newer,
-        older,
-    })
+    Ok(Page { runs, newer, older })
 }
 
 pub(crate) async fn page(

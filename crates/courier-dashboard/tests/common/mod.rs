@@ -71,8 +71,7 @@ impl Fixture {
         )
         .parse()
         .unwrap();
-        let factories =
-            TransportRegistry::new().with(Arc::new(courier_sql::SqlTransportFactory));
+        let factories = TransportRegistry::new().with(Arc::new(courier_sql::SqlTransportFactory));
         let transports = tokio::time::timeout(
             Duration::from_secs(20),
             config.connect(&factories, Arc::new(registry())),
@@ -166,7 +165,12 @@ async fn backdate(store: &SqlRunStore, runs: &[Uuid]) {
 async fn seed(store: &SqlRunStore, transports: &Transports) -> Seeded {
     use serde_json::json;
     let mut runs = Vec::new();
-    let docs = ["invoice-2041.pdf", "contract-88.docx", "report-q3.pdf", "notes.md"];
+    let docs = [
+        "invoice-2041.pdf",
+        "contract-88.docx",
+        "report-q3.pdf",
+        "notes.md",
+    ];
     // Completed runs with a few steps each.
     for (i, doc) in docs.iter().enumerate() {
         let id = new_run(store, "summarize", json!({ "document": doc })).await;
@@ -174,9 +178,18 @@ async fn seed(store: &SqlRunStore, transports: &Transports) -> Seeded {
             store,
             id,
             &[
-                ("fetch", json!({ "document": doc, "bytes": 18_000 + i * 1_000 })),
-                ("llm_call", json!({ "model": "small", "tokens": 900 + i * 37 })),
-                ("output", json!({ "summary": format!("{doc}: three key points") })),
+                (
+                    "fetch",
+                    json!({ "document": doc, "bytes": 18_000 + i * 1_000 }),
+                ),
+                (
+                    "llm_call",
+                    json!({ "model": "small", "tokens": 900 + i * 37 }),
+                ),
+                (
+                    "output",
+                    json!({ "summary": format!("{doc}: three key points") }),
+                ),
             ],
         )
         .await;
@@ -197,13 +210,21 @@ async fn seed(store: &SqlRunStore, transports: &Transports) -> Seeded {
         runs.push(id);
     }
     // A failed run.
-    let failed_run = new_run(store, "translate", json!({ "text": "Guten Tag", "to": "en" })).await;
+    let failed_run = new_run(
+        store,
+        "translate",
+        json!({ "text": "Guten Tag", "to": "en" }),
+    )
+    .await;
     claim_with_steps(
         store,
         failed_run,
         &[
             ("llm_call", json!({ "model": "large", "attempt": 1 })),
-            ("error", json!({ "status": 503, "message": "upstream overloaded" })),
+            (
+                "error",
+                json!({ "status": 503, "message": "upstream overloaded" }),
+            ),
         ],
     )
     .await;
@@ -211,7 +232,10 @@ async fn seed(store: &SqlRunStore, transports: &Transports) -> Seeded {
         .settle(
             failed_run,
             Some(WORKER),
-            &Settlement::failed(TerminationReason::RetriesExhausted, Some(FailureClass::ServerError)),
+            &Settlement::failed(
+                TerminationReason::RetriesExhausted,
+                Some(FailureClass::ServerError),
+            ),
         )
         .await
         .unwrap();
@@ -229,7 +253,10 @@ async fn seed(store: &SqlRunStore, transports: &Transports) -> Seeded {
         store,
         running,
         &[
-            ("fetch", json!({ "document": "handbook.pdf", "bytes": 412_000 })),
+            (
+                "fetch",
+                json!({ "document": "handbook.pdf", "bytes": 412_000 }),
+            ),
             ("llm_call", json!({ "model": "small", "chunk": 1, "of": 4 })),
         ],
     )
@@ -246,9 +273,21 @@ async fn seed(store: &SqlRunStore, transports: &Transports) -> Seeded {
     let failed = transports.get("failed").unwrap();
     let mut messages = Vec::new();
     let texts = [
-        ("send welcome mail to ada@example.com", "recoverable", "smtp: connection refused"),
-        ("resize avatar 31", "unrecoverable", "image decoder: unsupported format"),
-        ("sync crm contact 77", "recoverable", "crm api: 429 too many requests"),
+        (
+            "send welcome mail to ada@example.com",
+            "recoverable",
+            "smtp: connection refused",
+        ),
+        (
+            "resize avatar 31",
+            "unrecoverable",
+            "image decoder: unsupported format",
+        ),
+        (
+            "sync crm contact 77",
+            "recoverable",
+            "crm api: 429 too many requests",
+        ),
     ];
     let mut script_message = String::new();
     for (i, (text, class, error)) in texts
