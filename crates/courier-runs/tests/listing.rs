@@ -122,6 +122,58 @@ async fn runs_are_counted_by_status(fx: &Fixture) {
     );
 }
 
+/// On SQLite, every page statement seeks in one of the listing indexes and needs no sort.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn every_page_statement_is_served_by_a_listing_index() {
+    use courier_runs::{RunStore, SqlRunStore, SqlRunStoreOptions};
+    use sqlx::Row as _;
+
+    let dir = support::TempDir::new();
+    let dsn = format!("sqlite://{}?mode=rwc", dir.0.join("runs.db").display());
+    let store = SqlRunStore::connect(&dsn, SqlRunStoreOptions::default()).await.unwrap();
+    store.setup().await.unwrap();
+    let pool = sqlx::SqlitePool::connect(&dsn).await.unwrap();
+    let cursor = RunCursor {
+        created_at: 5,
+        id: Uuid::nil(),
+    };
+    for status in [None, Some(RunStatus::Failed)] {
+        for agent in [None, Some("a")] {
+            for from in [PageFrom::Newest, PageFrom::Before(cursor), PageFrom::After(cursor)] {
+                let mut q = RunPageQuery::newest(50).from(from);
+                q.status = status;
+                q.agent = agent.map(str::to_owned);
+                let sql = format!("EXPLAIN QUERY PLAN {}", store.page_query(&q));
+                let mut explain = sqlx::query(&sql);
+                if let Some(s) = status {
+                    explain = explain.bind(s.as_str());
+                }
+                if let Some(a) = agent {
+                    explain = explain.bind(a);
+                }
+                if from != PageFrom::Newest {
+                    explain = explain.bind(5_i64).bind(5_i64).bind(Uuid::nil().to_string());
+                }
+                let plan: Vec<String> = explain
+                    .bind(50_i64)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get::<String, _>("detail"))
+                    .collect();
+                let plan = plan.join("; ");
+                assert!(
+                    plan.contains("USING INDEX courier_runs_") && plan.contains("_created_idx"),
+                    "{q:?}: {plan}"
+                );
+                assert!(!plan.contains("TEMP B-TREE"), "{q:?} sorts: {plan}");
+            }
+        }
+    }
+}
+
 macro_rules! listing_test {
     ($fixture:path, $name:ident $(, #[$m:meta])*) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

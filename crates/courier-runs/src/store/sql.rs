@@ -71,6 +71,7 @@ trait Engine: RunStore {
     async fn execute(&self, sql: &str) -> Result<u64, StoreError>;
     async fn explain_stale(&self, limit: usize) -> Result<Vec<String>, StoreError>;
     fn stale_query(&self) -> &str;
+    fn page_query(&self, query: &RunPageQuery) -> &str;
     fn insert_returning(&self) -> bool;
 }
 
@@ -194,6 +195,14 @@ impl SqlRunStore {
     #[must_use]
     pub fn stale_query(&self) -> &str {
         self.engine.stale_query()
+    }
+
+    /// The statement [`RunStore::page`] runs for `query` (for EXPLAIN): binds, in order, the
+    /// status and the agent when filtered, the cursor's `created_at` twice and id when it has
+    /// one, then the limit.
+    #[must_use]
+    pub fn page_query(&self, query: &RunPageQuery) -> &str {
+        self.engine.page_query(query)
     }
 
     /// Runs one statement on the store's pool (maintenance, tests, benches); returns the rows

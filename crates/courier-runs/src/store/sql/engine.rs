@@ -603,6 +603,10 @@ where
         &self.q.select_stale
     }
 
+    fn page_query(&self, query: &RunPageQuery) -> &str {
+        self.pages.statement(query)
+    }
+
     fn insert_returning(&self) -> bool {
         self.insert_returning
     }

@@ -32,6 +32,11 @@ fn slot(status: bool, agent: bool, from: PageFrom) -> usize {
 }
 
 impl PageQueries {
+    /// The statement for `q`.
+    pub(super) fn statement(&self, q: &RunPageQuery) -> &str {
+        &self.pages[slot(q.status.is_some(), q.agent.is_some(), q.from)]
+    }
+
     pub(super) fn new(dialect: Dialect, runs: &str) -> Self {
         let mut pages = vec![String::new(); 12];
         for status in [false, true] {
@@ -93,8 +98,7 @@ where
 {
     /// [`RunStore::page`](crate::RunStore::page) in one indexed statement.
     pub(super) async fn select_page(&self, q: &RunPageQuery) -> Result<Vec<Run>, StoreError> {
-        let sql = &self.pages.pages[slot(q.status.is_some(), q.agent.is_some(), q.from)];
-        let mut query = sqlx::query_as::<DB, Run>(sql);
+        let mut query = sqlx::query_as::<DB, Run>(self.pages.statement(q));
         if let Some(status) = q.status {
             query = query.bind(status.as_str());
         }
