@@ -131,7 +131,9 @@ async fn every_page_statement_is_served_by_a_listing_index() {
 
     let dir = support::TempDir::new();
     let dsn = format!("sqlite://{}?mode=rwc", dir.0.join("runs.db").display());
-    let store = SqlRunStore::connect(&dsn, SqlRunStoreOptions::default()).await.unwrap();
+    let store = SqlRunStore::connect(&dsn, SqlRunStoreOptions::default())
+        .await
+        .unwrap();
     store.setup().await.unwrap();
     let pool = sqlx::SqlitePool::connect(&dsn).await.unwrap();
     let cursor = RunCursor {
@@ -140,7 +142,11 @@ async fn every_page_statement_is_served_by_a_listing_index() {
     };
     for status in [None, Some(RunStatus::Failed)] {
         for agent in [None, Some("a")] {
-            for from in [PageFrom::Newest, PageFrom::Before(cursor), PageFrom::After(cursor)] {
+            for from in [
+                PageFrom::Newest,
+                PageFrom::Before(cursor),
+                PageFrom::After(cursor),
+            ] {
                 let mut q = RunPageQuery::newest(50).from(from);
                 q.status = status;
                 q.agent = agent.map(str::to_owned);
@@ -153,7 +159,10 @@ async fn every_page_statement_is_served_by_a_listing_index() {
                     explain = explain.bind(a);
                 }
                 if from != PageFrom::Newest {
-                    explain = explain.bind(5_i64).bind(5_i64).bind(Uuid::nil().to_string());
+                    explain = explain
+                        .bind(5_i64)
+                        .bind(5_i64)
+                        .bind(Uuid::nil().to_string());
                 }
                 let plan: Vec<String> = explain
                     .bind(50_i64)

@@ -10,6 +10,9 @@ use super::layout::{self, Nav};
 use crate::error::PageError;
 use crate::state::Shared;
 
+/// How many of the newest runs the overview lists.
+const RECENT: usize = 8;
+
 /// A rate for people: `+1.5/s`, `−0.2/s`, `steady`.
 fn rate(per_second: Option<f64>) -> maud::Markup {
     match per_second {
@@ -41,6 +44,10 @@ pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<Strin
         rows.push((name.clone(), dsn, failure.contains(name), depth));
     }
     let statuses = shared.store.count_by_status().await?;
+    let recent = shared
+        .store
+        .page(&courier_runs::RunPageQuery::newest(RECENT))
+        .await?;
     let total: u64 = statuses.iter().map(|(_, n)| n).sum();
     let workers = match shared.registry() {
         Some(r) => Some(r.list().await.map(|w| w.len()).map_err(|e| e.to_string())),
@@ -104,6 +111,14 @@ pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<Strin
                         }
                     }
                 }
+            }
+        }
+        h2 { "Recent runs" }
+        div.panel {
+            @if recent.is_empty() {
+                div.empty { "No runs yet." }
+            } @else {
+                (super::runs::table(&recent, super::layout::now_ms()))
             }
         }
         @if let Some(Err(e)) = &workers {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use courier_runs::{PageFrom, Run, RunCursor, RunPageQuery, RunStatus};
-use maud::html;
+use maud::{Markup, html};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -87,6 +87,31 @@ pub(crate) async fn read_page(shared: &Shared, q: &RunPageQuery) -> Result<Page,
     Ok(Page { runs, newer, older })
 }
 
+/// Runs as a table, newest first.
+pub(crate) fn table(runs: &[Run], now: i64) -> Markup {
+    html! {
+        table {
+            thead { tr {
+                th { "Run" } th { "Agent" } th { "Status" } th { "Reason" }
+                th.num { "Requeues" } th { "Created" } th { "Updated" }
+            } }
+            tbody {
+                @for r in runs {
+                    tr {
+                        td.mono { a href={ "/runs/" (r.id) } { (r.id) } }
+                        td { (r.agent) }
+                        td { (layout::status(r.status)) }
+                        td { (layout::opt(r.termination_reason.map(|t| t.as_str()))) }
+                        td.num { (r.requeue_count) }
+                        td { (layout::time(r.created_at)) }
+                        td.muted { (layout::relative(r.updated_at, now)) }
+                    }
+                }
+            }
+        }
+    }
+}
+
 pub(crate) async fn page(
     State(shared): State<Arc<Shared>>,
     Query(params): Query<RunsParams>,
@@ -141,25 +166,7 @@ pub(crate) async fn page(
             @if page.runs.is_empty() {
                 div.empty { "No runs match." }
             } @else {
-                table {
-                    thead { tr {
-                        th { "Run" } th { "Agent" } th { "Status" } th { "Reason" }
-                        th.num { "Requeues" } th { "Created" } th { "Updated" }
-                    } }
-                    tbody {
-                        @for r in &page.runs {
-                            tr {
-                                td.mono { a href={ "/runs/" (r.id) } { (r.id) } }
-                                td { (r.agent) }
-                                td { (layout::status(r.status)) }
-                                td { (layout::opt(r.termination_reason.map(|t| t.as_str()))) }
-                                td.num { (r.requeue_count) }
-                                td { (layout::time(r.created_at)) }
-                                td.muted { (layout::relative(r.updated_at, now)) }
-                            }
-                        }
-                    }
-                }
+                (table(&page.runs, now))
             }
             div.pager {
                 span {
