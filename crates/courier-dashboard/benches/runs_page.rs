@@ -4,6 +4,10 @@
 //! runs are failed). SQLite always; PostgreSQL too when `COURIER_TEST_POSTGRES_URL` is set.
 //!
 //! `cargo bench -p courier-dashboard --bench runs_page`
+#![allow(
+    missing_docs,
+    reason = "criterion's macros generate undocumented items"
+)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -233,16 +233,6 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
         transports.contains("async") && transports.contains("failed"),
         "{transports}"
     );
-    // Two depth samples a few seconds apart give a rate; look again for the screenshot.
-    tokio::time::sleep(Duration::from_millis(2_100)).await;
-    client.refresh().await.unwrap();
-    client
-        .wait()
-        .at_most(WAIT)
-        .for_element(Locator::Css("h1"))
-        .await
-        .unwrap();
-    save(client, "overview.png").await;
     assert_no_console_errors(client, "the overview").await;
 
     // Find a run by id, open its timeline.
@@ -417,4 +407,17 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
     assert_eq!(pwned, json!("undefined"), "the body's script ran");
     save(client, "failed-message.png").await;
     assert_no_console_errors(client, "the failed message").await;
+
+    // The overview again, seconds later: the failure transport drained by two, which its rate
+    // shows (depth samples at least two seconds apart).
+    client.goto(&format!("{base}/")).await.unwrap();
+    let table = client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("table"))
+        .await
+        .unwrap();
+    assert!(table.text().await.unwrap().contains("failed"));
+    save(client, "overview.png").await;
+    assert_no_console_errors(client, "the overview, after the actions").await;
 }
