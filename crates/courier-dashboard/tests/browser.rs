@@ -6,12 +6,14 @@
 //!
 //! Needs `COURIER_TEST_CHROMEDRIVER` (e.g. `/usr/bin/chromedriver`; `scripts/services` installs
 //! `chromium` and `chromium-driver` and prints it).
+#![cfg(unix)]
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::future::Future;
 use std::net::TcpListener as StdListener;
+use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -29,11 +31,17 @@ use common::{Fixture, Note, SCRIPT_TEXT};
 /// How long any one wait may take.
 const WAIT: Duration = Duration::from_secs(15);
 
-/// Kills chromedriver (and with it the browser) when the test ends, even on a panic.
+/// Kills chromedriver and the browser it started (its process group) when the test ends, even
+/// on a panic.
 struct Driver(Child);
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -165,6 +173,8 @@ async fn journey(chromedriver: &str) {
     let _driver = Driver(
         Command::new(chromedriver)
             .arg(format!("--port={driver_port}"))
+            // Its own process group, so that the guard can end the browser with it.
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
