@@ -332,12 +332,10 @@ async fn the_api_answers_in_the_cli_json_shapes() {
     let (_, _, body) = get(&router, "/api/stats").await;
     assert_eq!(json(&body), serde_json::json!({ "async": 0, "failed": 4 }));
 
+    // SQLite transports keep a worker registry: nobody has registered yet.
     let (status, _, body) = get(&router, "/api/workers").await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(
-        json(&body)["error"],
-        "no worker registry in this configuration"
-    );
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json(&body), serde_json::json!([]));
     let (status, _, body) = get(&router, "/api/runs/not-a-uuid").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(
@@ -378,22 +376,32 @@ impl WorkerRegistry for FixedRegistry {
 
 #[tokio::test]
 async fn the_workers_page_lists_the_registry_or_says_there_is_none() {
+    // The SQL transports' own registry.
     let fx = Fixture::new().await;
-    let (_, _, page) = get(
-        &fx.dashboard(DashboardOptions::default()).router(),
-        "/workers",
-    )
-    .await;
-    assert!(
-        page.contains("no worker registry in this configuration"),
-        "{page}"
-    );
-
-    let registry = Arc::new(FixedRegistry::default());
+    let router = fx.dashboard(DashboardOptions::default()).router();
+    let (_, _, page) = get(&router, "/workers").await;
+    assert!(page.contains("No worker is alive."), "{page}");
+    let sql_registry = fx
+        .transports
+        .get("async")
+        .unwrap()
+        .as_worker_registry()
+        .expect("SQL transports keep a registry");
     let mut w = WorkerRecord::new("worker:host-a:311:x1", "host-a", 311, vec!["async".into()]);
     w.handled = 1234;
-    w.started_at_ms = 1_700_000_000_000;
-    w.last_heartbeat_ms = 1_700_000_005_000;
+    sql_registry.register(&w).await.unwrap();
+    let (_, _, page) = get(&router, "/workers").await;
+    assert!(
+        page.contains("worker:host-a:311:x1") && page.contains("1234"),
+        "{page}"
+    );
+    let (_, _, body) = get(&router, "/api/workers").await;
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list[0]["id"], "worker:host-a:311:x1");
+    assert_eq!(list[0]["handled"], 1234);
+
+    // One given in the options.
+    let registry = Arc::new(FixedRegistry::default());
     registry.register(&w).await.unwrap();
     registry
         .register(&WorkerRecord::new(
@@ -410,11 +418,33 @@ async fn the_workers_page_lists_the_registry_or_says_there_is_none() {
     let (status, _, page) = get(&router, "/workers").await;
     assert_eq!(status, StatusCode::OK);
     assert!(page.contains("worker:host-a:311:x1") && page.contains("worker:host-b:7:y2"));
-    assert!(page.contains("1234"));
     let (_, _, overview) = get(&router, "/").await;
     assert!(overview.contains("Workers alive"));
     let (_, _, body) = get(&router, "/api/workers").await;
     let list: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(list.as_array().unwrap().len(), 2);
-    assert_eq!(list[0]["handled"], 1234);
+
+    // In-memory transports keep none.
+    let config: courier_core::config::Config = "[transports.async]\ndsn = \"in-memory://\"\n"
+        .parse()
+        .unwrap();
+    let transports = config
+        .connect(
+            &courier_core::TransportRegistry::new(),
+            Arc::new(common::registry()),
+        )
+        .await
+        .unwrap();
+    let store = Arc::new(courier_runs::MemoryRunStore::new());
+    let router =
+        courier_dashboard::Dashboard::new(transports, store, DashboardOptions::default()).router();
+    let (_, _, page) = get(&router, "/workers").await;
+    assert!(
+        page.contains("no worker registry in this configuration"),
+        "{page}"
+    );
+    let (status, _, body) = get(&router, "/api/workers").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"], "no worker registry in this configuration");
 }
