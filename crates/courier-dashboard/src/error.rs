@@ -11,10 +11,10 @@ use courier_runs::StoreError;
 #[non_exhaustive]
 pub enum DashboardError {
     /// The run store failed.
-    #[error("run store: {0}")]
+    #[error("the run store failed")]
     Store(#[from] StoreError),
     /// A transport failed.
-    #[error("transport: {0}")]
+    #[error("a transport failed")]
     Transport(#[from] TransportError),
     /// Retrying a failed message was refused.
     #[error(transparent)]
@@ -29,7 +29,7 @@ pub enum DashboardError {
     #[error("{0}")]
     Forbidden(String),
     /// The listener failed.
-    #[error("listener: {0}")]
+    #[error("the listener failed")]
     Io(#[source] std::io::Error),
 }
 
@@ -48,17 +48,7 @@ impl DashboardError {
 
     /// The message with its causes.
     fn text(&self) -> String {
-        let mut text = self.to_string();
-        let mut source = std::error::Error::source(self);
-        while let Some(s) = source {
-            let next = s.to_string();
-            if !text.contains(&next) {
-                text.push_str(": ");
-                text.push_str(&next);
-            }
-            source = s.source();
-        }
-        text
+        courier_core::error_chain(self).to_string()
     }
 }
 

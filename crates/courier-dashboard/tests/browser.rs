@@ -132,6 +132,11 @@ async fn accept_dialog(client: &Client, expect: &str) {
     client.accept_alert().await.unwrap();
 }
 
+async fn click(client: &Client, css: &str) {
+    let element = client.find(Locator::Css(css)).await.unwrap();
+    element.click().await.unwrap();
+}
+
 async fn rows(client: &Client) -> Vec<String> {
     let mut ids = Vec::new();
     for row in client.find_all(Locator::Css("tr[data-id]")).await.unwrap() {
@@ -324,13 +329,7 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
     save(client, "failed.png").await;
     assert_no_console_errors(client, "the failed messages").await;
     let button = format!("tr[data-id='{retried}'] button[data-action=retry]");
-    client
-        .find(Locator::Css(&button))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(client, &button).await;
     accept_dialog(client, &format!("Retry message {retried}")).await;
     notice(client, "Retried 1 failed message(s).").await;
     let got = tokio::time::timeout(WAIT, handled.recv())
@@ -351,13 +350,7 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
     // Remove one: dismissing the dialog keeps it, accepting removes it.
     let (removed, _) = fx.seeded.messages[1].clone();
     let button = format!("tr[data-id='{removed}'] button[data-action=remove]");
-    client
-        .find(Locator::Css(&button))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(client, &button).await;
     until("the dialog", || async {
         client.get_alert_text().await.ok()
     })
@@ -367,13 +360,7 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
         rows(client).await.contains(&removed),
         "dismissed: still there"
     );
-    client
-        .find(Locator::Css(&button))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(client, &button).await;
     accept_dialog(client, &format!("Remove message {removed}")).await;
     notice(client, "Removed 1 failed message(s).").await;
     let left = rows(client).await;

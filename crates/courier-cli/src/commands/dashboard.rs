@@ -8,7 +8,7 @@ use tokio::net::TcpListener;
 use super::consume::Signals;
 use crate::cli::DashboardArgs;
 use crate::context::Ctx;
-use crate::error::{CliError, CliResult, remember_secret};
+use crate::error::{CliError, CliResult, chain, remember_secret};
 use crate::runs::{open_store, settings};
 
 pub(crate) async fn run(ctx: &Ctx<'_>, args: &DashboardArgs) -> CliResult {
@@ -54,5 +54,5 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &DashboardArgs) -> CliResult {
     Dashboard::new(transports, store, options)
         .serve(listener, stop)
         .await
-        .map_err(|e| CliError::runtime(e.to_string()))
+        .map_err(|e| CliError::runtime(chain(&e)))
 }
