@@ -196,10 +196,17 @@ pub(crate) enum FailedCommand {
         /// At most this many messages
         #[arg(long, default_value_t = 50)]
         max: usize,
+        /// Only messages of this type (wire name, e.g. `app.order_placed`)
+        #[arg(long, value_name = "TYPE")]
+        class_filter: Option<String>,
+        /// Counts by message type and by error class instead of the list
+        #[arg(long, conflicts_with = "id")]
+        stats: bool,
     },
-    /// Send failed messages back to their original transport, then remove them
-    Retry(FailedIds),
-    /// Remove failed messages for good
+    /// Send failed messages back to their original transport (or --to), then remove them; on a
+    /// terminal, without --force, shows each one and asks: retry, delete, skip or quit
+    Retry(FailedRetry),
+    /// Remove failed messages for good; on a terminal, without --force, asks for each one
     Remove(FailedIds),
 }
 
@@ -214,6 +221,21 @@ pub(crate) struct FailedIds {
     /// The failure transport (default: every one configured)
     #[arg(long)]
     pub(crate) transport: Option<String>,
+    /// Only messages of this type (wire name)
+    #[arg(long, value_name = "TYPE")]
+    pub(crate) class_filter: Option<String>,
+    /// Do not ask: on a terminal each message is shown and confirmed unless --force
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FailedRetry {
+    #[command(flatten)]
+    pub(crate) ids: FailedIds,
+    /// Send them to this transport instead of the one each failed on
+    #[arg(long, value_name = "TRANSPORT")]
+    pub(crate) to: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -102,11 +102,28 @@ pub async fn retry_failed(
     failures: &dyn Listable,
     envelope: Envelope,
 ) -> Result<String, RetryFailedError> {
+    retry_failed_to(transports, failures, envelope, None).await
+}
+
+/// [`retry_failed`], to the transport `to` instead of the one it failed on when given
+/// (`courier failed retry --to T`).
+///
+/// # Errors
+/// As [`retry_failed`]; `to` must be configured.
+pub async fn retry_failed_to(
+    transports: &Transports,
+    failures: &dyn Listable,
+    envelope: Envelope,
+    to: Option<&str>,
+) -> Result<String, RetryFailedError> {
     let id = envelope.id().unwrap_or_default().to_owned();
-    let original = envelope
-        .last::<SentToFailureTransportStamp>()
-        .map(|s| s.original.clone())
-        .ok_or_else(|| RetryFailedError::NoOrigin { id: id.clone() })?;
+    let original = match to {
+        Some(to) => to.to_owned(),
+        None => envelope
+            .last::<SentToFailureTransportStamp>()
+            .map(|s| s.original.clone())
+            .ok_or_else(|| RetryFailedError::NoOrigin { id: id.clone() })?,
+    };
     let target = transports
         .get(&original)
         .ok_or_else(|| RetryFailedError::UnknownTransport {
