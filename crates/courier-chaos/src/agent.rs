@@ -1,7 +1,8 @@
 //! What the chaos workers run: the plain message [`ChaosItem`] and the durable agent
 //! [`ChaosAgent`], both recording into the [`sink`](crate::sink).
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use courier_core::Message;
 use courier_runs::{Agent, AgentError, AgentOutcome, RunContext, Step, StepError, async_trait};
@@ -46,3 +47,44 @@ impl Agent for ChaosAgent {
         Ok(AgentOutcome::Completed(json!({ "owner": owner })))
     }
 }
+
+/// The scale measurement's message (`scripts/scale`): its handler does nothing, so a worker's
+/// rate is the transport's and the framework's, not a handler's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleTick {
+    /// The message's number, 0..N per measurement.
+    pub seq: u64,
+}
+
+impl Message for ScaleTick {
+    const NAME: &'static str = "scale.tick";
+}
+
+static FIRST_TICK_US: AtomicI64 = AtomicI64::new(i64::MAX);
+static LAST_TICK_US: AtomicI64 = AtomicI64::new(i64::MIN);
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// The `scale.tick` handler's work: remembers when this process handled its first and its last
+/// tick (wall clock, shared by every namespace host), for [`tick_span`].
+pub fn record_tick() {
+    let now = now_us();
+    FIRST_TICK_US.fetch_min(now, Ordering::Relaxed);
+    LAST_TICK_US.fetch_max(now, Ordering::Relaxed);
+}
+
+/// When this process handled its first and last `scale.tick`, microseconds since the Unix epoch
+/// (None before the first).
+#[must_use]
+pub fn tick_span() -> Option<(i64, i64)> {
+    let first = FIRST_TICK_US.load(Ordering::Relaxed);
+    (first != i64::MAX).then(|| (first, LAST_TICK_US.load(Ordering::Relaxed)))
+}
+
+/// The line `chaos-worker` writes on stderr at exit when it handled ticks, read by the scale
+/// measurement: `scale-span first_us=F last_us=L`.
+pub const TICK_SPAN_PREFIX: &str = "scale-span ";
