@@ -336,12 +336,21 @@ async fn scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyhow::Re
         settled.insert(id, (run, store.events(id).await?));
     }
 
-    // The link comes back: A's hung heartbeats return refused, A stops both runs.
+    // The link comes back: A's hung heartbeats return refused, A stops both runs. A step A writes
+    // meanwhile breaks the fence and fails at once.
     hosts.restore(0)?;
     let lost = until(
         "A reports both leases lost",
-        Duration::from_secs(60),
+        Duration::from_secs(40),
         || async {
+            for (id, (_, events)) in &settled {
+                let now = store.events(*id).await?;
+                ensure!(
+                    now == *events,
+                    "the fence failed: run {id} got steps after B completed it: {:?}",
+                    &now[events.len().min(now.len())..]
+                );
+            }
             let text = a.log_text();
             let lost = runs
                 .iter()
