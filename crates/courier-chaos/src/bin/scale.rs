@@ -74,6 +74,14 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
+/// The 1-minute load average (other work on the machine skews every figure).
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
 fn main() -> ExitCode {
     let args = match parse() {
         Ok(a) => a,
@@ -117,6 +125,7 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let load_before = load();
     let mut samples: Vec<Sample> = Vec::new();
     let mut failed = false;
     for &kind in &args.kinds {
@@ -165,8 +174,11 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "{} messages per measurement (median of {} rounds), one `consume` (defaults) per host, {cores} cores:\n",
-        args.messages, args.rounds
+        "{} messages per measurement (median of {} rounds), one `consume` (defaults) per host, \
+         {cores} cores, load average {load_before} before and {} after:\n",
+        args.messages,
+        args.rounds,
+        load()
     );
     print!("{}", table(&samples, cores));
     drop(hosts);
