@@ -1,7 +1,7 @@
 //! What the chaos workers run: the plain message [`ChaosItem`] and the durable agent
 //! [`ChaosAgent`], both recording into the [`sink`](crate::sink).
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use courier_core::Message;
@@ -60,8 +60,7 @@ impl Message for ScaleTick {
     const NAME: &'static str = "scale.tick";
 }
 
-static FIRST_TICK_US: AtomicI64 = AtomicI64::new(i64::MAX);
-static LAST_TICK_US: AtomicI64 = AtomicI64::new(i64::MIN);
+static TICKS: Mutex<Vec<i64>> = Mutex::new(Vec::new());
 
 fn now_us() -> i64 {
     SystemTime::now()
@@ -69,22 +68,20 @@ fn now_us() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
-/// The `scale.tick` handler's work: remembers when this process handled its first and its last
-/// tick (wall clock, shared by every namespace host), for [`tick_span`].
+/// The `scale.tick` handler's work: remembers when this process handled it (wall clock in
+/// microseconds, shared by every namespace host), for [`ticks`].
 pub fn record_tick() {
-    let now = now_us();
-    FIRST_TICK_US.fetch_min(now, Ordering::Relaxed);
-    LAST_TICK_US.fetch_max(now, Ordering::Relaxed);
+    if let Ok(mut t) = TICKS.lock() {
+        t.push(now_us());
+    }
 }
 
-/// When this process handled its first and last `scale.tick`, microseconds since the Unix epoch
-/// (None before the first).
+/// When this process handled each `scale.tick`, microseconds since the Unix epoch, in order.
 #[must_use]
-pub fn tick_span() -> Option<(i64, i64)> {
-    let first = FIRST_TICK_US.load(Ordering::Relaxed);
-    (first != i64::MAX).then(|| (first, LAST_TICK_US.load(Ordering::Relaxed)))
+pub fn ticks() -> Vec<i64> {
+    TICKS.lock().map(|t| t.clone()).unwrap_or_default()
 }
 
-/// The line `chaos-worker` writes on stderr at exit when it handled ticks, read by the scale
-/// measurement: `scale-span first_us=F last_us=L`.
-pub const TICK_SPAN_PREFIX: &str = "scale-span ";
+/// The environment variable naming the file `chaos-worker` writes [`ticks`] to at exit (one
+/// number a line), read by the scale measurement.
+pub const TICKS_ENV: &str = "SCALE_TICKS";

@@ -37,6 +37,9 @@ pub struct Sample {
     pub span: Duration,
     /// When each host handled its first message, after the first host did.
     pub starts: Vec<Duration>,
+    /// Each host's share of the messages handled while every host was handling (from the last
+    /// host's first message to the first host's last one), 0..1.
+    pub shares: Vec<f64>,
     /// From the workers' start to the queue found empty (start-up included).
     pub wall: Duration,
     /// Messages each host handled, from its final stats.
@@ -97,8 +100,8 @@ async fn count(transport: &Arc<dyn Transport>) -> anyhow::Result<u64> {
 }
 
 /// Stops a worker with SIGTERM and reads its final stats (`--format json`): messages handled,
-/// and when it handled its first and last (from its log).
-async fn stop(mut child: Child, log: &Path) -> anyhow::Result<(u64, (i64, i64))> {
+/// and when it handled each (the file it wrote at exit).
+async fn stop(mut child: Child, log: &Path, ticks: &Path) -> anyhow::Result<(u64, Vec<i64>)> {
     if let Some(pid) = child.id() {
         let _ = tokio::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -121,18 +124,12 @@ async fn stop(mut child: Child, log: &Path) -> anyhow::Result<(u64, (i64, i64))>
     let handled = stats["handled"]
         .as_u64()
         .context("final stats without `handled`")?;
-    let text = std::fs::read_to_string(log)?;
-    let span = text
+    let times = std::fs::read_to_string(ticks)
+        .with_context(|| format!("the worker wrote no {}", ticks.display()))?
         .lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix(crate::agent::TICK_SPAN_PREFIX)?;
-            let mut it = rest
-                .split(' ')
-                .filter_map(|kv| kv.split_once('=')?.1.parse().ok());
-            Some((it.next()?, it.next()?))
-        })
-        .unwrap_or((i64::MAX, i64::MIN));
-    Ok((handled, span))
+        .filter_map(|l| l.parse().ok())
+        .collect();
+    Ok((handled, times))
 }
 
 /// Runs one measurement on the first `n` of `hosts`.
@@ -179,22 +176,24 @@ pub async fn measure(
     let server_pid = hosts.server_pid(kind);
     let server_before = server_pid.map(cpu_of_tree).unwrap_or_default();
     let spawned = Instant::now();
-    let mut workers: Vec<(Child, PathBuf)> = Vec::new();
+    let mut workers: Vec<(Child, PathBuf, PathBuf)> = Vec::new();
     for i in 0..n {
         let log = dir.join(format!("{queue}-host{}.log", i + 1));
+        let ticks = log.with_extension("ticks");
         let child = hosts
             .command(i, worker)
             .args(["consume", "scale", "--format", "json", "--config"])
             .arg(&config_path)
             .current_dir(dir)
             .env("RUST_LOG", "warn")
+            .env(crate::agent::TICKS_ENV, &ticks)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log)?)
             .kill_on_drop(true)
             .spawn()
             .context("starting a worker with ip netns exec")?;
-        workers.push((child, log));
+        workers.push((child, log, ticks));
     }
     let drained_at = loop {
         let left = count(&transport).await?;
@@ -205,7 +204,7 @@ pub async fn measure(
         if now - spawned > LIMIT {
             bail!("{left} of {messages} messages still queued after {LIMIT:?}");
         }
-        for (child, log) in &mut workers {
+        for (child, log, _) in &mut workers {
             if let Ok(Some(status)) = child.try_wait() {
                 bail!("a worker exited early ({status}); see {}", log.display());
             }
@@ -214,32 +213,54 @@ pub async fn measure(
     };
     let worker_cpu: Vec<Duration> = workers
         .iter()
-        .map(|(c, _)| c.id().map(cpu_of).unwrap_or_default())
+        .map(|(c, ..)| c.id().map(cpu_of).unwrap_or_default())
         .collect();
     let server_cpu = server_pid
         .map(cpu_of_tree)
         .unwrap_or_default()
         .saturating_sub(server_before);
     let mut handled = Vec::new();
-    let mut spans = Vec::new();
-    for (child, log) in workers {
-        let (h, span) = stop(child, &log).await?;
+    let mut times: Vec<Vec<i64>> = Vec::new();
+    for (child, log, ticks) in workers {
+        let (h, t) = stop(child, &log, &ticks).await?;
         handled.push(h);
-        spans.push(span);
+        times.push(t);
     }
     let total: u64 = handled.iter().sum();
     if total != messages {
         bail!("the hosts handled {total} messages of {messages}: {handled:?}");
     }
-    let first = spans.iter().map(|s| s.0).min().unwrap_or(0);
-    let last = spans.iter().map(|s| s.1).max().unwrap_or(0);
+    let firsts: Vec<i64> = times
+        .iter()
+        .map(|t| t.first().copied().unwrap_or(0))
+        .collect();
+    let lasts: Vec<i64> = times
+        .iter()
+        .map(|t| t.last().copied().unwrap_or(0))
+        .collect();
+    let first = firsts.iter().copied().min().unwrap_or(0);
+    let last = lasts.iter().copied().max().unwrap_or(0);
+    let (from, to) = (
+        firsts.iter().copied().max().unwrap_or(0),
+        lasts.iter().copied().min().unwrap_or(0),
+    );
+    let within: Vec<usize> = times
+        .iter()
+        .map(|t| t.iter().filter(|x| (from..=to).contains(*x)).count())
+        .collect();
+    let all: usize = within.iter().sum();
+    let shares = within
+        .iter()
+        .map(|w| *w as f64 / all.max(1) as f64)
+        .collect();
     let us = |d: i64| Duration::from_micros(u64::try_from(d).unwrap_or(0));
     Ok(Sample {
         transport: kind,
         hosts: n,
         messages,
         span: us(last - first),
-        starts: spans.iter().map(|s| us(s.0 - first)).collect(),
+        starts: firsts.iter().map(|f| us(f - first)).collect(),
+        shares,
         wall: drained_at - spawned,
         handled,
         worker_cpu,
@@ -259,7 +280,7 @@ fn secs(d: &[Duration]) -> String {
 #[must_use]
 pub fn table(samples: &[Sample], cores: usize) -> String {
     let mut out = String::from(
-        "| transport | hosts | messages/s | efficiency | handled per host | each host's first message, ms after the first host's | worker CPU s (each) | server CPU s | CPU busy |\n\
+        "| transport | hosts | messages/s | efficiency | handled per host | share while all ran, % | worker CPU s (each) | server CPU s | CPU busy |\n\
          |---|---:|---:|---:|---|---|---|---:|---:|\n",
     );
     for s in samples {
@@ -280,9 +301,9 @@ pub fn table(samples: &[Sample], cores: usize) -> String {
             .collect::<Vec<_>>()
             .join(" / ");
         let starts = s
-            .starts
+            .shares
             .iter()
-            .map(|d| format!("{}", d.as_millis()))
+            .map(|f| format!("{:.0}", f * 100.0))
             .collect::<Vec<_>>()
             .join(" / ");
         let _ = writeln!(

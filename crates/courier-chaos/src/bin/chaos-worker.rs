@@ -20,11 +20,12 @@ fn main() -> ExitCode {
         })
         .agent("chaos", ChaosAgent)
         .run();
-    if let Some((first, last)) = courier_chaos::agent::tick_span() {
-        eprintln!(
-            "{}first_us={first} last_us={last}",
-            courier_chaos::agent::TICK_SPAN_PREFIX
-        );
+    if let Some(path) = std::env::var_os(courier_chaos::agent::TICKS_ENV) {
+        let ticks = courier_chaos::agent::ticks();
+        let text: String = ticks.iter().map(|t| format!("{t}\n")).collect();
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("chaos-worker: cannot write {}: {e}", path.to_string_lossy());
+        }
     }
     code
 }

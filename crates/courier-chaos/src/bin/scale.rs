@@ -147,11 +147,12 @@ fn main() -> ExitCode {
                 match runtime.block_on(measure(&hosts, kind, n, args.messages, &worker, &dir)) {
                     Ok(s) => {
                         eprintln!(
-                            "scale: {} x{n}: {:.0} messages/s, handled {:?}, starts {:?}",
+                            "scale: {} x{n}: {:.0} messages/s, handled {:?}, starts {:?}, shares {:?}",
                             kind.name(),
                             s.rate(),
                             s.handled,
-                            s.starts
+                            s.starts,
+                            s.shares
                         );
                         rounds.push(s);
                     }
