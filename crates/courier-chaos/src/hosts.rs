@@ -149,6 +149,10 @@ impl Hosts {
     }
 
     /// Host `i`'s namespace name (0-based).
+    ///
+    /// # Panics
+    /// When `i` is not below [`Hosts::len`] (as for [`Hosts::command`], [`Hosts::cut`] and
+    /// [`Hosts::restore`]).
     #[must_use]
     pub fn name(&self, i: usize) -> &str {
         &self.names[i]
