@@ -103,15 +103,11 @@ impl Worker {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// SIGTERM, then the exit status (the worker must stop cleanly).
-    async fn stop(mut self) -> anyhow::Result<std::process::ExitStatus> {
-        let _ = tokio::process::Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .status()
-            .await;
-        Ok(timeout(Duration::from_secs(40), self.child.wait())
+    /// Its exit status once it exits on its own (after `stop-workers`), at most `limit`.
+    async fn exited(mut self, limit: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        Ok(timeout(limit, self.child.wait())
             .await
-            .context("a worker did not stop within 40 s of SIGTERM")??)
+            .with_context(|| format!("a worker did not stop within {limit:?} of stop-workers"))??)
     }
 }
 
@@ -377,12 +373,52 @@ async fn scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyhow::Re
         }
         seen = now;
     }
+    // Remote control across hosts: `courier workers` on B lists both workers, and
+    // `courier stop-workers` on B stops A too (through the worker registry in the shared store).
+    let cli = |args: &'static [&'static str]| {
+        let mut c = hosts.command(1, exe);
+        c.args(args)
+            .arg("--config")
+            .arg(&config_path)
+            .current_dir(dir)
+            .env("RUST_LOG", "warn");
+        c
+    };
+    until(
+        "`workers` on B lists A and B",
+        Duration::from_secs(20),
+        || async {
+            let out = timeout(
+                Duration::from_secs(15),
+                cli(&["workers", "--format", "json"]).output(),
+            )
+            .await
+            .context("`workers` timed out")??;
+            let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let pids: BTreeSet<u64> = listed
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|w| w["pid"].as_u64())
+                .collect();
+            Ok((pids == BTreeSet::from([u64::from(a.pid), u64::from(b.pid)])).then_some(()))
+        },
+    )
+    .await?;
+    let stop = timeout(Duration::from_secs(15), cli(&["stop-workers"]).output())
+        .await
+        .context("`stop-workers` timed out")??;
+    ensure!(
+        stop.status.success(),
+        "stop-workers failed: {}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
     let a_log = a.log_text();
-    let a_status = a.stop().await?;
-    let b_status = b.stop().await?;
+    let a_status = a.exited(Duration::from_secs(40)).await?;
+    let b_status = b.exited(Duration::from_secs(40)).await?;
     ensure!(
         a_status.success() && b_status.success(),
-        "exits: A {a_status}, B {b_status}\n{a_log}"
+        "exits after stop-workers: A {a_status}, B {b_status}\n{a_log}"
     );
 
     // The fence held: A settled nothing and wrote no step once B owned the runs.
