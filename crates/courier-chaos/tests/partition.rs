@@ -3,7 +3,8 @@
 //! messages un-acked when its link goes down. Then: A's leases expire, B's reaper requeues the
 //! runs and B completes them; A's messages are redelivered to B (the SQL redeliver timeout, Redis
 //! XAUTOCLAIM); when the link comes back A finds its leases lost and stops without settling or
-//! writing a step (the fence), and nothing is settled twice. Needs root (`ip netns`).
+//! writing a step (the fence), and nothing is settled twice. Last, `workers` on B lists both
+//! workers and `stop-workers` on B stops both (the worker registry). Needs root (`ip netns`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
