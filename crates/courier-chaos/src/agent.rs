@@ -1,7 +1,8 @@
 //! What the chaos workers run: the plain message [`ChaosItem`] and the durable agent
 //! [`ChaosAgent`], both recording into the [`sink`](crate::sink).
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use courier_core::Message;
 use courier_runs::{Agent, AgentError, AgentOutcome, RunContext, Step, StepError, async_trait};
@@ -46,3 +47,41 @@ impl Agent for ChaosAgent {
         Ok(AgentOutcome::Completed(json!({ "owner": owner })))
     }
 }
+
+/// The scale measurement's message (`scripts/scale`): its handler does nothing, so a worker's
+/// rate is the transport's and the framework's, not a handler's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleTick {
+    /// The message's number, 0..N per measurement.
+    pub seq: u64,
+}
+
+impl Message for ScaleTick {
+    const NAME: &'static str = "scale.tick";
+}
+
+static TICKS: Mutex<Vec<i64>> = Mutex::new(Vec::new());
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// The `scale.tick` handler's work: remembers when this process handled it (wall clock in
+/// microseconds, shared by every namespace host), for [`ticks`].
+pub fn record_tick() {
+    if let Ok(mut t) = TICKS.lock() {
+        t.push(now_us());
+    }
+}
+
+/// When this process handled each `scale.tick`, microseconds since the Unix epoch, in order.
+#[must_use]
+pub fn ticks() -> Vec<i64> {
+    TICKS.lock().map(|t| t.clone()).unwrap_or_default()
+}
+
+/// The environment variable naming the file `chaos-worker` writes [`ticks`] to at exit (one
+/// number a line), read by the scale measurement.
+pub const TICKS_ENV: &str = "SCALE_TICKS";

@@ -23,10 +23,12 @@
 //! ```
 
 pub mod agent;
+pub mod hosts;
 pub mod poison;
 pub mod report;
+pub mod scale;
 pub mod scenario;
 pub mod server;
 pub mod sink;
 
-pub use agent::{ChaosAgent, ChaosItem};
+pub use agent::{ChaosAgent, ChaosItem, ScaleTick};
