@@ -246,10 +246,7 @@ fn ask(question: &str, offered: &[(char, Choice)]) -> CliResult<Choice> {
             return Ok(Choice::Quit);
         }
         let answer = line.trim().to_lowercase();
-        if let Some((_, choice)) = offered
-            .iter()
-            .find(|(c, _)| answer.chars().next() == Some(*c))
-        {
+        if let Some((_, choice)) = offered.iter().find(|(c, _)| answer.starts_with(*c)) {
             return Ok(*choice);
         }
         println!("Answer one of: {letters}.");
