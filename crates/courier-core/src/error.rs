@@ -432,6 +432,15 @@ pub enum BusError {
     /// A middleware failed.
     #[error("middleware failed")]
     Middleware(#[source] BoxError),
+    /// [`MessageBus::query`](crate::MessageBus::query) found no single answer.
+    #[error("query `{name}` has no single answer")]
+    Query {
+        /// The wire name.
+        name: String,
+        /// Why.
+        #[source]
+        reason: crate::QueryError,
+    },
 }
 
 fn first_failure(failures: &[HandlerFailure]) -> String {
@@ -454,6 +463,7 @@ impl BusError {
             Self::Undecodable(_) => "decode",
             Self::Send { .. } | Self::UnknownTransport { .. } => "send",
             Self::Middleware(_) => "error",
+            Self::Query { .. } => "query",
         }
     }
 

@@ -56,8 +56,9 @@ pub mod worker;
 
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
-    BusLink, DEFAULT_BUS, Dispatcher, Handler, HandlerOptions, MessageBus, MessageBusBuilder,
-    Middleware, Next, Router, SendHook, Sending, with_trace_context,
+    BusLink, DEFAULT_BUS, Dispatcher, HandledResultStamp, Handler, HandlerOptions, MessageBus,
+    MessageBusBuilder, Middleware, Next, QueryError, QueryHandler, Router, SendHook, Sending,
+    with_trace_context,
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,

@@ -42,7 +42,11 @@ pub trait Handler<M: Message>: Send + Sync + 'static {
 
 #[async_trait]
 pub(crate) trait ErasedHandler: Send + Sync {
-    async fn call(&self, envelope: &Envelope) -> Result<(), HandlerError>;
+    /// Handles the envelope; a query handler's answer comes back boxed.
+    async fn call(
+        &self,
+        envelope: &Envelope,
+    ) -> Result<Option<Box<dyn std::any::Any + Send>>, HandlerError>;
 }
 
 pub(crate) struct Typed<M, H> {
@@ -61,7 +65,10 @@ impl<M, H> Typed<M, H> {
 
 #[async_trait]
 impl<M: Message, H: Handler<M>> ErasedHandler for Typed<M, H> {
-    async fn call(&self, envelope: &Envelope) -> Result<(), HandlerError> {
+    async fn call(
+        &self,
+        envelope: &Envelope,
+    ) -> Result<Option<Box<dyn std::any::Any + Send>>, HandlerError> {
         let message = envelope.message::<M>().ok_or_else(|| {
             HandlerError::unrecoverable(format!(
                 "envelope holds `{}`, not `{}`",
@@ -69,7 +76,7 @@ impl<M: Message, H: Handler<M>> ErasedHandler for Typed<M, H> {
                 M::NAME
             ))
         })?;
-        self.handler.handle(message, envelope).await
+        self.handler.handle(message, envelope).await.map(|()| None)
     }
 }
 

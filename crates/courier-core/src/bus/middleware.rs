@@ -293,7 +293,12 @@ async fn handle(bus: &MessageBus, mut envelope: Envelope) -> Result<Envelope, Bu
                     continue;
                 }
                 match entry.handler.call(&envelope).await {
-                    Ok(()) => envelope = envelope.with_shared(&entry.handled),
+                    Ok(None) => envelope = envelope.with_shared(&entry.handled),
+                    Ok(Some(result)) => {
+                        envelope = envelope
+                            .with_shared(&entry.handled)
+                            .with(super::query::HandledResultStamp::new(&entry.name, result));
+                    }
                     Err(error) => failures.push(HandlerFailure {
                         handler: entry.name.to_string(),
                         error,

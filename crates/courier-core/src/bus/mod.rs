@@ -2,6 +2,7 @@
 
 mod handler;
 pub(crate) mod middleware;
+mod query;
 mod routing;
 mod sending;
 
@@ -12,6 +13,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 pub use handler::{Handler, HandlerOptions};
 pub use middleware::{Middleware, Next, with_trace_context};
+pub use query::{HandledResultStamp, QueryError, QueryHandler};
 pub use routing::Router;
 pub use sending::{SendHook, Sending};
 
@@ -101,6 +103,24 @@ impl MessageBus {
         }
         .run(message.into())
         .await
+    }
+
+    /// Dispatches a query and returns the answer of the one handler that handled it (Symfony's
+    /// `HandleTrait::handle`): see [`QueryHandler`].
+    ///
+    /// # Errors
+    /// What [`dispatch`](Self::dispatch) returns, or [`BusError::Query`] when the message was
+    /// sent to a transport instead, several handlers handled it, none answered, or the answer
+    /// is not an `R`.
+    pub async fn query<R: Send + 'static>(
+        &self,
+        message: impl Into<Envelope>,
+    ) -> Result<R, BusError> {
+        let envelope = self.dispatch(message).await?;
+        query::result_of::<R>(&envelope).map_err(|reason| BusError::Query {
+            name: envelope.message_name().to_owned(),
+            reason,
+        })
     }
 
     /// The bus's name.
@@ -299,9 +319,17 @@ impl MessageBusBuilder {
     /// from, priority (see [`HandlerOptions`]).
     #[must_use]
     pub fn handler_with<M: Message, H: Handler<M>>(
-        mut self,
+        self,
         options: HandlerOptions,
         handler: H,
+    ) -> Self {
+        self.entry::<M>(options, Arc::new(Typed::<M, H>::new(handler)))
+    }
+
+    fn entry<M: Message>(
+        mut self,
+        options: HandlerOptions,
+        handler: Arc<dyn ErasedHandler>,
     ) -> Self {
         self.know::<M>();
         let HandlerOptions {
@@ -316,13 +344,63 @@ impl MessageBusBuilder {
             name: Arc::from(name),
             from_transport: from_transport.map(Arc::from),
             priority,
-            handler: Arc::new(Typed::<M, H>::new(handler)) as Arc<dyn ErasedHandler>,
+            handler,
         };
         let entries = self.handlers.entry(M::NAME.to_owned()).or_default();
         // Highest priority first; equal priorities keep their registration order.
         let at = entries.partition_point(|e| e.priority >= priority);
         entries.insert(at, entry);
         self
+    }
+
+    /// Registers a [`QueryHandler`] for `M`, named after its Rust type: its answer is what
+    /// [`MessageBus::query`] returns.
+    #[must_use]
+    pub fn query_handler<M: Message, H: QueryHandler<M>>(self, handler: H) -> Self {
+        let name = std::any::type_name::<H>();
+        self.query_handler_named::<M, H>(name, handler)
+    }
+
+    /// Registers a named [`QueryHandler`] for `M`.
+    #[must_use]
+    pub fn query_handler_named<M: Message, H: QueryHandler<M>>(
+        self,
+        name: impl Into<String>,
+        handler: H,
+    ) -> Self {
+        self.entry::<M>(
+            HandlerOptions::new(name),
+            Arc::new(query::QueryTyped::<M, H>::new(handler)),
+        )
+    }
+
+    /// Registers a closure query handler for `M`: its `Ok` value is what [`MessageBus::query`]
+    /// returns.
+    ///
+    /// ```
+    /// # use courier_core::{HandlerError, Message, MessageBus};
+    /// # use std::sync::Arc;
+    /// # #[derive(serde::Serialize, serde::Deserialize)] struct Count;
+    /// # impl Message for Count { const NAME: &'static str = "app.count"; }
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let bus = MessageBus::builder()
+    ///     .query_fn("count", |_: Arc<Count>| async { Ok::<_, HandlerError>(3_u64) })
+    ///     .build();
+    /// assert_eq!(bus.query::<u64>(Count).await?, 3);
+    /// # Ok::<(), courier_core::BusError>(()) }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn query_fn<M, F, Fut, R>(self, name: impl Into<String>, f: F) -> Self
+    where
+        M: Message,
+        F: Fn(Arc<M>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, HandlerError>> + Send + 'static,
+        R: Send + 'static,
+    {
+        self.query_handler_named::<M, query::FnQueryHandler<F, R>>(
+            name,
+            query::FnQueryHandler(f, std::marker::PhantomData),
+        )
     }
 
     /// Registers a closure handler for `M` with its options (see [`HandlerOptions`]).
