@@ -77,10 +77,10 @@ pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
 pub use stamp::*;
 pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{
-    Capabilities, DEFAULT_WORKER_STALE_AFTER, FactoryContext, Heartbeat, InMemoryOptions,
-    InMemoryTransport, InMemoryWorkerRegistry, Listable, MessageCount, Queues, Setup,
-    SyncTransport, Transport, TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry,
-    retry_count, shared_worker_registry,
+    Capabilities, DEFAULT_WORKER_STALE_AFTER, Deduplicate, FactoryContext, Heartbeat,
+    InMemoryOptions, InMemoryTransport, InMemoryWorkerRegistry, Listable, MemoryDeduplicator,
+    MessageCount, Queues, Setup, SyncTransport, Transport, TransportFactory, TransportRegistry,
+    WorkerRecord, WorkerRegistry, retry_count, shared_worker_registry,
 };
 pub use worker::{
     CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats,

@@ -27,6 +27,7 @@
 //! ```
 
 pub mod conformance;
+pub mod dedup;
 pub mod env;
 
 use std::sync::Arc;

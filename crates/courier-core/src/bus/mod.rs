@@ -1,5 +1,6 @@
 //! The message bus: dispatch through middleware to transports or handlers.
 
+mod dedup;
 mod handler;
 pub(crate) mod middleware;
 mod query;
@@ -37,6 +38,7 @@ pub(crate) struct BusInner {
     registry: Arc<MessageRegistry>,
     on_send: Vec<SendHook>,
     allow_no_handlers: bool,
+    dedup_store: Option<dedup::Store>,
 }
 
 /// A message bus (Symfony's `MessageBusInterface`): routes each message to its transports, or
@@ -279,6 +281,7 @@ pub struct MessageBusBuilder {
     dispatchers: Vec<Dispatcher>,
     on_send: Vec<SendHook>,
     allow_no_handlers: bool,
+    dedup_store: Option<dedup::Store>,
 }
 
 impl MessageBusBuilder {
@@ -530,11 +533,21 @@ impl MessageBusBuilder {
         self
     }
 
+    /// The deduplication store for transports without one of their own (AMQP, `sync://`)
+    /// and for messages handled here: see [`DeduplicateStamp`](crate::DeduplicateStamp).
+    /// Without it, such a transport refuses the stamp with an `Unsupported` error.
+    #[must_use]
+    pub fn deduplicate_store(mut self, store: Arc<dyn crate::Deduplicate>) -> Self {
+        self.dedup_store = Some(store);
+        self
+    }
+
     /// Builds the bus, binds its links and fills its dispatchers.
     #[must_use]
     pub fn build(self) -> MessageBus {
         let mut chain: Vec<Arc<dyn Middleware>> = vec![Arc::new(Prelude)];
         chain.extend(self.middleware);
+        chain.push(Arc::new(dedup::Deduplication));
         chain.push(Arc::new(Terminal));
         let name = self.name.unwrap_or_else(|| DEFAULT_BUS.to_owned());
         let bus = MessageBus {
@@ -548,6 +561,7 @@ impl MessageBusBuilder {
                 registry: self.registry,
                 on_send: self.on_send,
                 allow_no_handlers: self.allow_no_handlers,
+                dedup_store: self.dedup_store,
             }),
         };
         for link in &self.links {

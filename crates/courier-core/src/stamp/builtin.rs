@@ -307,6 +307,53 @@ impl Stamp for DeliveryTagStamp {
     const SENDABLE: bool = false;
 }
 
+/// Send this message only if no message with the same `key` was sent within `ttl` (Symfony's
+/// `DeduplicateStamp`). Local: the bus checks it before sending, against the target transport's
+/// deduplication store ([`Transport::as_deduplicate`](crate::Transport::as_deduplicate)) or the
+/// bus's own ([`MessageBusBuilder::deduplicate_store`](crate::MessageBusBuilder::deduplicate_store)).
+/// A duplicate is not sent: the envelope [`dispatch`](crate::MessageBus::dispatch) returns
+/// carries a [`DeduplicatedStamp`] instead of a [`SentStamp`]. The key is held for `ttl` from
+/// the first send (not released when the message is handled); a send that fails releases it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeduplicateStamp {
+    /// The deduplication key (at most 190 bytes on SQL).
+    pub key: String,
+    /// How long the key stays taken.
+    #[serde(with = "wire::millis")]
+    pub ttl: Duration,
+}
+
+impl DeduplicateStamp {
+    /// A stamp for `key`, held for `ttl`.
+    #[must_use]
+    pub fn new(key: impl Into<String>, ttl: Duration) -> Self {
+        Self {
+            key: key.into(),
+            ttl,
+        }
+    }
+}
+
+impl Stamp for DeduplicateStamp {
+    const NAME: &'static str = "deduplicate";
+    const SENDABLE: bool = false;
+}
+
+/// The message was not sent to `transport`: a message with the same key was sent within its
+/// TTL. Local; on the envelope [`dispatch`](crate::MessageBus::dispatch) returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeduplicatedStamp {
+    /// The key.
+    pub key: String,
+    /// The transport it was not sent to (empty when deduplicated before local handling).
+    pub transport: String,
+}
+
+impl Stamp for DeduplicatedStamp {
+    const NAME: &'static str = "deduplicated";
+    const SENDABLE: bool = false;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -117,6 +117,7 @@ pub struct InMemoryTransport {
     options: Arc<InMemoryOptions>,
     registry: Arc<MessageRegistry>,
     state: Arc<Mutex<State>>,
+    dedup: super::MemoryDeduplicator,
 }
 
 impl fmt::Debug for InMemoryTransport {
@@ -148,6 +149,7 @@ impl InMemoryTransport {
             options: Arc::new(options),
             registry,
             state: Arc::default(),
+            dedup: super::MemoryDeduplicator::new(),
         }
     }
 
@@ -359,6 +361,10 @@ impl Transport for InMemoryTransport {
 
     fn as_message_count(&self) -> Option<&dyn MessageCount> {
         Some(self)
+    }
+
+    fn as_deduplicate(&self) -> Option<&dyn super::Deduplicate> {
+        Some(&self.dedup)
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -5,6 +5,7 @@
 //! queues, listing stored messages, counting them) are reached through the `as_*` accessors so a
 //! transport is always usable as `Arc<dyn Transport>`.
 
+mod dedup;
 mod factory;
 mod memory;
 mod sync;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use dedup::{Deduplicate, MemoryDeduplicator};
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
 pub use memory::{InMemoryOptions, InMemoryTransport};
 pub use sync::SyncTransport;
@@ -275,6 +277,12 @@ pub trait Transport: Send + Sync + Debug {
         None
     }
 
+    /// The deduplication store beside this transport's messages, for
+    /// [`DeduplicateStamp`](crate::DeduplicateStamp) (SQL, Redis, in-memory).
+    fn as_deduplicate(&self) -> Option<&dyn Deduplicate> {
+        None
+    }
+
     /// What the transport can do.
     fn capabilities(&self) -> Capabilities;
 }
@@ -328,6 +336,7 @@ const _: () = {
         _: &dyn Listable,
         _: &dyn MessageCount,
         _: &dyn Queues,
+        _: &dyn Deduplicate,
     ) {
     }
     fn _send_sync<T: Send + Sync + ?Sized>() {}

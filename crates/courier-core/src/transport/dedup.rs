@@ -1,0 +1,69 @@
+//! Deduplication stores: where [`DeduplicateStamp`](crate::DeduplicateStamp) keys are taken.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::TransportError;
+
+/// Takes deduplication keys for a while: a table on SQL (`<table>_dedup`), `SET NX PX` on
+/// Redis, a map in memory. Reached through
+/// [`Transport::as_deduplicate`](crate::Transport::as_deduplicate), or given to a bus with
+/// [`MessageBusBuilder::deduplicate_store`](crate::MessageBusBuilder::deduplicate_store).
+#[async_trait]
+pub trait Deduplicate: Send + Sync {
+    /// Takes `key` for `ttl` if it is free (never taken, or its TTL has passed): `true` when
+    /// taken now, `false` when a holder within its TTL has it. Atomic: of many concurrent
+    /// callers with one key, exactly one gets `true`.
+    async fn deduplicate(&self, key: &str, ttl: Duration) -> Result<bool, TransportError>;
+
+    /// Frees `key` (the send it was taken for failed). Freeing a free key is not an error.
+    async fn release(&self, key: &str) -> Result<(), TransportError>;
+}
+
+/// An in-process [`Deduplicate`] on tokio's clock (what
+/// [`InMemoryTransport`](crate::InMemoryTransport) uses; also a bus-wide store for one process).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryDeduplicator {
+    keys: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl MemoryDeduplicator {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl Deduplicate for MemoryDeduplicator {
+    async fn deduplicate(&self, key: &str, ttl: Duration) -> Result<bool, TransportError> {
+        let now = Instant::now();
+        let mut keys = self
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if keys.len() > 1024 {
+            keys.retain(|_, until| *until > now);
+        }
+        match keys.get(key) {
+            Some(until) if *until > now => Ok(false),
+            _ => {
+                keys.insert(key.to_owned(), now + ttl);
+                Ok(true)
+            }
+        }
+    }
+
+    async fn release(&self, key: &str) -> Result<(), TransportError> {
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(key);
+        Ok(())
+    }
+}
