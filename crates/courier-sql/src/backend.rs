@@ -121,6 +121,10 @@ impl Wake {
 pub(crate) trait Backend: Send + Sync + Debug {
     /// Applies the messages migrations not yet recorded; returns those it recorded.
     async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error>;
+    /// Takes a deduplication key for `ttl_ms` unless a live row holds it: `true` when taken.
+    async fn dedup_take(&self, key: &str, ttl_ms: i64) -> Result<bool, sqlx::Error>;
+    /// Frees a deduplication key.
+    async fn dedup_release(&self, key: &str) -> Result<(), sqlx::Error>;
     /// Inserts rows in one statement (or one transaction); returns their ids in order.
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
     /// Claims up to `max` available rows with `delivery_id`; returns them in claim order.

@@ -78,6 +78,7 @@
 
 mod backend;
 mod connect;
+mod dedup;
 mod dialect;
 mod error;
 mod factory;

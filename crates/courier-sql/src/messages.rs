@@ -153,6 +153,7 @@ pub(crate) struct Messages<DB: MessageDialect> {
     pub(crate) queue: String,
     pub(crate) redeliver_ms: i64,
     pub(crate) state: DB::State,
+    pub(crate) dedup: crate::dedup::DedupStatements,
 }
 
 impl<DB: MessageDialect> Messages<DB> {
@@ -164,6 +165,7 @@ impl<DB: MessageDialect> Messages<DB> {
             queue: o.queue_name.clone(),
             redeliver_ms: i64::try_from(o.redeliver_timeout.as_millis()).unwrap_or(i64::MAX),
             state,
+            dedup: crate::dedup::DedupStatements::new(DB::DIALECT, &o.table_name),
         }
     }
 
@@ -244,12 +246,17 @@ where
     async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error> {
         let mut applied = {
             let _turn = self.write_turn().await;
-            migrate::migrate(
+            let mut applied = migrate::migrate(
                 &self.pool,
                 &migrate::MESSAGES,
                 &[("{messages}", &self.table)],
             )
-            .await?
+            .await?;
+            let dedup = crate::dedup::dedup_table(&self.table);
+            applied.extend(
+                migrate::migrate(&self.pool, &migrate::DEDUP, &[("{dedup}", &dedup)]).await?,
+            );
+            applied
         };
         applied.extend(self.setup_workers().await?);
         Ok(applied)
@@ -274,6 +281,28 @@ where
             location,
             stale_after,
         ))
+    }
+
+    async fn dedup_take(&self, key: &str, ttl_ms: i64) -> Result<bool, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        if let Some(clear) = &self.dedup.clear_expired {
+            sqlx::query(clear).bind(key).execute(&self.pool).await?;
+        }
+        let done = sqlx::query(&self.dedup.take)
+            .bind(key)
+            .bind(ttl_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn dedup_release(&self, key: &str) -> Result<(), sqlx::Error> {
+        let _turn = self.write_turn().await;
+        sqlx::query(&self.dedup.release)
+            .bind(key)
+            .execute(&self.pool)
+            .await
+            .map(drop)
     }
 
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {

@@ -82,6 +82,20 @@ pub static WORKERS: Migrations = Migrations {
     }],
 };
 
+/// The deduplication table's migrations (placeholder `{dedup}`: the message table's name with
+/// `_dedup` appended), applied with the message table's.
+pub static DEDUP: Migrations = Migrations {
+    main: "{dedup}",
+    list: &[Migration {
+        version: 6,
+        description: "courier dedup",
+        sqlite: include_str!("../migrations/sqlite/0006_courier_dedup.sql"),
+        postgres: include_str!("../migrations/postgres/0006_courier_dedup.sql"),
+        mysql: Some(include_str!("../migrations/mysql/0006_courier_dedup.sql")),
+        present_when: None,
+    }],
+};
+
 /// The run store's migrations (placeholders `{runs}` and `{events}`).
 pub static RUNS: Migrations = Migrations {
     main: "{runs}",

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_core::{
-    Backoff, Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Envelope, Listable, MessageCount,
-    MessageRegistry, PriorityStamp, Queues, Setup, Transport, TransportError, TransportErrorKind,
-    TransportMessageIdStamp, WorkerRegistry, async_trait, encode_json,
+    Backoff, Capabilities, Deduplicate, DelayStamp, DeliveryTagStamp, Dsn, Envelope, Listable,
+    MessageCount, MessageRegistry, PriorityStamp, Queues, Setup, Transport, TransportError,
+    TransportErrorKind, TransportMessageIdStamp, WorkerRegistry, async_trait, encode_json,
 };
 use tokio::time::Instant;
 
@@ -563,6 +563,10 @@ impl Transport for SqlTransport {
         Some(&*self.workers)
     }
 
+    fn as_deduplicate(&self) -> Option<&dyn Deduplicate> {
+        Some(self)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .with_delay(None)
@@ -622,6 +626,35 @@ impl Listable for SqlTransport {
     }
 }
 
+/// Keys in `<table>_dedup` (see the `dedup` module): at most 190 bytes.
+#[async_trait]
+impl Deduplicate for SqlTransport {
+    async fn deduplicate(&self, key: &str, ttl: Duration) -> Result<bool, TransportError> {
+        if key.len() > crate::dedup::MAX_KEY_BYTES {
+            return Err(
+                TransportError::new(TransportErrorKind::Unsupported, self.name.clone())
+                    .with_context(format!(
+                        "deduplication key of {} bytes exceeds the maximum of {}",
+                        key.len(),
+                        crate::dedup::MAX_KEY_BYTES
+                    )),
+            );
+        }
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 4);
+        self.attempt("taking a deduplication key", || {
+            self.backend.dedup_take(key, ttl_ms)
+        })
+        .await
+    }
+
+    async fn release(&self, key: &str) -> Result<(), TransportError> {
+        self.attempt("releasing a deduplication key", || {
+            self.backend.dedup_release(key)
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl MessageCount for SqlTransport {
     async fn message_count(&self) -> Result<u64, TransportError> {
@@ -669,6 +702,12 @@ mod tests {
     impl Backend for Arc<OneLate> {
         async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error> {
             Ok(Vec::new())
+        }
+        async fn dedup_take(&self, _: &str, _: i64) -> Result<bool, sqlx::Error> {
+            Ok(true)
+        }
+        async fn dedup_release(&self, _: &str) -> Result<(), sqlx::Error> {
+            Ok(())
         }
         async fn insert(&self, _: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
             Ok(Vec::new())

@@ -312,6 +312,8 @@ impl Drop for SqlHarness {
                         format!("{table}_migrations"),
                         format!("{workers}_migrations"),
                         workers,
+                        format!("{table}_dedup"),
+                        format!("{table}_dedup_migrations"),
                     ] {
                         admin.exec(&format!("DROP TABLE IF EXISTS {t}"), &[]).await;
                     }
