@@ -93,6 +93,7 @@
 //! `rediss://` needs the `tls` feature.
 
 mod admin;
+mod dedup;
 mod factory;
 mod in_flight;
 mod link;

@@ -656,6 +656,10 @@ impl Transport for RedisTransport {
         Some(self)
     }
 
+    fn as_deduplicate(&self) -> Option<&dyn courier_core::Deduplicate> {
+        Some(self)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .with_delay(None)
