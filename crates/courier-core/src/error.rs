@@ -432,6 +432,17 @@ pub enum BusError {
     /// A middleware failed.
     #[error("middleware failed")]
     Middleware(#[source] BoxError),
+    /// A message of a signed type is unsigned, signed with an unknown key, or changed since it
+    /// was signed (see [`signing`](crate::signing)). Never retried: it goes straight to the
+    /// failure transport.
+    #[error("signature check failed for `{name}`")]
+    Signature {
+        /// The wire name.
+        name: String,
+        /// Why.
+        #[source]
+        reason: crate::signing::SignatureError,
+    },
     /// [`MessageBus::query`](crate::MessageBus::query) found no single answer.
     #[error("query `{name}` has no single answer")]
     Query {
@@ -464,6 +475,7 @@ impl BusError {
             Self::Send { .. } | Self::UnknownTransport { .. } => "send",
             Self::Middleware(_) => "error",
             Self::Query { .. } => "query",
+            Self::Signature { .. } => "signature",
         }
     }
 

@@ -49,6 +49,7 @@ pub mod failed;
 mod message;
 pub mod metrics;
 pub mod retry;
+pub mod signing;
 mod stamp;
 pub mod trace;
 mod transport;
@@ -74,6 +75,7 @@ pub use error::{
 pub use failed::{rfc3339, rfc3339_ms};
 pub use message::Message;
 pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
+pub use signing::{SignatureStamp, Signing, SigningKeys};
 pub use stamp::*;
 pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{

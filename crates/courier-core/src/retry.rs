@@ -73,6 +73,7 @@ pub fn decide(
         return match error {
             BusError::NoHandler { .. }
             | BusError::Undecodable(_)
+            | BusError::Signature { .. }
             | BusError::UnknownTransport { .. } => RetryDecision::Reject,
             _ if strategy.is_retryable(envelope, None) => {
                 RetryDecision::Retry(strategy.waiting_time(envelope, None))

@@ -282,6 +282,7 @@ pub struct MessageBusBuilder {
     on_send: Vec<SendHook>,
     allow_no_handlers: bool,
     dedup_store: Option<dedup::Store>,
+    signing: Option<crate::Signing>,
 }
 
 impl MessageBusBuilder {
@@ -542,11 +543,22 @@ impl MessageBusBuilder {
         self
     }
 
+    /// Signs outgoing messages and checks received ones (see [`signing`](crate::signing)); the
+    /// step runs after every middleware, so the stamps they add are signed.
+    #[must_use]
+    pub fn signing(mut self, signing: crate::Signing) -> Self {
+        self.signing = Some(signing);
+        self
+    }
+
     /// Builds the bus, binds its links and fills its dispatchers.
     #[must_use]
     pub fn build(self) -> MessageBus {
         let mut chain: Vec<Arc<dyn Middleware>> = vec![Arc::new(Prelude)];
         chain.extend(self.middleware);
+        if let Some(signing) = self.signing {
+            chain.push(Arc::new(signing));
+        }
         chain.push(Arc::new(dedup::Deduplication));
         chain.push(Arc::new(Terminal));
         let name = self.name.unwrap_or_else(|| DEFAULT_BUS.to_owned());
