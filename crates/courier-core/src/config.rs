@@ -93,6 +93,9 @@ pub struct Config {
     /// `[buses.NAME]`: named buses with their middleware ([`BusConfig`]).
     #[serde(default)]
     pub buses: BTreeMap<String, BusConfig>,
+    /// The `[signing]` table: signed messages (see [`signing`](crate::signing)).
+    #[serde(default)]
+    pub signing: Option<crate::signing::SigningConfig>,
 }
 
 /// One `[transports.NAME]` table.
@@ -521,6 +524,9 @@ impl Transports {
         for (name, t) in &self.transports {
             builder = builder.transport(name.clone(), t.clone());
         }
+        if let Some(signing) = &self.config.signing {
+            builder = builder.signing(signing.signing().clone());
+        }
         builder
     }
 
@@ -688,6 +694,26 @@ mod tests {
             err.contains("transports.a.failure_transport: unknown transport `f`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_signing_table_reads_interpolated_keys_and_never_shows_them() {
+        let key = "k".repeat(40);
+        let text = "[signing]\nkeys = [\"${KEY}\", \"${OLD:-}\"]\nmessages = [\"orders.*\"]";
+        let config = Config::parse_with(text, |v| (v == "KEY").then(|| key.clone()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let signing = config.signing.as_ref().map(|s| s.signing().clone());
+        assert!(signing.as_ref().is_some_and(|s| s.signs("orders.placed")));
+        assert!(signing.is_some_and(|s| !s.signs("mail.sent")));
+        assert!(!format!("{config:?}").contains(&key), "{config:?}");
+        let short = parse("[signing]\nkeys = [\"short-secret\"]").expect_err("too short");
+        assert!(
+            short.contains("signing.keys") && short.contains("shorter than"),
+            "{short}"
+        );
+        assert!(!short.contains("short-secret"), "{short}");
+        let unknown = parse("[signing]\nkeys = []\nkey = 1").expect_err("unknown key");
+        assert!(unknown.contains("key"), "{unknown}");
     }
 
     #[test]

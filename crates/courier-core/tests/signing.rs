@@ -51,3 +51,28 @@ async fn only_the_configured_types_are_signed() {
     bus.dispatch(TestMessage::new(1)).await.unwrap();
     assert!(!queue.sent()[0].has::<SignatureStamp>());
 }
+
+#[tokio::test]
+async fn the_config_signing_table_signs_what_the_bus_built_from_it_sends() {
+    let text = "[transports.async]\ndsn = \"in-memory://\"\n[routing]\n\"courier.*\" = \"async\"\n\
+         [signing]\nkeys = [\"${KEY}\"]\nmessages = [\"courier.*\"]\n";
+    let config = courier_core::config::Config::parse_with(text, |v| {
+        (v == "KEY").then(|| signing::NEW_KEY.to_owned())
+    })
+    .unwrap();
+    let transports = config
+        .connect(
+            &courier_core::TransportRegistry::new(),
+            courier_test::registry(),
+        )
+        .await
+        .unwrap();
+    let bus = transports.bus_builder().build();
+    let sent = bus.dispatch(TestMessage::new(1)).await.unwrap();
+    let queue = transports.get("async").unwrap();
+    let received = queue.get(1).await.unwrap();
+    assert!(sent.has::<courier_core::SentStamp>());
+    let signature = received[0].last::<SignatureStamp>().unwrap();
+    let keys = courier_core::SigningKeys::new([signing::NEW_KEY]).unwrap();
+    assert_eq!(Some(signature.key.as_str()), keys.ids().next());
+}

@@ -54,6 +54,7 @@
 //! after every middleware.
 
 mod canonical;
+mod config;
 mod middleware;
 
 use std::fmt;
@@ -63,6 +64,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 pub use canonical::{UNSIGNED_STAMPS, signing_input};
+pub use config::SigningConfig;
 pub use middleware::Signing;
 
 use crate::Stamp;
