@@ -36,6 +36,8 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
 pub(crate) trait AnyMessage: Any + Send + Sync {
     /// Appends the message as JSON.
     fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error>;
+    /// Appends the message as a MessagePack map (field names kept).
+    fn encode_msgpack_into(&self, out: &mut Vec<u8>) -> Result<(), rmp_serde::encode::Error>;
     fn as_any(&self) -> &dyn Any;
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
@@ -43,6 +45,9 @@ pub(crate) trait AnyMessage: Any + Send + Sync {
 impl<M: Message> AnyMessage for M {
     fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         serde_json::to_writer(out, self)
+    }
+    fn encode_msgpack_into(&self, out: &mut Vec<u8>) -> Result<(), rmp_serde::encode::Error> {
+        rmp_serde::encode::write_named(out, self)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -38,6 +38,9 @@ pub struct RedisOptions {
     /// How long a worker may go without a heartbeat before the worker registry
     /// (`<group>:workers`) counts it as gone. Default 30 s.
     pub worker_stale_after: Duration,
+    /// How message bodies are written: `json` (default) or `msgpack` (see
+    /// [`Serializer`](courier_core::Serializer)); reading follows each message's content type.
+    pub serializer: courier_core::Serializer,
 }
 
 impl Default for RedisOptions {
@@ -54,6 +57,7 @@ impl Default for RedisOptions {
             db: None,
             poll_window: Duration::from_secs(1),
             worker_stale_after: courier_core::DEFAULT_WORKER_STALE_AFTER,
+            serializer: courier_core::Serializer::Json,
         }
     }
 }
@@ -92,6 +96,8 @@ impl RedisOptions {
         poll_window: Duration);
     setter!(/// Sets [`RedisOptions::worker_stale_after`].
         worker_stale_after: Duration);
+    setter!(/// Sets [`RedisOptions::serializer`].
+        serializer: courier_core::Serializer);
 
     /// The option names a DSN may carry.
     pub const DSN_OPTIONS: &'static [&'static str] = &[
@@ -105,6 +111,7 @@ impl RedisOptions {
         "db",
         "poll_window",
         "worker_stale_after",
+        "serializer",
     ];
 
     /// Reads the options from a DSN's query, on top of `self`.
@@ -124,6 +131,12 @@ impl RedisOptions {
         };
         if let Some(v) = text("stream")? {
             self.stream = v;
+        }
+        if let Some(v) = dsn
+            .parse_option::<courier_core::Serializer>("serializer")
+            .map_err(|e| e.reason)?
+        {
+            self.serializer = v;
         }
         if let Some(v) = text("group")? {
             self.group = v;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use courier_core::{
     Capabilities, DelayStamp, DeliveryTagStamp, EncodeError, EncodedJson, Envelope, Listable,
     MessageCount, MessageRegistry, Setup, Transport, TransportError, TransportErrorKind,
-    TransportMessageIdStamp, async_trait, encode_json, encode_json_into,
+    TransportMessageIdStamp, async_trait,
 };
 use redis::{Client, IntoConnectionInfo, RedisError, Value};
 use tokio::time::Instant;
@@ -329,7 +329,8 @@ impl RedisTransport {
         let mut encoded = EncodedJson::default();
         for envelope in envelopes {
             capabilities.check_delay(&self.options.name, envelope)?;
-            encode_json_into(envelope, &mut encoded).map_err(|e| self.encode_error(e))?;
+            courier_core::encode_json_into_with(envelope, self.options.serializer, &mut encoded)
+                .map_err(|e| self.encode_error(e))?;
             match envelope
                 .last::<DelayStamp>()
                 .map(|d| d.0)
@@ -527,7 +528,8 @@ impl Transport for RedisTransport {
             next.with(DelayStamp(delay))
         };
         self.capabilities().check_delay(&self.options.name, &next)?;
-        let encoded = encode_json(&next).map_err(|e| self.encode_error(e))?;
+        let encoded = courier_core::encode_json_with(&next, self.options.serializer)
+            .map_err(|e| self.encode_error(e))?;
         let delayed_id = format!("d-{:032x}", fastrand::u128(..));
         let mut cmd = self.scripts.retry.cmd(&[
             &self.options.stream,

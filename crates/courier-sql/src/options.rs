@@ -11,7 +11,9 @@ use crate::dialect::{invalid_table_name, is_valid_identifier};
 ///
 /// From a DSN query: `table_name`, `queue_name`, `redeliver_timeout`, `auto_setup`,
 /// `poll_window`, `max_connections`, `min_connections`, `acquire_timeout`, `worker_stale_after`
-/// (the worker registry's), and on SQLite `busy_timeout`. Durations are humantime strings (`250ms`, `30s`, `1h`).
+/// (the worker registry's), `serializer` (`json`, the default, or `msgpack`: see
+/// [`Serializer`](courier_core::Serializer)), and on SQLite `busy_timeout`. Durations are
+/// humantime strings (`250ms`, `30s`, `1h`).
 ///
 /// ```
 /// use courier_core::Dsn;
@@ -40,6 +42,7 @@ pub struct SqlOptions {
     pub(crate) acquire_timeout: Duration,
     pub(crate) busy_timeout: Duration,
     pub(crate) worker_stale_after: Duration,
+    pub(crate) serializer: courier_core::Serializer,
 }
 
 impl Default for SqlOptions {
@@ -55,6 +58,7 @@ impl Default for SqlOptions {
             acquire_timeout: Duration::from_secs(30),
             busy_timeout: Duration::from_secs(10),
             worker_stale_after: courier_core::DEFAULT_WORKER_STALE_AFTER,
+            serializer: courier_core::Serializer::Json,
         }
     }
 }
@@ -74,6 +78,7 @@ pub(crate) const COURIER_OPTIONS: &[&str] = &[
     "acquire_timeout",
     "busy_timeout",
     "worker_stale_after",
+    "serializer",
 ];
 
 impl From<&SqlOptions> for PoolSettings {
@@ -137,6 +142,9 @@ impl SqlOptions {
                 return Err(bad("worker_stale_after must be more than 0".to_owned()));
             }
             o.worker_stale_after = t;
+        }
+        if let Some(s) = dsn.parse_option::<courier_core::Serializer>("serializer")? {
+            o.serializer = s;
         }
         Ok(o)
     }
@@ -203,6 +211,20 @@ impl SqlOptions {
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
+    }
+
+    /// Sets the body serializer (`json` by default; reading follows each message's content
+    /// type either way).
+    #[must_use]
+    pub fn serializer(mut self, serializer: courier_core::Serializer) -> Self {
+        self.serializer = serializer;
+        self
+    }
+
+    /// The body serializer (default JSON).
+    #[must_use]
+    pub fn body_serializer(&self) -> courier_core::Serializer {
+        self.serializer
     }
 
     /// Sets SQLite's busy timeout: how long a writer waits for the file lock (default 10 s).

@@ -6,7 +6,7 @@ use std::time::Duration;
 use courier_core::{
     Backoff, Capabilities, Deduplicate, DelayStamp, DeliveryTagStamp, Dsn, Envelope, Listable,
     MessageCount, MessageRegistry, PriorityStamp, Queues, Setup, Transport, TransportError,
-    TransportErrorKind, TransportMessageIdStamp, WorkerRegistry, async_trait, encode_json,
+    TransportErrorKind, TransportMessageIdStamp, WorkerRegistry, async_trait,
 };
 use tokio::time::Instant;
 
@@ -202,11 +202,12 @@ impl SqlTransport {
     }
 
     fn new_row(&self, envelope: &Envelope, delay: Duration) -> Result<NewRow, TransportError> {
-        let encoded = encode_json(envelope).map_err(|e| {
-            TransportError::new(TransportErrorKind::Encode, self.name.clone())
-                .with_context("encoding")
-                .with_source(e)
-        })?;
+        let encoded =
+            courier_core::encode_json_with(envelope, self.options.serializer).map_err(|e| {
+                TransportError::new(TransportErrorKind::Encode, self.name.clone())
+                    .with_context("encoding")
+                    .with_source(e)
+            })?;
         Ok(NewRow {
             body: encoded.body,
             headers: encoded.headers,

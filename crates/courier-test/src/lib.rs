@@ -29,6 +29,7 @@
 pub mod conformance;
 pub mod dedup;
 pub mod env;
+pub mod serializer;
 pub mod signing;
 
 use std::sync::Arc;

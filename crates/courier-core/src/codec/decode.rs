@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use super::raw::{ContentType, RawParts, base64_decode};
 use super::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, DecodeFn,
-    JSON_CONTENT_TYPE, MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER,
+    JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE, MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER,
 };
 use crate::Envelope;
 use crate::envelope::{RawSlot, Slot};
@@ -81,6 +81,29 @@ impl Prepared {
                 }),
             }
         };
+        if matches!(parts.content_type, ContentType::MessagePack) {
+            let bytes = if parts.base64 {
+                match base64_decode(&body) {
+                    Some(bytes) => bytes,
+                    None => {
+                        return Envelope {
+                            payload: undecodable(
+                                body.into_bytes(),
+                                DecodeError::InvalidBodyEncoding {
+                                    encoding: BASE64_ENCODING.to_owned(),
+                                },
+                                Some(BASE64_ENCODING.to_owned()),
+                            ),
+                            stamps,
+                            extra_headers,
+                        };
+                    }
+                }
+            } else {
+                body.into_bytes()
+            };
+            return Self::finish_msgpack(parts, stamps, extra_headers, bytes);
+        }
         let text = if parts.base64 {
             match base64_decode(&body).map(String::from_utf8) {
                 Some(Ok(text)) => Ok(text),
@@ -103,7 +126,7 @@ impl Prepared {
             Ok(body)
         };
         let payload = match text {
-            Ok(body) => match (parts.decode)(&body) {
+            Ok(body) => match (parts.decode.json)(&body) {
                 Ok(message) => Payload::Typed {
                     name: parts.name,
                     message,
@@ -119,6 +142,46 @@ impl Prepared {
                 ),
             },
             Err(payload) => payload,
+        };
+        Envelope {
+            payload,
+            stamps,
+            extra_headers,
+        }
+    }
+}
+
+impl Prepared {
+    /// Whether bodies are raw MessagePack bytes (no base64 on the wire).
+    pub(super) fn raw_msgpack(&self) -> bool {
+        matches!(self.content_type, ContentType::MessagePack) && !self.base64
+    }
+
+    /// The envelope of a MessagePack body given as its bytes.
+    pub(super) fn finish_msgpack(
+        parts: Parts<'_>,
+        stamps: Vec<Slot>,
+        extra_headers: Option<Arc<BTreeMap<String, String>>>,
+        bytes: Vec<u8>,
+    ) -> Envelope {
+        let payload = match (parts.decode.msgpack)(&bytes) {
+            Ok(message) => Payload::Typed {
+                name: parts.name,
+                message,
+                body: None,
+            },
+            Err(e) => Payload::Undecodable {
+                name: Some(Arc::from(parts.name)),
+                body: Arc::from(bytes),
+                error: Arc::new(DecodeError::InvalidMsgpackBody {
+                    name: parts.name.to_owned(),
+                    source: Box::new(e),
+                }),
+                raw: Arc::new(RawParts {
+                    content_type: parts.content_type.header(),
+                    ..RawParts::default()
+                }),
+            },
         };
         Envelope {
             payload,
@@ -277,6 +340,10 @@ impl<'a> HeaderSink<'a> {
         };
         let body = e.into_bytes();
         match self.prepare(registry) {
+            Ok(p) if p.raw_msgpack() => {
+                let parts = p.parts();
+                Prepared::finish_msgpack(parts, p.stamps.clone(), p.extra_headers.clone(), body)
+            }
             Ok(p) => Rejected {
                 name: Some(p.name.to_owned()),
                 error,
@@ -314,9 +381,9 @@ impl<'a> HeaderSink<'a> {
                 header: TYPE_HEADER,
             },
             (Some(_), None)
-                if content_type
-                    .as_deref()
-                    .is_some_and(|c| !c.starts_with(JSON_CONTENT_TYPE)) =>
+                if content_type.as_deref().is_some_and(|c| {
+                    !c.starts_with(JSON_CONTENT_TYPE) && c != MSGPACK_CONTENT_TYPE
+                }) =>
             {
                 DecodeError::UnsupportedContentType {
                     content_type: content_type.as_deref().unwrap_or_default().to_owned(),

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use super::raw::{base64_encode, push_raw_headers};
 use super::{
-    CONTENT_TYPE_HEADER, EncodeError, Encoded, JSON_CONTENT_TYPE, STAMP_HEADER_PREFIX, TYPE_HEADER,
+    BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, EncodeError, Encoded,
+    JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE, STAMP_HEADER_PREFIX, Serializer, TYPE_HEADER,
 };
 use crate::Envelope;
 use crate::envelope::Slot;
@@ -16,11 +17,30 @@ use crate::message::Payload;
 /// # Errors
 /// [`EncodeError`] if the message does not serialize.
 pub fn encode(envelope: &Envelope) -> Result<Encoded, EncodeError> {
+    encode_with(envelope, Serializer::Json)
+}
+
+/// [`encode`] with the body written by `serializer` (see [`Serializer`]).
+///
+/// ```
+/// # use courier_core::{Envelope, Message, MessageRegistry, Serializer, encode_with};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Ping { n: u8 }
+/// # impl Message for Ping { const NAME: &'static str = "app.ping"; }
+/// let wire = encode_with(&Envelope::new(Ping { n: 7 }), Serializer::MessagePack).unwrap();
+/// assert_eq!(wire.headers["content-type"], "application/msgpack");
+/// let back = MessageRegistry::new().with::<Ping>().decode(wire);
+/// assert_eq!(back.message::<Ping>().map(|p| p.n), Some(7));
+/// ```
+///
+/// # Errors
+/// [`EncodeError`] if the message does not serialize.
+pub fn encode_with(envelope: &Envelope, serializer: Serializer) -> Result<Encoded, EncodeError> {
+    let msgpack = is_msgpack(envelope, serializer);
     let mut body = String::new();
-    write_body(envelope, &mut body)?;
+    write_body(envelope, msgpack, &mut body)?;
     Ok(Encoded {
         body,
-        headers: header_list(envelope)?
+        headers: header_list(envelope, msgpack)?
             .into_iter()
             .map(|((prefix, name), value)| (format!("{prefix}{name}"), value.into_owned()))
             .collect(),
@@ -78,10 +98,37 @@ pub fn encode_json(envelope: &Envelope) -> Result<EncodedJson, EncodeError> {
 /// # Errors
 /// [`EncodeError`] if the message does not serialize; `out` then holds no usable text.
 pub fn encode_json_into(envelope: &Envelope, out: &mut EncodedJson) -> Result<(), EncodeError> {
+    encode_json_into_with(envelope, Serializer::Json, out)
+}
+
+/// [`encode_json`] with the body written by `serializer` (see [`Serializer`]).
+///
+/// # Errors
+/// [`EncodeError`] if the message does not serialize.
+pub fn encode_json_with(
+    envelope: &Envelope,
+    serializer: Serializer,
+) -> Result<EncodedJson, EncodeError> {
+    let mut out = EncodedJson::default();
+    encode_json_into_with(envelope, serializer, &mut out)?;
+    Ok(out)
+}
+
+/// [`encode_json_into`] with the body written by `serializer` (see [`Serializer`]).
+///
+/// # Errors
+/// [`EncodeError`] if the message does not serialize; `out` then holds no usable text.
+pub fn encode_json_into_with(
+    envelope: &Envelope,
+    serializer: Serializer,
+    out: &mut EncodedJson,
+) -> Result<(), EncodeError> {
     out.body.clear();
     out.headers.clear();
-    write_body(envelope, &mut out.body)?;
-    let plain = envelope.extra_headers.is_none()
+    let msgpack = is_msgpack(envelope, serializer);
+    write_body(envelope, msgpack, &mut out.body)?;
+    let plain = !msgpack
+        && envelope.extra_headers.is_none()
         && matches!(envelope.payload, Payload::Typed { .. })
         && envelope.stamps.iter().all(|slot| match slot {
             Slot::Typed(s) => !s.sendable(),
@@ -97,7 +144,7 @@ pub fn encode_json_into(envelope: &Envelope, out: &mut EncodedJson) -> Result<()
         );
         return Ok(());
     }
-    let headers = header_list(envelope)?;
+    let headers = header_list(envelope, msgpack)?;
     let len: usize = headers
         .iter()
         .map(|((p, n), v)| p.len() + n.len() + v.len() + 8)
@@ -125,9 +172,34 @@ fn payload_name(envelope: &Envelope) -> Option<&str> {
     }
 }
 
-/// Appends the message's JSON text: the text it was read with, or the message serialized.
-fn write_body(envelope: &Envelope, out: &mut String) -> Result<(), EncodeError> {
+/// Whether the body is written as MessagePack: asked for, and the message is not carrying the
+/// JSON text it was read with (kept verbatim) or undecodable.
+fn is_msgpack(envelope: &Envelope, serializer: Serializer) -> bool {
+    serializer == Serializer::MessagePack
+        && matches!(envelope.payload, Payload::Typed { body: None, .. })
+}
+
+/// Appends the message's JSON text: the text it was read with, or the message serialized
+/// (as base64 MessagePack when `msgpack`).
+fn write_body(envelope: &Envelope, msgpack: bool, out: &mut String) -> Result<(), EncodeError> {
     match &envelope.payload {
+        Payload::Typed {
+            name,
+            message,
+            body: None,
+        } if msgpack => {
+            let mut bytes = Vec::with_capacity(128);
+            message
+                .encode_msgpack_into(&mut bytes)
+                .map_err(|e| EncodeError {
+                    name: (*name).to_owned(),
+                    source: <serde_json::Error as serde::ser::Error>::custom(format_args!(
+                        "MessagePack: {e}"
+                    )),
+                })?;
+            base64_encode(&bytes, out);
+            Ok(())
+        }
         Payload::Typed {
             body: Some(body), ..
         } => {
@@ -163,7 +235,7 @@ fn write_body(envelope: &Envelope, out: &mut String) -> Result<(), EncodeError> 
 /// (type, content type, one JSON list per stamp kind) wins over an extra header of the same
 /// name. An undecodable envelope gets back the headers it was read with (see
 /// [`push_raw_headers`]), plus the stamps it carries now.
-fn header_list(envelope: &Envelope) -> Result<Headers<'_>, EncodeError> {
+fn header_list(envelope: &Envelope, msgpack: bool) -> Result<Headers<'_>, EncodeError> {
     let name = payload_name(envelope);
     let extra = envelope.extra_headers.as_deref();
     let mut headers: Headers<'_> = Vec::with_capacity(4 + extra.map_or(0, BTreeMap::len));
@@ -171,6 +243,13 @@ fn header_list(envelope: &Envelope) -> Result<Headers<'_>, EncodeError> {
         headers.push((("", TYPE_HEADER), Cow::Borrowed(name)));
     }
     match &envelope.payload {
+        Payload::Typed { .. } if msgpack => {
+            headers.push((
+                ("", CONTENT_TYPE_HEADER),
+                Cow::Borrowed(MSGPACK_CONTENT_TYPE),
+            ));
+            headers.push((("", BODY_ENCODING_HEADER), Cow::Borrowed(BASE64_ENCODING)));
+        }
         Payload::Typed { .. } => {
             headers.push((("", CONTENT_TYPE_HEADER), Cow::Borrowed(JSON_CONTENT_TYPE)));
         }

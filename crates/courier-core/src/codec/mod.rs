@@ -50,25 +50,32 @@ mod decoder;
 mod encode;
 mod raw;
 mod registry;
+mod serializer;
 #[cfg(test)]
 mod tests;
 
 pub use decoder::JsonDecoder;
 pub(crate) use encode::Headers;
 use encode::write_object;
-pub use encode::{EncodedJson, encode, encode_json, encode_json_into};
+pub use encode::{
+    EncodedJson, encode, encode_json, encode_json_into, encode_json_into_with, encode_json_with,
+    encode_with,
+};
 pub(crate) use raw::RawParts;
 pub use raw::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, RAW_HEADERS_BASE64_HEADER, RAW_HEADERS_HEADER,
 };
 pub use registry::MessageRegistry;
+pub use serializer::{Serializer, UnknownSerializer};
 
 /// The `type` header.
 pub const TYPE_HEADER: &str = "type";
 /// The `content-type` header.
 pub const CONTENT_TYPE_HEADER: &str = "content-type";
-/// The only content type Courier writes.
+/// The content type of JSON bodies (the default).
 pub const JSON_CONTENT_TYPE: &str = "application/json";
+/// The content type of MessagePack bodies ([`Serializer::MessagePack`]).
+pub const MSGPACK_CONTENT_TYPE: &str = "application/msgpack";
 /// The prefix of stamp headers.
 pub const STAMP_HEADER_PREFIX: &str = "x-courier-stamp-";
 
@@ -146,8 +153,10 @@ pub enum DecodeError {
         /// The wire name found.
         name: String,
     },
-    /// The `content-type` is not JSON.
-    #[error("unsupported content type `{content_type}` (expected application/json)")]
+    /// The `content-type` is neither JSON nor MessagePack.
+    #[error(
+        "unsupported content type `{content_type}` (expected application/json or application/msgpack)"
+    )]
     UnsupportedContentType {
         /// The content type found.
         content_type: String,
@@ -160,6 +169,15 @@ pub enum DecodeError {
         /// The JSON error (line and column, never the body).
         #[source]
         source: serde_json::Error,
+    },
+    /// The body is not valid MessagePack for the message type.
+    #[error("invalid MessagePack body for message type `{name}`")]
+    InvalidMsgpackBody {
+        /// The wire name.
+        name: String,
+        /// The MessagePack error (never the body).
+        #[source]
+        source: crate::BoxError,
     },
     /// A stamp header is not a JSON list.
     #[error("invalid stamp header `{header}` (expected a JSON list)")]
@@ -204,8 +222,28 @@ pub struct EncodeError {
     pub source: serde_json::Error,
 }
 
-type DecodeFn = fn(&str) -> Result<Arc<dyn AnyMessage>, serde_json::Error>;
+/// How one message type is read from each body format.
+#[derive(Clone, Copy)]
+pub(crate) struct DecodeFn {
+    json: fn(&str) -> Result<Arc<dyn AnyMessage>, serde_json::Error>,
+    msgpack: fn(&[u8]) -> Result<Arc<dyn AnyMessage>, rmp_serde::decode::Error>,
+}
+
+impl DecodeFn {
+    fn of<M: Message>() -> Self {
+        Self {
+            json: decode_as::<M>,
+            msgpack: decode_msgpack_as::<M>,
+        }
+    }
+}
 
 fn decode_as<M: Message>(body: &str) -> Result<Arc<dyn AnyMessage>, serde_json::Error> {
     Ok(Arc::new(serde_json::from_str::<M>(body)?))
+}
+
+fn decode_msgpack_as<M: Message>(
+    body: &[u8],
+) -> Result<Arc<dyn AnyMessage>, rmp_serde::decode::Error> {
+    Ok(Arc::new(rmp_serde::from_slice::<M>(body)?))
 }

@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::{CONTENT_TYPE_HEADER, DecodeError, Headers, JSON_CONTENT_TYPE};
+use super::{CONTENT_TYPE_HEADER, DecodeError, Headers, JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE};
 use crate::Envelope;
 use crate::message::Payload;
 
@@ -65,6 +65,7 @@ pub(super) fn unreadable_headers(
 pub(super) enum ContentType {
     Absent,
     Json,
+    MessagePack,
     Other(String),
 }
 
@@ -73,6 +74,7 @@ impl ContentType {
         match found {
             None => Self::Absent,
             Some(c) if c == JSON_CONTENT_TYPE => Self::Json,
+            Some(c) if c == MSGPACK_CONTENT_TYPE => Self::MessagePack,
             Some(c) => Self::Other(c.into_owned()),
         }
     }
@@ -81,6 +83,7 @@ impl ContentType {
         match self {
             Self::Absent => None,
             Self::Json => Some(JSON_CONTENT_TYPE.to_owned()),
+            Self::MessagePack => Some(MSGPACK_CONTENT_TYPE.to_owned()),
             Self::Other(c) => Some(c.clone()),
         }
     }

@@ -6,7 +6,7 @@ use std::fmt;
 
 use super::decode::HeaderSink;
 use super::raw::unreadable_headers;
-use super::{DecodeFn, EncodeError, Encoded, JsonDecoder, decode_as, encode};
+use super::{DecodeFn, EncodeError, Encoded, JsonDecoder, encode};
 use crate::{Envelope, Message};
 
 /// Maps wire names to message types, and encodes / decodes envelopes.
@@ -34,7 +34,7 @@ impl MessageRegistry {
 
     /// Registers `M` under [`Message::NAME`].
     pub fn register<M: Message>(&mut self) -> &mut Self {
-        self.decoders.insert(M::NAME, decode_as::<M>);
+        self.decoders.insert(M::NAME, DecodeFn::of::<M>());
         self
     }
 

@@ -206,7 +206,7 @@ impl TransportFactory for InMemoryFactory {
 
     async fn create(&self, ctx: FactoryContext) -> Result<Arc<dyn Transport>, TransportError> {
         let dsn = &ctx.dsn;
-        dsn.check_options(&["redeliver_timeout", "serialize"])
+        dsn.check_options(&["redeliver_timeout", "serialize", "serializer"])
             .map_err(|e| ctx.config_error(e.reason))?;
         let mut options = InMemoryOptions::default().name(ctx.name.clone());
         if let Some(t) = dsn
@@ -220,6 +220,13 @@ impl TransportFactory for InMemoryFactory {
             .map_err(|e| ctx.config_error(e.reason))?
         {
             options = options.serialize(s);
+        }
+        if let Some(s) = dsn
+            .parse_option::<crate::Serializer>("serializer")
+            .map_err(|e| ctx.config_error(e.reason))?
+        {
+            // A body serializer only means something when messages are encoded.
+            options = options.serialize(true).serializer(s);
         }
         Ok(Arc::new(InMemoryTransport::with_options(
             options,

@@ -16,7 +16,8 @@ use crate::{
     TransportError, TransportErrorKind, TransportMessageIdStamp,
 };
 
-/// Options of [`InMemoryTransport`] (DSN query: `in-memory://?redeliver_timeout=30s&serialize=true`).
+/// Options of [`InMemoryTransport`] (DSN query:
+/// `in-memory://?redeliver_timeout=30s&serialize=true&serializer=msgpack`).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct InMemoryOptions {
@@ -28,6 +29,9 @@ pub struct InMemoryOptions {
     /// Encode on send and decode on get, as a real transport would (needs a registry).
     /// Default false: envelopes are stored as values, without their local stamps.
     pub serialize: bool,
+    /// The body serializer in serialize mode (DSN `serializer`, which also turns serialize mode
+    /// on). Default JSON.
+    pub serializer: crate::Serializer,
 }
 
 impl Default for InMemoryOptions {
@@ -36,6 +40,7 @@ impl Default for InMemoryOptions {
             name: "in-memory".into(),
             redeliver_timeout: Duration::from_secs(30),
             serialize: false,
+            serializer: crate::Serializer::Json,
         }
     }
 }
@@ -52,6 +57,13 @@ impl InMemoryOptions {
     #[must_use]
     pub fn redeliver_timeout(mut self, timeout: Duration) -> Self {
         self.redeliver_timeout = timeout;
+        self
+    }
+
+    /// Sets the body serializer of serialize mode.
+    #[must_use]
+    pub fn serializer(mut self, serializer: crate::Serializer) -> Self {
+        self.serializer = serializer;
         self
     }
 
@@ -263,7 +275,7 @@ impl Transport for InMemoryTransport {
         let priority = envelope.last::<PriorityStamp>().map_or(0, |p| p.0);
         let stored = if self.options.serialize {
             Stored::Wire(
-                crate::codec::encode(&envelope)
+                crate::codec::encode_with(&envelope, self.options.serializer)
                     .map_err(|e| self.error(TransportErrorKind::Encode).with_source(e))?,
             )
         } else {
