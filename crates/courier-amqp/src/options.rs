@@ -157,7 +157,7 @@ impl QueueOptions {
 ///     &queue_arguments[orders_high][x-max-priority]=10
 ///     &queue_arguments[orders_low][x-queue-type]=quorum
 ///     &routing_key=high&prefetch=64&persistent=true&confirm_timeout=10s
-///     &auto_setup=true&poll_window=1s&connect_timeout=5s&max_backoff=5s
+///     &auto_setup=true&poll_window=1s&connect_timeout=5s&max_backoff=5s&serializer=json
 /// ```
 ///
 /// `queues[NAME]=k1,k2` declares queue `NAME` bound with keys `k1` and `k2` (empty: bound with
@@ -176,6 +176,7 @@ pub struct AmqpOptions {
     pub(crate) poll_window: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) max_backoff: Duration,
+    pub(crate) serializer: courier_core::Serializer,
 }
 
 const KNOWN: &[&str] = &[
@@ -192,6 +193,7 @@ const KNOWN: &[&str] = &[
     "poll_window",
     "connect_timeout",
     "max_backoff",
+    "serializer",
 ];
 
 impl AmqpOptions {
@@ -213,6 +215,7 @@ impl AmqpOptions {
             poll_window: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
             max_backoff: Duration::from_secs(5),
+            serializer: courier_core::Serializer::Json,
         }
     }
 
@@ -287,6 +290,14 @@ impl AmqpOptions {
         self
     }
 
+    /// Sets the body serializer (`json` by default, or `msgpack`: see
+    /// [`Serializer`](courier_core::Serializer)); consumers decode by each message's content type.
+    #[must_use]
+    pub fn serializer(mut self, serializer: courier_core::Serializer) -> Self {
+        self.serializer = serializer;
+        self
+    }
+
     /// The exchange's name.
     #[must_use]
     pub fn exchange_name(&self) -> &str {
@@ -347,6 +358,7 @@ impl AmqpOptions {
                     o.connect_timeout = parse_duration(value).map_err(|e| bad(&e))?
                 }
                 "max_backoff" => o.max_backoff = parse_duration(value).map_err(|e| bad(&e))?,
+                "serializer" => o.serializer = value.parse().map_err(|e| bad(&format!("{e}")))?,
                 other => {
                     if let Some(q) = bracket(other, "queues") {
                         let i = queue_entry(&mut queues, q);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use courier_core::{
     Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Envelope, MessageCount, MessageRegistry,
     PriorityStamp, Setup, Stamp, Transport, TransportError, TransportErrorKind,
-    TransportMessageIdStamp, async_trait, encode,
+    TransportMessageIdStamp, async_trait, encode_with,
 };
 use lapin::options::BasicPublishOptions;
 use lapin::{Confirmation, PublisherConfirm};
@@ -148,7 +148,7 @@ impl AmqpTransport {
         target: &Target<'_>,
     ) -> Result<(PublisherConfirm, String), TransportError> {
         self.capabilities.check_delay(self.name(), envelope)?;
-        let encoded = encode(envelope).map_err(|e| {
+        let encoded = encode_with(envelope, self.link.options.serializer).map_err(|e| {
             TransportError::new(TransportErrorKind::Encode, self.name().to_owned()).with_source(e)
         })?;
         let o = &self.link.options;

@@ -39,6 +39,11 @@ impl Middleware for Deduplication {
             names.iter().cloned().map(Some).collect()
         };
         for target in targets {
+            if target.as_deref().is_some_and(|t| bus.transport(t).is_none()) {
+                // Unknown transport: the send step names it.
+                kept.extend(target);
+                continue;
+            }
             let (store, key) = store_for(bus, target.as_deref(), &envelope, &stamp.key)?;
             let fresh = match store.deduplicate(&key, stamp.ttl).await {
                 Ok(fresh) => fresh,

@@ -222,11 +222,14 @@ pub struct EncodeError {
     pub source: serde_json::Error,
 }
 
+type JsonDecodeFn = fn(&str) -> Result<Arc<dyn AnyMessage>, serde_json::Error>;
+type MsgpackDecodeFn = fn(&[u8]) -> Result<Arc<dyn AnyMessage>, rmp_serde::decode::Error>;
+
 /// How one message type is read from each body format.
 #[derive(Clone, Copy)]
 pub(crate) struct DecodeFn {
-    json: fn(&str) -> Result<Arc<dyn AnyMessage>, serde_json::Error>,
-    msgpack: fn(&[u8]) -> Result<Arc<dyn AnyMessage>, rmp_serde::decode::Error>,
+    json: JsonDecodeFn,
+    msgpack: MsgpackDecodeFn,
 }
 
 impl DecodeFn {
