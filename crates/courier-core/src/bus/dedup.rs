@@ -39,7 +39,10 @@ impl Middleware for Deduplication {
             names.iter().cloned().map(Some).collect()
         };
         for target in targets {
-            if target.as_deref().is_some_and(|t| bus.transport(t).is_none()) {
+            if target
+                .as_deref()
+                .is_some_and(|t| bus.transport(t).is_none())
+            {
                 // Unknown transport: the send step names it.
                 kept.extend(target);
                 continue;
