@@ -76,3 +76,43 @@ async fn the_config_signing_table_signs_what_the_bus_built_from_it_sends() {
     let keys = courier_core::SigningKeys::new([signing::NEW_KEY]).unwrap();
     assert_eq!(Some(signature.key.as_str()), keys.ids().next());
 }
+
+#[tokio::test]
+async fn a_stamp_a_worker_hook_adds_does_not_break_the_signature() {
+    let queue = Arc::new(InMemoryTransport::with_options(
+        InMemoryOptions::default().serialize(true),
+        courier_test::registry(),
+    ));
+    signing::producer(&[signing::NEW_KEY], queue.clone())
+        .dispatch(TestMessage::new(1))
+        .await
+        .unwrap();
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = handled.clone();
+    let bus = courier_core::MessageBus::builder()
+        .messages(courier_test::registry())
+        .signing(
+            courier_core::Signing::new(
+                courier_core::SigningKeys::new([signing::NEW_KEY]).unwrap(),
+            )
+            .messages(["courier.*"]),
+        )
+        .handler_fn("count", move |_: Arc<TestMessage>| {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok::<(), courier_core::HandlerError>(()) }
+        })
+        .build();
+    let stats = courier_core::Worker::builder(bus)
+        .receiver("queue", queue)
+        .on_received(|r| r.add_stamp(courier_core::PriorityStamp(7)))
+        .limit(1)
+        .build()
+        .run(courier_core::CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        handled.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "{stats:?}"
+    );
+}

@@ -16,12 +16,24 @@ pub const UNSIGNED_STAMPS: [&str; 6] = [
     crate::SentToFailureTransportStamp::NAME,
 ];
 
-/// The byte string the signature of `envelope` covers (version 1).
+/// The byte string the signature of `envelope` covers (version 1). For a received envelope,
+/// only the stamps it was received with count: those before its first
+/// [`ReceivedStamp`](crate::ReceivedStamp), not those a worker hook added since.
 ///
 /// # Errors
 /// [`EncodeError`] when the message does not serialize.
 pub fn signing_input(envelope: &Envelope) -> Result<Vec<u8>, EncodeError> {
-    let wire = encode(envelope)?;
+    let received_at = envelope
+        .stamp_names()
+        .position(|n| n == crate::ReceivedStamp::NAME);
+    let wire = match received_at {
+        Some(at) => {
+            let mut as_received = envelope.clone();
+            as_received.stamps.truncate(at);
+            encode(&as_received)?
+        }
+        None => encode(envelope)?,
+    };
     let mut out = Vec::with_capacity(wire.body.len() + 256);
     netstring(&mut out, b"courier-signature-v1");
     netstring(
@@ -64,6 +76,19 @@ mod tests {
     }
     impl Message for Ping {
         const NAME: &'static str = "app.ping";
+    }
+
+    #[test]
+    fn stamps_added_after_receipt_are_not_covered() {
+        let sent = Envelope::new(Ping { n: 1 }).with(BusNameStamp("default".into()));
+        let received = sent
+            .clone()
+            .with(crate::ReceivedStamp("async".into()))
+            .with(crate::PriorityStamp(3));
+        assert_eq!(
+            signing_input(&sent).unwrap_or_default(),
+            signing_input(&received).unwrap_or_default()
+        );
     }
 
     #[test]

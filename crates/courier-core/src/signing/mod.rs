@@ -51,7 +51,9 @@
 //! [{"key":"<key id>","hmac":"<hex>"}]`); the key id is the first 8 bytes of SHA-256 over
 //! `courier-signing-key-id:` and the key, in hex, so a verifier picks the key without trying each.
 //! Add other sendable stamps before the message is dispatched, or in middleware: the bus signs
-//! after every middleware.
+//! after every middleware. On receive, stamps added after the message was received (by a
+//! worker's received hook) are not covered: the check reads the stamps before the envelope's
+//! first [`ReceivedStamp`](crate::ReceivedStamp), the ones it came with.
 
 mod canonical;
 mod config;
