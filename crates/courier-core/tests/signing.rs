@@ -92,10 +92,8 @@ async fn a_stamp_a_worker_hook_adds_does_not_break_the_signature() {
     let bus = courier_core::MessageBus::builder()
         .messages(courier_test::registry())
         .signing(
-            courier_core::Signing::new(
-                courier_core::SigningKeys::new([signing::NEW_KEY]).unwrap(),
-            )
-            .messages(["courier.*"]),
+            courier_core::Signing::new(courier_core::SigningKeys::new([signing::NEW_KEY]).unwrap())
+                .messages(["courier.*"]),
         )
         .handler_fn("count", move |_: Arc<TestMessage>| {
             count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

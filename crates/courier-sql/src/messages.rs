@@ -246,19 +246,18 @@ where
     async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error> {
         let mut applied = {
             let _turn = self.write_turn().await;
-            let mut applied = migrate::migrate(
+            migrate::migrate(
                 &self.pool,
                 &migrate::MESSAGES,
                 &[("{messages}", &self.table)],
             )
-            .await?;
-            let dedup = crate::dedup::dedup_table(&self.table);
-            applied.extend(
-                migrate::migrate(&self.pool, &migrate::DEDUP, &[("{dedup}", &dedup)]).await?,
-            );
-            applied
+            .await?
         };
         applied.extend(self.setup_workers().await?);
+        let _turn = self.write_turn().await;
+        let dedup = crate::dedup::dedup_table(&self.table);
+        applied
+            .extend(migrate::migrate(&self.pool, &migrate::DEDUP, &[("{dedup}", &dedup)]).await?);
         Ok(applied)
     }
 
