@@ -10,28 +10,158 @@ use std::time::Duration;
 
 use common::{Env, wait};
 
-const CONFIG: &str = r#"
-[transports.async]
-dsn = "sqlite://courier.db"
-failure_transport = "failed"
+/// Where the three transports (`async`, `other`, `failed`) live, and how a raw producer writes
+/// a message there.
+enum Place {
+    Sqlite,
+    #[cfg(feature = "postgres")]
+    Postgres {
+        url: String,
+        table: String,
+    },
+    #[cfg(feature = "redis")]
+    Redis {
+        url: String,
+        stream: String,
+    },
+}
 
-[transports.other]
-dsn = "sqlite://courier.db?queue_name=other"
+fn url(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("set {var} (scripts/services prints it), then run with --include-ignored")
+    })
+}
 
-[transports.failed]
-dsn = "sqlite://courier.db?queue_name=failed"
-"#;
+fn unique() -> String {
+    format!("courier_fi_{:08x}", fastrand::u32(..))
+}
+
+impl Place {
+    fn config(&self) -> String {
+        let dsns: [String; 3] = match self {
+            Self::Sqlite => [
+                "sqlite://courier.db".into(),
+                "sqlite://courier.db?queue_name=other".into(),
+                "sqlite://courier.db?queue_name=failed".into(),
+            ],
+            #[cfg(feature = "postgres")]
+            Self::Postgres { url, table } => [
+                format!("{url}?table_name={table}"),
+                format!("{url}?table_name={table}&queue_name=other"),
+                format!("{url}?table_name={table}&queue_name=failed"),
+            ],
+            #[cfg(feature = "redis")]
+            Self::Redis { url, stream } => [
+                format!("{url}?stream={stream}"),
+                format!("{url}?stream={stream}_other"),
+                format!("{url}?stream={stream}_failed"),
+            ],
+        };
+        format!(
+            "[transports.async]\ndsn = \"{}\"\nfailure_transport = \"failed\"\n\
+             [transports.other]\ndsn = \"{}\"\n[transports.failed]\ndsn = \"{}\"\n",
+            dsns[0], dsns[1], dsns[2]
+        )
+    }
+
+    /// Writes message `n` of type `kind` to the `async` transport as a raw producer would.
+    fn seed(&self, env: &Env, n: u32, kind: &str) {
+        let body = format!("{{\"n\":{n}}}");
+        let headers = format!("{{\"type\":\"{kind}\",\"content-type\":\"application/json\"}}");
+        let insert = |table: &str| {
+            format!(
+                "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at) \
+                 VALUES ('default', '{body}', '{headers}', 0, 0, {n})"
+            )
+        };
+        match self {
+            Self::Sqlite => env.sql(&insert("courier_messages")),
+            #[cfg(feature = "postgres")]
+            Self::Postgres { url, table } => common::block_on(async {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+                sqlx::query(&insert(table))
+                    .execute(&mut conn)
+                    .await
+                    .expect("insert");
+            }),
+            #[cfg(feature = "redis")]
+            Self::Redis { url, stream } => common::block_on(async {
+                let client = redis::Client::open(url.as_str()).expect("redis url");
+                let mut conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect");
+                redis::cmd("XADD")
+                    .arg(stream)
+                    .arg("*")
+                    .arg("body")
+                    .arg(&body)
+                    .arg("headers")
+                    .arg(&headers)
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .expect("xadd");
+            }),
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        match self {
+            Self::Sqlite => {}
+            #[cfg(feature = "postgres")]
+            Self::Postgres { url, table } => common::block_on(async {
+                use sqlx::Connection;
+                let Ok(mut conn) = sqlx::PgConnection::connect(url).await else {
+                    return;
+                };
+                let workers = format!("{table}_workers");
+                for t in [
+                    table.clone(),
+                    format!("{table}_migrations"),
+                    format!("{workers}_migrations"),
+                    workers,
+                    format!("{table}_dedup"),
+                    format!("{table}_dedup_migrations"),
+                ] {
+                    let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            }),
+            #[cfg(feature = "redis")]
+            Self::Redis { url, stream } => common::block_on(async {
+                let Ok(client) = redis::Client::open(url.as_str()) else {
+                    return;
+                };
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                    return;
+                };
+                let mut del = redis::cmd("DEL");
+                for s in [
+                    stream.clone(),
+                    format!("{stream}_other"),
+                    format!("{stream}_failed"),
+                ] {
+                    del.arg(format!("{s}:delayed"))
+                        .arg(format!("{s}:delayed:data"))
+                        .arg(s);
+                }
+                let _ = del.query_async::<()>(&mut conn).await;
+            }),
+        }
+    }
+}
 
 /// Three messages of unknown types (`app.a`, `app.a`, `app.b`) moved to the failure transport.
-fn with_failed() -> Env {
+fn with_failed(place: &Place) -> Env {
     let env = Env::empty();
-    env.write("courier.toml", CONFIG);
+    env.write("courier.toml", &place.config());
     env.run(&["setup"]).ok();
     for (n, kind) in [(1, "app.a"), (2, "app.a"), (3, "app.b")] {
-        env.sql(&format!(
-            "INSERT INTO courier_messages (queue_name, body, headers, priority, created_at, available_at) \
-             VALUES ('default', '{{\"n\":{n}}}', '{{\"type\":\"{kind}\",\"content-type\":\"application/json\"}}', 0, 0, {n})"
-        ));
+        place.seed(&env, n, kind);
     }
     env.run(&["consume", "async", "--limit", "3", "--sleep", "20ms"])
         .ok();
@@ -66,9 +196,8 @@ fn on_terminal(env: &Env, args: &str, answers: &str) -> common::Run {
     wait(child, Duration::from_secs(60))
 }
 
-#[test]
-fn failed_show_counts_by_type_and_error_class_and_filters_by_type() {
-    let env = with_failed();
+fn failed_show_counts_by_type_and_error_class_and_filters_by_type(place: &Place) {
+    let env = with_failed(place);
     let stats = failed(&env, &["show", "--stats"]);
     assert_eq!(
         stats,
@@ -89,9 +218,8 @@ fn failed_show_counts_by_type_and_error_class_and_filters_by_type() {
     assert!(one.contains("body") && one.contains(r#"{"n":3}"#), "{one}");
 }
 
-#[test]
-fn failed_retry_class_filter_and_to_send_only_that_type_to_the_chosen_transport() {
-    let env = with_failed();
+fn failed_retry_class_filter_and_to_send_only_that_type_to_the_chosen_transport(place: &Place) {
+    let env = with_failed(place);
     let out = failed(
         &env,
         &["retry", "--all", "--class-filter", "app.a", "--to", "other"],
@@ -110,9 +238,8 @@ fn failed_retry_class_filter_and_to_send_only_that_type_to_the_chosen_transport(
     assert!(err.contains("unknown transport `nope`"), "{err}");
 }
 
-#[test]
-fn failed_retry_on_a_terminal_shows_each_message_and_asks() {
-    let env = with_failed();
+fn failed_retry_on_a_terminal_shows_each_message_and_asks(place: &Place) {
+    let env = with_failed(place);
     // Oldest first: the first is retried, the second skipped, the third deleted.
     let run = on_terminal(&env, "failed retry --all", "r\ns\nd\n");
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
@@ -166,3 +293,43 @@ fn failed_retry_on_a_terminal_shows_each_message_and_asks() {
     let stats = env.run(&["stats", "--format", "json"]).json();
     assert_eq!(stats["failed"], 0, "{stats}");
 }
+
+/// One `#[test]` per case on SQLite, and ignored-until-configured ones on PostgreSQL and Redis.
+macro_rules! on_every_store {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[test]
+            fn $case() {
+                super::$case(&super::Place::Sqlite);
+            })*
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(#[test]
+            #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+            fn $case() {
+                super::$case(&super::Place::Postgres {
+                    url: super::url("COURIER_TEST_POSTGRES_URL"),
+                    table: super::unique(),
+                });
+            })*
+        }
+        #[cfg(feature = "redis")]
+        mod redis_streams {
+            $(#[test]
+            #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+            fn $case() {
+                super::$case(&super::Place::Redis {
+                    url: super::url("COURIER_TEST_REDIS_URL"),
+                    stream: super::unique(),
+                });
+            })*
+        }
+    };
+}
+
+on_every_store!(
+    failed_show_counts_by_type_and_error_class_and_filters_by_type,
+    failed_retry_class_filter_and_to_send_only_that_type_to_the_chosen_transport,
+    failed_retry_on_a_terminal_shows_each_message_and_asks,
+);

@@ -89,17 +89,20 @@ impl Listable for RedisTransport {
         if limit == 0 {
             return Ok(Vec::new());
         }
+        // Redis takes counts and ranges as signed 64-bit integers: "all" (`usize::MAX`, as
+        // `failed remove --all` asks) is the largest it accepts.
+        let count = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut pipe = redis::pipe();
         pipe.cmd("XRANGE")
             .arg(&self.options.stream)
             .arg("-")
             .arg("+")
             .arg("COUNT")
-            .arg(limit);
+            .arg(count);
         pipe.cmd("ZRANGE")
             .arg(&self.delayed_key)
             .arg(0)
-            .arg(limit - 1);
+            .arg(count - 1);
         let (range, delayed): (Value, Vec<String>) = self
             .query(&pipe)
             .await

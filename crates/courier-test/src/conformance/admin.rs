@@ -49,6 +49,17 @@ pub async fn listable_finds_lists_and_removes_by_id(h: &dyn Harness) {
         vec![0, 1, 2],
         "list must return every stored message, oldest first"
     );
+    let unbounded = ok(
+        h,
+        "list (usize::MAX, as `--all` asks)",
+        list.list(usize::MAX),
+    )
+    .await;
+    assert_eq!(
+        seqs(&unbounded),
+        vec![0, 1, 2],
+        "list(usize::MAX) must mean all of them"
+    );
     let listed: Vec<String> = all.iter().map(|e| id(e, "list")).collect();
     assert_eq!(listed, ids, "list must return the ids send returned");
     let one = ok(h, "list(1)", list.list(1)).await;
