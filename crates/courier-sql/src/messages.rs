@@ -40,7 +40,6 @@ pub(crate) trait MessageDialect: SqlDatabase {
     /// grouped predicate.
     async fn for_deliveries(
         _m: &Messages<Self>,
-        _conn: &mut Self::Connection,
         _head: &str,
         _deliveries: &[(i64, i64)],
     ) -> Option<Result<u64, sqlx::Error>> {
@@ -311,35 +310,42 @@ where
 
     async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error> {
         let _turn = self.write_turn().await;
-        if DB::DIALECT == Dialect::Mysql {
+        let mut rows: Vec<StoredRow> = if DB::DIALECT == Dialect::Mysql {
             // SELECT ... FOR UPDATE SKIP LOCKED, then one UPDATE, in one READ COMMITTED
             // transaction (no gap locks, so claims, inserts and deletes do not deadlock).
             let mut tx = self.pool.begin().await?;
-            let rows = self.claim_on(&mut tx, max, delivery_id).await?;
+            let rows: Vec<StoredRow> = sqlx::query_as(&self.sql.claim)
+                .bind(self.queue.as_str())
+                .bind(self.redeliver_ms)
+                .bind(limit(max))
+                .fetch_all(&mut *tx)
+                .await?;
+            if rows.is_empty() {
+                tx.rollback().await?;
+                return Ok(rows);
+            }
+            let sql = DB::DIALECT.render(&format!(
+                "UPDATE {} SET delivered_at = {{now}}, delivery_id = ? WHERE id IN ({})",
+                self.table,
+                vec!["?"; rows.len()].join(", ")
+            ));
+            let mut q = sqlx::query(&sql).bind(delivery_id);
+            for r in &rows {
+                q = q.bind(r.id);
+            }
+            q.execute(&mut *tx).await?;
             tx.commit().await?;
-            return Ok(rows);
-        }
-        let mut conn = self.pool.acquire().await?;
-        self.claim_on(&mut conn, max, delivery_id).await
-    }
-
-    async fn delete_and_claim(
-        &self,
-        deliveries: &[(i64, i64)],
-        max: usize,
-        delivery_id: i64,
-    ) -> Result<Vec<StoredRow>, sqlx::Error> {
-        if deliveries.is_empty() {
-            return self.claim(max, delivery_id).await;
-        }
-        let _turn = self.write_turn().await;
-        // One transaction, one commit (one fsync where commits sync) for both halves: the
-        // acks of the last batch and the claim of the next. Either both happen or neither.
-        let mut tx = self.pool.begin().await?;
-        self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
-            .await?;
-        let rows = self.claim_on(&mut tx, max, delivery_id).await?;
-        tx.commit().await?;
+            rows
+        } else {
+            sqlx::query_as(&self.sql.claim)
+                .bind(self.queue.as_str())
+                .bind(self.redeliver_ms)
+                .bind(limit(max))
+                .bind(delivery_id)
+                .fetch_all(&self.pool)
+                .await?
+        };
+        sort_claimed(&mut rows);
         Ok(rows)
     }
 
@@ -472,27 +478,14 @@ where
         head: &str,
         deliveries: &[(i64, i64)],
     ) -> Result<u64, sqlx::Error> {
-        if deliveries.len() > CHUNK {
-            let mut tx = self.pool.begin().await?;
-            let matched = self.for_deliveries_on(&mut tx, head, deliveries).await?;
-            tx.commit().await?;
-            return Ok(matched);
-        }
-        let mut conn = self.pool.acquire().await?;
-        self.for_deliveries_on(&mut conn, head, deliveries).await
-    }
-
-    /// `head WHERE <deliveries>` on `conn`, in chunks (the dialect's own form when it has one);
-    /// returns the rows matched.
-    async fn for_deliveries_on(
-        &self,
-        conn: &mut DB::Connection,
-        head: &str,
-        deliveries: &[(i64, i64)],
-    ) -> Result<u64, sqlx::Error> {
-        if let Some(done) = DB::for_deliveries(self, conn, head, deliveries).await {
+        if let Some(done) = DB::for_deliveries(self, head, deliveries).await {
             return done;
         }
+        let mut tx = if deliveries.len() > CHUNK {
+            Some(self.pool.begin().await?)
+        } else {
+            None
+        };
         let mut matched = 0;
         for chunk in deliveries.chunks(CHUNK) {
             let (predicate, binds) = grouped_deliveries(chunk);
@@ -501,55 +494,16 @@ where
             for b in binds {
                 q = q.bind(b);
             }
-            matched += DB::rows_affected(&q.execute(&mut *conn).await?);
+            let done = match tx.as_mut() {
+                Some(tx) => q.execute(&mut **tx).await?,
+                None => q.execute(&self.pool).await?,
+            };
+            matched += DB::rows_affected(&done);
+        }
+        if let Some(tx) = tx {
+            tx.commit().await?;
         }
         Ok(matched)
-    }
-
-    /// Claims up to `max` rows on `conn` (MySQL: the select and the update, in the caller's
-    /// transaction); returns them in claim order.
-    async fn claim_on(
-        &self,
-        conn: &mut DB::Connection,
-        max: usize,
-        delivery_id: i64,
-    ) -> Result<Vec<StoredRow>, sqlx::Error>
-    where
-        for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
-        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    {
-        let mut rows: Vec<StoredRow> = if DB::DIALECT == Dialect::Mysql {
-            let rows: Vec<StoredRow> = sqlx::query_as(&self.sql.claim)
-                .bind(self.queue.as_str())
-                .bind(self.redeliver_ms)
-                .bind(limit(max))
-                .fetch_all(&mut *conn)
-                .await?;
-            if rows.is_empty() {
-                return Ok(rows);
-            }
-            let sql = DB::DIALECT.render(&format!(
-                "UPDATE {} SET delivered_at = {{now}}, delivery_id = ? WHERE id IN ({})",
-                self.table,
-                vec!["?"; rows.len()].join(", ")
-            ));
-            let mut q = sqlx::query(&sql).bind(delivery_id);
-            for r in &rows {
-                q = q.bind(r.id);
-            }
-            q.execute(&mut *conn).await?;
-            rows
-        } else {
-            sqlx::query_as(&self.sql.claim)
-                .bind(self.queue.as_str())
-                .bind(self.redeliver_ms)
-                .bind(limit(max))
-                .bind(delivery_id)
-                .fetch_all(&mut *conn)
-                .await?
-        };
-        sort_claimed(&mut rows);
-        Ok(rows)
     }
 }
 

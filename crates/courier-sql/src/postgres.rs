@@ -130,7 +130,6 @@ impl MessageDialect for Postgres {
 
     async fn for_deliveries(
         m: &Messages<Self>,
-        conn: &mut PgConnection,
         head: &str,
         deliveries: &[(i64, i64)],
     ) -> Option<Result<u64, sqlx::Error>> {
@@ -138,12 +137,16 @@ impl MessageDialect for Postgres {
         let q = match deliveries.first() {
             Some(&(_, tag)) if deliveries.iter().all(|d| d.1 == tag) => {
                 let sql = format!("{head}{}", m.state.same_delivery);
-                sqlx::query(&sql).bind(ids).bind(tag).execute(conn).await
+                sqlx::query(&sql).bind(ids).bind(tag).execute(&m.pool).await
             }
             _ => {
                 let tags: Vec<i64> = deliveries.iter().map(|d| d.1).collect();
                 let sql = format!("{head}{}", m.state.pairs);
-                sqlx::query(&sql).bind(ids).bind(tags).execute(conn).await
+                sqlx::query(&sql)
+                    .bind(ids)
+                    .bind(tags)
+                    .execute(&m.pool)
+                    .await
             }
         };
         Some(q.map(|done| done.rows_affected()))
