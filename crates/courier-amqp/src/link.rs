@@ -51,6 +51,13 @@ pub(crate) struct Link {
     delay_queues: Mutex<HashSet<(DelayRoute, u64)>>,
 }
 
+impl Link {
+    /// The broker URI and the transport's name (for another view of the same transport).
+    pub(crate) fn identity(&self) -> (&str, &str) {
+        (&self.uri, &self.name)
+    }
+}
+
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Link")

@@ -289,6 +289,28 @@ impl AmqpTransport {
     }
 }
 
+/// One of the transport's queues (`consume --queues`): a transport on its own connection that
+/// consumes that queue only; what it sends still goes to the exchange.
+#[async_trait]
+impl courier_core::Queues for AmqpTransport {
+    async fn queue(&self, queue: &str) -> Result<Arc<dyn Transport>, TransportError> {
+        let (uri, name) = self.link.identity();
+        let queues = self.link.options.queue_options();
+        let Some(chosen) = queues.iter().find(|q| q.name() == queue) else {
+            let known: Vec<&str> = queues.iter().map(crate::QueueOptions::name).collect();
+            return Err(
+                TransportError::new(TransportErrorKind::Config, name.to_owned()).with_context(
+                    format!("no queue `{queue}` (its queues: {})", known.join(", ")),
+                ),
+            );
+        };
+        let options = self.link.options.clone().queues([chosen.clone()]);
+        let view = Self::new(name, uri, options, self.registry.clone());
+        view.link.session().await?;
+        Ok(Arc::new(view))
+    }
+}
+
 #[async_trait]
 impl Transport for AmqpTransport {
     fn messaging_system(&self) -> &'static str {
@@ -382,6 +404,10 @@ impl Transport for AmqpTransport {
     }
 
     fn as_message_count(&self) -> Option<&dyn MessageCount> {
+        Some(self)
+    }
+
+    fn as_queues(&self) -> Option<&dyn courier_core::Queues> {
         Some(self)
     }
 

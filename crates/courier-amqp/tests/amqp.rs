@@ -444,3 +444,31 @@ async fn a_consumer_cancelled_by_the_broker_redeclares_and_resumes() {
     assert_eq!(got.iter().map(seq).collect::<Vec<_>>(), vec![5]);
     op("ack", t.ack(&got[0])).await;
 }
+
+/// `consume --queues`: a view of one queue of a two-queue transport receives from that queue
+/// only; the other queue keeps its copy, and an unknown queue is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
+async fn a_queue_view_consumes_that_queue_only() {
+    use courier_core::Queues;
+    let h = AmqpHarness::new();
+    let ex = AmqpHarness::unique("courier_amqp_view");
+    let (qa, qb) = (format!("{ex}_a"), format!("{ex}_b"));
+    let both = AmqpOptions::new(&ex)
+        .queues([QueueOptions::new(&qa), QueueOptions::new(&qb)])
+        .poll_window(Duration::from_millis(300));
+    let t = h.make(both).await;
+    op("send", t.send(message(7))).await;
+    let queues = t.as_queues().expect("AMQP has queues");
+    let a = op("queue a", queues.queue(&qa)).await;
+    let got = recv(a.as_ref(), 1).await;
+    assert_eq!(seq(&got[0]), 7);
+    op("ack", a.ack(&got[0])).await;
+    assert!(op("get a", a.get(10)).await.is_empty(), "a is drained");
+    let b = op("queue b", queues.queue(&qb)).await;
+    let got = recv(b.as_ref(), 1).await;
+    assert_eq!(seq(&got[0]), 7, "b kept its copy");
+    op("ack", b.ack(&got[0])).await;
+    let err = queues.queue("nope").await.err().expect("unknown queue");
+    assert!(err.to_string().contains("no queue `nope`"), "{err}");
+}

@@ -214,7 +214,7 @@ async fn receivers(
         }
         let Some(queues) = transport.as_queues() else {
             return Err(CliError::usage(format!(
-                "transport `{name}` has a single queue: --queues needs a transport with several (SQL)"
+                "transport `{name}` has a single queue: --queues needs a transport with several (SQL, AMQP)"
             )));
         };
         for queue in &args.queues {
