@@ -50,6 +50,7 @@ mod message;
 pub mod metrics;
 pub mod retry;
 pub mod signing;
+pub mod schedule;
 mod stamp;
 pub mod trace;
 mod transport;
@@ -78,6 +79,10 @@ pub use failed::{rfc3339, rfc3339_ms};
 pub use message::Message;
 pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
 pub use signing::{SignatureStamp, Signing, SigningKeys};
+pub use schedule::{
+    InMemoryScheduleStore, Missed, Schedule, ScheduleState, ScheduleStore, Scheduler, Trigger,
+    shared_schedule_store,
+};
 pub use stamp::*;
 pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{

@@ -283,6 +283,12 @@ pub trait Transport: Send + Sync + Debug {
         None
     }
 
+    /// The schedule store in this transport's store (a table, a key per schedule), where the
+    /// workers share the leases and last fired ticks of the recurring schedules.
+    fn as_schedule_store(&self) -> Option<&dyn crate::schedule::ScheduleStore> {
+        None
+    }
+
     /// What the transport can do.
     fn capabilities(&self) -> Capabilities;
 }
