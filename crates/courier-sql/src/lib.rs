@@ -93,6 +93,7 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transport;
+mod schedules;
 mod workers;
 
 pub use dialect::{
@@ -111,4 +112,5 @@ pub use pool::sqlite_pool;
 pub use pool::{ConnectionIds, mysql_pool};
 pub use pool::{PoolSettings, SqlDatabase};
 pub use transport::SqlTransport;
+pub use schedules::schedules_table;
 pub use workers::workers_table;

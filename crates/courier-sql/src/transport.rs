@@ -34,6 +34,8 @@ pub struct SqlTransport {
     wake: Arc<Wake>,
     /// The worker registry beside the table (`<table>_workers`).
     workers: Box<dyn WorkerRegistry>,
+    /// The schedule store beside the table (`<table>_schedules`).
+    schedules: Box<dyn courier_core::ScheduleStore>,
     /// Migrations applied since it connected and not yet reported by `setup_report`.
     applied: std::sync::Mutex<Vec<String>>,
 }
@@ -84,8 +86,10 @@ impl SqlTransport {
         let backend = crate::connect::backend(&name, dsn, &options).await?;
         let location = courier_core::redact(dsn.expose_without_query());
         let workers = backend.workers(&name, &location, options.worker_stale_after);
+        let schedules = backend.schedules(&name, &location);
         let transport = Self {
             workers,
+            schedules,
             name,
             dsn: dsn.clone(),
             options,
@@ -568,6 +572,10 @@ impl Transport for SqlTransport {
         Some(self)
     }
 
+    fn as_schedule_store(&self) -> Option<&dyn courier_core::ScheduleStore> {
+        Some(&*self.schedules)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .with_delay(None)
@@ -779,6 +787,9 @@ mod tests {
         async fn setup_workers(&self) -> Result<Vec<Applied>, sqlx::Error> {
             Ok(Vec::new())
         }
+        fn schedules(&self, _: &str, _: &str) -> Box<dyn courier_core::ScheduleStore> {
+            Box::new(courier_core::InMemoryScheduleStore::new())
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -791,6 +802,7 @@ mod tests {
             registry: Arc::new(MessageRegistry::new()),
             backend: Box::new(backend.clone()),
             workers: Box::new(courier_core::InMemoryWorkerRegistry::new()),
+            schedules: Box::new(courier_core::InMemoryScheduleStore::new()),
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
         };
