@@ -90,10 +90,10 @@ mod options;
 mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod schedules;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transport;
-mod schedules;
 mod workers;
 
 pub use dialect::{
@@ -111,6 +111,6 @@ pub use pool::sqlite_pool;
 #[cfg(feature = "mysql")]
 pub use pool::{ConnectionIds, mysql_pool};
 pub use pool::{PoolSettings, SqlDatabase};
-pub use transport::SqlTransport;
 pub use schedules::schedules_table;
+pub use transport::SqlTransport;
 pub use workers::workers_table;

@@ -104,7 +104,9 @@ pub static SCHEDULES: Migrations = Migrations {
         description: "courier schedules",
         sqlite: include_str!("../migrations/sqlite/0006_courier_schedules.sql"),
         postgres: include_str!("../migrations/postgres/0006_courier_schedules.sql"),
-        mysql: Some(include_str!("../migrations/mysql/0006_courier_schedules.sql")),
+        mysql: Some(include_str!(
+            "../migrations/mysql/0006_courier_schedules.sql"
+        )),
         present_when: None,
     }],
 };

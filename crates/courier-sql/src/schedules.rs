@@ -189,7 +189,10 @@ mod tests {
         assert_eq!(schedules_table("courier_messages"), "courier_schedules");
         assert_eq!(schedules_table("jobs"), "jobs_schedules");
         let longest = "a".repeat(crate::MAX_TABLE_NAME_LEN);
-        assert!(schedules_table(&longest).len() <= 63, "fits PostgreSQL's names");
+        assert!(
+            schedules_table(&longest).len() <= 63,
+            "fits PostgreSQL's names"
+        );
     }
 
     #[test]
