@@ -82,6 +82,13 @@ pub(crate) enum Command {
     /// "stop_requested"}, oldest first (times RFC 3339, plus the raw epoch ms).
     #[command(verbatim_doc_comment)]
     Workers,
+    /// The configured schedules with their next fire time, last fired tick and lease holder
+    ///
+    /// JSON: an array of {"name", "message", "trigger", "missed", "next_fire", "next_fire_ms",
+    /// "last_fired", "last_fired_ms", "owner", "store"}, by name (times RFC 3339, plus the raw
+    /// epoch ms; null when unknown).
+    #[command(verbatim_doc_comment)]
+    Schedules,
     /// Durable agent runs
     #[command(subcommand)]
     Runs(RunsCommand),

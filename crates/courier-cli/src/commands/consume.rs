@@ -106,6 +106,9 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     if let Some(m) = args.memory_limit {
         builder = builder.memory_limit(m);
     }
+    if let Some(scheduler) = crate::schedules::scheduler(&transports, &worker_id)? {
+        tasks.push(("scheduler", tokio::spawn(scheduler.run(helpers.clone()))));
+    }
     match crate::registry::for_consume(ctx, &transports, &consumed).await {
         Some(found) => {
             tracing::info!(courier.worker.id = %worker_id, registry = %found.what,
