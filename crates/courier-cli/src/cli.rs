@@ -84,9 +84,9 @@ pub(crate) enum Command {
     Workers,
     /// The configured schedules with their next fire time, last fired tick and lease holder
     ///
-    /// JSON: an array of {"name", "message", "trigger", "missed", "next_fire", "next_fire_ms",
-    /// "last_fired", "last_fired_ms", "owner", "store"}, by name (times RFC 3339, plus the raw
-    /// epoch ms; null when unknown).
+    /// JSON: an array of {"name", "message", "agent", "trigger", "missed", "next_fire",
+    /// "next_fire_ms", "last_fired", "last_fired_ms", "owner", "store"}, by name (times RFC
+    /// 3339, plus the raw epoch ms; null when unknown).
     #[command(verbatim_doc_comment)]
     Schedules,
     /// Durable agent runs

@@ -1,8 +1,9 @@
 //! `[schedules]` with real `consume` processes on PostgreSQL and Redis: a schedule firing every
 //! second on 3 workers fires once per second in total (30 +-1 over 30 s), and a worker SIGKILLed
 //! while holding the schedule's lease does not stop it (another takes the lease once it expires
-//! and catches up the ticks it owes). Ticks are counted as messages on a transport no worker
-//! consumes (`courier stats ticks`).
+//! and catches up the ticks it owes). On PostgreSQL each tick submits a `scripted` run (counted
+//! with `runs list`, the run store a SQLite file of the test's own); on Redis each tick sends a
+//! message (counted with `stats`). Either lands on a transport no worker consumes.
 
 #![cfg(any(feature = "postgres", feature = "redis"))]
 
@@ -23,14 +24,36 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{:08x}", std::process::id(), fastrand::u32(..))
 }
 
-/// Two transports (the consumed one, `async`, keeps the schedule store; `ticks` receives the
-/// scheduled message) and a schedule every second that catches up.
-fn config(consumed: &str, ticks: &str) -> String {
+/// What each tick does, and how the test counts the ticks.
+#[derive(Clone, Copy)]
+enum Action {
+    /// Sends `test.tick` to `ticks`.
+    Message,
+    /// Submits a `scripted` run (its `RunAgent` message routed to `ticks`).
+    Run,
+}
+
+/// Two transports (the consumed one, `async`, keeps the schedule store; `ticks` receives what a
+/// tick sends) and a schedule every second that catches up.
+fn config(consumed: &str, ticks: &str, action: Action) -> String {
+    let (routing, what) = match action {
+        Action::Message => (
+            "\"test.tick\" = \"ticks\"",
+            "message = \"test.tick\"\npayload = { n = 1 }",
+        ),
+        Action::Run => (
+            "\"courier.run_agent\" = \"ticks\"",
+            "agent = \"scripted\"\ninput = { steps = [] }",
+        ),
+    };
+    let runs = match action {
+        Action::Message => "",
+        Action::Run => "[runs]\nstore = \"sqlite://runs.db\"\n\n",
+    };
     format!(
         "[transports.async]\ndsn = \"{consumed}\"\n\n[transports.ticks]\ndsn = \"{ticks}\"\n\n\
-         [routing]\n\"test.tick\" = \"ticks\"\n\n\
-         [schedules.tick]\nmessage = \"test.tick\"\npayload = {{ n = 1 }}\nevery = \"1s\"\n\
-         missed = \"catch_up\"\n"
+         [routing]\n{routing}\n\n{runs}\
+         [schedules.tick]\n{what}\nevery = \"1s\"\nmissed = \"catch_up\"\n"
     )
 }
 
@@ -46,13 +69,32 @@ impl Drop for Workers {
     }
 }
 
-fn ticks(env: &Env) -> u64 {
-    let out = env
-        .run(&["--config", "c.toml", "stats", "ticks", "--format", "json"])
-        .json();
-    out["ticks"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("a count for `ticks`: {out}"))
+fn ticks(env: &Env, action: Action) -> u64 {
+    match action {
+        Action::Message => {
+            let out = env
+                .run(&["--config", "c.toml", "stats", "ticks", "--format", "json"])
+                .json();
+            out["ticks"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("a count for `ticks`: {out}"))
+        }
+        Action::Run => {
+            let out = env
+                .run(&[
+                    "--config", "c.toml", "runs", "list", "--limit", "1000", "--format", "json",
+                ])
+                .json();
+            let runs = out
+                .as_array()
+                .unwrap_or_else(|| panic!("`runs list` prints an array: {out}"));
+            assert!(
+                runs.iter().all(|r| r["agent"] == "scripted"),
+                "only scheduled runs: {out}"
+            );
+            runs.len() as u64
+        }
+    }
 }
 
 fn owner(env: &Env) -> Option<String> {
@@ -64,7 +106,10 @@ fn owner(env: &Env) -> Option<String> {
     out[0]["owner"].as_str().map(str::to_owned)
 }
 
-fn three_workers_fire_each_tick_once_and_survive_a_killed_holder(config_text: &str) {
+fn three_workers_fire_each_tick_once_and_survive_a_killed_holder(
+    config_text: &str,
+    action: Action,
+) {
     let env = Env::empty();
     env.write("c.toml", config_text);
     env.run(&["--config", "c.toml", "setup"]).ok();
@@ -87,9 +132,9 @@ fn three_workers_fire_each_tick_once_and_survive_a_killed_holder(config_text: &s
             })
             .collect(),
     );
-    eventually("the first tick", || ticks(&env) >= 1);
+    eventually("the first tick", || ticks(&env, action) >= 1);
     let start = Instant::now();
-    let first = ticks(&env);
+    let first = ticks(&env, action);
     let holder = owner(&env).unwrap_or_else(|| panic!("a lease holder once a tick fired"));
     std::thread::sleep(Duration::from_secs(5));
     let index = workers
@@ -105,7 +150,7 @@ fn three_workers_fire_each_tick_once_and_survive_a_killed_holder(config_text: &s
     });
     let left = Duration::from_secs(30).saturating_sub(start.elapsed());
     std::thread::sleep(left);
-    let fired = ticks(&env) - first;
+    let fired = ticks(&env, action) - first;
     assert!(
         (29..=31).contains(&fired),
         "30 +-1 ticks in 30 s across 3 workers (one killed), got {fired}"
@@ -115,21 +160,25 @@ fn three_workers_fire_each_tick_once_and_survive_a_killed_holder(config_text: &s
 #[cfg(feature = "postgres")]
 #[test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
-fn postgres_schedules_fire_once_per_tick_across_workers() {
+fn postgres_schedules_submit_one_run_per_tick_across_workers() {
     let dsn = url("COURIER_TEST_POSTGRES_URL");
     let table = format!("{}_messages", unique("cli_sched"));
     let sep = if dsn.contains('?') { '&' } else { '?' };
     let base = format!("{dsn}{sep}table_name={table}");
-    three_workers_fire_each_tick_once_and_survive_a_killed_holder(&config(
-        &format!("{base}&queue_name=async"),
-        &format!("{base}&queue_name=ticks"),
-    ));
+    three_workers_fire_each_tick_once_and_survive_a_killed_holder(
+        &config(
+            &format!("{base}&queue_name=async"),
+            &format!("{base}&queue_name=ticks"),
+            Action::Run,
+        ),
+        Action::Run,
+    );
 }
 
 #[cfg(feature = "redis")]
 #[test]
 #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
-fn redis_schedules_fire_once_per_tick_across_workers() {
+fn redis_schedules_send_one_message_per_tick_across_workers() {
     let dsn = url("COURIER_TEST_REDIS_URL");
     let name = unique("courier_cli_sched");
     let _keys = RedisKeys {
@@ -147,10 +196,14 @@ fn redis_schedules_fire_once_per_tick_across_workers() {
         ],
     };
     let sep = if dsn.contains('?') { '&' } else { '?' };
-    three_workers_fire_each_tick_once_and_survive_a_killed_holder(&config(
-        &format!("{dsn}{sep}stream={name}&group={name}"),
-        &format!("{dsn}{sep}stream={name}_ticks&group={name}"),
-    ));
+    three_workers_fire_each_tick_once_and_survive_a_killed_holder(
+        &config(
+            &format!("{dsn}{sep}stream={name}&group={name}"),
+            &format!("{dsn}{sep}stream={name}_ticks&group={name}"),
+            Action::Message,
+        ),
+        Action::Message,
+    );
 }
 
 /// Deletes the test's keys.

@@ -348,10 +348,12 @@ impl Config {
         for (name, s) in &self.schedules {
             s.trigger(name)?;
             s.missed(name)?;
-            if router.resolve(&s.message).is_empty() {
+            s.check_action(name)?;
+            if let Some(message) = &s.message
+                && router.resolve(message).is_empty()
+            {
                 return Err(ConfigError::new(format!(
-                    "schedules.{name}.message: no [routing] entry sends `{}` to a transport",
-                    s.message
+                    "schedules.{name}.message: no [routing] entry sends `{message}` to a transport"
                 )));
             }
         }

@@ -106,7 +106,13 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     if let Some(m) = args.memory_limit {
         builder = builder.memory_limit(m);
     }
-    if let Some(scheduler) = crate::schedules::scheduler(&transports, &worker_id)? {
+    #[cfg(feature = "runs")]
+    let run_handle = runs.runtime();
+    #[cfg(not(feature = "runs"))]
+    let run_handle = None;
+    if let Some(scheduler) =
+        crate::schedules::scheduler(ctx, &transports, &worker_id, run_handle, true)?
+    {
         tasks.push(("scheduler", tokio::spawn(scheduler.run(helpers.clone()))));
     }
     match crate::registry::for_consume(ctx, &transports, &consumed).await {

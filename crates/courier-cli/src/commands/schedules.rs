@@ -1,7 +1,7 @@
 //! `courier schedules`: the configured schedules with their next fire time, last fired tick
 //! and lease holder (from the schedule store).
 //!
-//! JSON (`--format json`): an array, by name, of `{"name", "message", "trigger", "missed",
+//! JSON (`--format json`): an array, by name, of `{"name", "message", "agent", "trigger", "missed",
 //! "next_fire", "next_fire_ms", "last_fired", "last_fired_ms", "owner", "store"}` (times RFC
 //! 3339 plus the raw epoch ms; `null` when unknown).
 
@@ -13,7 +13,9 @@ use crate::table::Table;
 
 pub(crate) async fn run(ctx: &Ctx<'_>) -> CliResult {
     let transports = ctx.connect().await?;
-    let Some(scheduler) = crate::schedules::scheduler(&transports, "courier-schedules")? else {
+    let Some(scheduler) =
+        crate::schedules::scheduler(ctx, &transports, "courier-schedules", None, false)?
+    else {
         if ctx.json() {
             return ctx.print_json(&Vec::<serde_json::Value>::new());
         }
@@ -32,7 +34,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>) -> CliResult {
                 let last = state.as_ref().and_then(|st| st.last_tick_ms);
                 serde_json::json!({
                     "name": s.name(),
-                    "message": config.schedules.get(s.name()).map(|c| c.message.clone()),
+                    "message": config.schedules.get(s.name()).and_then(|c| c.message.clone()),
+                    "agent": config.schedules.get(s.name()).and_then(|c| c.agent.clone()),
                     "trigger": s.trigger().describe(),
                     "missed": missed(s.missed_policy()),
                     "next_fire": time(*next),

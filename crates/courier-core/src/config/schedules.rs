@@ -7,7 +7,8 @@ use serde::Deserialize;
 use super::{ConfigError, de_opt_duration};
 use crate::schedule::{Missed, Trigger, parse_missed};
 
-/// One `[schedules.NAME]` table: the message sent on each tick, and when.
+/// One `[schedules.NAME]` table: what each tick does (send a message, or submit a durable run
+/// with `agent` + `input`), and when.
 ///
 /// ```toml
 /// [schedules.report]
@@ -20,16 +21,28 @@ use crate::schedule::{Missed, Trigger, parse_missed};
 /// [schedules.ping]
 /// message = "app.ping"
 /// every = "1s"
+///
+/// [schedules.cleanup]
+/// agent = "scripted"                  # submits a durable run (needs runs wired)
+/// input = { steps = [] }
+/// every = "1h"
 /// ```
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ScheduleConfig {
-    /// The wire name of the message sent on each tick.
-    pub message: String,
+    /// The wire name of the message sent on each tick (exclusive with `agent`).
+    #[serde(default)]
+    pub message: Option<String>,
     /// The message body: a TOML table sent as JSON (default `{}`).
     #[serde(default)]
     pub payload: Option<toml::Table>,
+    /// The agent of the durable run submitted on each tick (exclusive with `message`).
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// The run's input: a TOML table as JSON (default `{}`).
+    #[serde(default)]
+    pub input: Option<toml::Table>,
     /// A cron expression (exclusive with `every`).
     #[serde(default)]
     pub cron: Option<String>,
@@ -86,12 +99,40 @@ impl ScheduleConfig {
             .map_err(|e| ConfigError::new(format!("schedules.{name}.missed: {e}")))
     }
 
+    /// Checks that exactly one of `message` and `agent` is set, each with its own body key.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming `schedules.NAME.<key>`.
+    pub fn check_action(&self, name: &str) -> Result<(), ConfigError> {
+        match (&self.message, &self.agent) {
+            (Some(_), None) if self.input.is_some() => Err(ConfigError::new(format!(
+                "schedules.{name}.input: applies to `agent` only (a message takes `payload`)"
+            ))),
+            (None, Some(_)) if self.payload.is_some() => Err(ConfigError::new(format!(
+                "schedules.{name}.payload: applies to `message` only (a run takes `input`)"
+            ))),
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+            _ => Err(ConfigError::new(format!(
+                "schedules.{name}: set exactly one of `message` and `agent`"
+            ))),
+        }
+    }
+
     /// The body sent on each tick (the payload as JSON).
     #[must_use]
     pub fn body(&self) -> String {
         self.payload.as_ref().map_or_else(
             || "{}".to_owned(),
             |t| serde_json::to_string(t).unwrap_or_else(|_| "{}".to_owned()),
+        )
+    }
+
+    /// The input of the run submitted on each tick (`input` as JSON).
+    #[must_use]
+    pub fn run_input(&self) -> serde_json::Value {
+        self.input.as_ref().map_or_else(
+            || serde_json::Value::Object(serde_json::Map::new()),
+            |t| serde_json::to_value(t).unwrap_or_default(),
         )
     }
 }
