@@ -1,6 +1,8 @@
 //! Schedules on the in-memory store with a paused clock: each tick fires exactly once across
 //! several schedulers, a killed lease holder's ticks are caught up or skipped as configured.
 
+#![allow(clippy::unwrap_used, missing_docs)]
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
