@@ -81,3 +81,38 @@ impl ScheduleStore for RedisTransport {
         ))
     }
 }
+
+/// Pausing on Redis: the key `<stream>:paused` exists while the stream's queue is paused.
+#[async_trait]
+impl courier_core::Pausable for RedisTransport {
+    async fn set_paused(&self, paused: bool) -> Result<bool, TransportError> {
+        let key = format!("{}:paused", self.options.stream);
+        let mut pipe = redis::pipe();
+        if paused {
+            pipe.cmd("SET").arg(&key).arg(1).arg("NX");
+            let (set,): (Option<String>,) = self
+                .query(&pipe)
+                .await
+                .map_err(|e| self.error(e, "cannot pause the queue"))?;
+            Ok(set.is_some())
+        } else {
+            pipe.cmd("DEL").arg(&key);
+            let (gone,): (i64,) = self
+                .query(&pipe)
+                .await
+                .map_err(|e| self.error(e, "cannot resume the queue"))?;
+            Ok(gone == 1)
+        }
+    }
+
+    async fn is_paused(&self) -> Result<bool, TransportError> {
+        let key = format!("{}:paused", self.options.stream);
+        let mut pipe = redis::pipe();
+        pipe.cmd("EXISTS").arg(&key);
+        let (n,): (i64,) = self
+            .query(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot read the pause flag"))?;
+        Ok(n == 1)
+    }
+}

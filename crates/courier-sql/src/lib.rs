@@ -111,6 +111,6 @@ pub use pool::sqlite_pool;
 #[cfg(feature = "mysql")]
 pub use pool::{ConnectionIds, mysql_pool};
 pub use pool::{PoolSettings, SqlDatabase};
-pub use schedules::schedules_table;
+pub use schedules::{paused_table, schedules_table};
 pub use transport::SqlTransport;
 pub use workers::workers_table;

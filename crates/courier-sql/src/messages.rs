@@ -272,11 +272,23 @@ where
             migrate::migrate(
                 &self.pool,
                 &migrate::SCHEDULES,
-                &[("{schedules}", &schedules)],
+                &[
+                    ("{schedules}", &schedules),
+                    ("{paused}", &crate::schedules::paused_table(&self.table)),
+                ],
             )
             .await?,
         );
         Ok(applied)
+    }
+
+    fn pauses(&self, name: &str, queue: &str) -> Box<dyn courier_core::Pausable> {
+        Box::new(crate::schedules::SqlPause::new(
+            self.pool.clone(),
+            &crate::schedules::paused_table(&self.table),
+            name,
+            queue,
+        ))
     }
 
     fn schedules(&self, name: &str, location: &str) -> Box<dyn courier_core::ScheduleStore> {

@@ -36,6 +36,8 @@ pub struct SqlTransport {
     workers: Box<dyn WorkerRegistry>,
     /// The schedule store beside the table (`<table>_schedules`).
     schedules: Box<dyn courier_core::ScheduleStore>,
+    /// The queue's pause flag (`<table>_paused`).
+    pauses: Box<dyn courier_core::Pausable>,
     /// Migrations applied since it connected and not yet reported by `setup_report`.
     applied: std::sync::Mutex<Vec<String>>,
 }
@@ -87,9 +89,11 @@ impl SqlTransport {
         let location = courier_core::redact(dsn.expose_without_query());
         let workers = backend.workers(&name, &location, options.worker_stale_after);
         let schedules = backend.schedules(&name, &location);
+        let pauses = backend.pauses(&name, &options.queue_name);
         let transport = Self {
             workers,
             schedules,
+            pauses,
             name,
             dsn: dsn.clone(),
             options,
@@ -576,6 +580,10 @@ impl Transport for SqlTransport {
         Some(&*self.schedules)
     }
 
+    fn as_pausable(&self) -> Option<&dyn courier_core::Pausable> {
+        Some(&*self.pauses)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .with_delay(None)
@@ -790,6 +798,21 @@ mod tests {
         fn schedules(&self, _: &str, _: &str) -> Box<dyn courier_core::ScheduleStore> {
             Box::new(courier_core::InMemoryScheduleStore::new())
         }
+        fn pauses(&self, _: &str, _: &str) -> Box<dyn courier_core::Pausable> {
+            Box::new(NeverPaused)
+        }
+    }
+
+    struct NeverPaused;
+
+    #[async_trait]
+    impl courier_core::Pausable for NeverPaused {
+        async fn set_paused(&self, _: bool) -> Result<bool, TransportError> {
+            Ok(false)
+        }
+        async fn is_paused(&self) -> Result<bool, TransportError> {
+            Ok(false)
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -803,6 +826,7 @@ mod tests {
             backend: Box::new(backend.clone()),
             workers: Box::new(courier_core::InMemoryWorkerRegistry::new()),
             schedules: Box::new(courier_core::InMemoryScheduleStore::new()),
+            pauses: Box::new(NeverPaused),
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
         };

@@ -70,7 +70,15 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     });
     let verbose = ctx.verbose >= 1;
     let listen = counters.clone();
-    let receivers = receivers(&transports, args).await?;
+    // Each pausable receiver fetches nothing while `courier pause` says so.
+    let receivers: Vec<_> = receivers(&transports, args)
+        .await?
+        .into_iter()
+        .map(|(name, t)| {
+            let gated = courier_core::PauseGate::wrap(t.clone(), helpers.clone()).unwrap_or(t);
+            (name, gated)
+        })
+        .collect();
     let mut consumed: Vec<String> = Vec::new();
     for (name, _) in &receivers {
         if !consumed.contains(name) {

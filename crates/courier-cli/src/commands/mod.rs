@@ -30,6 +30,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
         Command::StopWorkers => stop::run(ctx).await,
         Command::Workers => workers::run(ctx).await,
         Command::Schedules => schedules::run(ctx).await,
+        Command::Pause { transport } => schedules::pause(ctx, transport, true).await,
+        Command::Resume { transport } => schedules::pause(ctx, transport, false).await,
         #[cfg(feature = "runs")]
         Command::Runs(cmd) => runs::run(ctx, cmd).await,
         #[cfg(feature = "runs")]

@@ -1,5 +1,6 @@
 //! `courier schedules`: the configured schedules with their next fire time, last fired tick
-//! and lease holder (from the schedule store).
+//! and lease holder (from the schedule store). `courier pause` / `courier resume` sit here too
+//! (a flag in the transport's server, beside the schedule store).
 //!
 //! JSON (`--format json`): an array, by name, of `{"name", "message", "agent", "trigger", "missed",
 //! "next_fire", "next_fire_ms", "last_fired", "last_fired_ms", "owner", "store"}` (times RFC
@@ -76,6 +77,33 @@ pub(crate) async fn run(ctx: &Ctx<'_>) -> CliResult {
     print!("{}", table.render());
     if let Some(store) = store {
         ctx.note(format!("{} schedule(s), stored in {store}.", rows.len()));
+    }
+    Ok(())
+}
+
+/// `courier pause T` / `courier resume T`: sets or clears the transport's pause flag.
+pub(crate) async fn pause(ctx: &Ctx<'_>, name: &str, paused: bool) -> CliResult {
+    ctx.check_transports(std::slice::from_ref(&name.to_owned()))?;
+    let transports = ctx.connect().await?;
+    let Some(pausable) = transports.get(name).and_then(|t| t.as_pausable()) else {
+        return Err(crate::error::CliError::usage(format!(
+            "transport `{name}` cannot be paused (SQL and Redis transports can)"
+        )));
+    };
+    let changed = pausable.set_paused(paused).await?;
+    if ctx.json() {
+        return ctx.print_json(&serde_json::json!({
+            "transport": name, "paused": paused, "changed": changed,
+        }));
+    }
+    let state = if paused { "paused" } else { "resumed" };
+    if changed {
+        println!("Transport `{name}` {state}.");
+    } else {
+        println!(
+            "Transport `{name}` was already {}.",
+            if paused { "paused" } else { "running" }
+        );
     }
     Ok(())
 }
