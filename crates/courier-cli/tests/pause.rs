@@ -1,9 +1,9 @@
-//! `courier pause` / `courier resume` with a real `consume` process on PostgreSQL: a paused
+//! `courier pause` / `courier resume` with a real `consume` process on PostgreSQL and Redis: a paused
 //! queue's worker fetches nothing for 3 s while another queue of the same worker keeps flowing,
 //! and resume restores the flow. Messages are sent with the library (an undecodable type: the
 //! worker moves each to the failure transport, so its queue's count shows what was fetched).
 
-#![cfg(feature = "postgres")]
+#![cfg(all(feature = "postgres", feature = "redis"))]
 
 mod common;
 
@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Env, block_on, eventually};
-use courier_core::{Dsn, Encoded, MessageRegistry, TYPE_HEADER, Transport};
+use courier_core::config::Config;
+use courier_core::{Encoded, MessageRegistry, TYPE_HEADER, TransportRegistry};
 
 struct Worker(Child);
 
@@ -42,15 +43,22 @@ fn counts(env: &Env) -> (u64, u64) {
     (n("a"), n("b"))
 }
 
-fn send(dsn: &str, n: usize) {
+/// Sends `n` messages to transport `name` of the test's configuration.
+fn send(config: &str, name: &str, n: usize) {
     block_on(async {
-        let dsn = Dsn::parse(dsn).unwrap_or_else(|e| panic!("dsn: {e}"));
+        let config: Config = config.parse().unwrap_or_else(|e| panic!("config: {e}"));
+        let factories = TransportRegistry::new()
+            .with(Arc::new(courier_sql::SqlTransportFactory))
+            .with(Arc::new(courier_redis::RedisTransportFactory));
         let registry = Arc::new(MessageRegistry::new());
-        let connect = courier_sql::SqlTransport::connect("t", &dsn, registry.clone());
-        let transport = tokio::time::timeout(Duration::from_secs(10), connect)
+        let connect = config.connect(&factories, registry.clone());
+        let transports = tokio::time::timeout(Duration::from_secs(10), connect)
             .await
             .unwrap_or_else(|_| panic!("connecting timed out"))
             .unwrap_or_else(|e| panic!("connect: {e}"));
+        let transport = transports
+            .get(name)
+            .unwrap_or_else(|| panic!("transport `{name}`"));
         for i in 0..n {
             let envelope = registry
                 .decode(Encoded::new(format!("{{\"n\":{i}}}")).header(TYPE_HEADER, "test.ping"));
@@ -62,29 +70,15 @@ fn send(dsn: &str, n: usize) {
     });
 }
 
-#[test]
-#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
-fn a_paused_queue_fetches_nothing_while_another_flows_and_resume_restores_it() {
-    let url = std::env::var("COURIER_TEST_POSTGRES_URL").unwrap_or_else(|_| {
-        panic!("set COURIER_TEST_POSTGRES_URL (scripts/services prints it), e.g. postgres://postgres@127.0.0.1:5432/test")
-    });
-    let table = format!(
-        "cli_pause_{}_{:08x}_messages",
-        std::process::id(),
-        fastrand::u32(..)
+/// Transports `a` and `b` (consumed) and `failed` (their failure transport) on `a`, `b`,
+/// `failed`.
+fn paused_queue_fetches_nothing_while_another_flows(a: &str, b: &str, failed: &str) {
+    let text = format!(
+        "failure_transport = \"failed\"\n\n[transports.a]\ndsn = \"{a}\"\n\n\
+         [transports.b]\ndsn = \"{b}\"\n\n[transports.failed]\ndsn = \"{failed}\"\n"
     );
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let a = format!("{url}{sep}table_name={table}&queue_name=a");
-    let b = format!("{url}{sep}table_name={table}&queue_name=b");
-    let failed = format!("{url}{sep}table_name={table}&queue_name=failed");
     let env = Env::empty();
-    env.write(
-        "c.toml",
-        &format!(
-            "failure_transport = \"failed\"\n\n[transports.a]\ndsn = \"{a}\"\n\n\
-             [transports.b]\ndsn = \"{b}\"\n\n[transports.failed]\ndsn = \"{failed}\"\n"
-        ),
-    );
+    env.write("c.toml", &text);
     env.run(&["--config", "c.toml", "setup"]).ok();
     let paused = env
         .run(&["--config", "c.toml", "pause", "a", "--format", "json"])
@@ -96,12 +90,12 @@ fn a_paused_queue_fetches_nothing_while_another_flows_and_resume_restores_it() {
     let _worker = Worker(env.spawn(&[
         "--quiet", "--config", "c.toml", "consume", "a", "b", "--sleep", "50ms",
     ]));
-    send(&b, 5);
+    send(&text, "b", 5);
     eventually("the worker to be up and consuming b", || {
         counts(&env).1 == 0
     });
-    send(&a, 10);
-    send(&b, 10);
+    send(&text, "a", 10);
+    send(&text, "b", 10);
     eventually("b to keep flowing", || counts(&env).1 == 0);
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(3) {
@@ -127,7 +121,7 @@ fn a_paused_queue_fetches_nothing_while_another_flows_and_resume_restores_it() {
     // Paused under a running worker: within a second it fetches nothing more.
     env.run(&["--config", "c.toml", "pause", "a"]).ok();
     std::thread::sleep(Duration::from_secs(1));
-    send(&a, 5);
+    send(&text, "a", 5);
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(1) {
         assert_eq!(counts(&env).0, 5, "paused within a second");
@@ -135,4 +129,79 @@ fn a_paused_queue_fetches_nothing_while_another_flows_and_resume_restores_it() {
     }
     env.run(&["--config", "c.toml", "resume", "a"]).ok();
     eventually("a to flow after the second resume", || counts(&env).0 == 0);
+}
+
+fn url(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("set {var} (scripts/services prints it), e.g. COURIER_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test, COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379")
+    })
+}
+
+fn unique() -> String {
+    format!("cli_pause_{}_{:08x}", std::process::id(), fastrand::u32(..))
+}
+
+#[test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+fn postgres_a_paused_queue_fetches_nothing_while_another_flows() {
+    let url = url("COURIER_TEST_POSTGRES_URL");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let base = format!("{url}{sep}table_name={}_messages", unique());
+    paused_queue_fetches_nothing_while_another_flows(
+        &format!("{base}&queue_name=a"),
+        &format!("{base}&queue_name=b"),
+        &format!("{base}&queue_name=failed"),
+    );
+}
+
+#[test]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+fn redis_a_paused_stream_fetches_nothing_while_another_flows() {
+    let url = url("COURIER_TEST_REDIS_URL");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let name = unique();
+    let _keys = RedisKeys {
+        url: url.clone(),
+        keys: ["a", "b", "failed"]
+            .iter()
+            .flat_map(|q| {
+                let s = format!("{name}_{q}");
+                [
+                    s.clone(),
+                    format!("{s}:paused"),
+                    format!("{s}:delayed"),
+                    format!("{s}:delayed:data"),
+                ]
+            })
+            .chain([format!("{name}:workers"), format!("{name}:workers:stop")])
+            .collect(),
+    };
+    let dsn = |q: &str| format!("{url}{sep}stream={name}_{q}&group={name}");
+    paused_queue_fetches_nothing_while_another_flows(&dsn("a"), &dsn("b"), &dsn("failed"));
+}
+
+/// Deletes the test's keys.
+struct RedisKeys {
+    url: String,
+    keys: Vec<String>,
+}
+
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let keys = std::mem::take(&mut self.keys);
+        block_on(async move {
+            let Ok(client) = redis::Client::open(url.as_str()) else {
+                return;
+            };
+            let connect = client.get_multiplexed_async_connection();
+            if let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
+                let mut del = redis::cmd("DEL");
+                del.arg(&keys);
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), del.query_async::<()>(&mut conn))
+                        .await;
+            }
+        });
+    }
 }
