@@ -2,7 +2,8 @@
 //! lease (`owner`, `until` from the server's `TIME`) and the last fired tick (`last`) together.
 //! A claim (take when free, expired or ours; renew) and a tick (recorded only by the live holder
 //! and only forward) are each one Lua script, so two workers never fire the same tick. The hash
-//! has no TTL: the last tick outlives every lease.
+//! has no TTL: the last tick outlives every lease. Pausing (`courier pause`): the key
+//! `<stream>:paused` exists while the stream's queue is paused.
 
 use std::time::Duration;
 

@@ -274,7 +274,7 @@ where
                 &migrate::SCHEDULES,
                 &[
                     ("{schedules}", &schedules),
-                    ("{paused}", &crate::schedules::paused_table(&self.table)),
+                    ("{paused}", &crate::paused::paused_table(&self.table)),
                 ],
             )
             .await?,
@@ -283,9 +283,9 @@ where
     }
 
     fn pauses(&self, name: &str, queue: &str) -> Box<dyn courier_core::Pausable> {
-        Box::new(crate::schedules::SqlPause::new(
+        Box::new(crate::paused::SqlPause::new(
             self.pool.clone(),
-            &crate::schedules::paused_table(&self.table),
+            &crate::paused::paused_table(&self.table),
             name,
             queue,
         ))
