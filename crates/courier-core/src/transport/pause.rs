@@ -135,6 +135,9 @@ impl Transport for PauseGate {
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
         self.inner.as_worker_registry()
     }
+    fn as_deduplicate(&self) -> Option<&dyn super::Deduplicate> {
+        self.inner.as_deduplicate()
+    }
     fn as_schedule_store(&self) -> Option<&dyn crate::schedule::ScheduleStore> {
         self.inner.as_schedule_store()
     }
