@@ -90,3 +90,18 @@ where
         Ok(n > 0)
     }
 }
+
+/// A pause flag that is never set, for backends faked in unit tests.
+#[cfg(test)]
+pub(crate) struct NeverPaused;
+
+#[cfg(test)]
+#[async_trait]
+impl courier_core::Pausable for NeverPaused {
+    async fn set_paused(&self, _: bool) -> Result<bool, TransportError> {
+        Ok(false)
+    }
+    async fn is_paused(&self) -> Result<bool, TransportError> {
+        Ok(false)
+    }
+}

@@ -799,19 +799,7 @@ mod tests {
             Box::new(courier_core::InMemoryScheduleStore::new())
         }
         fn pauses(&self, _: &str, _: &str) -> Box<dyn courier_core::Pausable> {
-            Box::new(NeverPaused)
-        }
-    }
-
-    struct NeverPaused;
-
-    #[async_trait]
-    impl courier_core::Pausable for NeverPaused {
-        async fn set_paused(&self, _: bool) -> Result<bool, TransportError> {
-            Ok(false)
-        }
-        async fn is_paused(&self) -> Result<bool, TransportError> {
-            Ok(false)
+            Box::new(crate::paused::NeverPaused)
         }
     }
 
@@ -826,7 +814,7 @@ mod tests {
             backend: Box::new(backend.clone()),
             workers: Box::new(courier_core::InMemoryWorkerRegistry::new()),
             schedules: Box::new(courier_core::InMemoryScheduleStore::new()),
-            pauses: Box::new(NeverPaused),
+            pauses: Box::new(crate::paused::NeverPaused),
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
         };
