@@ -82,6 +82,30 @@ pub(crate) enum Command {
     /// "stop_requested"}, oldest first (times RFC 3339, plus the raw epoch ms).
     #[command(verbatim_doc_comment)]
     Workers,
+    /// The configured schedules with their next fire time, last fired tick and lease holder
+    ///
+    /// JSON: an array of {"name", "message", "agent", "trigger", "missed", "next_fire",
+    /// "next_fire_ms", "last_fired", "last_fired_ms", "owner", "store"}, by name (times RFC
+    /// 3339, plus the raw epoch ms; null when unknown).
+    #[command(verbatim_doc_comment)]
+    Schedules,
+    /// Pause a transport's queue: its workers on every host stop fetching from it within a
+    /// second (in-flight messages finish); the flag lives in the transport's server
+    ///
+    /// JSON: {"transport", "paused": true, "changed"} (changed: it was not paused before).
+    #[command(verbatim_doc_comment)]
+    Pause {
+        /// The transport (SQL: its queue_name; Redis: its stream)
+        transport: String,
+    },
+    /// Resume a paused transport's queue
+    ///
+    /// JSON: {"transport", "paused": false, "changed"}.
+    #[command(verbatim_doc_comment)]
+    Resume {
+        /// The transport
+        transport: String,
+    },
     /// Durable agent runs
     #[command(subcommand)]
     Runs(RunsCommand),

@@ -43,6 +43,7 @@ mod raw;
 mod registry;
 #[cfg(feature = "runs")]
 mod runs;
+mod schedules;
 mod table;
 mod telemetry;
 mod wiring;

@@ -256,6 +256,11 @@ impl WorkerParts {
         Ok(true)
     }
 
+    /// The runtime, once connected (when runs are wired).
+    pub(crate) fn runtime(&self) -> Option<Runtime> {
+        self.runtime.clone()
+    }
+
     /// Registers the `RunAgent` handler and links the runtime to the bus.
     pub(crate) fn bus_hook(&self, builder: MessageBusBuilder) -> MessageBusBuilder {
         match &self.runtime {

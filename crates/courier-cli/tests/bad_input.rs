@@ -225,3 +225,50 @@ fn a_dashboard_off_loopback_needs_a_token() {
         .to_owned();
     assert!(err.contains("--listen"), "{err}");
 }
+
+#[test]
+fn a_bad_schedule_is_a_config_error_naming_the_key() {
+    let env = Env::empty();
+    let base = "[transports.async]\ndsn = \"in-memory://\"\n[routing]\n\"app.tick\" = \"async\"\n";
+    for (schedule, named) in [
+        (
+            "message = \"app.tick\"\ncron = \"61 * * * *\"\n",
+            "schedules.s.cron",
+        ),
+        (
+            "message = \"app.tick\"\ncron = \"* * * * *\"\ntimezone = \"Mars/Olympus\"\n",
+            "schedules.s.timezone",
+        ),
+        (
+            "message = \"app.tick\"\nevery = \"0s\"\n",
+            "schedules.s.every",
+        ),
+        ("message = \"app.tick\"\n", "schedules.s"),
+        (
+            "message = \"app.tick\"\nevery = \"1s\"\nmissed = \"later\"\n",
+            "schedules.s.missed",
+        ),
+        (
+            "message = \"app.nowhere\"\nevery = \"1s\"\n",
+            "schedules.s.message",
+        ),
+    ] {
+        env.write("c.toml", &format!("{base}[schedules.s]\n{schedule}"));
+        let err = env
+            .run(&["--config", "c.toml", "schedules"])
+            .fails(2)
+            .to_owned();
+        assert!(err.contains(named), "{schedule}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // A store is needed: in-memory transports keep none.
+    env.write(
+        "c.toml",
+        &format!("{base}[schedules.s]\nmessage = \"app.tick\"\nevery = \"1s\"\n"),
+    );
+    let err = env
+        .run(&["--config", "c.toml", "schedules"])
+        .fails(2)
+        .to_owned();
+    assert!(err.contains("schedule store"), "{err}");
+}

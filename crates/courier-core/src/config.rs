@@ -28,8 +28,10 @@
 //! errors naming the key. The `[runs]` table is kept as-is for `courier-runs` to validate.
 
 mod buses;
+mod schedules;
 
 pub use buses::BusConfig;
+pub use schedules::ScheduleConfig;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -96,6 +98,9 @@ pub struct Config {
     /// The `[signing]` table: signed messages (see [`signing`](crate::signing)).
     #[serde(default)]
     pub signing: Option<crate::signing::SigningConfig>,
+    /// `[schedules.NAME]`: recurring messages ([`ScheduleConfig`]).
+    #[serde(default)]
+    pub schedules: BTreeMap<String, ScheduleConfig>,
 }
 
 /// One `[transports.NAME]` table.
@@ -337,6 +342,19 @@ impl Config {
                         "transports.{name}.options.{key}: expected a string, number or boolean"
                     )));
                 }
+            }
+        }
+        let router = self.router();
+        for (name, s) in &self.schedules {
+            s.trigger(name)?;
+            s.missed(name)?;
+            s.check_action(name)?;
+            if let Some(message) = &s.message
+                && router.resolve(message).is_empty()
+            {
+                return Err(ConfigError::new(format!(
+                    "schedules.{name}.message: no [routing] entry sends `{message}` to a transport"
+                )));
             }
         }
         Ok(())

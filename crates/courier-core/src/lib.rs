@@ -49,6 +49,7 @@ pub mod failed;
 mod message;
 pub mod metrics;
 pub mod retry;
+pub mod schedule;
 pub mod signing;
 mod stamp;
 pub mod trace;
@@ -77,14 +78,19 @@ pub use error::{
 pub use failed::{rfc3339, rfc3339_ms};
 pub use message::Message;
 pub use retry::{MultiplierRetryStrategy, RetryDecision, RetryStrategy};
+pub use schedule::{
+    InMemoryScheduleStore, Missed, Schedule, ScheduleState, ScheduleStore, Scheduler, Trigger,
+    shared_schedule_store,
+};
 pub use signing::{SignatureStamp, Signing, SigningKeys};
 pub use stamp::*;
 pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{
     Capabilities, DEFAULT_WORKER_STALE_AFTER, Deduplicate, FactoryContext, Heartbeat,
     InMemoryOptions, InMemoryTransport, InMemoryWorkerRegistry, Listable, MemoryDeduplicator,
-    MessageCount, Queues, Setup, SyncTransport, Transport, TransportFactory, TransportRegistry,
-    WorkerRecord, WorkerRegistry, retry_count, shared_worker_registry,
+    MessageCount, PAUSE_CHECK, Pausable, PauseGate, Queues, Setup, SyncTransport, Transport,
+    TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
+    shared_worker_registry,
 };
 pub use worker::{
     CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats,

@@ -100,6 +100,7 @@ mod link;
 mod options;
 mod reader;
 mod reply;
+mod schedules;
 mod scripts;
 mod transport;
 mod workers;

@@ -203,6 +203,11 @@ impl RedisOptions {
         format!("{}:workers", self.group)
     }
 
+    /// A schedule's hash: `<group>:schedule:<name>` (`courier:schedule:nightly`).
+    pub(crate) fn schedule_key(&self, schedule: &str) -> String {
+        format!("{}:schedule:{schedule}", self.group)
+    }
+
     pub(crate) fn delayed_data_key(&self) -> String {
         format!("{}:delayed:data", self.stream)
     }

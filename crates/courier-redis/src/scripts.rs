@@ -38,6 +38,8 @@ pub(crate) struct Scripts {
     pub(crate) worker_heartbeat: Lua,
     pub(crate) worker_list: Lua,
     pub(crate) worker_stop: Lua,
+    pub(crate) schedule_claim: Lua,
+    pub(crate) schedule_advance: Lua,
 }
 
 impl Scripts {
@@ -83,10 +85,18 @@ impl Scripts {
                 include_str!("lua/workers.lua"),
                 include_str!("lua/worker_stop.lua")
             )),
+            schedule_claim: Lua::new(concat!(
+                include_str!("lua/schedules.lua"),
+                include_str!("lua/schedule_claim.lua")
+            )),
+            schedule_advance: Lua::new(concat!(
+                include_str!("lua/schedules.lua"),
+                include_str!("lua/schedule_advance.lua")
+            )),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Lua; 12] {
+    pub(crate) fn all(&self) -> [&Lua; 14] {
         [
             &self.ack,
             &self.keepalive,
@@ -100,6 +110,8 @@ impl Scripts {
             &self.worker_heartbeat,
             &self.worker_list,
             &self.worker_stop,
+            &self.schedule_claim,
+            &self.schedule_advance,
         ]
     }
 }

@@ -650,6 +650,14 @@ impl Transport for RedisTransport {
         Some(self)
     }
 
+    fn as_schedule_store(&self) -> Option<&dyn courier_core::ScheduleStore> {
+        Some(self)
+    }
+
+    fn as_pausable(&self) -> Option<&dyn courier_core::Pausable> {
+        Some(self)
+    }
+
     fn as_worker_registry(&self) -> Option<&dyn courier_core::WorkerRegistry> {
         Some(self)
     }

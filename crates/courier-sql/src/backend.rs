@@ -162,7 +162,12 @@ pub(crate) trait Backend: Send + Sync + Debug {
         location: &str,
         stale_after: std::time::Duration,
     ) -> Box<dyn courier_core::WorkerRegistry>;
-    /// Applies the worker registry's migrations not yet recorded; returns those it recorded.
+    /// The pause flag of `queue` (`<table>_paused`) on the same pool.
+    fn pauses(&self, name: &str, queue: &str) -> Box<dyn courier_core::Pausable>;
+    /// The schedule store beside the message table (`<table>_schedules`) on the same pool.
+    fn schedules(&self, name: &str, location: &str) -> Box<dyn courier_core::ScheduleStore>;
+    /// Applies the worker registry's and schedule store's migrations not yet recorded; returns
+    /// those it recorded.
     async fn setup_workers(&self) -> Result<Vec<Applied>, sqlx::Error>;
     /// Server-side ids of the pool's connections, for tests that kill them.
     fn connection_ids(&self) -> Vec<u64>;

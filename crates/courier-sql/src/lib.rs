@@ -42,6 +42,11 @@
 //! `<workers>_migrations`), one row per running worker with its heartbeat from the database
 //! clock; rows older than `worker_stale_after` (default 30 s) are pruned when listed.
 //! [`SqlTransport::connect_worker_registry`] opens it alone (a run store's database).
+//! The schedule store ([`ScheduleStore`](courier_core::ScheduleStore), for `[schedules]`):
+//! `<table>_schedules` ([`schedules_table`], migration `0006`), one row per schedule with its
+//! lease and last fired tick; paused queues ([`Pausable`](courier_core::Pausable), for
+//! `courier pause`): `<table>_paused` ([`paused_table`], migration `0007`), both recorded in
+//! `<schedules>_migrations` and created with the worker registry's table.
 //!
 //! # Behaviour
 //!
@@ -87,9 +92,11 @@ pub mod migrate;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod options;
+mod paused;
 mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod schedules;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transport;
@@ -101,6 +108,7 @@ pub use dialect::{
 pub use error::is_transient;
 pub use factory::SqlTransportFactory;
 pub use options::{DEFAULT_TABLE, SqlOptions};
+pub use paused::paused_table;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use pool::explain_timeout;
 #[cfg(feature = "postgres")]
@@ -110,5 +118,6 @@ pub use pool::sqlite_pool;
 #[cfg(feature = "mysql")]
 pub use pool::{ConnectionIds, mysql_pool};
 pub use pool::{PoolSettings, SqlDatabase};
+pub use schedules::schedules_table;
 pub use transport::SqlTransport;
 pub use workers::workers_table;

@@ -241,6 +241,7 @@ where
     for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
     for<'r> (Option<i64>,): sqlx::FromRow<'r, DB::Row>,
     for<'r> crate::workers::Row: sqlx::FromRow<'r, DB::Row>,
+    for<'r> crate::schedules::Row: sqlx::FromRow<'r, DB::Row>,
 {
     async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error> {
         let mut applied = {
@@ -263,7 +264,39 @@ where
     async fn setup_workers(&self) -> Result<Vec<Applied>, sqlx::Error> {
         let _turn = self.write_turn().await;
         let workers = crate::workers::workers_table(&self.table);
-        migrate::migrate(&self.pool, &migrate::WORKERS, &[("{workers}", &workers)]).await
+        let mut applied =
+            migrate::migrate(&self.pool, &migrate::WORKERS, &[("{workers}", &workers)]).await?;
+        let schedules = crate::schedules::schedules_table(&self.table);
+        applied.extend(
+            migrate::migrate(
+                &self.pool,
+                &migrate::SCHEDULES,
+                &[
+                    ("{schedules}", &schedules),
+                    ("{paused}", &crate::paused::paused_table(&self.table)),
+                ],
+            )
+            .await?,
+        );
+        Ok(applied)
+    }
+
+    fn pauses(&self, name: &str, queue: &str) -> Box<dyn courier_core::Pausable> {
+        Box::new(crate::paused::SqlPause::new(
+            self.pool.clone(),
+            &crate::paused::paused_table(&self.table),
+            name,
+            queue,
+        ))
+    }
+
+    fn schedules(&self, name: &str, location: &str) -> Box<dyn courier_core::ScheduleStore> {
+        Box::new(crate::schedules::SqlSchedules::new(
+            self.pool.clone(),
+            &crate::schedules::schedules_table(&self.table),
+            name,
+            location,
+        ))
     }
 
     fn workers(

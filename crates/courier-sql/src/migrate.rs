@@ -96,6 +96,32 @@ pub static DEDUP: Migrations = Migrations {
     }],
 };
 
+/// The schedule store's and paused queues' migrations (placeholders `{schedules}`, `{paused}`),
+/// beside each message table.
+pub static SCHEDULES: Migrations = Migrations {
+    main: "{schedules}",
+    list: &[
+        Migration {
+            version: 6,
+            description: "courier schedules",
+            sqlite: include_str!("../migrations/sqlite/0006_courier_schedules.sql"),
+            postgres: include_str!("../migrations/postgres/0006_courier_schedules.sql"),
+            mysql: Some(include_str!(
+                "../migrations/mysql/0006_courier_schedules.sql"
+            )),
+            present_when: None,
+        },
+        Migration {
+            version: 7,
+            description: "courier paused",
+            sqlite: include_str!("../migrations/sqlite/0007_courier_paused.sql"),
+            postgres: include_str!("../migrations/postgres/0007_courier_paused.sql"),
+            mysql: Some(include_str!("../migrations/mysql/0007_courier_paused.sql")),
+            present_when: None,
+        },
+    ],
+};
+
 /// The run store's migrations (placeholders `{runs}` and `{events}`).
 pub static RUNS: Migrations = Migrations {
     main: "{runs}",

@@ -34,6 +34,10 @@ pub struct SqlTransport {
     wake: Arc<Wake>,
     /// The worker registry beside the table (`<table>_workers`).
     workers: Box<dyn WorkerRegistry>,
+    /// The schedule store beside the table (`<table>_schedules`).
+    schedules: Box<dyn courier_core::ScheduleStore>,
+    /// The queue's pause flag (`<table>_paused`).
+    pauses: Box<dyn courier_core::Pausable>,
     /// Migrations applied since it connected and not yet reported by `setup_report`.
     applied: std::sync::Mutex<Vec<String>>,
 }
@@ -84,8 +88,12 @@ impl SqlTransport {
         let backend = crate::connect::backend(&name, dsn, &options).await?;
         let location = courier_core::redact(dsn.expose_without_query());
         let workers = backend.workers(&name, &location, options.worker_stale_after);
+        let schedules = backend.schedules(&name, &location);
+        let pauses = backend.pauses(&name, &options.queue_name);
         let transport = Self {
             workers,
+            schedules,
+            pauses,
             name,
             dsn: dsn.clone(),
             options,
@@ -525,6 +533,14 @@ impl Transport for SqlTransport {
         Some(self)
     }
 
+    fn as_schedule_store(&self) -> Option<&dyn courier_core::ScheduleStore> {
+        Some(&*self.schedules)
+    }
+
+    fn as_pausable(&self) -> Option<&dyn courier_core::Pausable> {
+        Some(&*self.pauses)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .with_delay(None)
@@ -727,6 +743,12 @@ mod tests {
         async fn setup_workers(&self) -> Result<Vec<Applied>, sqlx::Error> {
             Ok(Vec::new())
         }
+        fn schedules(&self, _: &str, _: &str) -> Box<dyn courier_core::ScheduleStore> {
+            Box::new(courier_core::InMemoryScheduleStore::new())
+        }
+        fn pauses(&self, _: &str, _: &str) -> Box<dyn courier_core::Pausable> {
+            Box::new(crate::paused::NeverPaused)
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -739,6 +761,8 @@ mod tests {
             registry: Arc::new(MessageRegistry::new()),
             backend: Box::new(backend.clone()),
             workers: Box::new(courier_core::InMemoryWorkerRegistry::new()),
+            schedules: Box::new(courier_core::InMemoryScheduleStore::new()),
+            pauses: Box::new(crate::paused::NeverPaused),
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
         };

@@ -70,7 +70,15 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     });
     let verbose = ctx.verbose >= 1;
     let listen = counters.clone();
-    let receivers = receivers(&transports, args).await?;
+    // Each pausable receiver fetches nothing while `courier pause` says so.
+    let receivers: Vec<_> = receivers(&transports, args)
+        .await?
+        .into_iter()
+        .map(|(name, t)| {
+            let gated = courier_core::PauseGate::wrap(t.clone(), helpers.clone()).unwrap_or(t);
+            (name, gated)
+        })
+        .collect();
     let mut consumed: Vec<String> = Vec::new();
     for (name, _) in &receivers {
         if !consumed.contains(name) {
@@ -105,6 +113,15 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     }
     if let Some(m) = args.memory_limit {
         builder = builder.memory_limit(m);
+    }
+    #[cfg(feature = "runs")]
+    let run_handle = runs.runtime();
+    #[cfg(not(feature = "runs"))]
+    let run_handle = None;
+    if let Some(scheduler) =
+        crate::schedules::scheduler(ctx, &transports, &worker_id, run_handle, true)?
+    {
+        tasks.push(("scheduler", tokio::spawn(scheduler.run(helpers.clone()))));
     }
     match crate::registry::for_consume(ctx, &transports, &consumed).await {
         Some(found) => {

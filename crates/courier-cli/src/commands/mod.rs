@@ -10,6 +10,7 @@ mod failed;
 mod progress;
 #[cfg(feature = "runs")]
 mod runs;
+mod schedules;
 mod setup;
 mod stats;
 mod stop;
@@ -28,6 +29,9 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
         Command::Failed(cmd) => failed::run(ctx, cmd).await,
         Command::StopWorkers => stop::run(ctx).await,
         Command::Workers => workers::run(ctx).await,
+        Command::Schedules => schedules::run(ctx).await,
+        Command::Pause { transport } => schedules::pause(ctx, transport, true).await,
+        Command::Resume { transport } => schedules::pause(ctx, transport, false).await,
         #[cfg(feature = "runs")]
         Command::Runs(cmd) => runs::run(ctx, cmd).await,
         #[cfg(feature = "runs")]

@@ -8,6 +8,7 @@
 mod dedup;
 mod factory;
 mod memory;
+mod pause;
 mod sync;
 mod workers;
 mod workers_memory;
@@ -21,6 +22,7 @@ use async_trait::async_trait;
 pub use dedup::{Deduplicate, MemoryDeduplicator};
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
 pub use memory::{InMemoryOptions, InMemoryTransport};
+pub use pause::{PAUSE_CHECK, Pausable, PauseGate};
 pub use sync::SyncTransport;
 pub use workers::{DEFAULT_WORKER_STALE_AFTER, Heartbeat, WorkerRecord, WorkerRegistry};
 pub use workers_memory::{InMemoryWorkerRegistry, shared_worker_registry};
@@ -251,6 +253,17 @@ pub trait Transport: Send + Sync + Debug {
     /// The deduplication store beside this transport's messages, for
     /// [`DeduplicateStamp`](crate::DeduplicateStamp) (SQL, Redis, in-memory).
     fn as_deduplicate(&self) -> Option<&dyn Deduplicate> {
+        None
+    }
+
+    /// The schedule store in this transport's store (a table, a key per schedule), where the
+    /// workers share the leases and last fired ticks of the recurring schedules.
+    fn as_schedule_store(&self) -> Option<&dyn crate::schedule::ScheduleStore> {
+        None
+    }
+
+    /// Pausing this transport's queue (`courier pause`), the flag in the transport's server.
+    fn as_pausable(&self) -> Option<&dyn Pausable> {
         None
     }
 

@@ -1,0 +1,207 @@
+//! `courier pause` / `courier resume` with a real `consume` process on PostgreSQL and Redis: a paused
+//! queue's worker fetches nothing for 3 s while another queue of the same worker keeps flowing,
+//! and resume restores the flow. Messages are sent with the library (an undecodable type: the
+//! worker moves each to the failure transport, so its queue's count shows what was fetched).
+
+#![cfg(all(feature = "postgres", feature = "redis"))]
+
+mod common;
+
+use std::process::Child;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Env, block_on, eventually};
+use courier_core::config::Config;
+use courier_core::{Encoded, MessageRegistry, TYPE_HEADER, TransportRegistry};
+
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        if std::thread::panicking()
+            && let Some(mut err) = self.0.stderr.take()
+        {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut text);
+            eprintln!("worker stderr:\n{text}");
+        }
+    }
+}
+
+fn counts(env: &Env) -> (u64, u64) {
+    let out = env
+        .run(&["--config", "c.toml", "stats", "a", "b", "--format", "json"])
+        .json();
+    let n = |k: &str| {
+        out[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("a count for `{k}`: {out}"))
+    };
+    (n("a"), n("b"))
+}
+
+/// Sends `n` messages to transport `name` of the test's configuration.
+fn send(config: &str, name: &str, n: usize) {
+    block_on(async {
+        let config: Config = config.parse().unwrap_or_else(|e| panic!("config: {e}"));
+        let factories = TransportRegistry::new()
+            .with(Arc::new(courier_sql::SqlTransportFactory))
+            .with(Arc::new(courier_redis::RedisTransportFactory));
+        let registry = Arc::new(MessageRegistry::new());
+        let connect = config.connect(&factories, registry.clone());
+        let transports = tokio::time::timeout(Duration::from_secs(10), connect)
+            .await
+            .unwrap_or_else(|_| panic!("connecting timed out"))
+            .unwrap_or_else(|e| panic!("connect: {e}"));
+        let transport = transports
+            .get(name)
+            .unwrap_or_else(|| panic!("transport `{name}`"));
+        for i in 0..n {
+            let envelope = registry
+                .decode(Encoded::new(format!("{{\"n\":{i}}}")).header(TYPE_HEADER, "test.ping"));
+            tokio::time::timeout(Duration::from_secs(10), transport.send(envelope))
+                .await
+                .unwrap_or_else(|_| panic!("send timed out"))
+                .unwrap_or_else(|e| panic!("send: {e}"));
+        }
+    });
+}
+
+/// Transports `a` and `b` (consumed) and `failed` (their failure transport) on `a`, `b`,
+/// `failed`.
+fn paused_queue_fetches_nothing_while_another_flows(a: &str, b: &str, failed: &str) {
+    let text = format!(
+        "failure_transport = \"failed\"\n\n[transports.a]\ndsn = \"{a}\"\n\n\
+         [transports.b]\ndsn = \"{b}\"\n\n[transports.failed]\ndsn = \"{failed}\"\n"
+    );
+    let env = Env::empty();
+    env.write("c.toml", &text);
+    env.run(&["--config", "c.toml", "setup"]).ok();
+    let paused = env
+        .run(&["--config", "c.toml", "pause", "a", "--format", "json"])
+        .json();
+    assert_eq!(
+        paused,
+        serde_json::json!({ "transport": "a", "paused": true, "changed": true })
+    );
+    let _worker = Worker(env.spawn(&[
+        "--quiet", "--config", "c.toml", "consume", "a", "b", "--sleep", "50ms",
+    ]));
+    send(&text, "b", 5);
+    eventually("the worker to be up and consuming b", || {
+        counts(&env).1 == 0
+    });
+    send(&text, "a", 10);
+    send(&text, "b", 10);
+    eventually("b to keep flowing", || counts(&env).1 == 0);
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert_eq!(counts(&env).0, 10, "nothing fetched from the paused queue");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let resumed = env
+        .run(&["--config", "c.toml", "resume", "a", "--format", "json"])
+        .json();
+    assert_eq!(resumed["changed"], true, "{resumed}");
+    let started = Instant::now();
+    eventually("a to flow again", || counts(&env).0 == 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "resumed within a second or so: {:?}",
+        started.elapsed()
+    );
+    let again = env
+        .run(&["--config", "c.toml", "resume", "a", "--format", "json"])
+        .json();
+    assert_eq!(again["changed"], false, "{again}");
+
+    // Paused under a running worker: within a second it fetches nothing more.
+    env.run(&["--config", "c.toml", "pause", "a"]).ok();
+    std::thread::sleep(Duration::from_secs(1));
+    send(&text, "a", 5);
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(1) {
+        assert_eq!(counts(&env).0, 5, "paused within a second");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    env.run(&["--config", "c.toml", "resume", "a"]).ok();
+    eventually("a to flow after the second resume", || counts(&env).0 == 0);
+}
+
+fn url(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("set {var} (scripts/services prints it), e.g. COURIER_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test, COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379")
+    })
+}
+
+fn unique() -> String {
+    format!("cli_pause_{}_{:08x}", std::process::id(), fastrand::u32(..))
+}
+
+#[test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+fn postgres_a_paused_queue_fetches_nothing_while_another_flows() {
+    let url = url("COURIER_TEST_POSTGRES_URL");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let base = format!("{url}{sep}table_name={}_messages", unique());
+    paused_queue_fetches_nothing_while_another_flows(
+        &format!("{base}&queue_name=a"),
+        &format!("{base}&queue_name=b"),
+        &format!("{base}&queue_name=failed"),
+    );
+}
+
+#[test]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+fn redis_a_paused_stream_fetches_nothing_while_another_flows() {
+    let url = url("COURIER_TEST_REDIS_URL");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let name = unique();
+    let _keys = RedisKeys {
+        url: url.clone(),
+        keys: ["a", "b", "failed"]
+            .iter()
+            .flat_map(|q| {
+                let s = format!("{name}_{q}");
+                [
+                    s.clone(),
+                    format!("{s}:paused"),
+                    format!("{s}:delayed"),
+                    format!("{s}:delayed:data"),
+                ]
+            })
+            .chain([format!("{name}:workers"), format!("{name}:workers:stop")])
+            .collect(),
+    };
+    let dsn = |q: &str| format!("{url}{sep}stream={name}_{q}&group={name}");
+    paused_queue_fetches_nothing_while_another_flows(&dsn("a"), &dsn("b"), &dsn("failed"));
+}
+
+/// Deletes the test's keys.
+struct RedisKeys {
+    url: String,
+    keys: Vec<String>,
+}
+
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let keys = std::mem::take(&mut self.keys);
+        block_on(async move {
+            let Ok(client) = redis::Client::open(url.as_str()) else {
+                return;
+            };
+            let connect = client.get_multiplexed_async_connection();
+            if let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
+                let mut del = redis::cmd("DEL");
+                del.arg(&keys);
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), del.query_async::<()>(&mut conn))
+                        .await;
+            }
+        });
+    }
+}

@@ -1,0 +1,10 @@
+-- Courier's recurring schedules: one row per schedule with its lease (the worker firing it and
+-- until when) and its last fired tick. A template: `{schedules}` is the schedule table of a
+-- message table (`courier_messages` -> `courier_schedules`), recorded in
+-- `{schedules}_migrations`. Times are epoch milliseconds (the lease from the database clock).
+CREATE TABLE IF NOT EXISTS {schedules} (
+    name VARCHAR(190) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    owner VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    lease_until BIGINT NOT NULL,
+    last_tick BIGINT NULL
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_unicode_ci;
