@@ -450,7 +450,6 @@ async fn a_consumer_cancelled_by_the_broker_redeclares_and_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
 async fn a_queue_view_consumes_that_queue_only() {
-    use courier_core::Queues;
     let h = AmqpHarness::new();
     let ex = AmqpHarness::unique("courier_amqp_view");
     let (qa, qb) = (format!("{ex}_a"), format!("{ex}_b"));
@@ -469,6 +468,6 @@ async fn a_queue_view_consumes_that_queue_only() {
     let got = recv(b.as_ref(), 1).await;
     assert_eq!(seq(&got[0]), 7, "b kept its copy");
     op("ack", b.ack(&got[0])).await;
-    let err = queues.queue("nope").await.err().expect("unknown queue");
+    let err = queues.queue("nope").await.expect_err("unknown queue");
     assert!(err.to_string().contains("no queue `nope`"), "{err}");
 }

@@ -94,20 +94,6 @@ impl Transport for PauseGate {
     async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
         self.inner.retry(envelope, delay).await
     }
-    async fn ack_and_get(
-        &self,
-        acks: &[Envelope],
-        max: usize,
-    ) -> Result<Vec<Envelope>, TransportError> {
-        if max > 0 && self.is_paused() {
-            if !acks.is_empty() {
-                self.inner.ack_batch(acks).await?;
-            }
-            tokio::time::sleep(PAUSE_CHECK).await;
-            return Ok(Vec::new());
-        }
-        self.inner.ack_and_get(acks, max).await
-    }
     async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
         self.inner.keepalive(envelope).await
     }
