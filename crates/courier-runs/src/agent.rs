@@ -146,7 +146,7 @@ pub trait RunObserver: Send + Sync + 'static {
 pub struct RunContext {
     pub(crate) run: Run,
     /// When the current step started (for the step timeout).
-    pub(crate) steps: crate::runtime::StepClock,
+    pub(crate) steps: crate::watch::StepClock,
     pub(crate) store: Arc<dyn RunStore>,
     /// The worker identity for worker runs; None for interactive runs (no lease, no heartbeat).
     pub(crate) owner: Option<String>,

@@ -70,6 +70,7 @@ mod runtime;
 mod scripted;
 mod status;
 mod store;
+mod watch;
 
 pub use agent::{Agent, AgentError, AgentOutcome, RunContext, RunObserver, Step, StepError};
 pub use classify::{FailureClass, ProviderError, classify};
