@@ -125,6 +125,8 @@ impl Drop for Place {
                     workers,
                     format!("{table}_dedup"),
                     format!("{table}_dedup_migrations"),
+                    format!("{table}_schedules"),
+                    format!("{table}_paused"),
                 ] {
                     let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
                         .execute(&mut conn)

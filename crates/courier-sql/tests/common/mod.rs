@@ -314,6 +314,8 @@ impl Drop for SqlHarness {
                         workers,
                         format!("{table}_dedup"),
                         format!("{table}_dedup_migrations"),
+                        courier_sql::schedules_table(&table),
+                        courier_sql::paused_table(&table),
                     ] {
                         admin.exec(&format!("DROP TABLE IF EXISTS {t}"), &[]).await;
                     }
