@@ -108,6 +108,16 @@ impl Dialect {
 /// from a table (`<table>_status_lease_idx`, 17 more) must fit too.
 pub const MAX_TABLE_NAME_LEN: usize = 46;
 
+/// A table beside a message table, named for `what`: `_messages` replaced by `_<what>`, or
+/// `_<what>` appended (`courier_messages` -> `courier_workers`, `jobs` -> `jobs_workers`). The
+/// message table is a validated identifier, so this one is too.
+pub(crate) fn beside(messages_table: &str, what: &str) -> String {
+    match messages_table.strip_suffix("_messages") {
+        Some(stem) if !stem.is_empty() => format!("{stem}_{what}"),
+        _ => format!("{messages_table}_{what}"),
+    }
+}
+
 /// Whether `name` is a valid table name: `[A-Za-z_][A-Za-z0-9_]*`, at most
 /// [`MAX_TABLE_NAME_LEN`] bytes. Only names that pass reach the SQL text.
 ///

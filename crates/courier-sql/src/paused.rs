@@ -12,10 +12,7 @@ use crate::{Dialect, SqlDatabase};
 /// The paused-queues table of a message table (`courier_messages` -> `courier_paused`).
 #[must_use]
 pub fn paused_table(messages_table: &str) -> String {
-    match messages_table.strip_suffix("_messages") {
-        Some(stem) if !stem.is_empty() => format!("{stem}_paused"),
-        _ => format!("{messages_table}_paused"),
-    }
+    crate::dialect::beside(messages_table, "paused")
 }
 
 /// The pause flag of one queue: a row in `<table>_paused` while it is paused.

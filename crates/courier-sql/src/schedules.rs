@@ -20,10 +20,7 @@ use crate::{Dialect, SqlDatabase};
 /// name gets `_schedules` appended (`courier_messages` -> `courier_schedules`).
 #[must_use]
 pub fn schedules_table(messages_table: &str) -> String {
-    match messages_table.strip_suffix("_messages") {
-        Some(stem) if !stem.is_empty() => format!("{stem}_schedules"),
-        _ => format!("{messages_table}_schedules"),
-    }
+    crate::dialect::beside(messages_table, "schedules")
 }
 
 /// A row as read back: owner, lease_until, last_tick.

@@ -20,10 +20,7 @@ use crate::{Dialect, SqlDatabase};
 /// `jobs_workers`). The message table is a validated identifier, so this one is too.
 #[must_use]
 pub fn workers_table(messages_table: &str) -> String {
-    match messages_table.strip_suffix("_messages") {
-        Some(stem) if !stem.is_empty() => format!("{stem}_workers"),
-        _ => format!("{messages_table}_workers"),
-    }
+    crate::dialect::beside(messages_table, "workers")
 }
 
 const COLUMNS: &str = "id, host, pid, version, transports, started_at, last_heartbeat, handled, failed, stop_requested";
