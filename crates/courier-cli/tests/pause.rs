@@ -11,6 +11,8 @@ use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "redis")]
+use common::RedisKeys;
 use common::{Env, block_on, eventually};
 use courier_core::config::Config;
 use courier_core::{Encoded, MessageRegistry, TYPE_HEADER, TransportRegistry};
@@ -178,30 +180,4 @@ fn redis_a_paused_stream_fetches_nothing_while_another_flows() {
     };
     let dsn = |q: &str| format!("{url}{sep}stream={name}_{q}&group={name}");
     paused_queue_fetches_nothing_while_another_flows(&dsn("a"), &dsn("b"), &dsn("failed"));
-}
-
-/// Deletes the test's keys.
-struct RedisKeys {
-    url: String,
-    keys: Vec<String>,
-}
-
-impl Drop for RedisKeys {
-    fn drop(&mut self) {
-        let url = self.url.clone();
-        let keys = std::mem::take(&mut self.keys);
-        block_on(async move {
-            let Ok(client) = redis::Client::open(url.as_str()) else {
-                return;
-            };
-            let connect = client.get_multiplexed_async_connection();
-            if let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
-                let mut del = redis::cmd("DEL");
-                del.arg(&keys);
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), del.query_async::<()>(&mut conn))
-                        .await;
-            }
-        });
-    }
 }

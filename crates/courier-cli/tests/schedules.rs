@@ -12,6 +12,8 @@ mod common;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "redis")]
+use common::RedisKeys;
 use common::{Env, eventually, signal};
 
 fn url(var: &str) -> String {
@@ -204,32 +206,4 @@ fn redis_schedules_send_one_message_per_tick_across_workers() {
         ),
         Action::Message,
     );
-}
-
-/// Deletes the test's keys.
-#[cfg(feature = "redis")]
-struct RedisKeys {
-    url: String,
-    keys: Vec<String>,
-}
-
-#[cfg(feature = "redis")]
-impl Drop for RedisKeys {
-    fn drop(&mut self) {
-        let url = self.url.clone();
-        let keys = std::mem::take(&mut self.keys);
-        common::block_on(async move {
-            let Ok(client) = redis::Client::open(url.as_str()) else {
-                return;
-            };
-            let connect = client.get_multiplexed_async_connection();
-            if let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
-                let mut del = redis::cmd("DEL");
-                del.arg(&keys);
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), del.query_async::<()>(&mut conn))
-                        .await;
-            }
-        });
-    }
 }

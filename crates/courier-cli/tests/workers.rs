@@ -9,6 +9,8 @@ use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "redis")]
+use common::RedisKeys;
 use common::{Env, eventually, signal, wait};
 
 /// A configuration with one transport on `dsn` (no runs, so nothing else is opened).
@@ -259,32 +261,4 @@ fn amqp_workers_register_in_the_sql_run_store() {
         sqlite_dsn(store.path(), "")
     );
     workers_of_one_store_are_listed_and_stopped_from_anywhere(&text);
-}
-
-/// Deletes the test's Redis keys when dropped.
-#[cfg(feature = "redis")]
-struct RedisKeys {
-    url: String,
-    keys: Vec<String>,
-}
-
-#[cfg(feature = "redis")]
-impl Drop for RedisKeys {
-    fn drop(&mut self) {
-        let url = self.url.clone();
-        let keys = std::mem::take(&mut self.keys);
-        common::block_on(async move {
-            let Ok(client) = redis::Client::open(url.as_str()) else {
-                return;
-            };
-            let connect = client.get_multiplexed_async_connection();
-            if let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
-                let mut del = redis::cmd("DEL");
-                del.arg(&keys);
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), del.query_async::<()>(&mut conn))
-                        .await;
-            }
-        });
-    }
 }

@@ -219,3 +219,31 @@ pub(crate) fn signal(child: &Child, name: &str) {
         .expect("kill");
     assert!(status.success(), "kill -{name} failed");
 }
+
+/// Deletes a test's Redis keys when dropped (best effort, each step bounded by 5 s).
+#[cfg(feature = "redis")]
+pub(crate) struct RedisKeys {
+    pub(crate) url: String,
+    pub(crate) keys: Vec<String>,
+}
+
+#[cfg(feature = "redis")]
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let keys = std::mem::take(&mut self.keys);
+        block_on(async move {
+            let Ok(client) = redis::Client::open(url.as_str()) else {
+                return;
+            };
+            let connect = client.get_multiplexed_async_connection();
+            if let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
+                let mut del = redis::cmd("DEL");
+                del.arg(&keys);
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), del.query_async::<()>(&mut conn))
+                        .await;
+            }
+        });
+    }
+}
