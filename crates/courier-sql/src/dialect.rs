@@ -148,6 +148,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_tables_beside_a_message_table_share_its_stem_and_fit_postgres_names() {
+        assert_eq!(crate::workers_table("courier_messages"), "courier_workers");
+        assert_eq!(
+            crate::schedules_table("courier_messages"),
+            "courier_schedules"
+        );
+        assert_eq!(crate::paused_table("courier_messages"), "courier_paused");
+        assert_eq!(crate::workers_table("jobs"), "jobs_workers");
+        assert_eq!(crate::schedules_table("jobs"), "jobs_schedules");
+        assert_eq!(crate::workers_table("_messages"), "_messages_workers");
+        let longest = "a".repeat(MAX_TABLE_NAME_LEN);
+        for name in [
+            crate::workers_table(&longest),
+            crate::schedules_table(&longest),
+            crate::paused_table(&longest),
+        ] {
+            assert!(name.len() <= 63, "fits PostgreSQL's names: {name}");
+        }
+    }
+
+    #[test]
     fn identifiers_are_validated() {
         for ok in [
             "courier_messages",

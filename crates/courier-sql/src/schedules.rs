@@ -182,17 +182,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_schedules_table_sits_beside_the_message_table() {
-        assert_eq!(schedules_table("courier_messages"), "courier_schedules");
-        assert_eq!(schedules_table("jobs"), "jobs_schedules");
-        let longest = "a".repeat(crate::MAX_TABLE_NAME_LEN);
-        assert!(
-            schedules_table(&longest).len() <= 63,
-            "fits PostgreSQL's names"
-        );
-    }
-
-    #[test]
     fn a_tick_is_recorded_only_by_the_live_holder_and_only_forward() {
         for dialect in [Dialect::Sqlite, Dialect::Postgres, Dialect::Mysql] {
             let s = Statements::new(dialect, "s");

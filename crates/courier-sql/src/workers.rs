@@ -293,18 +293,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_workers_table_sits_beside_the_message_table() {
-        assert_eq!(workers_table("courier_messages"), "courier_workers");
-        assert_eq!(workers_table("jobs"), "jobs_workers");
-        assert_eq!(workers_table("_messages"), "_messages_workers");
-        let longest = "a".repeat(crate::MAX_TABLE_NAME_LEN);
-        assert!(
-            workers_table(&longest).len() <= 63,
-            "fits PostgreSQL's names"
-        );
-    }
-
-    #[test]
     fn heartbeats_never_write_the_stop_flag() {
         for dialect in [Dialect::Sqlite, Dialect::Postgres, Dialect::Mysql] {
             let s = Statements::new(dialect, "w");
