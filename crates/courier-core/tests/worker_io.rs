@@ -212,3 +212,72 @@ async fn one_at_a_time_under_a_bounded_window_each_ack_goes_out_before_the_next_
     );
     assert!(q.get(10).await.unwrap().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn acks_ride_on_the_next_fetch_where_the_transport_acks_in_its_get() {
+    let q = queue_with(64).await;
+    let t = CountAcks::acking_with_get(q.clone(), 0);
+    let (bus, done) = slow_bus(Duration::ZERO);
+    let stats = Worker::builder(bus)
+        .receiver("async", t.clone())
+        .fetch_size(16)
+        .limit(64)
+        .build()
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!((stats.handled, done.load(Ordering::SeqCst)), (64, 64));
+    let mut acked: Vec<u32> = q
+        .acked()
+        .iter()
+        .map(|e| e.message::<Job>().unwrap().0)
+        .collect();
+    acked.sort_unstable();
+    assert_eq!(
+        acked,
+        (0..64).collect::<Vec<_>>(),
+        "each acked exactly once"
+    );
+    let carried = t.carried.load(Ordering::SeqCst);
+    assert!(
+        carried >= 32,
+        "most acks go in the fetches' round trips: {carried} of 64 (ack_batch calls: {})",
+        t.ack_batches()
+    );
+    assert!(
+        t.ack_batches() < 4,
+        "fewer separate ack statements than batches: {}",
+        t.ack_batches()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn acks_that_rode_on_a_failed_fetch_are_acked_again_and_nothing_is_lost() {
+    let q = queue_with(64).await;
+    let t = CountAcks::acking_with_get(q.clone(), 2);
+    let (bus, _) = slow_bus(Duration::ZERO);
+    let stats = Worker::builder(bus)
+        .receiver("async", t.clone())
+        .fetch_size(16)
+        .limit(64)
+        .build()
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(stats.handled, 64);
+    assert_eq!(stats.left_for_redelivery, 0, "{stats:?}");
+    let mut acked: Vec<u32> = q
+        .acked()
+        .iter()
+        .map(|e| e.message::<Job>().unwrap().0)
+        .collect();
+    acked.sort_unstable();
+    acked.dedup();
+    assert_eq!(acked.len(), 64, "every message acked after the failures");
+    assert_eq!(
+        t.fail_ack_gets.load(Ordering::SeqCst),
+        0,
+        "both failures happened"
+    );
+    assert!(q.get(100).await.unwrap().is_empty());
+}

@@ -129,6 +129,14 @@ pub(crate) trait Backend: Send + Sync + Debug {
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
     /// Claims up to `max` available rows with `delivery_id`; returns them in claim order.
     async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error>;
+    /// Deletes rows by (id, delivery_id), then claims up to `max` rows, in one transaction:
+    /// both or neither (the acks of one batch ride on the claim of the next).
+    async fn delete_and_claim(
+        &self,
+        deliveries: &[(i64, i64)],
+        max: usize,
+        delivery_id: i64,
+    ) -> Result<Vec<StoredRow>, sqlx::Error>;
     /// Milliseconds from the database's now until the next row becomes claimable (`<= 0`: one
     /// is claimable now), `None` when the queue is empty.
     async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error>;

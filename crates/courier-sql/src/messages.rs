@@ -35,11 +35,23 @@ pub(crate) trait MessageDialect: SqlDatabase {
     /// Inserts rows in one statement (or one transaction); returns their ids in order.
     async fn insert(m: &Messages<Self>, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
 
+    /// Deletes these deliveries and claims up to `max` rows in one statement of the dialect's
+    /// own ([`Statements::delete_and_claim`]); `None`: the caller uses one transaction.
+    async fn delete_and_claim(
+        _m: &Messages<Self>,
+        _deliveries: &[(i64, i64)],
+        _max: usize,
+        _delivery_id: i64,
+    ) -> Option<Result<Vec<StoredRow>, sqlx::Error>> {
+        None
+    }
+
     /// Runs `head` (a `DELETE FROM t` or `UPDATE t SET ...`) for these deliveries in one
     /// statement of the dialect's own (PostgreSQL: arrays); `None`: the caller uses the portable
     /// grouped predicate.
     async fn for_deliveries(
         _m: &Messages<Self>,
+        _conn: &mut Self::Connection,
         _head: &str,
         _deliveries: &[(i64, i64)],
     ) -> Option<Result<u64, sqlx::Error>> {
@@ -66,6 +78,9 @@ pub(crate) struct Statements {
     /// Claims in one statement (binds: queue, redelivery window, limit, delivery id); MySQL
     /// selects `FOR UPDATE SKIP LOCKED` with the same first three binds, then updates.
     pub(crate) claim: String,
+    /// PostgreSQL: deletes acked (id, delivery id) pairs and claims, in one statement (binds:
+    /// ids, delivery ids, then the claim's); elsewhere `None` (one transaction instead).
+    pub(crate) delete_and_claim: Option<String>,
     pub(crate) next_due: String,
     pub(crate) delete_one: String,
     pub(crate) delete_id: String,
@@ -118,6 +133,16 @@ impl Statements {
             reschedule_update
         };
         Self {
+            // A data-modifying CTE runs whether or not it is read: the acks and the claim go in
+            // one round trip and one commit. The rows it deletes were claimed by this worker
+            // within the redelivery window, so the claim (which skips those) never sees them.
+            delete_and_claim: (dialect == Dialect::Postgres).then(|| {
+                r(format!(
+                    "WITH gone AS (DELETE FROM {t} WHERE (id, delivery_id) IN \
+                     (SELECT * FROM UNNEST(?::INT8[], ?::INT8[]))), {}",
+                    claim.trim_start_matches("WITH ")
+                ))
+            }),
             claim: r(claim),
             next_due: r(format!(
                 "SELECT CAST(MIN(CASE WHEN delivered_at IS NULL THEN available_at \
@@ -343,42 +368,40 @@ where
 
     async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error> {
         let _turn = self.write_turn().await;
-        let mut rows: Vec<StoredRow> = if DB::DIALECT == Dialect::Mysql {
+        if DB::DIALECT == Dialect::Mysql {
             // SELECT ... FOR UPDATE SKIP LOCKED, then one UPDATE, in one READ COMMITTED
             // transaction (no gap locks, so claims, inserts and deletes do not deadlock).
             let mut tx = self.pool.begin().await?;
-            let rows: Vec<StoredRow> = sqlx::query_as(&self.sql.claim)
-                .bind(self.queue.as_str())
-                .bind(self.redeliver_ms)
-                .bind(limit(max))
-                .fetch_all(&mut *tx)
-                .await?;
-            if rows.is_empty() {
-                tx.rollback().await?;
-                return Ok(rows);
-            }
-            let sql = DB::DIALECT.render(&format!(
-                "UPDATE {} SET delivered_at = {{now}}, delivery_id = ? WHERE id IN ({})",
-                self.table,
-                vec!["?"; rows.len()].join(", ")
-            ));
-            let mut q = sqlx::query(&sql).bind(delivery_id);
-            for r in &rows {
-                q = q.bind(r.id);
-            }
-            q.execute(&mut *tx).await?;
+            let rows = self.claim_on(&mut tx, max, delivery_id).await?;
             tx.commit().await?;
-            rows
-        } else {
-            sqlx::query_as(&self.sql.claim)
-                .bind(self.queue.as_str())
-                .bind(self.redeliver_ms)
-                .bind(limit(max))
-                .bind(delivery_id)
-                .fetch_all(&self.pool)
-                .await?
-        };
-        sort_claimed(&mut rows);
+            return Ok(rows);
+        }
+        let mut conn = self.pool.acquire().await?;
+        self.claim_on(&mut conn, max, delivery_id).await
+    }
+
+    async fn delete_and_claim(
+        &self,
+        deliveries: &[(i64, i64)],
+        max: usize,
+        delivery_id: i64,
+    ) -> Result<Vec<StoredRow>, sqlx::Error> {
+        if deliveries.is_empty() {
+            return self.claim(max, delivery_id).await;
+        }
+        let _turn = self.write_turn().await;
+        if let Some(rows) = DB::delete_and_claim(self, deliveries, max, delivery_id).await {
+            let mut rows = rows?;
+            sort_claimed(&mut rows);
+            return Ok(rows);
+        }
+        // One transaction, one commit (one fsync where commits sync) for both halves: the
+        // acks of the last batch and the claim of the next. Either both happen or neither.
+        let mut tx = self.pool.begin().await?;
+        self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
+            .await?;
+        let rows = self.claim_on(&mut tx, max, delivery_id).await?;
+        tx.commit().await?;
         Ok(rows)
     }
 
@@ -511,14 +534,27 @@ where
         head: &str,
         deliveries: &[(i64, i64)],
     ) -> Result<u64, sqlx::Error> {
-        if let Some(done) = DB::for_deliveries(self, head, deliveries).await {
+        if deliveries.len() > CHUNK {
+            let mut tx = self.pool.begin().await?;
+            let matched = self.for_deliveries_on(&mut tx, head, deliveries).await?;
+            tx.commit().await?;
+            return Ok(matched);
+        }
+        let mut conn = self.pool.acquire().await?;
+        self.for_deliveries_on(&mut conn, head, deliveries).await
+    }
+
+    /// `head WHERE <deliveries>` on `conn`, in chunks (the dialect's own form when it has one);
+    /// returns the rows matched.
+    async fn for_deliveries_on(
+        &self,
+        conn: &mut DB::Connection,
+        head: &str,
+        deliveries: &[(i64, i64)],
+    ) -> Result<u64, sqlx::Error> {
+        if let Some(done) = DB::for_deliveries(self, conn, head, deliveries).await {
             return done;
         }
-        let mut tx = if deliveries.len() > CHUNK {
-            Some(self.pool.begin().await?)
-        } else {
-            None
-        };
         let mut matched = 0;
         for chunk in deliveries.chunks(CHUNK) {
             let (predicate, binds) = grouped_deliveries(chunk);
@@ -527,16 +563,55 @@ where
             for b in binds {
                 q = q.bind(b);
             }
-            let done = match tx.as_mut() {
-                Some(tx) => q.execute(&mut **tx).await?,
-                None => q.execute(&self.pool).await?,
-            };
-            matched += DB::rows_affected(&done);
-        }
-        if let Some(tx) = tx {
-            tx.commit().await?;
+            matched += DB::rows_affected(&q.execute(&mut *conn).await?);
         }
         Ok(matched)
+    }
+
+    /// Claims up to `max` rows on `conn` (MySQL: the select and the update, in the caller's
+    /// transaction); returns them in claim order.
+    async fn claim_on(
+        &self,
+        conn: &mut DB::Connection,
+        max: usize,
+        delivery_id: i64,
+    ) -> Result<Vec<StoredRow>, sqlx::Error>
+    where
+        for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
+        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        let mut rows: Vec<StoredRow> = if DB::DIALECT == Dialect::Mysql {
+            let rows: Vec<StoredRow> = sqlx::query_as(&self.sql.claim)
+                .bind(self.queue.as_str())
+                .bind(self.redeliver_ms)
+                .bind(limit(max))
+                .fetch_all(&mut *conn)
+                .await?;
+            if rows.is_empty() {
+                return Ok(rows);
+            }
+            let sql = DB::DIALECT.render(&format!(
+                "UPDATE {} SET delivered_at = {{now}}, delivery_id = ? WHERE id IN ({})",
+                self.table,
+                vec!["?"; rows.len()].join(", ")
+            ));
+            let mut q = sqlx::query(&sql).bind(delivery_id);
+            for r in &rows {
+                q = q.bind(r.id);
+            }
+            q.execute(&mut *conn).await?;
+            rows
+        } else {
+            sqlx::query_as(&self.sql.claim)
+                .bind(self.queue.as_str())
+                .bind(self.redeliver_ms)
+                .bind(limit(max))
+                .bind(delivery_id)
+                .fetch_all(&mut *conn)
+                .await?
+        };
+        sort_claimed(&mut rows);
+        Ok(rows)
     }
 }
 

@@ -12,7 +12,7 @@ use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool};
 use tokio::task::JoinHandle;
 
-use crate::backend::{NewRow, Wake};
+use crate::backend::{NewRow, StoredRow, Wake};
 use crate::messages::{MessageDialect, Messages};
 use crate::pool::{Hidden, PoolSettings, explain_timeout, postgres_pool};
 use crate::{Dialect, SqlOptions};
@@ -128,8 +128,30 @@ impl MessageDialect for Postgres {
         Ok(ids.unwrap_or_default())
     }
 
+    async fn delete_and_claim(
+        m: &Messages<Self>,
+        deliveries: &[(i64, i64)],
+        max: usize,
+        delivery_id: i64,
+    ) -> Option<Result<Vec<StoredRow>, sqlx::Error>> {
+        let sql = m.sql.delete_and_claim.as_deref()?;
+        let (ids, tags): (Vec<i64>, Vec<i64>) = deliveries.iter().copied().unzip();
+        Some(
+            sqlx::query_as(sql)
+                .bind(ids)
+                .bind(tags)
+                .bind(&m.queue)
+                .bind(m.redeliver_ms)
+                .bind(i64::try_from(max).unwrap_or(i64::MAX))
+                .bind(delivery_id)
+                .fetch_all(&m.pool)
+                .await,
+        )
+    }
+
     async fn for_deliveries(
         m: &Messages<Self>,
+        conn: &mut PgConnection,
         head: &str,
         deliveries: &[(i64, i64)],
     ) -> Option<Result<u64, sqlx::Error>> {
@@ -137,16 +159,12 @@ impl MessageDialect for Postgres {
         let q = match deliveries.first() {
             Some(&(_, tag)) if deliveries.iter().all(|d| d.1 == tag) => {
                 let sql = format!("{head}{}", m.state.same_delivery);
-                sqlx::query(&sql).bind(ids).bind(tag).execute(&m.pool).await
+                sqlx::query(&sql).bind(ids).bind(tag).execute(conn).await
             }
             _ => {
                 let tags: Vec<i64> = deliveries.iter().map(|d| d.1).collect();
                 let sql = format!("{head}{}", m.state.pairs);
-                sqlx::query(&sql)
-                    .bind(ids)
-                    .bind(tags)
-                    .execute(&m.pool)
-                    .await
+                sqlx::query(&sql).bind(ids).bind(tags).execute(conn).await
             }
         };
         Some(q.map(|done| done.rows_affected()))

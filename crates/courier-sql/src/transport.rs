@@ -251,11 +251,86 @@ impl SqlTransport {
         (id, delivery)
     }
 
-    async fn claim_once(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+    /// [`Transport::get`], deleting `acks` in the first claim's transaction.
+    async fn get_after(
+        &self,
+        max: usize,
+        mut acks: Vec<(i64, i64)>,
+    ) -> Result<Vec<Envelope>, TransportError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.backend.start_listener(&self.wake);
+        let deadline = Instant::now() + self.options.poll_window;
+        let mut changes = self.wake.version.subscribe();
+        let mut idle = Backoff::new(FIRST_IDLE_BACKOFF, MAX_IDLE_BACKOFF).attempts();
+        let mut grace_spent = false;
+        loop {
+            changes.borrow_and_update();
+            let claimed = self.claim_once(max, &acks).await?;
+            acks.clear();
+            if !claimed.is_empty() {
+                return Ok(claimed);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(claimed);
+            }
+            let remaining = deadline - now;
+            if self.wake.is_listening() && !grace_spent {
+                // Server push is live: a message sent now wakes us by NOTIFY. The next due time
+                // (a delayed row, an expired delivery) costs a statement, read only when no
+                // wake-up comes within the grace: on a busy queue the next message usually
+                // does, and the read would delay its claim. A row coming due meanwhile is
+                // claimed at most the grace late.
+                grace_spent = true;
+                tokio::select! {
+                    () = tokio::time::sleep(LISTEN_GRACE.min(remaining)) => {}
+                    _ = changes.changed() => continue,
+                }
+                if Instant::now() >= deadline {
+                    continue;
+                }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let due = self
+                .attempt("reading the next due time", || self.backend.next_due_in())
+                .await?;
+            let until_due =
+                due.map(|ms| Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0)));
+            let wait = if self.wake.is_listening() && until_due.is_none_or(|d| !d.is_zero()) {
+                // Server push is live: sleep until the next row is due, woken early by a NOTIFY.
+                until_due.map_or(remaining, |d| d.min(remaining))
+            } else {
+                let step = idle.failed();
+                until_due
+                    .filter(|d| !d.is_zero())
+                    .map_or(step, |d| d.min(step))
+                    .min(remaining)
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                _ = changes.changed() => {}
+            }
+        }
+    }
+
+    /// One claim; `acks` (id, delivery id) are deleted in the same transaction first.
+    async fn claim_once(
+        &self,
+        max: usize,
+        acks: &[(i64, i64)],
+    ) -> Result<Vec<Envelope>, TransportError> {
         let delivery_id = fastrand::i64(1..i64::MAX);
-        let rows = self
-            .attempt("claiming messages", || self.backend.claim(max, delivery_id))
-            .await?;
+        let rows = if acks.is_empty() {
+            self.attempt("claiming messages", || self.backend.claim(max, delivery_id))
+                .await?
+        } else {
+            self.attempt("deleting and claiming messages", || {
+                self.backend.delete_and_claim(acks, max, delivery_id)
+            })
+            .await?
+        };
         // One tag for the whole claim: every row of it shares the delivery id.
         let tag = Arc::new(DeliveryTagStamp(delivery_id.to_string()));
         Ok(self
@@ -348,61 +423,29 @@ impl Transport for SqlTransport {
     }
 
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.get_after(max, Vec::new()).await
+    }
+
+    async fn ack_and_get(
+        &self,
+        acks: &[Envelope],
+        max: usize,
+    ) -> Result<Vec<Envelope>, TransportError> {
+        let mut pairs = Vec::with_capacity(acks.len());
+        for envelope in acks {
+            match Self::delivery(envelope) {
+                (Some(id), Some(delivery)) => pairs.push((id, delivery)),
+                _ => self.ack(envelope).await?,
+            }
+        }
         if max == 0 {
+            if !pairs.is_empty() {
+                self.attempt("deleting messages", || self.backend.delete(&pairs))
+                    .await?;
+            }
             return Ok(Vec::new());
         }
-        self.backend.start_listener(&self.wake);
-        let deadline = Instant::now() + self.options.poll_window;
-        let mut changes = self.wake.version.subscribe();
-        let mut idle = Backoff::new(FIRST_IDLE_BACKOFF, MAX_IDLE_BACKOFF).attempts();
-        let mut grace_spent = false;
-        loop {
-            changes.borrow_and_update();
-            let claimed = self.claim_once(max).await?;
-            if !claimed.is_empty() {
-                return Ok(claimed);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(claimed);
-            }
-            let remaining = deadline - now;
-            if self.wake.is_listening() && !grace_spent {
-                // Server push is live: a message sent now wakes us by NOTIFY. The next due time
-                // (a delayed row, an expired delivery) costs a statement, read only when no
-                // wake-up comes within the grace: on a busy queue the next message usually
-                // does, and the read would delay its claim. A row coming due meanwhile is
-                // claimed at most the grace late.
-                grace_spent = true;
-                tokio::select! {
-                    () = tokio::time::sleep(LISTEN_GRACE.min(remaining)) => {}
-                    _ = changes.changed() => continue,
-                }
-                if Instant::now() >= deadline {
-                    continue;
-                }
-            }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let due = self
-                .attempt("reading the next due time", || self.backend.next_due_in())
-                .await?;
-            let until_due =
-                due.map(|ms| Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0)));
-            let wait = if self.wake.is_listening() && until_due.is_none_or(|d| !d.is_zero()) {
-                // Server push is live: sleep until the next row is due, woken early by a NOTIFY.
-                until_due.map_or(remaining, |d| d.min(remaining))
-            } else {
-                let step = idle.failed();
-                until_due
-                    .filter(|d| !d.is_zero())
-                    .map_or(step, |d| d.min(step))
-                    .min(remaining)
-            };
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                _ = changes.changed() => {}
-            }
-        }
+        self.get_after(max, pairs).await
     }
 
     async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
@@ -542,11 +585,23 @@ impl Transport for SqlTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
+        let caps = Capabilities::none()
             .with_delay(None)
             .with_priority()
             .with_blocking_get()
-            .with_redeliver_after(self.options.redeliver_timeout)
+            .with_redeliver_after(self.options.redeliver_timeout);
+        // PostgreSQL deletes and claims in one statement: the acks of one batch ride on the
+        // claim of the next. Elsewhere it takes a transaction of its own, which measured
+        // slower than the two statements overlapped (SQLite: 0.73-0.83x against 0.85-0.88x
+        // the raw loop), so the worker keeps them apart.
+        if matches!(
+            Dialect::from_scheme(self.dsn.scheme()),
+            Ok(Dialect::Postgres)
+        ) {
+            caps.with_ack_with_get()
+        } else {
+            caps
+        }
     }
 }
 
@@ -696,6 +751,14 @@ mod tests {
                 priority: 0,
                 available_at: 0,
             }])
+        }
+        async fn delete_and_claim(
+            &self,
+            _: &[(i64, i64)],
+            max: usize,
+            delivery_id: i64,
+        ) -> Result<Vec<StoredRow>, sqlx::Error> {
+            self.claim(max, delivery_id).await
         }
         async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error> {
             self.due_reads.fetch_add(1, Ordering::SeqCst);

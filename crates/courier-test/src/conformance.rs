@@ -33,7 +33,7 @@ pub use admin::{
     listable_finds_lists_and_removes_by_id, message_count_is_exact_when_idle, setup_is_idempotent,
 };
 pub use batch::{
-    ack_batch_with_already_acked_envelopes_acks_the_rest,
+    ack_and_get_acks_then_receives, ack_batch_with_already_acked_envelopes_acks_the_rest,
     send_batch_and_ack_batch_behave_like_loops,
 };
 pub use concurrency::concurrent_consumers_get_disjoint_messages;
@@ -117,6 +117,7 @@ macro_rules! __with_cases {
             // batch equivalence
             send_batch_and_ack_batch_behave_like_loops,
             ack_batch_with_already_acked_envelopes_acks_the_rest,
+            ack_and_get_acks_then_receives,
         }
     };
 }

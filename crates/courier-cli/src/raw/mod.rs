@@ -56,6 +56,15 @@ pub(crate) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Option<Figures>
     }
 }
 
+/// Makes the ground even before one side of a paired round: PostgreSQL `VACUUM`s the table.
+pub(crate) async fn level(dsn: &Dsn) {
+    #[cfg(feature = "postgres")]
+    if matches!(dsn.scheme(), "postgres" | "postgresql") {
+        postgres::vacuum(dsn).await;
+    }
+    let _ = dsn;
+}
+
 /// Called with the `seq` of each decoded body, before its ack (the handler's place).
 pub(crate) type OnHandled<'a> = &'a (dyn Fn(u64) + Send + Sync);
 
@@ -286,7 +295,7 @@ async fn run_on<D: Driver>(raw: &Arc<D>, work: &Work) -> CliResult<Figures> {
 #[cfg(feature = "amqp")]
 pub(crate) mod amqp;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis_streams;
 #[cfg(feature = "sqlite")]

@@ -146,3 +146,22 @@ pub(super) async fn listen(
         }
     }))
 }
+
+/// `VACUUM`s the benchmark's table, so each side of a paired round starts on a table without the
+/// dead rows of the one before (a claim scans past them until autovacuum comes). Best effort.
+pub(crate) async fn vacuum(dsn: &Dsn) {
+    let Ok(options) = PgConnectOptions::from_str(dsn.expose_without_query()) else {
+        return;
+    };
+    let table = dsn.option("table_name").unwrap_or("courier_messages");
+    if !courier_sql::is_valid_identifier(table) {
+        return;
+    }
+    if let Ok(mut conn) = sqlx::ConnectOptions::connect(&options).await {
+        let vacuum = format!("VACUUM {table}");
+        if let Err(e) = sqlx::Executor::execute(&mut conn, vacuum.as_str()).await {
+            tracing::debug!(error = %e, "benchmark VACUUM failed");
+        }
+        let _ = sqlx::Connection::close(conn).await;
+    }
+}

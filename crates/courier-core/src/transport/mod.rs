@@ -51,6 +51,9 @@ pub struct Capabilities {
     /// prefetch): the worker acks what is done before it fetches the next batch, rather than
     /// once the batch is done.
     pub bounded_unacked: bool,
+    /// [`Transport::ack_and_get`] acks and receives in one round trip (SQL: one transaction,
+    /// one commit): the worker lets the acks of one batch ride on the fetch of the next.
+    pub ack_with_get: bool,
 }
 
 impl Capabilities {
@@ -65,6 +68,7 @@ impl Capabilities {
             redelivery: false,
             redeliver_after: None,
             bounded_unacked: false,
+            ack_with_get: false,
         }
     }
 
@@ -102,6 +106,13 @@ impl Capabilities {
     pub const fn with_redeliver_after(mut self, window: Duration) -> Self {
         self.redelivery = true;
         self.redeliver_after = Some(window);
+        self
+    }
+
+    /// Sets [`Capabilities::ack_with_get`].
+    #[must_use]
+    pub const fn with_ack_with_get(mut self) -> Self {
+        self.ack_with_get = true;
         self
     }
 
@@ -190,6 +201,24 @@ pub trait Transport: Send + Sync + Debug {
         };
         self.send(next).await?;
         self.ack(&old).await
+    }
+
+    /// Acks `acks`, then receives up to `max` like [`Transport::get`]: in one round trip where
+    /// the backend can ([`Capabilities::ack_with_get`]). The default acks with
+    /// [`Transport::ack_batch`], then gets. On an error the acks may or may not have happened:
+    /// the caller acks them again (acking twice is not an error). `max` 0 acks only.
+    async fn ack_and_get(
+        &self,
+        acks: &[Envelope],
+        max: usize,
+    ) -> Result<Vec<Envelope>, TransportError> {
+        if !acks.is_empty() {
+            self.ack_batch(acks).await?;
+        }
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.get(max).await
     }
 
     /// Tells the transport the envelope is still being worked on (extends its redelivery window).

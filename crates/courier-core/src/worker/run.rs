@@ -47,7 +47,13 @@ struct Fetched {
     errors: Vec<(usize, TransportError)>,
     /// Acks the fetch made first (see [`Worker::ack_then_fetch`]) that failed.
     ack_failed: u64,
+    /// Acks that rode on the fetch ([`Transport::ack_and_get`](crate::Transport::ack_and_get))
+    /// and failed with it: the ack flusher acks them again.
+    unacked: Vec<(u64, Envelope)>,
 }
+
+/// Acks of the first receiver handed to the next fetch, to go in its round trip.
+type Carried = Option<(Arc<Held>, Vec<(u64, Envelope)>)>;
 
 type Handling<'a> = Pin<Box<dyn Future<Output = (usize, u64, Done)> + Send + 'a>>;
 
@@ -177,6 +183,16 @@ impl Worker {
         // the handlers could receive nothing before their acks: fetch once they are done, and
         // ack in the same future (one task hand-off a message fewer).
         let fetch_when_done = ack_before_fetch && self.options.fetch_size <= concurrency;
+        // Where the first receiver acks and claims in one round trip (SQL: one transaction, one
+        // commit), its acks wait for the next fetch and ride on it (or go after the linger).
+        let ack_with_get = !fetch_when_done
+            && self
+                .receivers
+                .first()
+                .is_some_and(|r| r.transport.capabilities().ack_with_get);
+        // A batch's acks are handed over once it is full; riding on fetches, the acks of the
+        // last half of one batch and the first half of the next go together.
+        let max_acks = self.options.fetch_size.max(1) * if ack_with_get { 2 } else { 1 };
         let mut queue: VecDeque<(usize, u64, Envelope)> = VecDeque::new();
         let mut inflight: FuturesUnordered<Handling<'_>> = FuturesUnordered::new();
         // The next fetch: see [`Fetch`].
@@ -193,7 +209,6 @@ impl Worker {
         let drain_timer = tokio::time::sleep_until(far);
         let linger_timer = tokio::time::sleep_until(far);
         let mut lingering = false;
-        let max_acks = self.options.fetch_size.max(1);
         let cancelled = shutdown.cancelled();
         tokio::pin!(
             fetch_timer,
@@ -232,6 +247,15 @@ impl Worker {
             {
                 let want = self.want(state, queue.len());
                 if want > 0 {
+                    let carried = if ack_with_get {
+                        let acks = beside.ackers[0].take();
+                        if beside.ackers.iter().all(|a| a.pending() == 0) {
+                            lingering = false;
+                        }
+                        (!acks.is_empty()).then(|| (beside.held.clone(), acks))
+                    } else {
+                        None
+                    };
                     fetching = Some(if inflight.is_empty() && queue.is_empty() {
                         // Nothing to overlap with: poll it here, no task and no cross-thread
                         // wake-up (what one-at-a-time consumption pays per message).
@@ -239,10 +263,10 @@ impl Worker {
                             lingering = false;
                             Fetch::Inline(Box::pin(self.ack_then_fetch(beside, want)))
                         } else {
-                            Fetch::Inline(Box::pin(self.fetch(want)))
+                            Fetch::Inline(Box::pin(self.fetch(want, carried)))
                         }
                     } else {
-                        Fetch::Task(AbortOnDrop(tokio::spawn(self.fetch(want))))
+                        Fetch::Task(AbortOnDrop(tokio::spawn(self.fetch(want, carried))))
                     });
                     if ack_before_fetch {
                         // A broker that bounds the unacked deliveries (AMQP prefetch) sends the
@@ -268,6 +292,14 @@ impl Worker {
                     }
                     if fetch_when_done {
                         // The next fetch acks them (or the linger, or the stop, flushes them).
+                    } else if ack_with_get && queue.is_empty() && inflight.is_empty() {
+                        // The batch is done: the first receiver's acks go with the next fetch,
+                        // which starts now unless one is under way (then the linger flushes
+                        // them if it does not come back first).
+                        beside.ackers.iter_mut().skip(1).for_each(Acker::flush);
+                        if fetching.is_some() && beside.ackers[0].pending() == 0 {
+                            lingering = false;
+                        }
                     } else if queue.is_empty() && inflight.is_empty() {
                         // The batch is done: flush its acks now rather than after the linger.
                         beside.ackers.iter_mut().for_each(Acker::flush);
@@ -333,19 +365,44 @@ impl Worker {
         }
     }
 
-    /// One round over the receivers in priority order (the first batch wins), as a task.
-    fn fetch(&self, want: usize) -> impl Future<Output = Fetched> + Send + 'static {
+    /// One round over the receivers in priority order (the first batch wins), as a task;
+    /// `carried` acks of the first receiver go in its round trip.
+    fn fetch(
+        &self,
+        want: usize,
+        carried: Carried,
+    ) -> impl Future<Output = Fetched> + Send + 'static {
         let transports: Vec<_> = self.receivers.iter().map(|r| r.transport.clone()).collect();
         async move {
             let mut errors = Vec::new();
+            let mut unacked = Vec::new();
             for (i, transport) in transports.iter().enumerate() {
-                match transport.get(want).await {
+                let got = match (i, &carried) {
+                    (0, Some((held, acks))) => {
+                        let envelopes: Vec<Envelope> =
+                            acks.iter().map(|(_, e)| e.clone()).collect();
+                        let got = transport.ack_and_get(&envelopes, want).await;
+                        if got.is_ok() {
+                            held.release_keys(acks.iter().map(|(k, _)| *k));
+                        }
+                        got
+                    }
+                    _ => transport.get(want).await,
+                };
+                if got.is_err()
+                    && i == 0
+                    && let Some((_, acks)) = &carried
+                {
+                    unacked.clone_from(acks);
+                }
+                match got {
                     Ok(batch) if batch.is_empty() => {}
                     Ok(batch) => {
                         return Fetched {
                             batch: Some((i, batch)),
                             errors,
                             ack_failed: 0,
+                            unacked,
                         };
                     }
                     Err(e) => errors.push((i, e)),
@@ -355,6 +412,7 @@ impl Worker {
                 batch: None,
                 errors,
                 ack_failed: 0,
+                unacked,
             }
         }
     }
@@ -374,7 +432,7 @@ impl Worker {
             .filter(|(_, _, pending)| !pending.is_empty())
             .collect();
         let held = beside.held.clone();
-        let fetch = self.fetch(want);
+        let fetch = self.fetch(want, None);
         async move {
             let mut ack_failed = 0;
             for (name, transport, pending) in acks {
@@ -410,6 +468,13 @@ impl Worker {
             });
         }
         state.stats.left_for_redelivery += fetched.ack_failed;
+        if !fetched.unacked.is_empty() {
+            // The fetch they rode on failed: the flusher acks them (again, if they went).
+            for (key, envelope) in fetched.unacked {
+                beside.ackers[0].push(key, envelope);
+            }
+            beside.ackers[0].flush();
+        }
         let failed = !fetched.errors.is_empty();
         let error_wait = if failed {
             Some(state.error_backoff.failed())
@@ -612,6 +677,7 @@ async fn join_fetch(fetch: Option<&mut Fetch>) -> Fetched {
                 batch: None,
                 errors: Vec::new(),
                 ack_failed: 0,
+                unacked: Vec::new(),
             }
         }
     }

@@ -28,12 +28,19 @@ pub async fn queue_with(n: u32) -> Arc<InMemoryTransport> {
 }
 
 /// An in-memory transport counting its `ack_batch` calls; `bounded` makes it say its server
-/// bounds unacked deliveries, as AMQP's prefetch does.
+/// bounds unacked deliveries, as AMQP's prefetch does; `with_get` that it acks and gets in one
+/// round trip (as SQL does), counting those too, failing the first `fail_ack_gets` of them.
 #[derive(Debug)]
 pub struct CountAcks {
     pub inner: Arc<InMemoryTransport>,
     pub acks: AtomicUsize,
     pub bounded: bool,
+    pub with_get: bool,
+    /// `ack_and_get` calls that carried acks.
+    pub ack_gets: AtomicUsize,
+    /// Acks that went in them.
+    pub carried: AtomicUsize,
+    pub fail_ack_gets: AtomicUsize,
 }
 
 impl CountAcks {
@@ -42,6 +49,23 @@ impl CountAcks {
             inner,
             acks: AtomicUsize::new(0),
             bounded,
+            with_get: false,
+            ack_gets: AtomicUsize::new(0),
+            carried: AtomicUsize::new(0),
+            fail_ack_gets: AtomicUsize::new(0),
+        })
+    }
+
+    /// A transport that acks in its gets, failing the first `failures` that carry acks.
+    pub fn acking_with_get(inner: Arc<InMemoryTransport>, failures: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            acks: AtomicUsize::new(0),
+            bounded: false,
+            with_get: true,
+            ack_gets: AtomicUsize::new(0),
+            carried: AtomicUsize::new(0),
+            fail_ack_gets: AtomicUsize::new(failures),
         })
     }
 
@@ -69,12 +93,36 @@ impl Transport for CountAcks {
         self.acks.fetch_add(1, Ordering::SeqCst);
         self.inner.ack_batch(es).await
     }
-    fn capabilities(&self) -> Capabilities {
-        let caps = self.inner.capabilities();
-        if self.bounded {
-            caps.with_bounded_unacked()
-        } else {
-            caps
+    async fn ack_and_get(
+        &self,
+        es: &[Envelope],
+        max: usize,
+    ) -> Result<Vec<Envelope>, TransportError> {
+        if !es.is_empty() {
+            let failing = self
+                .fail_ack_gets
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if failing {
+                return Err(TransportError::new(
+                    courier_core::TransportErrorKind::Connection,
+                    "counted",
+                ));
+            }
+            self.ack_gets.fetch_add(1, Ordering::SeqCst);
+            self.carried.fetch_add(es.len(), Ordering::SeqCst);
+            self.inner.ack_batch(es).await?;
         }
+        self.inner.get(max).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = self.inner.capabilities();
+        if self.bounded {
+            caps = caps.with_bounded_unacked();
+        }
+        if self.with_get {
+            caps = caps.with_ack_with_get();
+        }
+        caps
     }
 }

@@ -81,3 +81,35 @@ pub async fn ack_batch_with_already_acked_envelopes_acks_the_rest(h: &dyn Harnes
     h.expire_deliveries(&t).await;
     expect_nothing(h, &t, "after ack_batch, nothing may come back").await;
 }
+
+/// `ack_and_get` acks the given deliveries and receives the next ones, like `ack_batch` then
+/// `get` (SQL does both in one transaction): the acked messages are gone for good, what it
+/// returns is delivered once, and an empty ack list is a plain `get`.
+pub async fn ack_and_get_acks_then_receives(h: &dyn Harness) {
+    let t = h.transport().await;
+    send_seqs(h, &t, 0..5).await;
+    let first = receive(h, &t, 2, "the first two").await;
+    assert_eq!(seqs(&first), vec![0, 1]);
+    let mut next = ok(h, "ack_and_get (two acks)", t.ack_and_get(&first, 2)).await;
+    if next.len() < 2 {
+        // A pushing transport may have fewer at hand at once; the rest come by `get`.
+        next.extend(receive(h, &t, 2 - next.len(), "the rest of the second two").await);
+    }
+    assert_eq!(seqs(&next), vec![2, 3], "ack_and_get receives in order");
+    expect_count(h, &t, 3, "after ack_and_get: 2 and 3 in flight, 4 waiting").await;
+    let mut last = ok(h, "ack_and_get (two more acks)", t.ack_and_get(&next, 1)).await;
+    if last.is_empty() {
+        last = receive(h, &t, 1, "the last one").await;
+    }
+    assert_eq!(seqs(&last), vec![4]);
+    expect_count(h, &t, 1, "after the second ack_and_get: only 4").await;
+    ok(
+        h,
+        "ack_and_get (the last ack, nothing wanted)",
+        t.ack_and_get(&last, 0),
+    )
+    .await;
+    expect_count(h, &t, 0, "after acking everything").await;
+    h.expire_deliveries(&t).await;
+    expect_nothing(h, &t, "after ack_and_get, nothing acked may come back").await;
+}

@@ -61,11 +61,15 @@ async fn rounds(
     for round in 0..rounds {
         // ABBA order, so neither side always runs on the colder (or fuller) database.
         let raw_first = args.raw && round % 2 == 1;
+        // Each side starts on a table without the other's dead rows (PostgreSQL: VACUUM).
         if raw_first {
+            crate::raw::level(isolated).await;
             theirs.extend(crate::raw::measure(isolated, work).await?);
         }
+        crate::raw::level(isolated).await;
         ours.push(courier_figures(&transport, work, usize::from(args.concurrency)).await?);
         if args.raw && !raw_first {
+            crate::raw::level(isolated).await;
             theirs.extend(crate::raw::measure(isolated, work).await?);
         }
     }
