@@ -58,6 +58,16 @@ pub(crate) enum Command {
     /// a second signal exits at once with code 130, after logging how many in-flight messages it
     /// leaves for redelivery.
     Consume(ConsumeArgs),
+    /// Forward an outbox queue to another transport, in batches, unchanged (same message id,
+    /// same stamps); the outbox rows are deleted only after the destination confirmed them
+    ///
+    /// At least once across crashes (a batch confirmed but not yet deleted is sent again after
+    /// the outbox's redelivery window); one batch in flight, so the outbox's order is kept.
+    /// SIGINT/SIGTERM finishes the batch in flight and exits 0.
+    ///
+    /// JSON (on exit): {"from", "to", "relayed", "batches"}.
+    #[command(verbatim_doc_comment)]
+    Relay(RelayArgs),
     /// Message counts per transport
     Stats {
         /// Transports to count (default: all)
@@ -206,6 +216,19 @@ pub(crate) struct ConsumeArgs {
     /// sample every transport's queue depth every 5 s
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RelayArgs {
+    /// The outbox: a SQL transport of the configuration
+    #[arg(long, value_name = "TRANSPORT")]
+    pub(crate) from: String,
+    /// Where its messages go (any transport)
+    #[arg(long, value_name = "TRANSPORT")]
+    pub(crate) to: String,
+    /// Messages fetched, sent and deleted per batch
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) batch_size: u16,
 }
 
 #[derive(Debug, Subcommand)]
