@@ -152,6 +152,8 @@ pub(crate) enum Command {
     ///     "store_statements": {"submit", "execute"} (per run), "store_calls_per_run": {method:
     ///     calls}, "transport_statements_per_run", "transport_calls_per_run": {method: calls},
     ///     "empty_gets_per_run"}
+    ///   --relay: {"mode": "relay", "from", "to", "messages", "size", "batch_size", "rounds",
+    ///     "direct_send_per_s", "relay_per_s", "ratio": relay / direct}
     ///   --latency: {"mode": "latency", "dsn", "samples", "size", "fetch_size", "rounds",
     ///     "courier": {"p50_ms", "p99_ms"}, "raw": {"p50_ms", "p99_ms", "floor"} | null,
     ///     "ratio": courier p50 / raw p50 | null}
@@ -399,6 +401,13 @@ pub(crate) struct BenchArgs {
     /// floor
     #[arg(long)]
     pub(crate) latency: bool,
+    /// Measure the relay: a SQL outbox (--dsn) drained into --to, beside --to's own batched
+    /// send (medians over --rounds, default 3)
+    #[arg(long, requires = "to", conflicts_with_all = ["runs", "latency", "raw"])]
+    pub(crate) relay: bool,
+    /// The relay's destination (with --relay)
+    #[arg(long, value_name = "DSN")]
+    pub(crate) to: Option<String>,
     /// Latency samples per side (with --latency)
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(crate) samples: u32,
