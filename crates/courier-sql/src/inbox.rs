@@ -327,7 +327,7 @@ where
     async fn count_record(&self) {
         let every = self.inner.options.cleanup_every;
         let n = self.inner.records.fetch_add(1, Ordering::Relaxed) + 1;
-        if every > 0 && n % every == 0 {
+        if every > 0 && n.is_multiple_of(every) {
             match self.cleanup().await {
                 Ok(gone) => {
                     tracing::debug!(courier.inbox.table = %self.inner.options.table, gone, "inbox cleanup")
