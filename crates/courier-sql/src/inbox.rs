@@ -1,5 +1,5 @@
 //! [`Inbox`]: the idempotent consumer. Each handled message's
-//! [`MessageIdStamp`](courier_core::MessageIdStamp) is recorded in a table of the handler's own
+//! [`MessageIdStamp`] is recorded in a table of the handler's own
 //! database, and a message whose id is recorded already is acked without being handled again.
 //!
 //! Two ways to use it, best together:
