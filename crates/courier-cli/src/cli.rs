@@ -58,6 +58,16 @@ pub(crate) enum Command {
     /// a second signal exits at once with code 130, after logging how many in-flight messages it
     /// leaves for redelivery.
     Consume(ConsumeArgs),
+    /// Forward an outbox queue to another transport, in batches, unchanged (same message id,
+    /// same stamps); the outbox rows are deleted only after the destination confirmed them
+    ///
+    /// At least once across crashes (a batch confirmed but not yet deleted is sent again after
+    /// the outbox's redelivery window); one batch in flight, so the outbox's order is kept.
+    /// SIGINT/SIGTERM finishes the batch in flight and exits 0.
+    ///
+    /// JSON (on exit): {"from", "to", "relayed", "batches"}.
+    #[command(verbatim_doc_comment)]
+    Relay(RelayArgs),
     /// Message counts per transport
     Stats {
         /// Transports to count (default: all)
@@ -142,6 +152,8 @@ pub(crate) enum Command {
     ///     "store_statements": {"submit", "execute"} (per run), "store_calls_per_run": {method:
     ///     calls}, "transport_statements_per_run", "transport_calls_per_run": {method: calls},
     ///     "empty_gets_per_run"}
+    ///   --relay: {"mode": "relay", "from", "to", "messages", "size", "batch_size", "rounds",
+    ///     "direct_send_per_s", "relay_per_s", "ratio": relay / direct}
     ///   --latency: {"mode": "latency", "dsn", "samples", "size", "fetch_size", "rounds",
     ///     "courier": {"p50_ms", "p99_ms"}, "raw": {"p50_ms", "p99_ms", "floor"} | null,
     ///     "ratio": courier p50 / raw p50 | null}
@@ -206,6 +218,19 @@ pub(crate) struct ConsumeArgs {
     /// sample every transport's queue depth every 5 s
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RelayArgs {
+    /// The outbox: a SQL transport of the configuration
+    #[arg(long, value_name = "TRANSPORT")]
+    pub(crate) from: String,
+    /// Where its messages go (any transport)
+    #[arg(long, value_name = "TRANSPORT")]
+    pub(crate) to: String,
+    /// Messages fetched, sent and deleted per batch
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) batch_size: u16,
 }
 
 #[derive(Debug, Subcommand)]
@@ -376,6 +401,13 @@ pub(crate) struct BenchArgs {
     /// floor
     #[arg(long)]
     pub(crate) latency: bool,
+    /// Measure the relay: a SQL outbox (--dsn) drained into --to, beside --to's own batched
+    /// send (medians over --rounds, default 3)
+    #[arg(long, requires = "to", conflicts_with_all = ["runs", "latency", "raw"])]
+    pub(crate) relay: bool,
+    /// The relay's destination (with --relay)
+    #[arg(long, value_name = "DSN")]
+    pub(crate) to: Option<String>,
     /// Latency samples per side (with --latency)
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(crate) samples: u32,

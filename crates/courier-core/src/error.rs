@@ -426,6 +426,15 @@ pub enum BusError {
         /// The wire name.
         name: String,
     },
+    /// [`MessageBus::prepare`](crate::MessageBus::prepare) (a dispatch inside a database
+    /// transaction) was given a message routed to no transport.
+    #[error(
+        "message `{name}` is routed to no transport: only a routed message can be written in a transaction"
+    )]
+    NotRouted {
+        /// The wire name.
+        name: String,
+    },
     /// The envelope holds a message that could not be decoded.
     #[error("cannot handle an undecodable message")]
     Undecodable(#[source] std::sync::Arc<crate::DecodeError>),
@@ -472,7 +481,7 @@ impl BusError {
             }
             Self::NoHandler { .. } => "no_handler",
             Self::Undecodable(_) => "decode",
-            Self::Send { .. } | Self::UnknownTransport { .. } => "send",
+            Self::Send { .. } | Self::UnknownTransport { .. } | Self::NotRouted { .. } => "send",
             Self::Middleware(_) => "error",
             Self::Query { .. } => "query",
             Self::Signature { .. } => "signature",

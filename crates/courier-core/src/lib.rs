@@ -48,6 +48,7 @@ mod error;
 pub mod failed;
 mod message;
 pub mod metrics;
+pub mod relay;
 pub mod retry;
 pub mod schedule;
 pub mod signing;
@@ -59,8 +60,8 @@ pub mod worker;
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
     BusLink, DEFAULT_BUS, Dispatcher, HandledResultStamp, Handler, HandlerOptions, MessageBus,
-    MessageBusBuilder, Middleware, Next, QueryError, QueryHandler, Router, SendHook, Sending,
-    with_trace_context,
+    MessageBusBuilder, Middleware, Next, Prepared, QueryError, QueryHandler, Router, SendHook,
+    Sending, with_trace_context,
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,

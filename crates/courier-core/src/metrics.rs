@@ -18,6 +18,9 @@
 //! | `courier_ack_batch_size` | histogram | `transport` | messages per `ack_batch` |
 //! | `courier_queue_depth` | gauge | `transport` | `message_count`, sampled periodically ([`spawn_queue_depth`]) |
 //! | `courier_worker_heartbeats_total` | counter | | bumped every second by each running worker |
+//! | `courier_relayed_total` | counter | `from`, `to` | forwarded by a [`Relay`](crate::relay::Relay) (destination confirmed, source acked) |
+//! | `courier_relay_batches_total` | counter | `from`, `to` | batches forwarded by a relay |
+//! | `courier_relay_lag_seconds` | gauge | `from` | age of the oldest message still in the relay's source (an outbox's backlog), sampled by the relay |
 //! | `courier_runs_total` | counter | `outcome` | durable runs executed by a worker, by outcome |
 //! | `courier_run_duration_seconds` | histogram | `outcome` | one execution of a run (claim to settle) |
 //! | `courier_run_requeues_total` | counter | `class` | runs requeued after a failure, by failure class |
@@ -60,6 +63,12 @@ pub const ACK_BATCH_SIZE: &str = "courier_ack_batch_size";
 pub const QUEUE_DEPTH: &str = "courier_queue_depth";
 /// Heartbeats of running workers: each bumps it every second (counter).
 pub const WORKER_HEARTBEATS: &str = "courier_worker_heartbeats_total";
+/// Messages forwarded by a relay (counter; `from`, `to`).
+pub const RELAYED: &str = "courier_relayed_total";
+/// Batches forwarded by a relay (counter; `from`, `to`).
+pub const RELAY_BATCHES: &str = "courier_relay_batches_total";
+/// Age of the oldest message in a relay's source, in seconds (gauge; `from`).
+pub const RELAY_LAG: &str = "courier_relay_lag_seconds";
 /// Durable runs executed by a worker, by outcome (counter; `outcome`).
 pub const RUNS: &str = "courier_runs_total";
 /// How long one execution of a durable run took (histogram, seconds; `outcome`).
@@ -106,6 +115,13 @@ pub fn describe() {
     describe_histogram!(ACK_BATCH_SIZE, Unit::Count, "Messages acked per batch");
     describe_gauge!(QUEUE_DEPTH, Unit::Count, "Messages waiting on a transport");
     describe_counter!(WORKER_HEARTBEATS, "Heartbeats of running workers (1 s)");
+    describe_counter!(RELAYED, "Messages forwarded by a relay");
+    describe_counter!(RELAY_BATCHES, "Batches forwarded by a relay");
+    describe_gauge!(
+        RELAY_LAG,
+        Unit::Seconds,
+        "Age of the oldest message in a relay's source"
+    );
     describe_counter!(RUNS, "Durable runs executed by a worker, by outcome");
     describe_histogram!(
         RUN_DURATION,

@@ -74,7 +74,8 @@ pub fn decide(
             BusError::NoHandler { .. }
             | BusError::Undecodable(_)
             | BusError::Signature { .. }
-            | BusError::UnknownTransport { .. } => RetryDecision::Reject,
+            | BusError::UnknownTransport { .. }
+            | BusError::NotRouted { .. } => RetryDecision::Reject,
             _ if strategy.is_retryable(envelope, None) => {
                 RetryDecision::Retry(strategy.waiting_time(envelope, None))
             }

@@ -127,6 +127,15 @@ pub(crate) trait Backend: Send + Sync + Debug {
     async fn dedup_release(&self, key: &str) -> Result<(), sqlx::Error>;
     /// Inserts rows in one statement (or one transaction); returns their ids in order.
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
+    /// Inserts rows on the caller's connection (`conn` is the dialect's `sqlx` connection, inside
+    /// the caller's transaction); returns their ids in order. Not retried, no write turn.
+    async fn insert_in(
+        &self,
+        conn: &mut (dyn std::any::Any + Send),
+        rows: &[NewRow],
+    ) -> Result<Vec<i64>, sqlx::Error>;
+    /// Milliseconds since the oldest row of this queue was stored, `None` when it is empty.
+    async fn oldest_age_ms(&self) -> Result<Option<i64>, sqlx::Error>;
     /// Claims up to `max` available rows with `delivery_id`; returns them in claim order.
     async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error>;
     /// Deletes rows by (id, delivery_id), then claims up to `max` rows, in one transaction:

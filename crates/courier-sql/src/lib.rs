@@ -87,11 +87,13 @@ mod dedup;
 mod dialect;
 mod error;
 mod factory;
+pub mod inbox;
 mod messages;
 pub mod migrate;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod options;
+pub mod outbox;
 mod paused;
 mod pool;
 #[cfg(feature = "postgres")]
@@ -107,7 +109,9 @@ pub use dialect::{
 };
 pub use error::is_transient;
 pub use factory::SqlTransportFactory;
+pub use inbox::{Inbox, InboxOptions, MAX_MESSAGE_ID_LEN};
 pub use options::{DEFAULT_TABLE, SqlOptions};
+pub use outbox::dispatch_in;
 pub use paused::paused_table;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use pool::explain_timeout;

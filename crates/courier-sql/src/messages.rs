@@ -32,8 +32,13 @@ pub(crate) trait MessageDialect: SqlDatabase {
         None
     }
 
-    /// Inserts rows in one statement (or one transaction); returns their ids in order.
-    async fn insert(m: &Messages<Self>, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
+    /// Inserts rows on `conn` in one statement (or one transaction, a savepoint inside the
+    /// caller's); returns their ids in order.
+    async fn insert(
+        m: &Messages<Self>,
+        conn: &mut Self::Connection,
+        rows: &[NewRow],
+    ) -> Result<Vec<i64>, sqlx::Error>;
 
     /// Deletes these deliveries and claims up to `max` rows in one statement of the dialect's
     /// own ([`Statements::delete_and_claim`]); `None`: the caller uses one transaction.
@@ -93,6 +98,8 @@ pub(crate) struct Statements {
     pub(crate) list: String,
     pub(crate) find: String,
     pub(crate) count: String,
+    /// Milliseconds since the oldest row of the queue was stored (NULL when empty).
+    pub(crate) oldest: String,
 }
 
 impl Statements {
@@ -164,6 +171,9 @@ impl Statements {
                 "SELECT {COLUMNS} FROM {t} WHERE queue_name = ? AND id = ?"
             )),
             count: r(format!("SELECT COUNT(*) FROM {t} WHERE queue_name = ?")),
+            oldest: r(format!(
+                "SELECT CAST({{now}} - MIN(created_at) AS {{bigint}}) FROM {t} WHERE queue_name = ?"
+            )),
         }
     }
 }
@@ -363,7 +373,29 @@ where
 
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
         let _turn = self.write_turn().await;
-        DB::insert(self, rows).await
+        let mut conn = self.pool.acquire().await?;
+        DB::insert(self, &mut conn, rows).await
+    }
+
+    async fn insert_in(
+        &self,
+        conn: &mut (dyn std::any::Any + Send),
+        rows: &[NewRow],
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        // No write turn: the caller's transaction may hold SQLite's write lock already.
+        let Some(conn) = conn.downcast_mut::<DB::Connection>() else {
+            return Err(sqlx::Error::Configuration(
+                format!("the transaction is not on a {:?} connection", DB::DIALECT).into(),
+            ));
+        };
+        DB::insert(self, conn, rows).await
+    }
+
+    async fn oldest_age_ms(&self) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.oldest)
+            .bind(self.queue.as_str())
+            .fetch_one(&self.pool)
+            .await
     }
 
     async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error> {

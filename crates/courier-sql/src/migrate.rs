@@ -96,6 +96,19 @@ pub static DEDUP: Migrations = Migrations {
     }],
 };
 
+/// An inbox table's migrations (placeholder `{inbox}`, see [`Inbox`](crate::Inbox)).
+pub static INBOX: Migrations = Migrations {
+    main: "{inbox}",
+    list: &[Migration {
+        version: 8,
+        description: "courier inbox",
+        sqlite: include_str!("../migrations/sqlite/0008_courier_inbox.sql"),
+        postgres: include_str!("../migrations/postgres/0008_courier_inbox.sql"),
+        mysql: Some(include_str!("../migrations/mysql/0008_courier_inbox.sql")),
+        present_when: None,
+    }],
+};
+
 /// The schedule store's and paused queues' migrations (placeholders `{schedules}`, `{paused}`),
 /// beside each message table.
 pub static SCHEDULES: Migrations = Migrations {

@@ -52,8 +52,13 @@ fn insert_sql(table: &str, rows: usize, returning: bool) -> String {
 impl MessageDialect for MySql {
     type State = MySqlState;
 
-    async fn insert(m: &Messages<Self>, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
-        let mut tx = m.pool.begin().await?;
+    async fn insert(
+        m: &Messages<Self>,
+        conn: &mut MySqlConnection,
+        rows: &[NewRow],
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        // One transaction (a savepoint inside the caller's).
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let mut ids = Vec::with_capacity(rows.len());
         // MariaDB returns the ids of a multi-row insert; MySQL gives only the last one, so it
         // inserts one row per statement.

@@ -109,7 +109,11 @@ async fn listen(pool: PgPool, channel: String, queue: String, wake: Arc<Wake>) {
 impl MessageDialect for Postgres {
     type State = PgState;
 
-    async fn insert(m: &Messages<Self>, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
+    async fn insert(
+        m: &Messages<Self>,
+        conn: &mut PgConnection,
+        rows: &[NewRow],
+    ) -> Result<Vec<i64>, sqlx::Error> {
         let bodies: Vec<&str> = rows.iter().map(|r| r.body.as_str()).collect();
         let headers: Vec<&str> = rows.iter().map(|r| r.headers.as_str()).collect();
         let priorities: Vec<i16> = rows.iter().map(|r| r.priority).collect();
@@ -122,7 +126,7 @@ impl MessageDialect for Postgres {
             .bind(priorities)
             .bind(delays)
             .bind(&m.table)
-            .fetch_one(&m.pool)
+            .fetch_one(&mut *conn)
             .await?;
         // Ids come from one sequence in insertion order.
         Ok(ids.unwrap_or_default())

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use async_trait::async_trait;
-use sqlx::Sqlite;
+use sqlx::{Sqlite, SqliteConnection};
 use tokio::sync::Mutex;
 
 use crate::backend::NewRow;
@@ -59,55 +59,64 @@ impl MessageDialect for Sqlite {
         Some(&state.writer)
     }
 
-    async fn insert(m: &Messages<Self>, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
-        let mut ids = Vec::with_capacity(rows.len());
-        // One statement is atomic by itself; several go in one transaction.
-        let mut tx = if rows.len() > CHUNK {
-            Some(m.pool.begin().await?)
-        } else {
-            None
-        };
-        for chunk in rows.chunks(CHUNK) {
-            let Some(first) = chunk.first() else {
-                continue;
-            };
-            let shared = chunk
-                .iter()
-                .all(|r| r.priority == first.priority && r.delay_ms == first.delay_ms);
-            let sql = insert_sql(&m.table, chunk.len(), shared);
-            let mut q = sqlx::query(&sql);
-            if shared {
-                q = q.bind(&m.queue).bind(first.priority).bind(first.delay_ms);
-                for r in chunk {
-                    q = q.bind(&r.body).bind(&r.headers);
-                }
-            } else {
-                for r in chunk {
-                    q = bind_row(q, &m.queue, r);
-                }
-            }
-            let done = match tx.as_mut() {
-                Some(tx) => q.execute(&mut **tx).await?,
-                None => q.execute(&m.pool).await?,
-            };
-            // Under the write lock, AUTOINCREMENT gives the rows of one statement consecutive
-            // ids (each is the largest id ever used plus one), ending at the last one. Another
-            // row count is a protocol error, which is never retried (a retry could insert the
-            // rows twice); a transaction rolls back when dropped.
-            if done.rows_affected() != chunk.len() as u64 {
-                return Err(sqlx::Error::Protocol(format!(
-                    "inserted {} rows for {} messages",
-                    done.rows_affected(),
-                    chunk.len()
-                )));
-            }
-            let last = done.last_insert_rowid();
-            let n = i64::try_from(chunk.len()).unwrap_or(i64::MAX);
-            ids.extend(last - n + 1..=last);
+    async fn insert(
+        m: &Messages<Self>,
+        conn: &mut SqliteConnection,
+        rows: &[NewRow],
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        // One statement is atomic by itself; several go in one transaction (a savepoint inside
+        // the caller's).
+        if rows.len() <= CHUNK {
+            return insert_chunks(m, conn, rows).await;
         }
-        if let Some(tx) = tx {
-            tx.commit().await?;
-        }
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let ids = insert_chunks(m, &mut tx, rows).await?;
+        tx.commit().await?;
         Ok(ids)
     }
+}
+
+/// Inserts `rows` in statements of [`CHUNK`] rows on `conn`; returns their ids in order.
+async fn insert_chunks(
+    m: &Messages<Sqlite>,
+    conn: &mut SqliteConnection,
+    rows: &[NewRow],
+) -> Result<Vec<i64>, sqlx::Error> {
+    let mut ids = Vec::with_capacity(rows.len());
+    for chunk in rows.chunks(CHUNK) {
+        let Some(first) = chunk.first() else {
+            continue;
+        };
+        let shared = chunk
+            .iter()
+            .all(|r| r.priority == first.priority && r.delay_ms == first.delay_ms);
+        let sql = insert_sql(&m.table, chunk.len(), shared);
+        let mut q = sqlx::query(&sql);
+        if shared {
+            q = q.bind(&m.queue).bind(first.priority).bind(first.delay_ms);
+            for r in chunk {
+                q = q.bind(&r.body).bind(&r.headers);
+            }
+        } else {
+            for r in chunk {
+                q = bind_row(q, &m.queue, r);
+            }
+        }
+        let done = q.execute(&mut *conn).await?;
+        // Under the write lock, AUTOINCREMENT gives the rows of one statement consecutive
+        // ids (each is the largest id ever used plus one), ending at the last one. Another
+        // row count is a protocol error, which is never retried (a retry could insert the
+        // rows twice); a transaction rolls back when dropped.
+        if done.rows_affected() != chunk.len() as u64 {
+            return Err(sqlx::Error::Protocol(format!(
+                "inserted {} rows for {} messages",
+                done.rows_affected(),
+                chunk.len()
+            )));
+        }
+        let last = done.last_insert_rowid();
+        let n = i64::try_from(chunk.len()).unwrap_or(i64::MAX);
+        ids.extend(last - n + 1..=last);
+    }
+    Ok(ids)
 }

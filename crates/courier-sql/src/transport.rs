@@ -224,6 +224,94 @@ impl SqlTransport {
         })
     }
 
+    /// The rows of envelopes to insert (delay and priority from their stamps).
+    fn rows(&self, envelopes: &[Envelope]) -> Result<Vec<NewRow>, TransportError> {
+        let caps = self.capabilities();
+        let mut rows = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            caps.check_delay(&self.name, envelope)?;
+            let delay = envelope
+                .last::<DelayStamp>()
+                .map_or(Duration::ZERO, |d| d.0);
+            rows.push(self.new_row(envelope, delay)?);
+        }
+        Ok(rows)
+    }
+
+    /// The envelopes with the ids their rows got.
+    fn with_ids(
+        &self,
+        envelopes: Vec<Envelope>,
+        ids: Vec<i64>,
+    ) -> Result<Vec<Envelope>, TransportError> {
+        if ids.len() != envelopes.len() {
+            return Err(
+                TransportError::new(TransportErrorKind::Protocol, self.name.clone()).with_context(
+                    format!(
+                        "inserted {} rows for {} messages",
+                        ids.len(),
+                        envelopes.len()
+                    ),
+                ),
+            );
+        }
+        Ok(envelopes
+            .into_iter()
+            .zip(ids)
+            .map(|(e, id)| e.with(TransportMessageIdStamp(id.to_string())))
+            .collect())
+    }
+
+    /// The dialect of the DSN.
+    fn dialect(&self) -> Option<Dialect> {
+        Dialect::from_scheme(self.dsn.scheme()).ok()
+    }
+
+    /// Writes envelopes as rows of this transport's table and queue through the caller's
+    /// transaction, so that they exist exactly when it commits: the same insert as
+    /// [`send_batch`](Transport::send_batch), on the caller's connection (the transaction may
+    /// come from any pool on the same database). Returns them with their row ids. Nothing is
+    /// retried here (a failed statement spoils the transaction: the caller decides); on
+    /// PostgreSQL the consumers' wake-up `NOTIFY` is delivered at commit. Prefer
+    /// [`dispatch_in`](crate::dispatch_in), which routes the message first.
+    ///
+    /// # Errors
+    /// [`TransportErrorKind::Config`] when the transaction is on another kind of database than
+    /// this transport's; an encoding error; the database error.
+    pub async fn send_in<DB>(
+        &self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+        envelopes: Vec<Envelope>,
+    ) -> Result<Vec<Envelope>, TransportError>
+    where
+        DB: crate::SqlDatabase,
+        DB::Connection: 'static,
+    {
+        if self.dialect() != Some(DB::DIALECT) {
+            return Err(
+                TransportError::new(TransportErrorKind::Config, self.name.clone()).with_context(
+                    format!(
+                        "a {:?} transaction cannot write to this transport's `{}` database",
+                        DB::DIALECT,
+                        self.dsn.scheme()
+                    ),
+                ),
+            );
+        }
+        if envelopes.is_empty() {
+            return Ok(envelopes);
+        }
+        let rows = self.rows(&envelopes)?;
+        let conn: &mut DB::Connection = tx;
+        let ids = self
+            .backend
+            .insert_in(conn, &rows)
+            .await
+            .map_err(|e| self.error("inserting messages in a transaction", e))?;
+        self.wake.bump();
+        self.with_ids(envelopes, ids)
+    }
+
     /// Decodes rows. A row whose body or headers do not decode (headers that are not a JSON
     /// object, a body that is not UTF-8 text) gives an undecodable envelope that names the
     /// problem, bound for the failure transport with its bytes kept.
@@ -391,35 +479,12 @@ impl Transport for SqlTransport {
         if envelopes.is_empty() {
             return Ok(envelopes);
         }
-        let caps = self.capabilities();
-        let mut rows = Vec::with_capacity(envelopes.len());
-        for envelope in &envelopes {
-            caps.check_delay(&self.name, envelope)?;
-            let delay = envelope
-                .last::<DelayStamp>()
-                .map_or(Duration::ZERO, |d| d.0);
-            rows.push(self.new_row(envelope, delay)?);
-        }
+        let rows = self.rows(&envelopes)?;
         let ids = self
             .attempt("inserting messages", || self.backend.insert(&rows))
             .await?;
-        if ids.len() != envelopes.len() {
-            return Err(
-                TransportError::new(TransportErrorKind::Protocol, self.name.clone()).with_context(
-                    format!(
-                        "inserted {} rows for {} messages",
-                        ids.len(),
-                        envelopes.len()
-                    ),
-                ),
-            );
-        }
         self.wake.bump();
-        Ok(envelopes
-            .into_iter()
-            .zip(ids)
-            .map(|(e, id)| e.with(TransportMessageIdStamp(id.to_string())))
-            .collect())
+        self.with_ids(envelopes, ids)
     }
 
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
@@ -568,6 +633,10 @@ impl Transport for SqlTransport {
         Some(self)
     }
 
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
         Some(&*self.workers)
     }
@@ -691,6 +760,16 @@ impl MessageCount for SqlTransport {
             .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
+
+    /// From the oldest row's `created_at` and the database clock.
+    async fn oldest_age(&self) -> Result<Option<Duration>, TransportError> {
+        let ms = self
+            .attempt("reading the oldest message's age", || {
+                self.backend.oldest_age_ms()
+            })
+            .await?;
+        Ok(ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
+    }
 }
 
 /// Another `queue_name` of the same table, on a pool of its own (`consume --queues`); the table
@@ -739,6 +818,16 @@ mod tests {
         }
         async fn insert(&self, _: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
             Ok(Vec::new())
+        }
+        async fn insert_in(
+            &self,
+            _: &mut (dyn std::any::Any + Send),
+            _: &[NewRow],
+        ) -> Result<Vec<i64>, sqlx::Error> {
+            Ok(Vec::new())
+        }
+        async fn oldest_age_ms(&self) -> Result<Option<i64>, sqlx::Error> {
+            Ok(None)
         }
         async fn claim(&self, _: usize, _: i64) -> Result<Vec<StoredRow>, sqlx::Error> {
             if self.claims.fetch_add(1, Ordering::SeqCst) == 0 {

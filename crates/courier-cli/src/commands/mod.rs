@@ -8,6 +8,7 @@ mod dashboard;
 pub(crate) mod demo;
 mod failed;
 mod progress;
+mod relay;
 #[cfg(feature = "runs")]
 mod runs;
 mod schedules;
@@ -25,6 +26,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
     match command {
         Command::Setup { transports } => setup::run(ctx, transports).await,
         Command::Consume(args) => consume::run(ctx, args).await,
+        Command::Relay(args) => relay::run(ctx, args).await,
         Command::Stats { transports } => stats::run(ctx, transports).await,
         Command::Failed(cmd) => failed::run(ctx, cmd).await,
         Command::StopWorkers => stop::run(ctx).await,

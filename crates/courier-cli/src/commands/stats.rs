@@ -1,4 +1,6 @@
-//! `courier stats [TRANSPORT...]`: message counts per transport.
+//! `courier stats [TRANSPORT...]`: message counts per transport, and (text output) the age of
+//! each queue's oldest message where the transport can tell (SQL): for an outbox queue, its
+//! backlog is the count and the relay's lag is that age.
 //!
 //! A count includes every stored message, among them `RunAgent` messages whose run already
 //! reached a terminal status (a run cancelled while queued, a duplicate re-dispatch): a worker
@@ -23,11 +25,22 @@ pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String]) -> CliResult {
     if ctx.json() {
         ctx.print_json(&counts)?;
     } else {
-        let mut table = Table::new(&["TRANSPORT", "MESSAGES"]);
+        let mut table = Table::new(&["TRANSPORT", "MESSAGES", "OLDEST"]);
         for (name, count) in &counts {
+            let age = match transports.get(name).and_then(|t| t.as_message_count()) {
+                Some(counter) => counter.oldest_age().await?,
+                None => None,
+            };
             table.row(vec![
                 name.clone(),
                 count.map_or_else(|| "n/a".to_owned(), |c| c.to_string()),
+                age.map_or_else(
+                    || "-".to_owned(),
+                    |a| {
+                        humantime::format_duration(std::time::Duration::from_secs(a.as_secs()))
+                            .to_string()
+                    },
+                ),
             ]);
         }
         print!("{}", table.render());

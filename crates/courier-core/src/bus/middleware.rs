@@ -14,7 +14,8 @@ use super::MessageBus;
 use super::handler::HandlerEntry;
 use crate::{
     BusError, BusNameStamp, DispatchAfterCurrentBusStamp, Envelope, HandledStamp, HandlerFailure,
-    ReceivedStamp, SentStamp, SentToFailureTransportStamp, TraceContextStamp, TransportNamesStamp,
+    MessageIdStamp, ReceivedStamp, SentStamp, SentToFailureTransportStamp, TraceContextStamp,
+    TransportNamesStamp,
 };
 
 /// A step in the bus's chain (Symfony's `MiddlewareInterface`).
@@ -80,6 +81,23 @@ tokio::task_local! {
     static CURRENT: MessageBus;
     static DEFERRED: RefCell<Vec<(MessageBus, Envelope)>>;
     static TRACE: Option<TraceContextStamp>;
+    static PREPARING: RefCell<Vec<(String, Envelope)>>;
+}
+
+/// Runs `fut` with sends collected instead of made: every envelope the bus would send inside it
+/// is returned, with its transport's name, in order (see [`MessageBus::prepare`]).
+pub(crate) async fn collecting_sends<F: std::future::Future>(
+    fut: F,
+) -> (F::Output, Vec<(String, Envelope)>) {
+    PREPARING
+        .scope(RefCell::new(Vec::new()), async {
+            let out = fut.await;
+            (
+                out,
+                PREPARING.with(|p| std::mem::take(&mut *p.borrow_mut())),
+            )
+        })
+        .await
 }
 
 /// The bus whose handlers are running on this task, if any.
@@ -107,6 +125,11 @@ impl Middleware for Prelude {
         // Bus name: the worker dispatches the message on the same bus.
         if !envelope.has::<BusNameStamp>() {
             envelope = envelope.with_shared(&next.bus.inner.name_stamp);
+        }
+        // The message's id, created once where it is first dispatched (never on receipt: a
+        // message without one keeps none, so each delivery does not look new).
+        if !envelope.has::<MessageIdStamp>() && !envelope.has::<ReceivedStamp>() {
+            envelope = envelope.with(MessageIdStamp::new());
         }
         if !envelope.has::<TraceContextStamp>()
             && let Ok(Some(trace)) = TRACE.try_with(Clone::clone)
@@ -167,6 +190,9 @@ impl Middleware for Terminal {
                 Some(TransportNamesStamp(names)) => names.clone(),
                 None => bus.inner.router.resolve(envelope.message_name()).to_vec(),
             };
+            if PREPARING.try_with(|_| ()).is_ok() {
+                return collect(bus, envelope, names);
+            }
             if !names.is_empty() {
                 return send(bus, envelope, names).await;
             }
@@ -228,6 +254,42 @@ async fn send(
             result = result.with(id.clone());
         }
     }
+    Ok(result)
+}
+
+/// What [`send`] would send, collected for [`MessageBus::prepare`]: the same stamps, no I/O.
+fn collect(bus: &MessageBus, envelope: Envelope, names: Vec<String>) -> Result<Envelope, BusError> {
+    if names.is_empty() {
+        return Err(BusError::NotRouted {
+            name: envelope.message_name().to_owned(),
+        });
+    }
+    let mut outgoing = envelope.without_all::<TransportNamesStamp>();
+    if !bus.inner.on_send.is_empty() {
+        let mut sending = super::Sending::new(outgoing, &names);
+        for hook in &bus.inner.on_send {
+            hook(&mut sending);
+        }
+        outgoing = sending.into_envelope();
+    }
+    let mut result = outgoing.clone();
+    let mut collected = Vec::with_capacity(names.len());
+    for name in names {
+        if bus.transport(&name).is_none() {
+            return Err(BusError::UnknownTransport {
+                transport: name,
+                name: outgoing.message_name().to_owned(),
+            });
+        }
+        let sent = outgoing.clone().with(SentStamp {
+            transport: name.clone(),
+        });
+        result = result.with(SentStamp {
+            transport: name.clone(),
+        });
+        collected.push((name, sent));
+    }
+    PREPARING.with(|p| p.borrow_mut().extend(collected));
     Ok(result)
 }
 

@@ -107,6 +107,50 @@ impl MessageBus {
         .await
     }
 
+    /// Runs the chain as [`dispatch`](Self::dispatch) does, up to the send, and returns what it
+    /// would send instead of sending it: each envelope with its transport's name, routed and
+    /// stamped (bus name, [`MessageIdStamp`](crate::MessageIdStamp), trace context, `on_send`
+    /// hooks, [`SentStamp`](crate::SentStamp)), for a caller that writes them itself, in its
+    /// own database transaction (`courier_sql::dispatch_in`). Messages stamped
+    /// [`DispatchAfterCurrentBusStamp`](crate::DispatchAfterCurrentBusStamp) are collected too.
+    /// Deduplication keys ([`DeduplicateStamp`](crate::DeduplicateStamp)) are taken now, on the
+    /// transports' stores: they stay taken if the caller never writes the message.
+    ///
+    /// ```
+    /// use courier_core::{InMemoryTransport, Message, MessageBus, MessageIdStamp};
+    /// use serde::{Deserialize, Serialize};
+    /// use std::sync::Arc;
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Placed { order: u32 }
+    /// impl Message for Placed { const NAME: &'static str = "orders.placed"; }
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let queue = InMemoryTransport::new();
+    /// let bus = MessageBus::builder()
+    ///     .transport("outbox", Arc::new(queue.clone()))
+    ///     .route("orders.*", ["outbox"])
+    ///     .build();
+    /// let prepared = bus.prepare(Placed { order: 7 }).await?;
+    /// assert_eq!(prepared.sends.len(), 1);
+    /// assert_eq!(prepared.sends[0].0, "outbox");
+    /// assert!(prepared.sends[0].1.has::<MessageIdStamp>());
+    /// assert!(queue.sent().is_empty());                  // nothing was sent
+    /// # Ok::<(), courier_core::BusError>(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`BusError::NotRouted`] when the message goes to no transport (it would be handled here,
+    /// outside the caller's transaction), [`BusError::UnknownTransport`], and what middleware
+    /// returns.
+    pub async fn prepare(&self, message: impl Into<Envelope>) -> Result<Prepared, BusError> {
+        let (result, sends) = middleware::collecting_sends(self.dispatch(message)).await;
+        Ok(Prepared {
+            envelope: result?,
+            sends,
+        })
+    }
+
     /// Dispatches a query and returns the answer of the one handler that handled it (Symfony's
     /// `HandleTrait::handle`): see [`QueryHandler`].
     ///
@@ -166,6 +210,17 @@ impl MessageBus {
     pub fn has_handler(&self, name: &str) -> bool {
         self.inner.handlers.get(name).is_some_and(|h| !h.is_empty())
     }
+}
+
+/// What [`MessageBus::prepare`] returns: the envelope [`dispatch`](MessageBus::dispatch) would
+/// return (its [`SentStamp`](crate::SentStamp)s, no transport ids yet) and what it would send.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Prepared {
+    /// The dispatched envelope, as `dispatch` would return it without the transports' ids.
+    pub envelope: Envelope,
+    /// Each envelope to send with its transport's name, in dispatch order.
+    pub sends: Vec<(String, Envelope)>,
 }
 
 impl<M: Message> From<M> for Envelope {

@@ -209,6 +209,40 @@ impl Stamp for TransportMessageIdStamp {
     const SENDABLE: bool = false;
 }
 
+/// The message's own id, the same wherever it goes: created when it is first dispatched (by the
+/// bus, unless the envelope carries one already) and kept across retries, the failure
+/// transport, a relay from an outbox and every transport's wire format. What an inbox
+/// ([`courier_sql::Inbox`](https://docs.rs/courier-sql)) records to handle a message once.
+///
+/// On the wire: `x-courier-stamp-message-id: ["0b9d7c1e-..."]` (a UUID, version 4, as text; a
+/// producer in another language may write any unique string of at most 64 bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MessageIdStamp(pub String);
+
+impl MessageIdStamp {
+    /// A fresh random id (a version 4 UUID from the thread's fast generator: unique, not
+    /// secret).
+    #[must_use]
+    pub fn new() -> Self {
+        let bytes = fastrand::u128(..).to_le_bytes();
+        Self(
+            uuid::Builder::from_random_bytes(bytes)
+                .into_uuid()
+                .to_string(),
+        )
+    }
+}
+
+impl Default for MessageIdStamp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Stamp for MessageIdStamp {
+    const NAME: &'static str = "message-id";
+}
+
 /// The bus that dispatched the message; the worker dispatches it on the same bus.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BusNameStamp(pub String);

@@ -296,6 +296,13 @@ pub trait Transport: Send + Sync + Debug {
         None
     }
 
+    /// The transport as [`Any`](std::any::Any), for code that needs its concrete type (the SQL
+    /// transport's `dispatch_in` finds the SQL transports a message is routed to). `None`
+    /// unless the transport offers it.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
     /// What the transport can do.
     fn capabilities(&self) -> Capabilities;
 }
@@ -339,6 +346,12 @@ pub trait Queues: Send + Sync {
 pub trait MessageCount: Send + Sync {
     /// The number of messages waiting or in flight (exact when the transport is idle).
     async fn message_count(&self) -> Result<u64, TransportError>;
+
+    /// How long the oldest waiting message has been stored (`None`: the queue is empty, or the
+    /// transport cannot tell). For an outbox queue this is the relay's lag.
+    async fn oldest_age(&self) -> Result<Option<Duration>, TransportError> {
+        Ok(None)
+    }
 }
 
 // Compile-time proof that the traits are object safe and `dyn Transport` is `Send + Sync`.

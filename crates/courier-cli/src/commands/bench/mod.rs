@@ -11,6 +11,7 @@
 #[cfg(feature = "runs")]
 mod counting;
 mod latency;
+mod relay;
 #[cfg(feature = "runs")]
 mod runs;
 mod throughput;
@@ -87,6 +88,15 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &BenchArgs) -> CliResult 
     }
     let result = if args.runs {
         runs_mode(app, cli, args, &dsn).await
+    } else if args.relay {
+        relay::measure(
+            app,
+            cli,
+            args,
+            &dsn,
+            args.messages.unwrap_or(DEFAULT_MESSAGES),
+        )
+        .await
     } else if args.latency {
         latency::measure(app, cli, args, &dsn).await
     } else {

@@ -1,0 +1,37 @@
+//! `outbox-worker`: the `courier` command line (`relay`, `consume`...) plus the outbox crash
+//! tests' message `outbox.order`, whose handler records its side effect (a row of the table
+//! `OUTBOX_EFFECTS` in the PostgreSQL database `OUTBOX_DB`) and claims its message id in the
+//! inbox `OUTBOX_INBOX`, in one transaction; the inbox is also the bus's middleware. With
+//! `OUTBOX_PAUSE_AFTER_COMMIT=FILE`, the first handler to commit writes FILE and stops forever
+//! before returning, so the test kills the process after the commit and before the ack.
+
+use std::process::ExitCode;
+use std::sync::OnceLock;
+
+use courier_chaos::outbox::{OutboxHandler, OutboxOrder, OutboxSettings};
+
+fn main() -> ExitCode {
+    let settings = match OutboxSettings::from_env() {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("outbox-worker: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let handler: OnceLock<OutboxHandler> = OnceLock::new();
+    courier_cli::App::new()
+        .message::<OutboxOrder>()
+        .configure_bus(move |bus| {
+            // Built inside the runtime, once: the pool connects lazily.
+            let h = handler.get_or_init(|| match settings.handler() {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("outbox-worker: {e}");
+                    std::process::exit(2);
+                }
+            });
+            bus.middleware(h.inbox())
+                .handler_named::<OutboxOrder, _>("outbox.effect", h.clone())
+        })
+        .run()
+}

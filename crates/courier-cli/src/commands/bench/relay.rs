@@ -1,0 +1,143 @@
+//! `courier bench --relay --dsn OUTBOX --to DESTINATION`: the relay's throughput from a SQL
+//! outbox to a destination, beside the destination's own batched send in the same run. Each
+//! round sends `--messages` straight to the destination with `send_batch` in batches of
+//! `--fetch-size` (the baseline), then fills the outbox (untimed) and times the relay draining
+//! it into the destination, batches of the same size; medians over `--rounds`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use courier_core::relay::{Relay, RelayOptions};
+use courier_core::{Dsn, Envelope, FactoryContext, MessageRegistry, Transport};
+
+use super::{BenchMessage, chatty, isolate, payload, per_second, remove_isolated};
+use crate::cli::{BenchArgs, Cli, Format};
+use crate::error::{CliError, CliResult};
+use crate::wiring::Wiring;
+
+pub(crate) async fn measure(
+    app: &Wiring,
+    cli: &Cli,
+    args: &BenchArgs,
+    outbox: &Dsn,
+    messages: u64,
+) -> CliResult {
+    let to = args
+        .to
+        .as_deref()
+        .ok_or_else(|| CliError::usage("--relay needs --to DESTINATION_DSN"))?;
+    let to = Dsn::parse(to).map_err(|e| CliError::usage(format!("--to: {e}")))?;
+    if let Some(p) = to.password() {
+        crate::error::remember_secret(p);
+    }
+    let queue = format!("bench_relay_{}", fastrand::u32(..));
+    let (from_dsn, to_dsn) = (
+        isolate(outbox, &queue, args.fetch_size),
+        isolate(&to, &queue, args.fetch_size),
+    );
+    let result = rounds(app, cli, args, &from_dsn, &to_dsn, messages).await;
+    remove_isolated(&to_dsn, &to).await;
+    result
+}
+
+async fn connect(app: &Wiring, name: &str, dsn: &Dsn) -> CliResult<Arc<dyn Transport>> {
+    let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
+    let transport = app
+        .factories
+        .create(FactoryContext::new(name, dsn.clone()).registry(registry))
+        .await?;
+    if let Some(setup) = transport.as_setup() {
+        setup.setup().await?;
+    }
+    Ok(transport)
+}
+
+async fn send_all(t: &Arc<dyn Transport>, messages: u64, batch: usize, body: &str) -> CliResult {
+    let mut seq = 0;
+    while seq < messages {
+        let end = (seq + batch as u64).min(messages);
+        let envelopes: Vec<Envelope> = (seq..end)
+            .map(|seq| {
+                Envelope::new(BenchMessage {
+                    seq,
+                    payload: body.to_owned(),
+                })
+                .with(courier_core::MessageIdStamp::new())
+            })
+            .collect();
+        t.send_batch(envelopes).await?;
+        seq = end;
+    }
+    Ok(())
+}
+
+/// Takes everything off the destination (between rounds), acking it.
+async fn drain(t: &Arc<dyn Transport>, messages: u64) -> CliResult {
+    let mut left = messages;
+    while left > 0 {
+        let got = t.get(500).await?;
+        if got.is_empty() {
+            break;
+        }
+        t.ack_batch(&got).await?;
+        left = left.saturating_sub(got.len() as u64);
+    }
+    Ok(())
+}
+
+async fn rounds(
+    app: &Wiring,
+    cli: &Cli,
+    args: &BenchArgs,
+    from_dsn: &Dsn,
+    to_dsn: &Dsn,
+    messages: u64,
+) -> CliResult {
+    let from = connect(app, "outbox", from_dsn).await?;
+    let to = connect(app, "destination", to_dsn).await?;
+    let batch = usize::from(args.fetch_size);
+    let body = payload(usize::try_from(args.size).unwrap_or(200));
+    let rounds = args.rounds.unwrap_or(3);
+    if chatty(cli) {
+        eprintln!(
+            "Benchmarking the relay {} -> {}: {messages} messages of {} B, batches of {batch}, {rounds} round(s)",
+            from_dsn, to_dsn, args.size
+        );
+    }
+    let (mut direct, mut relayed) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let started = Instant::now();
+        send_all(&to, messages, batch, &body).await?;
+        direct.push(per_second(messages, started.elapsed()));
+        drain(&to, messages).await?;
+
+        send_all(&from, messages, 500, &body).await?;
+        let relay = Relay::new("outbox", from.clone(), "destination", to.clone())
+            .options(RelayOptions::default().batch_size(batch));
+        let started = Instant::now();
+        let mut done = 0_u64;
+        while done < messages {
+            done += relay.relay_batch().await? as u64;
+        }
+        relayed.push(per_second(messages, started.elapsed()));
+        drain(&to, messages).await?;
+    }
+    let (direct, relayed) = (median(&mut direct), median(&mut relayed));
+    let ratio = relayed / direct;
+    if cli.format == Format::Json {
+        super::print_json(&serde_json::json!({
+            "mode": "relay", "from": from_dsn.to_string(), "to": to_dsn.to_string(),
+            "messages": messages, "size": args.size, "batch_size": batch, "rounds": rounds,
+            "direct_send_per_s": direct, "relay_per_s": relayed, "ratio": ratio,
+        }))
+    } else {
+        println!("destination send_batch: {direct:>10.0} msg/s");
+        println!("relay from the outbox:  {relayed:>10.0} msg/s  ({ratio:.2}x)");
+        Ok(())
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}

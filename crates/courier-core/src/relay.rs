@@ -1,0 +1,377 @@
+//! The relay: forwards messages from one transport (an outbox queue) to another, unchanged.
+//!
+//! The transactional outbox: a service writes its messages into a SQL queue of its own database
+//! inside its business transaction (`courier_sql::dispatch_in`), so they exist exactly when the
+//! transaction commits; a [`Relay`] then moves them to the transport consumers read (RabbitMQ,
+//! Redis, another database). One batch at a time:
+//!
+//! 1. `get(batch_size)` on the source (a SQL claim: the rows stay, claimed);
+//! 2. `send_batch` to the destination, which returns once the destination confirmed every
+//!    message (publisher confirms, the `XADD` replies, the `INSERT`);
+//! 3. `ack_batch` on the source: the rows are deleted only now.
+//!
+//! A crash between 2 and 3 sends the batch again once the source's redelivery window passes
+//! (at least once; an inbox on the consumer side makes it exactly once). Envelopes travel with
+//! every stamp they were written with (the same [`MessageIdStamp`](crate::MessageIdStamp), bus
+//! name, trace context...); only what describes the source delivery is dropped
+//! ([`ReceivedStamp`], [`TransportMessageIdStamp`], [`DeliveryTagStamp`], [`SentStamp`]), and
+//! the [`DelayStamp`], whose delay the source served already. A message whose type the relay
+//! does not know travels as it was stored (an undecodable envelope keeps its wire form).
+//!
+//! Order: one batch is in flight at a time, so the destination receives a queue's messages in
+//! the order the source hands them out (SQL: priority, then time, then id), where the
+//! destination keeps order. Several relays on one source share its rows but not that order.
+//!
+//! ```
+//! use courier_core::relay::{Relay, RelayOptions};
+//! use courier_core::{Envelope, InMemoryTransport, Message, MessageIdStamp, Transport};
+//! use serde::{Deserialize, Serialize};
+//! use std::sync::Arc;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Placed { order: u32 }
+//! impl Message for Placed { const NAME: &'static str = "orders.placed"; }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let outbox = InMemoryTransport::new();
+//! let broker = InMemoryTransport::new();
+//! let id = MessageIdStamp::new();
+//! outbox.send(Envelope::new(Placed { order: 1 }).with(id.clone())).await?;
+//!
+//! let relay = Relay::new("outbox", Arc::new(outbox.clone()), "broker", Arc::new(broker.clone()))
+//!     .options(RelayOptions::default().batch_size(50));
+//! assert_eq!(relay.relay_batch().await?, 1);
+//! assert_eq!(broker.sent()[0].last::<MessageIdStamp>(), Some(&id));    // the same id
+//! assert_eq!(outbox.acked().len(), 1);                                // acked at the source
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    Backoff, DelayStamp, DeliveryTagStamp, Envelope, ReceivedStamp, SentStamp, Transport,
+    TransportError, TransportMessageIdStamp,
+};
+
+/// How a [`Relay`] works.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RelayOptions {
+    /// Messages fetched, sent and acked per batch (default 100).
+    pub batch_size: usize,
+    /// How often the relay samples its source's lag into
+    /// [`RELAY_LAG`](crate::metrics::RELAY_LAG) (default 5 s).
+    pub lag_every: Duration,
+    /// The waits between attempts after a transient failure (default 100 ms doubling to 10 s).
+    pub backoff: Backoff,
+    pause: Option<(RelayPoint, PathBuf)>,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            batch_size: 100,
+            lag_every: Duration::from_secs(5),
+            backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
+            pause: None,
+        }
+    }
+}
+
+impl RelayOptions {
+    /// Sets [`RelayOptions::batch_size`] (at least 1).
+    #[must_use]
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.max(1);
+        self
+    }
+
+    /// Sets [`RelayOptions::lag_every`].
+    #[must_use]
+    pub fn lag_every(mut self, every: Duration) -> Self {
+        self.lag_every = every;
+        self
+    }
+
+    /// Sets [`RelayOptions::backoff`].
+    #[must_use]
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Testing hook, not a stable API: at `point` of the first batch, create `file` and stop
+    /// forever, so that a crash test can kill the process exactly there.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn pause_at(mut self, point: RelayPoint, file: impl Into<PathBuf>) -> Self {
+        self.pause = Some((point, file.into()));
+        self
+    }
+}
+
+/// Testing hook, not a stable API: where [`RelayOptions::pause_at`] stops a relay.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RelayPoint {
+    /// The destination confirmed the batch; the source rows are not deleted yet.
+    AfterConfirm,
+    /// The source rows are deleted; the next batch is not fetched yet.
+    AfterDelete,
+}
+
+impl std::str::FromStr for RelayPoint {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "after_confirm" => Ok(Self::AfterConfirm),
+            "after_delete" => Ok(Self::AfterDelete),
+            other => Err(format!(
+                "unknown relay point `{other}` (expected after_confirm or after_delete)"
+            )),
+        }
+    }
+}
+
+/// What a relay did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayStats {
+    /// Messages forwarded (confirmed by the destination, acked at the source).
+    pub relayed: u64,
+    /// Batches forwarded.
+    pub batches: u64,
+}
+
+/// Forwards messages from a source transport to a destination: see the [module docs](self).
+#[derive(Debug)]
+pub struct Relay {
+    from_name: String,
+    from: Arc<dyn Transport>,
+    to_name: String,
+    to: Arc<dyn Transport>,
+    options: RelayOptions,
+    relayed: metrics::Counter,
+    batches: metrics::Counter,
+    lag: metrics::Gauge,
+}
+
+impl Relay {
+    /// A relay from `from` to `to` (the names label its logs and metrics).
+    #[must_use]
+    pub fn new(
+        from_name: impl Into<String>,
+        from: Arc<dyn Transport>,
+        to_name: impl Into<String>,
+        to: Arc<dyn Transport>,
+    ) -> Self {
+        let (from_name, to_name) = (from_name.into(), to_name.into());
+        let labels = [("from", from_name.clone()), ("to", to_name.clone())];
+        Self {
+            relayed: metrics::counter!(crate::metrics::RELAYED, &labels),
+            batches: metrics::counter!(crate::metrics::RELAY_BATCHES, &labels),
+            lag: metrics::gauge!(crate::metrics::RELAY_LAG, "from" => from_name.clone()),
+            from_name,
+            from,
+            to_name,
+            to,
+            options: RelayOptions::default(),
+        }
+    }
+
+    /// Replaces the options.
+    #[must_use]
+    pub fn options(mut self, options: RelayOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Forwards one batch: fetches up to `batch_size` messages (waiting up to the source's poll
+    /// window), sends them to the destination, then acks them at the source. Returns how many
+    /// it forwarded (0: the source had none).
+    ///
+    /// # Errors
+    /// The first failure, untried again: a failed send leaves the batch claimed at the source,
+    /// to be fetched again after its redelivery window. [`run`](Self::run) retries instead.
+    pub async fn relay_batch(&self) -> Result<usize, TransportError> {
+        let batch = self.from.get(self.options.batch_size).await?;
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        self.to.send_batch(outgoing(&batch)).await?;
+        self.pause(RelayPoint::AfterConfirm).await;
+        self.from.ack_batch(&batch).await?;
+        self.done(batch.len());
+        self.pause(RelayPoint::AfterDelete).await;
+        Ok(batch.len())
+    }
+
+    /// Forwards batches until `shutdown` is cancelled (checked between batches, so a batch in
+    /// flight always finishes: the stop takes at most the source's poll window plus one batch).
+    /// Transient failures are retried with [`RelayOptions::backoff`], the batch kept alive at
+    /// the source meanwhile.
+    ///
+    /// # Errors
+    /// A failure that is not transient (a message the destination refuses, a missing table):
+    /// the batch stays at the source, so the relay stops there rather than skip it.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<RelayStats, TransportError> {
+        let mut stats = RelayStats::default();
+        let mut waits = self.options.backoff.attempts();
+        let mut next_lag = Instant::now();
+        while !shutdown.is_cancelled() {
+            if Instant::now() >= next_lag {
+                self.sample_lag().await;
+                next_lag = Instant::now() + self.options.lag_every;
+            }
+            let batch = match self.from.get(self.options.batch_size).await {
+                Ok(batch) => batch,
+                Err(e) if e.is_transient() => {
+                    self.wait("fetching", &e, &mut waits, &shutdown).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            waits.succeeded();
+            if batch.is_empty() {
+                continue;
+            }
+            let sending = outgoing(&batch);
+            loop {
+                match self.to.send_batch(sending.clone()).await {
+                    Ok(_) => break,
+                    Err(e) if e.is_transient() && !shutdown.is_cancelled() => {
+                        self.wait("sending", &e, &mut waits, &shutdown).await;
+                        if let Err(e) = self.from.keepalive_batch(&batch).await {
+                            tracing::debug!(error = %e, "relay: keepalive of a batch failed");
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            self.pause(RelayPoint::AfterConfirm).await;
+            loop {
+                match self.from.ack_batch(&batch).await {
+                    Ok(()) => break,
+                    Err(e) if e.is_transient() && !shutdown.is_cancelled() => {
+                        self.wait("acking", &e, &mut waits, &shutdown).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            waits.succeeded();
+            self.done(batch.len());
+            stats.relayed += batch.len() as u64;
+            stats.batches += 1;
+            self.pause(RelayPoint::AfterDelete).await;
+        }
+        Ok(stats)
+    }
+
+    fn done(&self, n: usize) {
+        self.relayed.increment(n as u64);
+        self.batches.increment(1);
+        tracing::debug!(from = %self.from_name, to = %self.to_name, messages = n, "relayed a batch");
+    }
+
+    async fn sample_lag(&self) {
+        let Some(counter) = self.from.as_message_count() else {
+            return;
+        };
+        match counter.oldest_age().await {
+            Ok(age) => self.lag.set(age.unwrap_or_default().as_secs_f64()),
+            Err(e) => tracing::debug!(from = %self.from_name, error = %e, "relay lag not sampled"),
+        }
+    }
+
+    async fn wait(
+        &self,
+        doing: &str,
+        error: &TransportError,
+        waits: &mut crate::Attempts,
+        shutdown: &CancellationToken,
+    ) {
+        let wait = waits.failed();
+        tracing::warn!(from = %self.from_name, to = %self.to_name, error = %error,
+            retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX), "relay: {doing} failed, retrying");
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
+
+    async fn pause(&self, at: RelayPoint) {
+        let Some((point, file)) = &self.options.pause else {
+            return;
+        };
+        if *point != at {
+            return;
+        }
+        if let Err(e) = std::fs::write(file, std::process::id().to_string()) {
+            tracing::warn!(error = %e, "relay: cannot write the pause file");
+        }
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The envelopes to send for a fetched batch: every stamp but those of the source delivery and
+/// the served delay.
+fn outgoing(batch: &[Envelope]) -> Vec<Envelope> {
+    batch
+        .iter()
+        .map(|e| {
+            e.clone()
+                .without_all::<ReceivedStamp>()
+                .without_all::<TransportMessageIdStamp>()
+                .without_all::<DeliveryTagStamp>()
+                .without_all::<SentStamp>()
+                .without_all::<DelayStamp>()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{InMemoryTransport, Message, PriorityStamp};
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Serialize, Deserialize)]
+    struct Item {
+        n: u32,
+    }
+    impl Message for Item {
+        const NAME: &'static str = "test.item";
+    }
+
+    #[tokio::test]
+    async fn a_relay_forwards_in_order_with_the_same_stamps_and_acks_the_source() {
+        let from = InMemoryTransport::new();
+        let to = InMemoryTransport::new();
+        for n in 0..5 {
+            from.send(Envelope::new(Item { n }).with(PriorityStamp(0)))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let relay = Relay::new("outbox", Arc::new(from.clone()), "to", Arc::new(to.clone()))
+            .options(RelayOptions::default().batch_size(2));
+        let mut total = 0;
+        while total < 5 {
+            total += relay.relay_batch().await.unwrap_or_else(|e| panic!("{e}"));
+        }
+        let sent = to.sent();
+        let order: Vec<u32> = sent
+            .iter()
+            .filter_map(|e| e.message::<Item>().map(|m| m.n))
+            .collect();
+        assert_eq!(order, [0, 1, 2, 3, 4]);
+        assert!(sent.iter().all(|e| e.has::<PriorityStamp>()));
+        assert_eq!(from.acked().len(), 5);
+    }
+}

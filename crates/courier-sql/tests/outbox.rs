@@ -1,0 +1,236 @@
+//! The transactional outbox and the inbox on every dialect: a message dispatched with
+//! `dispatch_in` exists exactly when the caller's transaction commits (a rolled-back one is
+//! never delivered); an inbox claim made in a transaction exists exactly when it commits, a
+//! second claim of the same id answers `false`, the middleware skips recorded ids, and the
+//! cleanup drops ids past their retention.
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use courier_core::{
+    BusError, Envelope, HandlerError, InMemoryTransport, MessageBus, MessageIdStamp, ReceivedStamp,
+    Transport, TransportMessageIdStamp,
+};
+use courier_sql::{Inbox, InboxOptions, SqlDatabase, SqlTransport, dispatch_in};
+use courier_test::TestMessage;
+
+/// Gets everything the queue holds now (a few polls).
+async fn drain(t: &SqlTransport) -> Vec<Envelope> {
+    let mut all = Vec::new();
+    for _ in 0..3 {
+        let got = tokio::time::timeout(Duration::from_secs(10), t.get(100))
+            .await
+            .unwrap()
+            .unwrap();
+        t.ack_batch(&got).await.unwrap();
+        all.extend(got);
+    }
+    all
+}
+
+async fn only_committed_messages_are_sent<DB>(pool: sqlx::Pool<DB>, h: common::SqlHarness)
+where
+    DB: SqlDatabase,
+    DB::Connection: 'static,
+{
+    let (t, _table) = h.make("").await;
+    let bus = MessageBus::builder()
+        .transport("outbox", t.clone())
+        .transport("memory", Arc::new(InMemoryTransport::new()))
+        .route("courier.test", ["outbox"])
+        .message::<TestMessage>()
+        .build();
+
+    let mut tx = pool.begin().await.unwrap();
+    dispatch_in(&bus, &mut tx, TestMessage::new(1))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    let sent = dispatch_in(&bus, &mut tx, TestMessage::new(2))
+        .await
+        .unwrap();
+    // Not visible before the commit (SQLite: the open transaction holds the one write lock, so
+    // a claim would wait for it).
+    if DB::DIALECT != courier_sql::Dialect::Sqlite {
+        assert!(t.get(10).await.unwrap().is_empty());
+    }
+    tx.commit().await.unwrap();
+
+    let got = drain(&t).await;
+    let seqs: Vec<u64> = got
+        .iter()
+        .filter_map(|e| e.message::<TestMessage>().map(|m| m.seq))
+        .collect();
+    assert_eq!(seqs, [2], "the rolled-back message is never sent");
+    assert_eq!(
+        got[0].last::<TransportMessageIdStamp>(),
+        sent.last::<TransportMessageIdStamp>()
+    );
+    let id = sent.last::<MessageIdStamp>().unwrap();
+    assert_eq!(got[0].last::<MessageIdStamp>(), Some(id));
+
+    // A route to a transport that is not SQL is refused, naming it.
+    let mut tx = pool.begin().await.unwrap();
+    let refused = dispatch_in(
+        &bus,
+        &mut tx,
+        Envelope::new(TestMessage::new(3))
+            .with(courier_core::TransportNamesStamp(vec!["memory".into()])),
+    )
+    .await
+    .unwrap_err();
+    match &refused {
+        BusError::Send { source, .. } => assert_eq!(source.transport(), "memory"),
+        other => panic!("{other}"),
+    }
+    tx.rollback().await.unwrap();
+}
+
+async fn inbox_claims_commit_with_the_transaction<DB>(pool: sqlx::Pool<DB>)
+where
+    DB: SqlDatabase,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+{
+    let table = courier_test::env::unique_name("courier_inbox");
+    let inbox = Inbox::new(
+        pool.clone(),
+        InboxOptions::new(&table)
+            .consumer("shipping")
+            .cleanup_every(0),
+    )
+    .await
+    .unwrap();
+    let envelope = Envelope::new(TestMessage::new(1)).with(MessageIdStamp::new());
+    let id = envelope.last::<MessageIdStamp>().unwrap().0.clone();
+
+    let mut tx = pool.begin().await.unwrap();
+    assert!(inbox.claim_in(&mut tx, &envelope).await.unwrap());
+    tx.rollback().await.unwrap();
+    assert!(!inbox.is_recorded(&id).await.unwrap(), "rolled back");
+
+    let mut tx = pool.begin().await.unwrap();
+    assert!(inbox.claim_in(&mut tx, &envelope).await.unwrap());
+    tx.commit().await.unwrap();
+    assert!(inbox.is_recorded(&id).await.unwrap());
+    let mut tx = pool.begin().await.unwrap();
+    assert!(
+        !inbox.claim_in(&mut tx, &envelope).await.unwrap(),
+        "handled before"
+    );
+    tx.rollback().await.unwrap();
+
+    // The middleware: a recorded id is skipped; a new one is handled, then recorded.
+    let handled = Arc::new(AtomicUsize::new(0));
+    let counter = handled.clone();
+    let bus = MessageBus::builder()
+        .middleware(inbox.clone())
+        .handler_fn("count", move |_: Arc<TestMessage>| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .build();
+    let received = |e: Envelope| e.with(ReceivedStamp("orders".into()));
+    bus.dispatch(received(envelope.clone())).await.unwrap();
+    assert_eq!(handled.load(Ordering::SeqCst), 0, "recorded: skipped");
+    let fresh = Envelope::new(TestMessage::new(2)).with(MessageIdStamp::new());
+    bus.dispatch(received(fresh.clone())).await.unwrap();
+    bus.dispatch(received(fresh.clone())).await.unwrap();
+    assert_eq!(handled.load(Ordering::SeqCst), 1, "handled once");
+
+    // Retention: ids older than `retain` go.
+    let kept = Inbox::without_setup(
+        pool.clone(),
+        InboxOptions::new(&table)
+            .consumer("shipping")
+            .retain(Duration::from_millis(1)),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(kept.cleanup().await.unwrap(), 2);
+    assert!(!inbox.is_recorded(&id).await.unwrap());
+    assert!(
+        Inbox::without_setup(pool, InboxOptions::new("bad name; drop")).is_err(),
+        "table names are validated"
+    );
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_dispatch_in_sends_only_what_commits() {
+    let h = common::sqlite().await;
+    let common::Admin::Sqlite(pool) = &h.admin else {
+        unreachable!()
+    };
+    let pool = pool.clone();
+    only_committed_messages_are_sent(pool, h).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn postgres_dispatch_in_sends_only_what_commits() {
+    let h = common::postgres().await;
+    let common::Admin::Postgres(pool) = &h.admin else {
+        unreachable!()
+    };
+    let pool = pool.clone();
+    only_committed_messages_are_sent(pool, h).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MySQL/MariaDB: set COURIER_TEST_MYSQL_URL"]
+async fn mysql_dispatch_in_sends_only_what_commits() {
+    let h = common::mysql().await;
+    let common::Admin::MySql(pool) = &h.admin else {
+        unreachable!()
+    };
+    let pool = pool.clone();
+    only_committed_messages_are_sent(pool, h).await;
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_inbox_claims_commit_with_the_transaction() {
+    let h = common::sqlite().await;
+    let common::Admin::Sqlite(pool) = &h.admin else {
+        unreachable!()
+    };
+    inbox_claims_commit_with_the_transaction(pool.clone()).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn postgres_inbox_claims_commit_with_the_transaction() {
+    let h = common::postgres().await;
+    let common::Admin::Postgres(pool) = &h.admin else {
+        unreachable!()
+    };
+    inbox_claims_commit_with_the_transaction(pool.clone()).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MySQL/MariaDB: set COURIER_TEST_MYSQL_URL"]
+async fn mysql_inbox_claims_commit_with_the_transaction() {
+    let h = common::mysql().await;
+    let common::Admin::MySql(pool) = &h.admin else {
+        unreachable!()
+    };
+    inbox_claims_commit_with_the_transaction(pool.clone()).await;
+}
