@@ -9,6 +9,7 @@ mod dedup;
 mod factory;
 mod memory;
 mod pause;
+mod rate_limit;
 mod sync;
 mod workers;
 mod workers_memory;
@@ -23,6 +24,7 @@ pub use dedup::{Deduplicate, MemoryDeduplicator};
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
 pub use memory::{InMemoryOptions, InMemoryTransport};
 pub use pause::{PAUSE_CHECK, Pausable, PauseGate};
+pub use rate_limit::{MemoryRateLimiter, RateLimit, RateLimitGate, RateLimiter, Taken};
 pub use sync::SyncTransport;
 pub use workers::{DEFAULT_WORKER_STALE_AFTER, Heartbeat, WorkerRecord, WorkerRegistry};
 pub use workers_memory::{InMemoryWorkerRegistry, shared_worker_registry};
@@ -264,6 +266,12 @@ pub trait Transport: Send + Sync + Debug {
 
     /// Pausing this transport's queue (`courier pause`), the flag in the transport's server.
     fn as_pausable(&self) -> Option<&dyn Pausable> {
+        None
+    }
+
+    /// The rate-limit bucket of this transport's queue in its server (an SQL row, a Redis key),
+    /// shared by every worker of the queue (see [`RateLimitGate`]).
+    fn as_rate_limiter(&self) -> Option<&dyn RateLimiter> {
         None
     }
 
