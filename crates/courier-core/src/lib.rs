@@ -58,9 +58,9 @@ pub mod worker;
 
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
-    BusLink, DEFAULT_BUS, Dispatcher, HandledResultStamp, Handler, HandlerOptions, MessageBus,
-    MessageBusBuilder, Middleware, Next, QueryError, QueryHandler, Router, SendHook, Sending,
-    with_trace_context,
+    BatchHandler, BatchItem, BatchOptions, BusLink, DEFAULT_BUS, Dispatcher, HandledResultStamp,
+    Handler, HandlerOptions, MessageBus, MessageBusBuilder, Middleware, Next, QueryError,
+    QueryHandler, Router, SendHook, Sending, with_trace_context,
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,
