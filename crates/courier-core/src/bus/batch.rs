@@ -64,7 +64,11 @@ pub struct BatchItem<M> {
     pub envelope: Envelope,
 }
 
-/// Handles messages of type `M` in batches (see the [module docs](self)).
+/// Handles messages of type `M` in batches: up to [`BatchOptions::size`] at once, or what has
+/// gathered [`BatchOptions::wait`] after the first. Each message still goes through the bus on
+/// its own; the handler returns one result per message, so a failed one is retried (or moved
+/// to the failure transport) alone while the others are acked. The worker lets a batch's
+/// messages be in flight together and, when it stops, runs partial batches at once.
 ///
 /// ```
 /// use courier_core::{BatchHandler, BatchItem, HandlerError, Message};

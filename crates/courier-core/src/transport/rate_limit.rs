@@ -30,6 +30,9 @@ use crate::{Envelope, TransportError};
 
 /// A rate limit: at most `limit` messages per `interval`, in bursts of at most `burst`.
 ///
+/// A GCRA token bucket: a token is due every `interval / limit`, at most `burst` at once, so
+/// over any span `t` at most `burst + limit * t / interval` messages pass.
+///
 /// ```
 /// use courier_core::RateLimit;
 /// use std::time::Duration;
@@ -188,8 +191,10 @@ impl RateLimiter for MemoryRateLimiter {
     }
 }
 
-/// A receiver that fetches only as many messages as its rate limit permits (see the
-/// [module docs](self)).
+/// A receiver that fetches only as many messages as its rate limit permits: before each `get`
+/// it takes up to that many tokens (at most the burst) from the transport's shared bucket and
+/// fetches what it was granted; with none it sleeps until the next token is due. Nothing is
+/// fetched before it is permitted, so nothing waits held for a token.
 ///
 /// ```
 /// use courier_core::{InMemoryTransport, RateLimit, RateLimitGate, Transport};
