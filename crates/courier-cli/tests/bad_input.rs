@@ -272,3 +272,39 @@ fn a_bad_schedule_is_a_config_error_naming_the_key() {
         .to_owned();
     assert!(err.contains("schedule store"), "{err}");
 }
+
+#[test]
+fn a_bad_rate_limit_is_a_config_error_naming_the_key() {
+    let env = Env::empty();
+    for (limit, named) in [
+        ("{ limit = 0 }", "transports.async.rate_limit.limit"),
+        ("{ limit = -5 }", "transports.async.rate_limit.limit"),
+        (
+            "{ limit = 50, interval = \"0s\" }",
+            "transports.async.rate_limit.interval",
+        ),
+        (
+            "{ limit = 50, interval = \"-1s\" }",
+            "transports.async.rate_limit.interval",
+        ),
+        (
+            "{ limit = 50, interval = \"often\" }",
+            "transports.async.rate_limit.interval",
+        ),
+        (
+            "{ limit = 50, burst = 0 }",
+            "transports.async.rate_limit.burst",
+        ),
+    ] {
+        env.write(
+            "c.toml",
+            &format!("[transports.async]\ndsn = \"in-memory://\"\nrate_limit = {limit}\n"),
+        );
+        let err = env
+            .run(&["--config", "c.toml", "consume", "async", "--limit", "1"])
+            .fails(2)
+            .to_owned();
+        assert!(err.contains(named), "{limit}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -28,9 +28,11 @@
 //! errors naming the key. The `[runs]` table is kept as-is for `courier-runs` to validate.
 
 mod buses;
+mod rate_limit;
 mod schedules;
 
 pub use buses::BusConfig;
+pub use rate_limit::RateLimitConfig;
 pub use schedules::ScheduleConfig;
 
 use std::collections::BTreeMap;
@@ -120,6 +122,10 @@ pub struct TransportConfig {
     /// The failure transport's name.
     #[serde(default)]
     pub failure_transport: Option<String>,
+    /// At most so many messages per interval, shared by every worker of the transport
+    /// ([`RateLimitConfig`]).
+    #[serde(default)]
+    pub rate_limit: Option<RateLimitConfig>,
 }
 
 /// A `retry = { ... }` table: a [`MultiplierRetryStrategy`].
@@ -335,6 +341,9 @@ impl Config {
                         "transports.{name}.failure_transport: a transport cannot be its own failure transport"
                     )));
                 }
+            }
+            if let Some(limit) = &t.rate_limit {
+                limit.rate_limit(name)?;
             }
             for (key, value) in &t.options {
                 if option_text(value).is_none() {

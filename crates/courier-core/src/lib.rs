@@ -59,9 +59,9 @@ pub mod worker;
 
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
-    BusLink, DEFAULT_BUS, Dispatcher, HandledResultStamp, Handler, HandlerOptions, MessageBus,
-    MessageBusBuilder, Middleware, Next, Prepared, QueryError, QueryHandler, Router, SendHook,
-    Sending, with_trace_context,
+    BatchHandler, BatchItem, BatchOptions, BusLink, DEFAULT_BUS, Dispatcher, HandledResultStamp,
+    Handler, HandlerOptions, MessageBus, MessageBusBuilder, Middleware, Next, Prepared, QueryError,
+    QueryHandler, Router, SendHook, Sending, with_trace_context,
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,
@@ -89,9 +89,9 @@ pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{
     Capabilities, DEFAULT_WORKER_STALE_AFTER, Deduplicate, FactoryContext, Heartbeat,
     InMemoryOptions, InMemoryTransport, InMemoryWorkerRegistry, Listable, MemoryDeduplicator,
-    MessageCount, PAUSE_CHECK, Pausable, PauseGate, Queues, Setup, SyncTransport, Transport,
-    TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
-    shared_worker_registry,
+    MemoryRateLimiter, MessageCount, PAUSE_CHECK, Pausable, PauseGate, Queues, RateLimit,
+    RateLimitGate, RateLimiter, Setup, SyncTransport, Taken, Transport, TransportFactory,
+    TransportRegistry, WorkerRecord, WorkerRegistry, retry_count, shared_worker_registry,
 };
 pub use worker::{
     CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats,

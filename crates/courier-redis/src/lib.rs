@@ -96,6 +96,7 @@ mod admin;
 mod dedup;
 mod factory;
 mod in_flight;
+mod limits;
 mod link;
 mod options;
 mod reader;

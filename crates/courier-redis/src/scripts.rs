@@ -40,6 +40,7 @@ pub(crate) struct Scripts {
     pub(crate) worker_stop: Lua,
     pub(crate) schedule_claim: Lua,
     pub(crate) schedule_advance: Lua,
+    pub(crate) limit_take: Lua,
 }
 
 impl Scripts {
@@ -93,10 +94,11 @@ impl Scripts {
                 include_str!("lua/schedules.lua"),
                 include_str!("lua/schedule_advance.lua")
             )),
+            limit_take: Lua::new(include_str!("lua/limit_take.lua")),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Lua; 14] {
+    pub(crate) fn all(&self) -> [&Lua; 15] {
         [
             &self.ack,
             &self.keepalive,
@@ -112,6 +114,7 @@ impl Scripts {
             &self.worker_stop,
             &self.schedule_claim,
             &self.schedule_advance,
+            &self.limit_take,
         ]
     }
 }

@@ -658,6 +658,10 @@ impl Transport for RedisTransport {
         Some(self)
     }
 
+    fn as_rate_limiter(&self) -> Option<&dyn courier_core::RateLimiter> {
+        Some(self)
+    }
+
     fn as_worker_registry(&self) -> Option<&dyn courier_core::WorkerRegistry> {
         Some(self)
     }

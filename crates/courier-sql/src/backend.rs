@@ -181,6 +181,8 @@ pub(crate) trait Backend: Send + Sync + Debug {
     ) -> Box<dyn courier_core::WorkerRegistry>;
     /// The pause flag of `queue` (`<table>_paused`) on the same pool.
     fn pauses(&self, name: &str, queue: &str) -> Box<dyn courier_core::Pausable>;
+    /// The rate-limit bucket of `queue` (`<table>_limits`) on the same pool.
+    fn limits(&self, name: &str, queue: &str) -> Box<dyn courier_core::RateLimiter>;
     /// The schedule store beside the message table (`<table>_schedules`) on the same pool.
     fn schedules(&self, name: &str, location: &str) -> Box<dyn courier_core::ScheduleStore>;
     /// Applies the worker registry's and schedule store's migrations not yet recorded; returns

@@ -155,6 +155,7 @@ mod tests {
             "courier_schedules"
         );
         assert_eq!(crate::paused_table("courier_messages"), "courier_paused");
+        assert_eq!(crate::limits_table("courier_messages"), "courier_limits");
         assert_eq!(crate::workers_table("jobs"), "jobs_workers");
         assert_eq!(crate::schedules_table("jobs"), "jobs_schedules");
         assert_eq!(crate::workers_table("_messages"), "_messages_workers");
@@ -163,6 +164,7 @@ mod tests {
             crate::workers_table(&longest),
             crate::schedules_table(&longest),
             crate::paused_table(&longest),
+            crate::limits_table(&longest),
         ] {
             assert!(name.len() <= 63, "fits PostgreSQL's names: {name}");
         }

@@ -46,7 +46,10 @@
 //! `<table>_schedules` ([`schedules_table`], migration `0006`), one row per schedule with its
 //! lease and last fired tick; paused queues ([`Pausable`](courier_core::Pausable), for
 //! `courier pause`): `<table>_paused` ([`paused_table`], migration `0007`), both recorded in
-//! `<schedules>_migrations` and created with the worker registry's table.
+//! `<schedules>_migrations` and created with the worker registry's table; rate-limit buckets
+//! ([`RateLimiter`](courier_core::RateLimiter), for `rate_limit` on a transport):
+//! `<table>_limits` ([`limits_table`], migration `0008`, recorded there too), one row per queue
+//! taken from by one upsert on the database clock.
 //!
 //! # Behaviour
 //!
@@ -88,6 +91,7 @@ mod dialect;
 mod error;
 mod factory;
 pub mod inbox;
+mod limits;
 mod messages;
 pub mod migrate;
 #[cfg(feature = "mysql")]
@@ -110,6 +114,7 @@ pub use dialect::{
 pub use error::is_transient;
 pub use factory::SqlTransportFactory;
 pub use inbox::{Inbox, InboxOptions, MAX_MESSAGE_ID_LEN};
+pub use limits::limits_table;
 pub use options::{DEFAULT_TABLE, SqlOptions};
 pub use outbox::dispatch_in;
 pub use paused::paused_table;

@@ -277,6 +277,7 @@ where
     for<'r> (Option<i64>,): sqlx::FromRow<'r, DB::Row>,
     for<'r> crate::workers::Row: sqlx::FromRow<'r, DB::Row>,
     for<'r> crate::schedules::Row: sqlx::FromRow<'r, DB::Row>,
+    for<'r> crate::limits::Row: sqlx::FromRow<'r, DB::Row>,
 {
     async fn setup(&self) -> Result<Vec<Applied>, sqlx::Error> {
         let mut applied = {
@@ -309,6 +310,7 @@ where
                 &[
                     ("{schedules}", &schedules),
                     ("{paused}", &crate::paused::paused_table(&self.table)),
+                    ("{limits}", &crate::limits::limits_table(&self.table)),
                 ],
             )
             .await?,
@@ -320,6 +322,15 @@ where
         Box::new(crate::paused::SqlPause::new(
             self.pool.clone(),
             &crate::paused::paused_table(&self.table),
+            name,
+            queue,
+        ))
+    }
+
+    fn limits(&self, name: &str, queue: &str) -> Box<dyn courier_core::RateLimiter> {
+        Box::new(crate::limits::SqlLimits::new(
+            self.pool.clone(),
+            &crate::limits::limits_table(&self.table),
             name,
             queue,
         ))

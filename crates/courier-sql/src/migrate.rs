@@ -109,7 +109,8 @@ pub static INBOX: Migrations = Migrations {
     }],
 };
 
-/// The schedule store's and paused queues' migrations (placeholders `{schedules}`, `{paused}`),
+/// The schedule store's, paused queues' and rate-limit buckets' migrations (placeholders
+/// `{schedules}`, `{paused}`, `{limits}`),
 /// beside each message table.
 pub static SCHEDULES: Migrations = Migrations {
     main: "{schedules}",
@@ -130,6 +131,14 @@ pub static SCHEDULES: Migrations = Migrations {
             sqlite: include_str!("../migrations/sqlite/0007_courier_paused.sql"),
             postgres: include_str!("../migrations/postgres/0007_courier_paused.sql"),
             mysql: Some(include_str!("../migrations/mysql/0007_courier_paused.sql")),
+            present_when: None,
+        },
+        Migration {
+            version: 8,
+            description: "courier limits",
+            sqlite: include_str!("../migrations/sqlite/0008_courier_limits.sql"),
+            postgres: include_str!("../migrations/postgres/0008_courier_limits.sql"),
+            mysql: Some(include_str!("../migrations/mysql/0008_courier_limits.sql")),
             present_when: None,
         },
     ],

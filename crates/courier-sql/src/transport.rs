@@ -38,6 +38,8 @@ pub struct SqlTransport {
     schedules: Box<dyn courier_core::ScheduleStore>,
     /// The queue's pause flag (`<table>_paused`).
     pauses: Box<dyn courier_core::Pausable>,
+    /// The queue's rate-limit bucket (`<table>_limits`).
+    limits: Box<dyn courier_core::RateLimiter>,
     /// Migrations applied since it connected and not yet reported by `setup_report`.
     applied: std::sync::Mutex<Vec<String>>,
 }
@@ -90,10 +92,12 @@ impl SqlTransport {
         let workers = backend.workers(&name, &location, options.worker_stale_after);
         let schedules = backend.schedules(&name, &location);
         let pauses = backend.pauses(&name, &options.queue_name);
+        let limits = backend.limits(&name, &options.queue_name);
         let transport = Self {
             workers,
             schedules,
             pauses,
+            limits,
             name,
             dsn: dsn.clone(),
             options,
@@ -653,6 +657,10 @@ impl Transport for SqlTransport {
         Some(&*self.pauses)
     }
 
+    fn as_rate_limiter(&self) -> Option<&dyn courier_core::RateLimiter> {
+        Some(&*self.limits)
+    }
+
     fn capabilities(&self) -> Capabilities {
         let caps = Capabilities::none()
             .with_delay(None)
@@ -901,6 +909,9 @@ mod tests {
         fn pauses(&self, _: &str, _: &str) -> Box<dyn courier_core::Pausable> {
             Box::new(crate::paused::NeverPaused)
         }
+        fn limits(&self, _: &str, _: &str) -> Box<dyn courier_core::RateLimiter> {
+            Box::new(courier_core::MemoryRateLimiter::new())
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -915,6 +926,7 @@ mod tests {
             workers: Box::new(courier_core::InMemoryWorkerRegistry::new()),
             schedules: Box::new(courier_core::InMemoryScheduleStore::new()),
             pauses: Box::new(crate::paused::NeverPaused),
+            limits: Box::new(courier_core::MemoryRateLimiter::new()),
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
         };

@@ -1,6 +1,7 @@
 //! The schedule store in `<table>_schedules` and the pause flag in `<table>_paused`, on every
 //! dialect: one lease holder at a time, ticks recorded only by the live holder and only forward,
-//! an expired lease taken over with its last tick, and the pause flag shared by connections.
+//! an expired lease taken over with its last tick, the pause flag shared by connections, and the
+//! rate-limit bucket in `<table>_limits` shared by concurrent takers on two connections.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod common;
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::SqlHarness;
 use courier_core::schedule::Held;
-use courier_core::{ScheduleStore, Transport};
+use courier_core::{RateLimit, ScheduleStore, Transport};
 
 async fn within<T>(f: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(30), f)
@@ -98,6 +99,51 @@ async fn the_pause_flag_is_shared_and_idempotent(h: &SqlHarness) {
     assert!(!within(pa.is_paused()).await.unwrap());
 }
 
+async fn a_shared_bucket_never_grants_more_than_its_rate(h: &SqlHarness) {
+    let (a, table) = h.make("").await;
+    let b = h.reuse(&table).await;
+    let limit = RateLimit::new(20, Duration::from_secs(1))
+        .unwrap()
+        .with_burst(4);
+    // A new row is a full bucket: the first take creates it (granting nothing) or takes.
+    let limiter = a.as_rate_limiter().unwrap();
+    let mut first = within(limiter.take(&limit, 10)).await.unwrap();
+    if first.granted == 0 {
+        first = within(limiter.take(&limit, 10)).await.unwrap();
+    }
+    assert_eq!(first.granted, 4, "the burst, at most");
+    let empty = within(b.as_rate_limiter().unwrap().take(&limit, 1))
+        .await
+        .unwrap();
+    assert_eq!(empty.granted, 0, "seen through another connection");
+    assert!(
+        empty.wait > Duration::ZERO && empty.wait <= Duration::from_millis(60),
+        "the next token is due within one emission interval: {:?}",
+        empty.wait
+    );
+    // Eight takers on two connections for two seconds: at most burst + 2 s * 20/s.
+    let started = Instant::now();
+    let takers = (0..8).map(|i| {
+        let t = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tokio::spawn(async move {
+            let mut got = 0_u32;
+            while started.elapsed() < Duration::from_secs(2) {
+                let taken = within(t.as_rate_limiter().unwrap().take(&limit, 1))
+                    .await
+                    .unwrap();
+                got += taken.granted;
+                tokio::time::sleep(taken.wait.max(Duration::from_millis(1))).await;
+            }
+            got
+        })
+    });
+    let mut total = 0;
+    for taker in takers.collect::<Vec<_>>() {
+        total += taker.await.unwrap();
+    }
+    assert!((20..=45).contains(&total), "{total} tokens in 2 s at 20/s");
+}
+
 macro_rules! on_every_dialect {
     ($($case:ident),*) => {
         #[cfg(feature = "sqlite")]
@@ -134,5 +180,6 @@ macro_rules! on_every_dialect {
 
 on_every_dialect!(
     one_holder_records_each_tick_once_and_an_expired_lease_moves_on,
-    the_pause_flag_is_shared_and_idempotent
+    the_pause_flag_is_shared_and_idempotent,
+    a_shared_bucket_never_grants_more_than_its_rate
 );

@@ -70,15 +70,23 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     });
     let verbose = ctx.verbose >= 1;
     let listen = counters.clone();
-    // Each pausable receiver fetches nothing while `courier pause` says so.
-    let receivers: Vec<_> = receivers(&transports, args)
-        .await?
-        .into_iter()
-        .map(|(name, t)| {
-            let gated = courier_core::PauseGate::wrap(t.clone(), helpers.clone()).unwrap_or(t);
-            (name, gated)
-        })
-        .collect();
+    // A receiver with a `rate_limit` fetches only what its bucket grants; each pausable one
+    // fetches nothing while `courier pause` says so.
+    let mut gated = Vec::new();
+    for (name, t) in receivers(&transports, args).await? {
+        let t = match ctx
+            .config
+            .transports
+            .get(&name)
+            .and_then(|c| c.rate_limit.as_ref())
+        {
+            Some(limit) => courier_core::RateLimitGate::wrap(t, limit.rate_limit(&name)?),
+            None => t,
+        };
+        let t = courier_core::PauseGate::wrap(t.clone(), helpers.clone()).unwrap_or(t);
+        gated.push((name, t));
+    }
+    let receivers = gated;
     let mut consumed: Vec<String> = Vec::new();
     for (name, _) in &receivers {
         if !consumed.contains(name) {

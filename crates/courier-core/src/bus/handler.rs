@@ -172,4 +172,6 @@ pub(crate) struct HandlerEntry {
     /// The [`HandledStamp`](crate::HandledStamp) added on success, shared by every envelope.
     pub(crate) handled: Arc<dyn crate::stamp::AnyStamp>,
     pub(crate) handler: Arc<dyn ErasedHandler>,
+    /// A batch handler's largest batch (its messages are in flight together).
+    pub(crate) batch_size: Option<usize>,
 }

@@ -1,5 +1,6 @@
 //! The message bus: dispatch through middleware to transports or handlers.
 
+mod batch;
 mod dedup;
 mod handler;
 pub(crate) mod middleware;
@@ -12,6 +13,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, OnceLock, Weak};
 
+pub use batch::{BatchHandler, BatchItem, BatchOptions};
 pub use handler::{Handler, HandlerOptions};
 pub use middleware::{Middleware, Next, with_trace_context};
 pub use query::{HandledResultStamp, QueryError, QueryHandler};
@@ -39,6 +41,7 @@ pub(crate) struct BusInner {
     on_send: Vec<SendHook>,
     allow_no_handlers: bool,
     dedup_store: Option<dedup::Store>,
+    batchers: Vec<Arc<dyn batch::Flush>>,
 }
 
 /// A message bus (Symfony's `MessageBusInterface`): routes each message to its transports, or
@@ -210,6 +213,37 @@ impl MessageBus {
     pub fn has_handler(&self, name: &str) -> bool {
         self.inner.handlers.get(name).is_some_and(|h| !h.is_empty())
     }
+
+    /// The largest batch of the [`BatchHandler`]s of the wire name, if it has any: the worker
+    /// lets so many of its messages be in flight together.
+    #[must_use]
+    pub fn batch_size(&self, name: &str) -> Option<usize> {
+        self.inner
+            .handlers
+            .get(name)?
+            .iter()
+            .filter_map(|e| e.batch_size)
+            .max()
+    }
+
+    /// The largest batch of any [`BatchHandler`] of this bus (`None`: it has none).
+    #[must_use]
+    pub fn largest_batch(&self) -> Option<usize> {
+        self.inner
+            .handlers
+            .values()
+            .flatten()
+            .filter_map(|e| e.batch_size)
+            .max()
+    }
+
+    /// Runs every batch being gathered now rather than after its wait (the worker does this
+    /// when it stops, so partial batches are handled within the grace period).
+    pub fn flush_batches(&self) {
+        for b in &self.inner.batchers {
+            b.flush();
+        }
+    }
 }
 
 /// What [`MessageBus::prepare`] returns: the envelope [`dispatch`](MessageBus::dispatch) would
@@ -338,6 +372,7 @@ pub struct MessageBusBuilder {
     allow_no_handlers: bool,
     dedup_store: Option<dedup::Store>,
     signing: Option<crate::Signing>,
+    batchers: Vec<Arc<dyn batch::Flush>>,
 }
 
 impl MessageBusBuilder {
@@ -382,13 +417,67 @@ impl MessageBusBuilder {
         options: HandlerOptions,
         handler: H,
     ) -> Self {
-        self.entry::<M>(options, Arc::new(Typed::<M, H>::new(handler)))
+        self.entry::<M>(options, Arc::new(Typed::<M, H>::new(handler)), None)
+    }
+
+    /// Registers a [`BatchHandler`] for `M` with its options (name, transport, priority) and
+    /// how it gathers batches (see [`BatchOptions`]).
+    ///
+    /// ```
+    /// use courier_core::{BatchOptions, HandlerError, HandlerOptions, Message, MessageBus};
+    /// use serde::{Deserialize, Serialize};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Row { id: u32 }
+    /// impl Message for Row { const NAME: &'static str = "app.row"; }
+    ///
+    /// let bus = MessageBus::builder()
+    ///     .batch_handler_fn(
+    ///         HandlerOptions::new("bulk_insert"),
+    ///         BatchOptions::new(50, Duration::from_secs(1)),
+    ///         |rows: Vec<Arc<Row>>| async move {
+    ///             rows.iter().map(|_| Ok::<(), HandlerError>(())).collect()
+    ///         },
+    ///     )
+    ///     .build();
+    /// assert_eq!(bus.batch_size("app.row"), Some(50));
+    /// ```
+    #[must_use]
+    pub fn batch_handler<M: Message, H: BatchHandler<M>>(
+        mut self,
+        options: HandlerOptions,
+        batch: BatchOptions,
+        handler: H,
+    ) -> Self {
+        let batcher = Arc::new(batch::Batcher::<M, H>::new(handler, batch));
+        self.batchers.push(batcher.clone());
+        self.entry::<M>(options, batcher, Some(batch.size()))
+    }
+
+    /// Registers a closure batch handler for `M`: it gets the batch's messages and returns one
+    /// result per message, in order.
+    #[must_use]
+    pub fn batch_handler_fn<M, F, Fut>(
+        self,
+        options: HandlerOptions,
+        batch: BatchOptions,
+        f: F,
+    ) -> Self
+    where
+        M: Message,
+        F: Fn(Vec<Arc<M>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<Result<(), HandlerError>>> + Send + 'static,
+    {
+        self.batch_handler::<M, batch::FnBatchHandler<F>>(options, batch, batch::FnBatchHandler(f))
     }
 
     fn entry<M: Message>(
         mut self,
         options: HandlerOptions,
         handler: Arc<dyn ErasedHandler>,
+        batch_size: Option<usize>,
     ) -> Self {
         self.know::<M>();
         let HandlerOptions {
@@ -404,6 +493,7 @@ impl MessageBusBuilder {
             from_transport: from_transport.map(Arc::from),
             priority,
             handler,
+            batch_size,
         };
         let entries = self.handlers.entry(M::NAME.to_owned()).or_default();
         // Highest priority first; equal priorities keep their registration order.
@@ -430,6 +520,7 @@ impl MessageBusBuilder {
         self.entry::<M>(
             HandlerOptions::new(name),
             Arc::new(query::QueryTyped::<M, H>::new(handler)),
+            None,
         )
     }
 
@@ -629,6 +720,7 @@ impl MessageBusBuilder {
                 on_send: self.on_send,
                 allow_no_handlers: self.allow_no_handlers,
                 dedup_store: self.dedup_store,
+                batchers: self.batchers,
             }),
         };
         for link in &self.links {

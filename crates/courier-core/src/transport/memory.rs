@@ -130,6 +130,8 @@ pub struct InMemoryTransport {
     registry: Arc<MessageRegistry>,
     state: Arc<Mutex<State>>,
     dedup: super::MemoryDeduplicator,
+    /// The queue's rate-limit bucket, shared by its clones (the workers of this process).
+    limits: super::MemoryRateLimiter,
 }
 
 impl fmt::Debug for InMemoryTransport {
@@ -162,6 +164,7 @@ impl InMemoryTransport {
             registry,
             state: Arc::default(),
             dedup: super::MemoryDeduplicator::new(),
+            limits: super::MemoryRateLimiter::new(),
         }
     }
 
@@ -377,6 +380,10 @@ impl Transport for InMemoryTransport {
 
     fn as_deduplicate(&self) -> Option<&dyn super::Deduplicate> {
         Some(&self.dedup)
+    }
+
+    fn as_rate_limiter(&self) -> Option<&dyn super::RateLimiter> {
+        Some(&self.limits)
     }
 
     fn capabilities(&self) -> Capabilities {

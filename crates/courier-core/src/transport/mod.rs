@@ -9,6 +9,7 @@ mod dedup;
 mod factory;
 mod memory;
 mod pause;
+mod rate_limit;
 mod sync;
 mod workers;
 mod workers_memory;
@@ -23,6 +24,7 @@ pub use dedup::{Deduplicate, MemoryDeduplicator};
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
 pub use memory::{InMemoryOptions, InMemoryTransport};
 pub use pause::{PAUSE_CHECK, Pausable, PauseGate};
+pub use rate_limit::{MemoryRateLimiter, RateLimit, RateLimitGate, RateLimiter, Taken};
 pub use sync::SyncTransport;
 pub use workers::{DEFAULT_WORKER_STALE_AFTER, Heartbeat, WorkerRecord, WorkerRegistry};
 pub use workers_memory::{InMemoryWorkerRegistry, shared_worker_registry};
@@ -300,6 +302,12 @@ pub trait Transport: Send + Sync + Debug {
     /// transport's `dispatch_in` finds the SQL transports a message is routed to). `None`
     /// unless the transport offers it.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
+    /// The rate-limit bucket of this transport's queue in its server (an SQL row, a Redis key),
+    /// shared by every worker of the queue (see [`RateLimitGate`]).
+    fn as_rate_limiter(&self) -> Option<&dyn RateLimiter> {
         None
     }
 

@@ -46,6 +46,17 @@ impl Done {
 }
 
 impl Worker {
+    /// The bus a message is dispatched on: the forced one, the one its `BusNameStamp` names,
+    /// or the default.
+    pub(super) fn bus_for(&self, envelope: &Envelope) -> &crate::MessageBus {
+        self.forced_bus.as_ref().unwrap_or_else(|| {
+            envelope
+                .last::<BusNameStamp>()
+                .and_then(|b| self.buses.get(&b.0))
+                .unwrap_or(&self.default_bus)
+        })
+    }
+
     pub(super) async fn process(&self, receiver: &Receiver, envelope: Envelope) -> Done {
         let id = envelope.id().map(str::to_owned);
         let span = crate::trace::process_span(
@@ -152,12 +163,7 @@ impl Worker {
         id: Option<String>,
         message_type: crate::metrics::SharedString,
     ) -> Done {
-        let bus = self.forced_bus.as_ref().unwrap_or_else(|| {
-            envelope
-                .last::<BusNameStamp>()
-                .and_then(|b| self.buses.get(&b.0))
-                .unwrap_or(&self.default_bus)
-        });
+        let bus = self.bus_for(&envelope);
         let trace = envelope.last::<TraceContextStamp>().cloned();
         let started = Instant::now();
         let result = with_trace_context(trace, bus.dispatch(envelope.clone())).await;

@@ -55,7 +55,9 @@ struct Fetched {
 /// Acks of the first receiver handed to the next fetch, to go in its round trip.
 type Carried = Option<(Arc<Held>, Vec<(u64, Envelope)>)>;
 
-type Handling<'a> = Pin<Box<dyn Future<Output = (usize, u64, Done)> + Send + 'a>>;
+/// A message being handled: its receiver, its key in [`Held`], what became of it, and whether
+/// it was in flight for a batch handler.
+type Handling<'a> = Pin<Box<dyn Future<Output = (usize, u64, Done, bool)> + Send + 'a>>;
 
 /// The next fetch: on a task of its own while handlers run (so it makes progress beside them),
 /// polled by the loop itself when there is nothing else to do.
@@ -220,20 +222,47 @@ impl Worker {
         if shutdown.is_cancelled() {
             state.stop = Some(StopReason::Shutdown);
         }
+        // Messages of batch handlers are in flight together, up to the largest batch per
+        // handler running at once; the others count against `concurrency`.
+        let batch_room = self
+            .buses
+            .values()
+            .chain(self.forced_bus.as_ref())
+            .filter_map(crate::MessageBus::largest_batch)
+            .max()
+            .map(|size| size.saturating_mul(concurrency));
+        let mut batched = 0_usize;
+        // Stopping with batches being gathered: run them once every started message joined.
+        let mut flush_due = false;
         loop {
-            while state.stop.is_none() && inflight.len() < concurrency {
-                let Some((r, key, envelope)) = queue.pop_front() else {
+            while state.stop.is_none() {
+                let Some((_, _, front)) = queue.front() else {
                     break;
                 };
+                let for_batch = batch_room.is_some()
+                    && self
+                        .bus_for(front)
+                        .batch_size(front.message_name())
+                        .is_some();
+                let room = if for_batch {
+                    batch_room.is_some_and(|room| batched < room)
+                } else {
+                    inflight.len() - batched < concurrency
+                };
+                let Some((r, key, envelope)) = room.then(|| queue.pop_front()).flatten() else {
+                    break;
+                };
+                batched += usize::from(for_batch);
                 state.stats.received += 1;
                 let receiver = &self.receivers[r];
                 inflight.push(Box::pin(async move {
-                    (r, key, self.process(receiver, envelope).await)
+                    (r, key, self.process(receiver, envelope).await, for_batch)
                 }));
             }
             if state.stop.is_some() && stopped_at.is_none() {
                 let now = Instant::now();
                 stopped_at = Some(now);
+                flush_due = batched > 0;
                 // A fetch under way may still bring a batch back: give it a moment, then
                 // release what it brought rather than strand it.
                 drain_timer.as_mut().reset(now + SHUTDOWN_SLACK);
@@ -285,7 +314,9 @@ impl Worker {
             }
             tokio::select! {
                 biased;
-                Some((r, key, done)) = inflight.next() => {
+                Some((r, key, done, for_batch)) = inflight.next() => {
+                    batched -= usize::from(for_batch);
+                    flush_due |= stopped_at.is_some() && batched > 0;
                     if self.settle(beside, r, key, done, state) && !lingering {
                         lingering = true;
                         linger_timer.as_mut().reset(Instant::now() + self.options.ack_linger);
@@ -310,6 +341,12 @@ impl Worker {
                     if state.stop.is_none() {
                         state.stop = self.limit_reached(state);
                     }
+                }
+                // Reached only once every handler is pending: each started message has
+                // joined its batch.
+                () = std::future::ready(()), if flush_due => {
+                    flush_due = false;
+                    self.buses.values().chain(self.forced_bus.as_ref()).for_each(crate::MessageBus::flush_batches);
                 }
                 fetched = join_fetch(fetching.as_mut()), if fetching.is_some() => {
                     fetching = None;

@@ -1,0 +1,388 @@
+//! Rate limits (Symfony's `rate_limiter` option on a transport): at most `limit` messages per
+//! `interval`, shared by every worker of the transport through a bucket in the transport's own
+//! server (an SQL row, a Redis key), so 4 workers on 2 hosts together stay under the limit.
+//!
+//! The bucket is a GCRA token bucket (the "generic cell rate algorithm" of redis-cell and
+//! Rails' throttling): one number per bucket, the *theoretical arrival time* `tat` in
+//! microseconds of the server's clock. One token is due every `interval / limit` (the emission
+//! interval `E`); a take of `n` succeeds while `max(tat, now) + n * E - now <= burst * E`. So
+//! over any span of time `t`, at most `burst + limit * t / interval` messages pass; the burst
+//! defaults to a tenth of the limit (at least 1), which keeps every full interval within 10 %
+//! of the limit and longer spans closer still. A take is one statement or one script: workers
+//! on different hosts never race, and "now" is the server's clock, not the hosts'.
+//!
+//! [`RateLimitGate`] wraps a receiver beside the worker loop (as [`PauseGate`](super::PauseGate)
+//! does): before each `get` it takes up to `fetch_size` tokens (at most the burst) and fetches
+//! only as many messages as it was granted; with none granted it sleeps until the next token is
+//! due (computed from the bucket, no polling loop) and asks again. Messages are fetched only
+//! once permitted, so nothing waits held for a token, and a stopping worker drops a gate that
+//! is waiting without losing anything. Tokens taken for a fetch that comes back short are not
+//! given back: an idle queue's polls spend them, which can only let fewer messages through.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{Capabilities, Listable, MessageCount, Pausable, Queues, Setup, Transport};
+use crate::{Envelope, TransportError};
+
+/// A rate limit: at most `limit` messages per `interval`, in bursts of at most `burst`.
+///
+/// A GCRA token bucket: a token is due every `interval / limit`, at most `burst` at once, so
+/// over any span `t` at most `burst + limit * t / interval` messages pass.
+///
+/// ```
+/// use courier_core::RateLimit;
+/// use std::time::Duration;
+///
+/// let limit = RateLimit::new(50, Duration::from_secs(1)).expect("a positive rate");
+/// assert_eq!(limit.burst(), 5);
+/// assert_eq!(limit.emission_interval(), Duration::from_millis(20));
+/// assert!(RateLimit::new(0, Duration::from_secs(1)).is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    limit: u32,
+    interval: Duration,
+    burst: u32,
+}
+
+impl RateLimit {
+    /// `limit` messages per `interval`, bursts of a tenth of the limit (at least 1); `None`
+    /// when either is zero.
+    #[must_use]
+    pub fn new(limit: u32, interval: Duration) -> Option<Self> {
+        (limit > 0 && !interval.is_zero()).then(|| Self {
+            limit,
+            interval,
+            burst: limit.div_ceil(10),
+        })
+    }
+
+    /// Sets the largest burst (clamped to `1..=limit`).
+    #[must_use]
+    pub fn with_burst(mut self, burst: u32) -> Self {
+        self.burst = burst.clamp(1, self.limit);
+        self
+    }
+
+    /// Messages per interval.
+    #[must_use]
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The interval.
+    #[must_use]
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The largest burst: the most messages one take (and one fetch) may get at once.
+    #[must_use]
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    /// How often a token is due: `interval / limit`, rounded up to the microsecond.
+    #[must_use]
+    pub fn emission_interval(&self) -> Duration {
+        Duration::from_micros(self.emission_us().unsigned_abs())
+    }
+
+    /// [`RateLimit::emission_interval`] in microseconds (at least 1), the unit of the buckets.
+    #[must_use]
+    pub fn emission_us(&self) -> i64 {
+        let interval = i64::try_from(self.interval.as_micros()).unwrap_or(i64::MAX / 4);
+        (interval.saturating_add(i64::from(self.limit) - 1) / i64::from(self.limit)).max(1)
+    }
+
+    /// `burst * E` in microseconds: how far ahead of now a bucket's `tat` may run.
+    #[must_use]
+    pub fn tolerance_us(&self) -> i64 {
+        self.emission_us().saturating_mul(i64::from(self.burst))
+    }
+
+    /// One take of up to `want` tokens from a bucket at `tat` (microseconds, `None`: a new,
+    /// full bucket) when the clock says `now`: the bucket's new `tat` and what was taken. The
+    /// server-side takes (SQL, Lua) compute the same.
+    #[must_use]
+    pub fn take_at(&self, tat: Option<i64>, now: i64, want: u32) -> (i64, Taken) {
+        let e = self.emission_us();
+        let base = tat.unwrap_or(now).max(now);
+        let room = (now + self.tolerance_us() - base).div_euclid(e).max(0);
+        let granted = room.min(i64::from(want));
+        let tat = base + granted * e;
+        (tat, self.taken(tat, now, granted))
+    }
+
+    /// What a take that left the bucket at `tat` when the clock said `now` and granted
+    /// `granted` tokens means: with none granted, how long until the next token is due.
+    #[must_use]
+    pub fn taken(&self, tat: i64, now: i64, granted: i64) -> Taken {
+        let granted = u32::try_from(granted.max(0)).unwrap_or(u32::MAX);
+        let wait = if granted == 0 {
+            // A token is due once `tat + E - now <= burst * E`.
+            let us = tat + self.emission_us() - now - self.tolerance_us();
+            Duration::from_micros(us.max(0).unsigned_abs())
+        } else {
+            Duration::ZERO
+        };
+        Taken { granted, wait }
+    }
+}
+
+/// What one take got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    /// Tokens granted (messages that may be fetched now).
+    pub granted: u32,
+    /// With none granted: how long until the next token is due.
+    pub wait: Duration,
+}
+
+/// A transport whose server keeps rate-limit buckets shared by every worker of its queue.
+#[async_trait]
+pub trait RateLimiter: Send + Sync {
+    /// Takes up to `want` tokens of this queue's bucket under `limit`, atomically (one
+    /// statement or script, on the server's clock).
+    async fn take(&self, limit: &RateLimit, want: u32) -> Result<Taken, TransportError>;
+}
+
+const _: () = {
+    fn _obj_safe(_: &dyn RateLimiter) {}
+};
+
+/// A process-local bucket on tokio's clock: the in-memory transport's, and the fallback of
+/// transports whose server keeps none (AMQP), where the limit holds per worker process.
+#[derive(Debug, Clone)]
+pub struct MemoryRateLimiter {
+    epoch: Instant,
+    tat: Arc<Mutex<Option<i64>>>,
+}
+
+impl Default for MemoryRateLimiter {
+    fn default() -> Self {
+        Self {
+            epoch: Instant::now(),
+            tat: Arc::default(),
+        }
+    }
+}
+
+impl MemoryRateLimiter {
+    /// A full bucket (clones share it).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl RateLimiter for MemoryRateLimiter {
+    async fn take(&self, limit: &RateLimit, want: u32) -> Result<Taken, TransportError> {
+        let now = i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX / 4);
+        let mut tat = self.tat.lock().unwrap_or_else(PoisonError::into_inner);
+        let (next, taken) = limit.take_at(*tat, now, want);
+        *tat = Some(next);
+        Ok(taken)
+    }
+}
+
+/// A receiver that fetches only as many messages as its rate limit permits: before each `get`
+/// it takes up to that many tokens (at most the burst) from the transport's shared bucket and
+/// fetches what it was granted; with none it sleeps until the next token is due. Nothing is
+/// fetched before it is permitted, so nothing waits held for a token.
+///
+/// ```
+/// use courier_core::{InMemoryTransport, RateLimit, RateLimitGate, Transport};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// let queue: Arc<dyn Transport> = Arc::new(InMemoryTransport::new());
+/// let limit = RateLimit::new(50, Duration::from_secs(1)).expect("a positive rate");
+/// let gated = RateLimitGate::wrap(queue, limit);
+/// // Hand `gated` to `WorkerBuilder::receiver`: every worker of the queue shares the bucket.
+/// # let _ = gated;
+/// ```
+#[derive(Debug)]
+pub struct RateLimitGate {
+    inner: Arc<dyn Transport>,
+    limit: RateLimit,
+    /// Whether the transport's server keeps the bucket.
+    shared: bool,
+    /// The bucket when it keeps none.
+    local: MemoryRateLimiter,
+}
+
+impl RateLimitGate {
+    /// Wraps `inner` under `limit`: the bucket is the transport's own
+    /// ([`Transport::as_rate_limiter`]) or, where it keeps none, a process-local one (logged).
+    #[must_use]
+    pub fn wrap(inner: Arc<dyn Transport>, limit: RateLimit) -> Arc<dyn Transport> {
+        let shared = inner.as_rate_limiter().is_some();
+        if !shared {
+            tracing::warn!(
+                messaging.system = inner.messaging_system(),
+                "this transport keeps no shared rate-limit bucket: the limit holds per worker process"
+            );
+        }
+        Arc::new(Self {
+            inner,
+            limit,
+            shared,
+            local: MemoryRateLimiter::new(),
+        })
+    }
+
+    /// Whether the bucket is shared through the transport's server (else it is per process).
+    #[must_use]
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    fn limiter(&self) -> &dyn RateLimiter {
+        match self.inner.as_rate_limiter() {
+            Some(shared) if self.shared => shared,
+            _ => &self.local,
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for RateLimitGate {
+    fn messaging_system(&self) -> &'static str {
+        self.inner.messaging_system()
+    }
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        self.inner.send(envelope).await
+    }
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        let want = u32::try_from(max).unwrap_or(u32::MAX).min(self.limit.burst);
+        if want == 0 {
+            return Ok(Vec::new());
+        }
+        loop {
+            let taken = self.limiter().take(&self.limit, want).await?;
+            if taken.granted > 0 {
+                let granted = usize::try_from(taken.granted).unwrap_or(max);
+                return self.inner.get(granted.min(max)).await;
+            }
+            // Until the next token is due (at least a millisecond, so a clock that disagrees
+            // with the bucket never spins).
+            tokio::time::sleep(taken.wait.max(Duration::from_millis(1))).await;
+        }
+    }
+    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.inner.ack(envelope).await
+    }
+    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.inner.reject(envelope).await
+    }
+    async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
+        self.inner.retry(envelope, delay).await
+    }
+    async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.inner.keepalive(envelope).await
+    }
+    async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        self.inner.keepalive_batch(envelopes).await
+    }
+    async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
+        self.inner.send_batch(envelopes).await
+    }
+    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        self.inner.ack_batch(envelopes).await
+    }
+    fn as_setup(&self) -> Option<&dyn Setup> {
+        self.inner.as_setup()
+    }
+    fn as_listable(&self) -> Option<&dyn Listable> {
+        self.inner.as_listable()
+    }
+    fn as_message_count(&self) -> Option<&dyn MessageCount> {
+        self.inner.as_message_count()
+    }
+    fn as_queues(&self) -> Option<&dyn Queues> {
+        self.inner.as_queues()
+    }
+    fn as_worker_registry(&self) -> Option<&dyn super::WorkerRegistry> {
+        self.inner.as_worker_registry()
+    }
+    fn as_deduplicate(&self) -> Option<&dyn super::Deduplicate> {
+        self.inner.as_deduplicate()
+    }
+    fn as_schedule_store(&self) -> Option<&dyn crate::schedule::ScheduleStore> {
+        self.inner.as_schedule_store()
+    }
+    fn as_pausable(&self) -> Option<&dyn Pausable> {
+        self.inner.as_pausable()
+    }
+    fn as_rate_limiter(&self) -> Option<&dyn RateLimiter> {
+        Some(self.limiter())
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fifty() -> RateLimit {
+        RateLimit::new(50, Duration::from_secs(1)).unwrap_or_else(|| panic!("valid"))
+    }
+
+    #[test]
+    fn a_full_bucket_grants_its_burst_then_one_token_per_emission_interval() {
+        let limit = fifty();
+        let (tat, taken) = limit.take_at(None, 0, 32);
+        assert_eq!(taken.granted, 5, "the burst");
+        let (tat, taken) = limit.take_at(Some(tat), 0, 32);
+        assert_eq!(taken.granted, 0);
+        assert_eq!(taken.wait, Duration::from_millis(20), "the next token");
+        let (_, taken) = limit.take_at(Some(tat), 20_000, 32);
+        assert_eq!(taken.granted, 1);
+    }
+
+    #[test]
+    fn over_any_span_at_most_burst_plus_rate_pass() {
+        let limit = fifty();
+        let (mut tat, mut granted, mut now) = (None, 0_u64, 0_i64);
+        while now <= 20_000_000 {
+            let (next, taken) = limit.take_at(tat, now, 32);
+            tat = Some(next);
+            granted += u64::from(taken.granted);
+            now += 7_000;
+        }
+        assert!((1000..=1005).contains(&granted), "{granted}");
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct N(u32);
+    impl crate::Message for N {
+        const NAME: &'static str = "test.n";
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_fetches_no_faster_than_its_limit() {
+        let queue = crate::InMemoryTransport::new();
+        for i in 0..200 {
+            queue
+                .send(Envelope::new(N(i)))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let gate = RateLimitGate::wrap(Arc::new(queue), fifty());
+        let started = Instant::now();
+        let mut got = 0;
+        while started.elapsed() < Duration::from_secs(2) {
+            got += gate.get(32).await.unwrap_or_else(|e| panic!("{e}")).len();
+        }
+        // 5 at once, then one per 20 ms for two seconds.
+        assert!((100..=106).contains(&got), "{got}");
+    }
+}
