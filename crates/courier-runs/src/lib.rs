@@ -84,8 +84,9 @@ pub use runtime::{CANCEL_CHECK_EVERY, RunError, Runtime, RuntimeBuilder, Runtime
 pub use scripted::ScriptedAgent;
 pub use status::{Outcome, RunStatus, TerminationReason, UnknownName};
 pub use store::{
-    Dialect, InvalidCursor, MemoryRunStore, NewRun, PageFrom, Run, RunCursor, RunEvent,
-    RunPageQuery, RunStore, Settlement, SqlRunStore, SqlRunStoreOptions, StoreError, rfc3339_ms,
+    Dialect, Enqueued, Inserted, InvalidCursor, InvalidUnique, MemoryRunStore, NewRun, PageFrom,
+    Run, RunCursor, RunEvent, RunPageQuery, RunStore, Settlement, SqlRunStore, SqlRunStoreOptions,
+    StoreError, UniqueKey, rfc3339_ms,
 };
 
 /// Re-exported for implementing [`Agent`].
