@@ -292,6 +292,25 @@ fn a_bad_schedule_is_a_config_error_naming_the_key() {
         assert!(err.contains(named), "{schedule}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+    // Every command checks them, before it connects or starts a worker.
+    for (schedule, named) in [
+        ("cron = \"0 0 25 * * * *\"\n", "schedules.s.cron"),
+        (
+            "cron = \"0 6 * * *\"\ntimezone = \"Europe/Atlantis\"\n",
+            "schedules.s.timezone",
+        ),
+    ] {
+        env.write(
+            "c.toml",
+            &format!("{base}[schedules.s]\nmessage = \"app.tick\"\n{schedule}"),
+        );
+        for command in [&["setup"][..], &["consume", "async", "--time-limit", "5s"]] {
+            let mut args = vec!["--config", "c.toml"];
+            args.extend_from_slice(command);
+            let err = env.run(&args).fails(2).to_owned();
+            assert!(err.contains(named), "{command:?} {schedule}: {err}");
+        }
+    }
     // A store is needed: in-memory transports keep none.
     env.write(
         "c.toml",
