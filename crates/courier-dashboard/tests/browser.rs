@@ -138,6 +138,12 @@ async fn click(client: &Client, css: &str) {
     element.click().await.unwrap();
 }
 
+/// The text of the first element `css` selects.
+async fn text_of(client: &Client, css: &str) -> String {
+    let element = client.find(Locator::Css(css)).await.unwrap();
+    element.text().await.unwrap()
+}
+
 async fn rows(client: &Client) -> Vec<String> {
     let mut ids = Vec::new();
     for row in client.find_all(Locator::Css("tr[data-id]")).await.unwrap() {
@@ -238,13 +244,7 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
         .await
         .unwrap();
     assert_eq!(h1.text().await.unwrap(), "Overview");
-    let transports = client
-        .find(Locator::Css("table"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let transports = text_of(client, "table").await;
     assert!(
         transports.contains("async") && transports.contains("failed"),
         "{transports}"
@@ -427,13 +427,7 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
     accept_dialog(client, "Pause `async`?").await;
     notice(client, "Transport `async` paused.").await;
     assert!(pausable.is_paused().await.unwrap(), "paused in the store");
-    let state = client
-        .find(Locator::Css("tr[data-transport=async]"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let state = text_of(client, "tr[data-transport=async]").await;
     assert!(
         state.contains("paused") && state.contains("Resume"),
         "{state}"

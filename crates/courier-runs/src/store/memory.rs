@@ -185,10 +185,10 @@ impl RunStore for MemoryRunStore {
     ) -> Result<Inserted, StoreError> {
         let now = self.clock();
         let mut state = self.lock();
-        if let Some((holder, until)) = state.unique.get(unique.key()) {
-            if *until > now {
-                return Ok(Inserted::Duplicate(*holder));
-            }
+        if let Some((holder, until)) = state.unique.get(unique.key())
+            && *until > now
+        {
+            return Ok(Inserted::Duplicate(*holder));
         }
         let row = self.row(run, RunStatus::Queued, now);
         let until = now + lease_ms(unique.period());
@@ -196,7 +196,7 @@ impl RunStore for MemoryRunStore {
             .unique
             .insert(unique.key().to_owned(), (run.id, until));
         state.runs.insert(run.id, row.clone());
-        Ok(Inserted::Queued(row))
+        Ok(Inserted::Queued(Box::new(row)))
     }
 
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {

@@ -89,7 +89,7 @@ pub enum InvalidUnique {
 #[non_exhaustive]
 pub enum Inserted {
     /// The run was inserted `queued`, holding the key: the row as stored.
-    Queued(Run),
+    Queued(Box<Run>),
     /// Another run holds the key inside its period: nothing was inserted. Its id.
     Duplicate(Uuid),
 }

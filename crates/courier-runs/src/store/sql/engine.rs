@@ -201,7 +201,7 @@ const UNIQUE_ATTEMPTS: usize = 8;
 /// What the unique insert did.
 enum Taken {
     /// Inserted, the row read in the same statement.
-    Row(Run),
+    Row(Box<Run>),
     /// Inserted, the row to be read back (MySQL).
     Written,
     /// The key is held: nothing inserted.
@@ -285,7 +285,7 @@ where
                 Ok(Taken::Written) => {
                     let row = self.find(run.id).await?;
                     let row = row.ok_or_else(|| vanished(run.id))?;
-                    return Ok(Inserted::Queued(row));
+                    return Ok(Inserted::Queued(Box::new(row)));
                 }
                 Ok(Taken::Held) => {}
                 Err(e) if is_deadlock(&e) => continue,
@@ -598,7 +598,7 @@ where
                 .bind(lease_ms(unique.period()))
                 .fetch_optional(&self.pool)
                 .await?;
-            return Ok(row.map_or(Taken::Held, Taken::Row));
+            return Ok(row.map_or(Taken::Held, |row| Taken::Row(Box::new(row))));
         }
         let done = sqlx::query(sql)
             .bind(DB::id(run.id))
