@@ -297,8 +297,15 @@ pub(crate) enum RunsCommand {
         #[arg(long, default_value = "{}")]
         input: String,
         /// Run it here and now, in this process, instead of queueing it
-        #[arg(long)]
+        #[arg(long, conflicts_with = "unique")]
         interactive: bool,
+        /// A uniqueness key: while a run queued with this key holds it (for --unique-for), no
+        /// second one is queued; the holder's id is printed instead (JSON: "duplicate": true)
+        #[arg(long, requires = "unique_for")]
+        unique: Option<String>,
+        /// How long the run holds its --unique key, from now (e.g. 10min, 1h)
+        #[arg(long, value_parser = parse_duration, requires = "unique")]
+        unique_for: Option<Duration>,
     },
     /// One run with its events
     Show {

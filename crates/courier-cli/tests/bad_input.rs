@@ -76,6 +76,37 @@ fn bad_values_name_their_flag() {
 }
 
 #[test]
+fn a_unique_period_of_zero_is_refused_naming_the_flag() {
+    let env = Env::with_config();
+    let submit = |extra: &[&str]| {
+        let mut args = vec!["runs", "submit", "scripted"];
+        args.extend_from_slice(extra);
+        env.run(&args).fails(2).to_owned()
+    };
+    let err = submit(&["--unique", "k", "--unique-for", "0s"]);
+    assert!(err.contains("--unique-for") && err.contains("`k`"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let err = submit(&["--unique", "k"]);
+    assert!(
+        err.contains("--unique-for"),
+        "a key needs its period: {err}"
+    );
+    let err = submit(&["--unique-for", "1h"]);
+    assert!(err.contains("--unique"), "a period needs its key: {err}");
+    let long = "k".repeat(191);
+    let err = submit(&["--unique", &long, "--unique-for", "1h"]);
+    assert!(err.contains("--unique") && err.contains("190"), "{err}");
+    let err = submit(&["--unique", "k", "--unique-for", "1h", "--interactive"]);
+    assert!(err.contains("--interactive"), "{err}");
+    let list = env.run(&["runs", "list", "--format", "json"]).json();
+    assert_eq!(
+        list.as_array().map(Vec::len),
+        Some(0),
+        "nothing queued: {list}"
+    );
+}
+
+#[test]
 fn an_unreadable_config_is_named() {
     let env = Env::empty();
     let err = env
@@ -260,6 +291,25 @@ fn a_bad_schedule_is_a_config_error_naming_the_key() {
             .to_owned();
         assert!(err.contains(named), "{schedule}: {err}");
         assert!(!err.contains("panicked"), "{err}");
+    }
+    // Every command checks them, before it connects or starts a worker.
+    for (schedule, named) in [
+        ("cron = \"0 0 25 * * * *\"\n", "schedules.s.cron"),
+        (
+            "cron = \"0 6 * * *\"\ntimezone = \"Europe/Atlantis\"\n",
+            "schedules.s.timezone",
+        ),
+    ] {
+        env.write(
+            "c.toml",
+            &format!("{base}[schedules.s]\nmessage = \"app.tick\"\n{schedule}"),
+        );
+        for command in [&["setup"][..], &["consume", "async", "--time-limit", "5s"]] {
+            let mut args = vec!["--config", "c.toml"];
+            args.extend_from_slice(command);
+            let err = env.run(&args).fails(2).to_owned();
+            assert!(err.contains(named), "{command:?} {schedule}: {err}");
+        }
     }
     // A store is needed: in-memory transports keep none.
     env.write(

@@ -157,6 +157,53 @@ fn runs_list_events_and_cancel() {
 }
 
 #[test]
+fn runs_submit_with_a_unique_key_queues_one_run_and_names_the_holder() {
+    let env = Env::with_config();
+    let submit = |key: &str| {
+        env.run(&[
+            "runs",
+            "submit",
+            "scripted",
+            "--unique",
+            key,
+            "--unique-for",
+            "1h",
+            "--format",
+            "json",
+        ])
+        .json()
+    };
+    let first = submit("nightly");
+    assert_eq!(first["duplicate"], false, "{first}");
+    let again = submit("nightly");
+    assert_eq!(again["duplicate"], true, "{again}");
+    assert_eq!(again["id"], first["id"], "the duplicate names the holder");
+    let text = env.run(&[
+        "runs",
+        "submit",
+        "scripted",
+        "--unique",
+        "nightly",
+        "--unique-for",
+        "1h",
+    ]);
+    assert!(text.ok().contains(first["id"].as_str().expect("id")));
+    assert!(
+        text.stderr.contains("nothing was queued"),
+        "{}",
+        text.stderr
+    );
+    assert_eq!(submit("weekly")["duplicate"], false, "another key");
+    let list = env.run(&["runs", "list", "--format", "json"]).json();
+    assert_eq!(list.as_array().map(Vec::len), Some(2), "{list}");
+    // The period over, the key is free again.
+    env.sql("UPDATE courier_runs SET unique_until = 1 WHERE unique_key = 'nightly'");
+    let later = submit("nightly");
+    assert_eq!(later["duplicate"], false, "{later}");
+    assert_ne!(later["id"], first["id"]);
+}
+
+#[test]
 fn interactive_runs_and_input_files() {
     let env = Env::with_config();
     env.write(

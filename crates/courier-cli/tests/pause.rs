@@ -1,7 +1,8 @@
-//! `courier pause` / `courier resume` with a real `consume` process on PostgreSQL and Redis: a paused
-//! queue's worker fetches nothing for 3 s while another queue of the same worker keeps flowing,
-//! and resume restores the flow. Messages are sent with the library (an undecodable type: the
-//! worker moves each to the failure transport, so its queue's count shows what was fetched).
+//! `courier pause` / `courier resume` with a real `consume` process on PostgreSQL and Redis: a
+//! paused queue's worker fetches nothing for 5 s while messages sent to another queue of the
+//! same worker all along keep flowing, and resume restores the flow. Messages are sent with the
+//! library (an undecodable type: the worker moves each to the failure transport, so its queue's
+//! count shows what was fetched, and the failure transport's what was handled).
 
 #![cfg(all(feature = "postgres", feature = "redis"))]
 
@@ -34,15 +35,23 @@ impl Drop for Worker {
 }
 
 fn counts(env: &Env) -> (u64, u64) {
+    let (a, b, _) = all_counts(env);
+    (a, b)
+}
+
+/// The depths of `a`, `b` and `failed` (where every handled message ends).
+fn all_counts(env: &Env) -> (u64, u64, u64) {
     let out = env
-        .run(&["--config", "c.toml", "stats", "a", "b", "--format", "json"])
+        .run(&[
+            "--config", "c.toml", "stats", "a", "b", "failed", "--format", "json",
+        ])
         .json();
     let n = |k: &str| {
         out[k]
             .as_u64()
             .unwrap_or_else(|| panic!("a count for `{k}`: {out}"))
     };
-    (n("a"), n("b"))
+    (n("a"), n("b"), n("failed"))
 }
 
 /// Sends `n` messages to transport `name` of the test's configuration.
@@ -99,11 +108,25 @@ fn paused_queue_fetches_nothing_while_another_flows(a: &str, b: &str, failed: &s
     send(&text, "a", 10);
     send(&text, "b", 10);
     eventually("b to keep flowing", || counts(&env).1 == 0);
+    // For 5 s: nothing is fetched from `a`, while messages sent to `b` all along are handled.
     let watched = Instant::now();
-    while watched.elapsed() < Duration::from_secs(3) {
+    let mut sent_to_b = 15;
+    while watched.elapsed() < Duration::from_secs(5) {
+        send(&text, "b", 2);
+        sent_to_b += 2;
+        eventually("b to keep flowing while a is paused", || {
+            counts(&env).1 == 0
+        });
         assert_eq!(counts(&env).0, 10, "nothing fetched from the paused queue");
         std::thread::sleep(Duration::from_millis(100));
     }
+    let (a_left, b_left, handled) = all_counts(&env);
+    assert_eq!(
+        (a_left, b_left, handled),
+        (10, 0, sent_to_b),
+        "after {:?}: every message of b handled, none of a",
+        watched.elapsed()
+    );
     let resumed = env
         .run(&["--config", "c.toml", "resume", "a", "--format", "json"])
         .json();

@@ -120,6 +120,18 @@ impl Envelope {
         }
     }
 
+    /// The deduplication the envelope asks for: its [`DeduplicateStamp`](crate::DeduplicateStamp),
+    /// else the message's own ([`Message::deduplicate`]).
+    pub(crate) fn deduplication(&self) -> Option<crate::DeduplicateStamp> {
+        if let Some(stamp) = self.last::<crate::DeduplicateStamp>() {
+            return Some(stamp.clone());
+        }
+        match &self.payload {
+            Payload::Typed { message, .. } => message.deduplicate(),
+            Payload::Undecodable { .. } => None,
+        }
+    }
+
     /// The message, if it is an `M`.
     #[must_use]
     pub fn message<M: Message>(&self) -> Option<&M> {

@@ -30,6 +30,32 @@ use serde::de::DeserializeOwned;
 pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The stable wire name, e.g. `"courier.run_agent"`.
     const NAME: &'static str;
+
+    /// The message's own uniqueness key and period, if it has one (default: none). The bus
+    /// deduplicates a message that returns one as if it had been dispatched with that
+    /// [`DeduplicateStamp`](crate::DeduplicateStamp); a stamp given at dispatch wins over it.
+    ///
+    /// ```
+    /// use courier_core::{DeduplicateStamp, Message};
+    /// use serde::{Deserialize, Serialize};
+    /// use std::time::Duration;
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct SendInvoice { invoice_id: u64 }
+    ///
+    /// impl Message for SendInvoice {
+    ///     const NAME: &'static str = "billing.send_invoice";
+    ///
+    ///     // One invoice mail per invoice and hour, however often it is dispatched.
+    ///     fn deduplicate(&self) -> Option<DeduplicateStamp> {
+    ///         let key = format!("invoice:{}", self.invoice_id);
+    ///         Some(DeduplicateStamp::new(key, Duration::from_secs(3600)))
+    ///     }
+    /// }
+    /// ```
+    fn deduplicate(&self) -> Option<crate::DeduplicateStamp> {
+        None
+    }
 }
 
 /// A type-erased message as held by an [`Envelope`](crate::Envelope).
@@ -39,6 +65,8 @@ pub(crate) trait AnyMessage: Any + Send + Sync {
     /// Appends the message as a MessagePack map (field names kept).
     fn encode_msgpack_into(&self, out: &mut Vec<u8>) -> Result<(), rmp_serde::encode::Error>;
     fn as_any(&self) -> &dyn Any;
+    /// [`Message::deduplicate`].
+    fn deduplicate(&self) -> Option<crate::DeduplicateStamp>;
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
 
@@ -51,6 +79,9 @@ impl<M: Message> AnyMessage for M {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+    fn deduplicate(&self) -> Option<crate::DeduplicateStamp> {
+        Message::deduplicate(self)
     }
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self

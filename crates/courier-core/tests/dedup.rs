@@ -171,3 +171,87 @@ async fn a_failed_send_releases_its_key() {
             .unwrap()
     );
 }
+
+/// A message that names its own uniqueness key (`Message::deduplicate`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Invoice {
+    id: u64,
+}
+
+impl courier_core::Message for Invoice {
+    const NAME: &'static str = "test.invoice";
+
+    fn deduplicate(&self) -> Option<DeduplicateStamp> {
+        Some(DeduplicateStamp::new(
+            format!("invoice:{}", self.id),
+            Duration::from_secs(60),
+        ))
+    }
+}
+
+fn invoice_bus(queue: &InMemoryTransport) -> MessageBus {
+    MessageBus::builder()
+        .transport("async", Arc::new(queue.clone()))
+        .route(<Invoice as courier_core::Message>::NAME, ["async"])
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_from_the_message_deduplicates_concurrent_dispatches() {
+    let queue = InMemoryTransport::new();
+    let bus = invoice_bus(&queue);
+    let dispatches = (0..100).map(|_| {
+        let bus = bus.clone();
+        tokio::spawn(async move { bus.dispatch(Invoice { id: 7 }).await })
+    });
+    let sent = futures_util::future::join_all(dispatches)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .filter(|e| e.has::<SentStamp>())
+        .count();
+    assert_eq!(sent, 1);
+    let duplicate = bus.dispatch(Invoice { id: 7 }).await.unwrap();
+    let stamp = duplicate
+        .last::<DeduplicatedStamp>()
+        .expect("the caller learns");
+    assert_eq!(stamp.key, "invoice:7");
+    bus.dispatch(Invoice { id: 8 }).await.unwrap();
+    assert_eq!(queue.sent().len(), 2, "another invoice has another key");
+}
+
+#[tokio::test]
+async fn a_stamp_given_at_dispatch_wins_over_the_message_key() {
+    let queue = InMemoryTransport::new();
+    let bus = invoice_bus(&queue);
+    let with = |key: &str| {
+        Envelope::new(Invoice { id: 1 }).with(DeduplicateStamp::new(key, Duration::from_secs(60)))
+    };
+    bus.dispatch(Invoice { id: 1 }).await.unwrap();
+    let sent = bus.dispatch(with("batch-1")).await.unwrap();
+    assert!(sent.has::<SentStamp>(), "its own key is free");
+    let again = bus.dispatch(with("batch-1")).await.unwrap();
+    assert!(again.has::<DeduplicatedStamp>());
+    assert_eq!(queue.sent().len(), 2);
+}
+
+#[tokio::test]
+async fn a_zero_ttl_is_refused_naming_the_key() {
+    let queue = InMemoryTransport::new();
+    let bus = dedup::bus(Arc::new(queue.clone()));
+    let zero = Envelope::new(TestMessage::new(1)).with(DeduplicateStamp::new("k0", Duration::ZERO));
+    let err = bus.dispatch(zero).await.unwrap_err();
+    let text = format!("{:?}", error_chain(&err));
+    assert!(text.contains("`k0`") && text.contains("zero"), "{text}");
+    assert!(queue.sent().is_empty(), "nothing sent");
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut out = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push(s.to_string());
+        cur = s.source();
+    }
+    out
+}

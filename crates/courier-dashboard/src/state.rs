@@ -182,6 +182,8 @@ impl Dashboard {
             .route("/failed/{transport}/{id}", get(pages::failed::detail))
             .route("/failed/retry", post(pages::failed::retry))
             .route("/failed/remove", post(pages::failed::remove))
+            .route("/transports/pause", post(pages::pause::pause))
+            .route("/transports/resume", post(pages::pause::resume))
             .route("/workers", get(pages::workers::page))
             .route("/api/runs", get(api::runs))
             .route("/api/runs/{id}", get(api::run))

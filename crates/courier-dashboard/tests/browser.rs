@@ -1,8 +1,9 @@
 //! The dashboard in Debian's headless Chromium through chromedriver (WebDriver, `fantoccini`):
 //! the overview, a run found by id and its timeline, a failed message retried from the page
-//! (confirmed in the browser's dialog) and consumed by a worker, one removed, and a `<script>`
-//! body shown as text without running. Any console error fails the test; screenshots go to
-//! `$CARGO_TARGET_DIR/dashboard-screenshots/` (else `target/dashboard-screenshots/`).
+//! (confirmed in the browser's dialog) and consumed by a worker, one removed, a `<script>` body
+//! shown as text without running, and a queue paused and resumed from the overview. Any console
+//! error fails the test; screenshots go to `$CARGO_TARGET_DIR/dashboard-screenshots/` (else
+//! `target/dashboard-screenshots/`).
 //!
 //! Needs `COURIER_TEST_CHROMEDRIVER` (e.g. `/usr/bin/chromedriver`; `scripts/services` installs
 //! `chromium` and `chromium-driver` and prints it).
@@ -137,6 +138,12 @@ async fn click(client: &Client, css: &str) {
     element.click().await.unwrap();
 }
 
+/// The text of the first element `css` selects.
+async fn text_of(client: &Client, css: &str) -> String {
+    let element = client.find(Locator::Css(css)).await.unwrap();
+    element.text().await.unwrap()
+}
+
 async fn rows(client: &Client) -> Vec<String> {
     let mut ids = Vec::new();
     for row in client.find_all(Locator::Css("tr[data-id]")).await.unwrap() {
@@ -237,13 +244,7 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
         .await
         .unwrap();
     assert_eq!(h1.text().await.unwrap(), "Overview");
-    let transports = client
-        .find(Locator::Css("table"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let transports = text_of(client, "table").await;
     assert!(
         transports.contains("async") && transports.contains("failed"),
         "{transports}"
@@ -417,4 +418,28 @@ async fn steps(client: &Client, fx: &Fixture, base: &str) {
     assert!(table.text().await.unwrap().contains("failed"));
     save(client, "overview.png").await;
     assert_no_console_errors(client, "the overview, after the actions").await;
+
+    // Pause the `async` queue from its row (confirmed in the dialog): the flag its workers
+    // read is set in the transport's store; Resume clears it.
+    let pausable = fx.transports.get("async").unwrap().as_pausable().unwrap();
+    assert!(!pausable.is_paused().await.unwrap());
+    click(client, "tr[data-transport=async] button[data-action=pause]").await;
+    accept_dialog(client, "Pause `async`?").await;
+    notice(client, "Transport `async` paused.").await;
+    assert!(pausable.is_paused().await.unwrap(), "paused in the store");
+    let state = text_of(client, "tr[data-transport=async]").await;
+    assert!(
+        state.contains("paused") && state.contains("Resume"),
+        "{state}"
+    );
+    save(client, "overview-paused.png").await;
+    click(
+        client,
+        "tr[data-transport=async] button[data-action=resume]",
+    )
+    .await;
+    accept_dialog(client, "Resume `async`?").await;
+    notice(client, "Transport `async` resumed.").await;
+    assert!(!pausable.is_paused().await.unwrap(), "the flag is cleared");
+    assert_no_console_errors(client, "the overview, after pause and resume").await;
 }

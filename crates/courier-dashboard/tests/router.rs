@@ -197,6 +197,72 @@ async fn a_retry_sends_the_message_back_to_the_transport_it_failed_on() {
     assert!(failed_ids(&fx).await.is_empty());
 }
 
+/// Pause and Resume set and clear the same flag `courier pause|resume` does (the transport's
+/// `Pausable` store), after the CSRF token and a confirmation, and the overview shows it.
+#[tokio::test]
+async fn pause_and_resume_buttons_set_and_clear_the_queue_flag() {
+    let fx = Fixture::new().await;
+    let dashboard = fx.dashboard(DashboardOptions::default());
+    let csrf = dashboard.csrf_token().to_owned();
+    let router = dashboard.router();
+    let flag = || async {
+        let t = fx.transports.get("async").unwrap();
+        t.as_pausable().unwrap().is_paused().await.unwrap()
+    };
+    let (_, _, overview) = get(&router, "/").await;
+    assert!(
+        overview.contains(r#"action="/transports/pause""#) && overview.contains("running"),
+        "a Pause button per queue: {overview}"
+    );
+    let (status, _, _) = post(&router, "/transports/pause", "transport=async&confirmed=1").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "no csrf token");
+    let (status, _, page) = post(
+        &router,
+        "/transports/pause",
+        &format!("transport=async&confirmed=0&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("Confirm"), "{page}");
+    assert!(!flag().await, "not paused before the confirmation");
+    let (status, headers, _) = post(
+        &router,
+        "/transports/pause",
+        &format!("transport=async&confirmed=1&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let location = headers[header::LOCATION].to_str().unwrap().to_owned();
+    assert!(flag().await, "paused in the transport's store");
+    let (_, _, overview) = get(&router, &location).await;
+    assert!(overview.contains("Transport `async` paused."), "{overview}");
+    assert!(
+        overview.contains(r#"action="/transports/resume""#),
+        "{overview}"
+    );
+    let (status, _, _) = post(
+        &router,
+        "/transports/resume",
+        &format!("transport=async&confirmed=1&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert!(!flag().await, "resumed: the flag is cleared");
+    let (status, _, _) = post(
+        &router,
+        "/transports/pause",
+        &format!("transport=nowhere&confirmed=1&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = get(&router, "/transports/pause").await;
+    assert_eq!(
+        status,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "GET changes nothing"
+    );
+}
+
 #[tokio::test]
 async fn a_token_is_required_on_every_request_when_set() {
     let fx = Fixture::new().await;

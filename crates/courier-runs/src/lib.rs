@@ -49,6 +49,11 @@
 //! now, so two reapers never both dispatch, and a message that was only late is harmless (the
 //! claim is guarded). [`Reaper::requeue`] (`courier runs requeue ID`) does it for an operator.
 //!
+//! **Unique runs.** [`Runtime::enqueue_unique`] with a [`UniqueKey`] (a key and a period) queues
+//! a run unless another holds the key inside its period, and says which ([`Enqueued`]); the SQL
+//! store decides with a unique index (`0008_courier_runs_unique.sql`), so concurrent enqueues on
+//! any number of hosts queue one run.
+//!
 //! Choices where DESIGN is silent: every agent failure is `provider_failed` and the class
 //! decides whether it is retried; an agent's own stop (`max_steps`, `budget_exhausted`...) is never
 //! retried; a worker run also checks its ownership every `lease / 4` between boundaries so a hung
@@ -84,8 +89,9 @@ pub use runtime::{CANCEL_CHECK_EVERY, RunError, Runtime, RuntimeBuilder, Runtime
 pub use scripted::ScriptedAgent;
 pub use status::{Outcome, RunStatus, TerminationReason, UnknownName};
 pub use store::{
-    Dialect, InvalidCursor, MemoryRunStore, NewRun, PageFrom, Run, RunCursor, RunEvent,
-    RunPageQuery, RunStore, Settlement, SqlRunStore, SqlRunStoreOptions, StoreError, rfc3339_ms,
+    Dialect, Enqueued, Inserted, InvalidCursor, InvalidUnique, MemoryRunStore, NewRun, PageFrom,
+    Run, RunCursor, RunEvent, RunPageQuery, RunStore, Settlement, SqlRunStore, SqlRunStoreOptions,
+    StoreError, UniqueKey, rfc3339_ms,
 };
 
 /// Re-exported for implementing [`Agent`].

@@ -12,8 +12,8 @@ use uuid::Uuid;
 use crate::agent::{Agent, AgentError, AgentOutcome, RunContext, RunObserver, StepError};
 use crate::watch::{Lost, StepClock, watch_lease, watch_steps};
 use crate::{
-    Backoff, NewRun, Outcome, Reaper, Run, RunAgent, RunAgentHandler, RunStatus, RunStore,
-    Settlement, StoreError, TerminationReason, worker_identity,
+    Backoff, Enqueued, Inserted, NewRun, Outcome, Reaper, Run, RunAgent, RunAgentHandler,
+    RunStatus, RunStore, Settlement, StoreError, TerminationReason, UniqueKey, worker_identity,
 };
 
 /// The default requeue backoff: 30 s doubling up to 10 min, no jitter.
@@ -351,14 +351,69 @@ impl Runtime {
             input,
         };
         self.inner.store.insert_queued(&run).await?;
-        if let Err(e) = self.dispatch(run.id, None).await {
+        self.dispatch_new(run.id).await?;
+        Ok(run.id)
+    }
+
+    /// [`Runtime::enqueue`] unless a run holds `unique`'s key inside its period: then nothing
+    /// is enqueued and [`Enqueued::Duplicate`] names the run holding it. Of many concurrent
+    /// enqueues with one key, on any number of hosts, exactly one is queued (the store decides:
+    /// a unique index on SQL).
+    ///
+    /// ```
+    /// use courier_core::{InMemoryTransport, MessageBus};
+    /// use courier_runs::{Enqueued, MemoryRunStore, Runtime, ScriptedAgent, UniqueKey};
+    /// use std::{sync::Arc, time::Duration};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let runtime = Runtime::builder(Arc::new(MemoryRunStore::new())).agent("scripted", ScriptedAgent).build();
+    /// let bus = runtime
+    ///     .register(MessageBus::builder().transport("async", Arc::new(InMemoryTransport::new())).route("courier.run_agent", ["async"]))
+    ///     .build();
+    /// let unique = UniqueKey::new("nightly-report", Duration::from_secs(3600))?;
+    /// let first = runtime.enqueue_unique("scripted", serde_json::json!({}), unique.clone()).await?;
+    /// let again = runtime.enqueue_unique("scripted", serde_json::json!({}), unique).await?;
+    /// assert!(matches!(first, Enqueued::Queued(_)));
+    /// assert_eq!(again, Enqueued::Duplicate(first.id()));
+    /// # drop(bus);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Runtime::enqueue`]; a run whose dispatch failed gives its key back.
+    pub async fn enqueue_unique(
+        &self,
+        agent: &str,
+        input: serde_json::Value,
+        unique: UniqueKey,
+    ) -> Result<Enqueued, RunError> {
+        let run = NewRun {
+            id: Uuid::new_v4(),
+            agent: agent.to_owned(),
+            input,
+        };
+        match self.inner.store.insert_queued_unique(&run, &unique).await? {
+            Inserted::Duplicate(holder) => {
+                tracing::debug!(courier.run.id = %holder, courier.run.unique_key = unique.key(), "duplicate run not enqueued");
+                Ok(Enqueued::Duplicate(holder))
+            }
+            Inserted::Queued(_) => {
+                self.dispatch_new(run.id).await?;
+                Ok(Enqueued::Queued(run.id))
+            }
+        }
+    }
+
+    /// Dispatches a run just queued; a failed dispatch settles it `failed`/`dispatch_failed`.
+    async fn dispatch_new(&self, id: Uuid) -> Result<(), RunError> {
+        if let Err(e) = self.dispatch(id, None).await {
             self.inner
                 .store
-                .fail_queued(run.id, TerminationReason::DispatchFailed)
+                .fail_queued(id, TerminationReason::DispatchFailed)
                 .await?;
             return Err(e);
         }
-        Ok(run.id)
+        Ok(())
     }
 
     /// Executes a queued run as a worker: claim (lost claim: [`Outcome::NotClaimed`], nothing

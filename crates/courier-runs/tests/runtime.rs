@@ -700,6 +700,13 @@ impl RunStore for HeartbeatAfterSelect {
     async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
         self.0.insert_queued(run).await
     }
+    async fn insert_queued_unique(
+        &self,
+        run: &NewRun,
+        unique: &courier_runs::UniqueKey,
+    ) -> Result<courier_runs::Inserted, StoreError> {
+        self.0.insert_queued_unique(run, unique).await
+    }
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
         self.0.insert_interactive(run).await
     }

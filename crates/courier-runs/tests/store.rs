@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_runs::{
-    FailureClass, ManualRequeue, NewRun, ReapOptions, RunError, RunStatus, RunStore, Settlement,
-    StoreError, TerminationReason, new_worker_identity,
+    Enqueued, FailureClass, ManualRequeue, NewRun, ReapOptions, RunError, RunStatus, RunStore,
+    Settlement, StoreError, TerminationReason, UniqueKey, new_worker_identity,
 };
 use uuid::Uuid;
 
@@ -827,6 +827,97 @@ async fn corrupt_stored_json_is_an_error_not_a_string(fx: &Fixture) {
     );
 }
 
+/// 100 concurrent enqueues of one unique key queue exactly one run and dispatch it once; the
+/// 99 others learn the id of the run that holds the key.
+async fn concurrent_unique_enqueues_create_exactly_one_run(fx: &Fixture) {
+    let (runtime, _bus, queue) =
+        queued_runtime(fx.store.clone(), "worker:u:1:0", Default::default());
+    let key = format!("report-{}", Uuid::new_v4().simple());
+    let unique = UniqueKey::new(&key, Duration::from_secs(3600)).unwrap();
+    let enqueues = (0..100).map(|i| {
+        let (runtime, unique) = (runtime.clone(), unique.clone());
+        tokio::spawn(async move {
+            runtime
+                .enqueue_unique("scripted", serde_json::json!({ "i": i }), unique)
+                .await
+        })
+    });
+    let outcomes: Vec<Enqueued> = futures_util::future::join_all(enqueues)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    let queued: Vec<Uuid> = outcomes
+        .iter()
+        .filter(|o| !o.is_duplicate())
+        .map(|o| o.id())
+        .collect();
+    assert_eq!(queued.len(), 1, "exactly one queued: {outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| o.id() == queued[0]),
+        "every duplicate names the run holding the key"
+    );
+    let runs = fx.store.list(None, 1000).await.unwrap();
+    assert_eq!(runs.len(), 1, "one row: {runs:?}");
+    assert_eq!(runs[0].id, queued[0]);
+    assert_eq!(runs[0].status, RunStatus::Queued);
+    assert_eq!(dispatched(&queue), [(queued[0], None)], "dispatched once");
+    // Runs without a key, and with other keys, are not affected.
+    runtime
+        .enqueue("scripted", serde_json::json!({}))
+        .await
+        .unwrap();
+    let other = UniqueKey::new(format!("{key}-other"), Duration::from_secs(3600)).unwrap();
+    let other = runtime
+        .enqueue_unique("scripted", serde_json::json!({}), other)
+        .await
+        .unwrap();
+    assert!(!other.is_duplicate());
+}
+
+/// Once the period has passed the key is free: the next enqueue queues a new run, which holds
+/// the key in turn.
+async fn an_expired_unique_period_allows_a_new_run(fx: &Fixture) {
+    let (runtime, _bus, _queue) =
+        queued_runtime(fx.store.clone(), "worker:u:1:0", Default::default());
+    let key = format!("sync-{}", Uuid::new_v4().simple());
+    let unique = UniqueKey::new(&key, Duration::from_secs(3600)).unwrap();
+    let enqueue = || runtime.enqueue_unique("scripted", serde_json::json!({}), unique.clone());
+    let first = enqueue().await.unwrap();
+    assert!(matches!(first, Enqueued::Queued(_)), "{first:?}");
+    assert_eq!(enqueue().await.unwrap(), Enqueued::Duplicate(first.id()));
+    fx.expire_unique(&key).await;
+    let second = enqueue().await.unwrap();
+    assert!(
+        matches!(second, Enqueued::Queued(id) if id != first.id()),
+        "{second:?}"
+    );
+    assert_eq!(enqueue().await.unwrap(), Enqueued::Duplicate(second.id()));
+    assert_eq!(fx.store.list(None, 10).await.unwrap().len(), 2);
+}
+
+/// A run whose dispatch failed is settled failed and gives its key back at once, so the caller
+/// can enqueue again.
+async fn a_unique_run_whose_dispatch_failed_frees_its_key(fx: &Fixture) {
+    let (refusing, _bus) = refusing_runtime(fx.store.clone(), "worker:u:1:0");
+    let key = format!("retry-{}", Uuid::new_v4().simple());
+    let unique = UniqueKey::new(&key, Duration::from_secs(3600)).unwrap();
+    let failed = refusing
+        .enqueue_unique("scripted", serde_json::json!({}), unique.clone())
+        .await;
+    assert!(
+        matches!(failed, Err(RunError::Dispatch { .. })),
+        "{failed:?}"
+    );
+    let (runtime, _bus2, _queue) =
+        queued_runtime(fx.store.clone(), "worker:u:1:0", Default::default());
+    let again = runtime
+        .enqueue_unique("scripted", serde_json::json!({}), unique)
+        .await
+        .unwrap();
+    assert!(matches!(again, Enqueued::Queued(_)), "{again:?}");
+}
+
 macro_rules! store_tests {
     ($fixture:path, $ignore:tt, [$($name:ident),* $(,)?]) => {
         $(
@@ -889,6 +980,9 @@ macro_rules! all_store_tests {
             overdue_queued_run_is_redispatched_once,
             concurrent_reapers_redispatch_an_overdue_run_once,
             operator_requeue_redispatches_queued_and_requeues_stale,
+            concurrent_unique_enqueues_create_exactly_one_run,
+            an_expired_unique_period_allows_a_new_run,
+            a_unique_run_whose_dispatch_failed_frees_its_key,
         ]);
     };
 }

@@ -184,6 +184,16 @@ pub static RUNS: Migrations = Migrations {
             )),
             present_when: None,
         },
+        Migration {
+            version: 8,
+            description: "courier runs unique",
+            sqlite: include_str!("../migrations/sqlite/0008_courier_runs_unique.sql"),
+            postgres: include_str!("../migrations/postgres/0008_courier_runs_unique.sql"),
+            mysql: Some(include_str!(
+                "../migrations/mysql/0008_courier_runs_unique.sql"
+            )),
+            present_when: None,
+        },
     ],
 };
 

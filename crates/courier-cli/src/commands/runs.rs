@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use courier_runs::{
-    ManualRequeue, ReapOptions, Run, RunError, RunEvent, RunStatus, RunStore, RunsConfig, Runtime,
-    rfc3339_ms,
+    Enqueued, InvalidUnique, ManualRequeue, ReapOptions, Run, RunError, RunEvent, RunStatus,
+    RunStore, RunsConfig, Runtime, UniqueKey, rfc3339_ms,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -22,6 +22,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
             agent,
             input,
             interactive,
+            unique,
+            unique_for,
         } => {
             let input = parse_input(input)?;
             if !ctx.app.agents.contains(agent) {
@@ -30,7 +32,19 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
                     ctx.app.agents.names()
                 )));
             }
-            submit(ctx, &config, agent, input, *interactive).await
+            let unique = match (unique, unique_for) {
+                (Some(key), Some(period)) => {
+                    Some(UniqueKey::new(key.as_str(), *period).map_err(|e| {
+                        let flag = match e {
+                            InvalidUnique::ZeroPeriod { .. } => "--unique-for",
+                            _ => "--unique",
+                        };
+                        CliError::usage(format!("{flag}: {e}"))
+                    })?)
+                }
+                _ => None,
+            };
+            submit(ctx, &config, agent, input, *interactive, unique).await
         }
         RunsCommand::Show { id } => {
             let id = parse_id(id)?;
@@ -126,6 +140,7 @@ async fn submit(
     agent: &str,
     input: Value,
     interactive: bool,
+    unique: Option<UniqueKey>,
 ) -> CliResult {
     let store = open_store(config).await?;
     let runtime: Runtime = runtime(ctx, config, store.clone());
@@ -148,17 +163,31 @@ async fn submit(
     }
     let transports = ctx.connect().await?;
     let _bus = ctx.bus(&transports, |b| runtime.register(b));
-    let id = runtime.enqueue(agent, input).await.map_err(|e| match e {
+    let enqueued = match &unique {
+        Some(unique) => runtime.enqueue_unique(agent, input, unique.clone()).await,
+        None => runtime.enqueue(agent, input).await.map(Enqueued::Queued),
+    };
+    let enqueued = enqueued.map_err(|e| match e {
         RunError::Dispatch { run_id, source } => CliError::runtime(format!(
             "could not queue run {run_id} (is `courier.run_agent` routed to a transport?): {}",
             chain(&source)
         )),
         other => runtime_error(other),
     })?;
+    let (id, duplicate) = (enqueued.id(), enqueued.is_duplicate());
     if ctx.json() {
+        if unique.is_some() {
+            return ctx.print_json(&json!({ "id": id, "duplicate": duplicate }));
+        }
         return ctx.print_json(&json!({ "id": id }));
     }
     println!("{id}");
+    if let (true, Some(unique)) = (duplicate, &unique) {
+        ctx.note(format!(
+            "Run {id} holds the unique key `{}`: nothing was queued.",
+            unique.key()
+        ));
+    }
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! The deduplication step: before a message with a
-//! [`DeduplicateStamp`](crate::DeduplicateStamp) is sent, its key is taken on each target
-//! transport's store; a transport where it is taken already is dropped from the send.
+//! [`DeduplicateStamp`](crate::DeduplicateStamp) (or whose
+//! [`Message::deduplicate`](crate::Message::deduplicate) gives one) is sent, its key is taken on
+//! each target transport's store; a transport where it is taken already is dropped from the send.
 
 use std::sync::Arc;
 
@@ -19,11 +20,14 @@ pub(crate) struct Deduplication;
 #[async_trait]
 impl Middleware for Deduplication {
     async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
-        let Some(stamp) = envelope.last::<DeduplicateStamp>().cloned() else {
-            return next.run(envelope).await;
-        };
         if envelope.has::<ReceivedStamp>() {
             return next.run(envelope).await;
+        }
+        let Some(stamp) = envelope.deduplication() else {
+            return next.run(envelope).await;
+        };
+        if stamp.ttl.is_zero() {
+            return Err(zero_ttl(&envelope, &stamp));
         }
         let bus = next.bus;
         let names: Vec<String> = match envelope.last::<TransportNamesStamp>() {
@@ -131,6 +135,19 @@ fn store_for<'b>(
             "this transport cannot deduplicate (DeduplicateStamp) and the bus has no deduplication store",
         ),
     })
+}
+
+/// A TTL of zero would free the key at once: refused rather than silently not deduplicating.
+fn zero_ttl(envelope: &Envelope, stamp: &DeduplicateStamp) -> BusError {
+    BusError::Send {
+        name: envelope.message_name().to_owned(),
+        source: TransportError::new(TransportErrorKind::Config, "deduplication").with_context(
+            format!(
+                "the deduplication ttl of key `{}` must be longer than zero",
+                stamp.key
+            ),
+        ),
+    }
 }
 
 /// Keeps the store type nameable in `BusInner`.

@@ -3,6 +3,7 @@
 pub(crate) mod failed;
 pub(crate) mod layout;
 pub(crate) mod overview;
+pub(crate) mod pause;
 pub(crate) mod run;
 pub(crate) mod runs;
 pub(crate) mod workers;

@@ -1,10 +1,12 @@
-//! `/`: transports with depth and rate, runs by status, workers alive.
+//! `/`: transports with depth, rate and pause state (a Pause/Resume button each), runs by
+//! status, workers alive.
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::Html;
 use maud::html;
+use serde::Deserialize;
 
 use super::layout::{self, Nav};
 use crate::error::PageError;
@@ -25,7 +27,24 @@ fn rate(per_second: Option<f64>) -> maud::Markup {
     }
 }
 
-pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<String>, PageError> {
+/// After a pause or resume: what was done to which transport.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct OverviewParams {
+    done: Option<String>,
+    transport: Option<String>,
+}
+
+pub(crate) async fn page(
+    State(shared): State<Arc<Shared>>,
+    Query(params): Query<OverviewParams>,
+) -> Result<Html<String>, PageError> {
+    let notice = match (
+        params.done.as_deref(),
+        super::given(params.transport.as_deref()),
+    ) {
+        (Some(done @ ("paused" | "resumed")), Some(t)) => Some(format!("Transport `{t}` {done}.")),
+        _ => None,
+    };
     let failure = shared.failure_names();
     let config = shared.transports.config();
     let mut rows = Vec::new();
@@ -41,7 +60,11 @@ pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<Strin
             .effective_dsn(name)
             .map(|d| d.to_string())
             .unwrap_or_default();
-        rows.push((name.clone(), dsn, failure.contains(name), depth));
+        let paused = match transport.as_pausable() {
+            Some(p) => Some(p.is_paused().await.map_err(|e| e.to_string())),
+            None => None,
+        };
+        rows.push((name.clone(), dsn, failure.contains(name), depth, paused));
     }
     let statuses = shared.store.count_by_status().await?;
     let recent = shared
@@ -60,6 +83,7 @@ pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<Strin
         .sum();
     let body = html! {
         h1 { "Overview" }
+        @if let Some(n) = &notice { div.notice.ok #notice { (n) } }
         div.cards {
             div.card { div.label { "Runs" } div.value { (total) } }
             @for (status, n) in &statuses {
@@ -87,10 +111,11 @@ pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<Strin
                 thead { tr {
                     th { "Transport" } th { "DSN" } th { "Role" }
                     th.num { "Depth" } th.num title="net change of the depth per second, last minute" { "Rate" }
+                    th title="a paused queue's workers fetch nothing until it is resumed" { "State" }
                 } }
                 tbody {
-                    @for (name, dsn, is_failure, depth) in &rows {
-                        tr {
+                    @for (name, dsn, is_failure, depth, paused) in &rows {
+                        tr data-transport=(name) {
                             td { strong { (name) } }
                             td.mono.muted { (dsn) }
                             td {
@@ -108,6 +133,14 @@ pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<Strin
                                 }
                             }
                             td.num { (rate(shared.rates.per_second(name))) }
+                            td {
+                                @match paused {
+                                    Some(Ok(true)) => { span.badge.s-paused { "paused" } " " (super::pause::form(&shared, name, true)) },
+                                    Some(Ok(false)) => { span.muted { "running" } " " (super::pause::form(&shared, name, false)) },
+                                    Some(Err(e)) => span.up title=(e) { "error" },
+                                    None => span.muted title="this transport cannot be paused (SQL and Redis transports can)" { "n/a" },
+                                }
+                            }
                         }
                     }
                 }

@@ -1,6 +1,6 @@
 //! An in-memory run store with the SQL store's semantics, on tokio's (pausable) clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,7 +9,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError, count_statuses, lease_ms,
+    Inserted, NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError, UniqueKey,
+    count_statuses, lease_ms,
 };
 use crate::{RunStatus, TerminationReason};
 
@@ -17,6 +18,8 @@ use crate::{RunStatus, TerminationReason};
 struct State {
     runs: BTreeMap<Uuid, Run>,
     events: BTreeMap<Uuid, Vec<RunEvent>>,
+    /// Unique keys: the run holding each, and until when (epoch ms).
+    unique: HashMap<String, (Uuid, i64)>,
 }
 
 /// A run store in memory, for tests and single-process experiments. Its clock is
@@ -65,6 +68,17 @@ impl MemoryRunStore {
         self.lock().runs.get_mut(&id).map(f).is_some()
     }
 
+    /// Ends a unique key's period now (tests: let the next run take it). Returns false when no
+    /// run holds the key.
+    pub fn expire_unique(&self, key: &str) -> bool {
+        let now = self.clock();
+        self.lock()
+            .unique
+            .get_mut(key)
+            .map(|(_, until)| *until = now)
+            .is_some()
+    }
+
     fn guarded(
         &self,
         id: Uuid,
@@ -95,8 +109,13 @@ impl MemoryRunStore {
     }
 
     fn insert(&self, run: &NewRun, status: RunStatus) -> Run {
-        let now = self.clock();
-        let row = Run {
+        let row = self.row(run, status, self.clock());
+        self.lock().runs.insert(run.id, row.clone());
+        row
+    }
+
+    fn row(&self, run: &NewRun, status: RunStatus, now: i64) -> Run {
+        Run {
             id: run.id,
             agent: run.agent.clone(),
             status,
@@ -113,9 +132,7 @@ impl MemoryRunStore {
             finished_at: None,
             updated_at: now,
             due_at: now,
-        };
-        self.lock().runs.insert(run.id, row.clone());
-        row
+        }
     }
 }
 
@@ -159,6 +176,27 @@ impl RunStore for MemoryRunStore {
 
     async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
         Ok(self.insert(run, RunStatus::Queued))
+    }
+
+    async fn insert_queued_unique(
+        &self,
+        run: &NewRun,
+        unique: &UniqueKey,
+    ) -> Result<Inserted, StoreError> {
+        let now = self.clock();
+        let mut state = self.lock();
+        if let Some((holder, until)) = state.unique.get(unique.key())
+            && *until > now
+        {
+            return Ok(Inserted::Duplicate(*holder));
+        }
+        let row = self.row(run, RunStatus::Queued, now);
+        let until = now + lease_ms(unique.period());
+        state
+            .unique
+            .insert(unique.key().to_owned(), (run.id, until));
+        state.runs.insert(run.id, row.clone());
+        Ok(Inserted::Queued(Box::new(row)))
     }
 
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
@@ -314,11 +352,15 @@ impl RunStore for MemoryRunStore {
     }
 
     async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
-        Ok(self.guarded(
+        let failed = self.guarded(
             id,
             |r, _| r.status == RunStatus::Queued,
             |r, now| finish(r, now, RunStatus::Failed, Some(reason)),
-        ))
+        );
+        if failed {
+            self.lock().unique.retain(|_, (holder, _)| *holder != id);
+        }
+        Ok(failed)
     }
 
     async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError> {

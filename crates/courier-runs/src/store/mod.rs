@@ -4,6 +4,7 @@ mod json;
 mod memory;
 mod page;
 mod sql;
+mod unique;
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ pub use json::rfc3339_ms;
 pub use memory::MemoryRunStore;
 pub use page::{InvalidCursor, PageFrom, RunCursor, RunPageQuery};
 pub use sql::{Dialect, SqlRunStore, SqlRunStoreOptions};
+pub use unique::{Enqueued, Inserted, InvalidUnique, UniqueKey};
 
 /// A run as stored. Times are epoch milliseconds from the store's clock (the database clock for
 /// SQL stores); `lease_expires == 0` means no lease.
@@ -193,6 +195,15 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
     /// Inserts a `queued` run and returns it as stored (one `INSERT ... RETURNING` where the
     /// database has it; else the insert, then a read).
     async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError>;
+    /// Inserts a `queued` run holding `unique`'s key until its period has passed, unless
+    /// another run holds the key: then nothing is inserted and that run's id is returned. Of
+    /// many concurrent inserts with one key exactly one is inserted (SQL: a unique index on the
+    /// key, an expired key cleared first, "now" from the database clock).
+    async fn insert_queued_unique(
+        &self,
+        run: &NewRun,
+        unique: &UniqueKey,
+    ) -> Result<Inserted, StoreError>;
     /// Inserts an interactive `running` run (no claim, `lease_expires = 0`).
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError>;
     /// Finds a run.
@@ -257,7 +268,8 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
         owner: Option<&str>,
         settlement: &Settlement,
     ) -> Result<bool, StoreError>;
-    /// Fails a `queued` run (a dispatch failure): `id AND status='queued'`.
+    /// Fails a `queued` run (a dispatch failure): `id AND status='queued'`; the run gives back
+    /// its unique key, if it holds one.
     async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError>;
     /// Resumes a waiting run interactively: `id AND status=from` -> running, no lease.
     async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError>;

@@ -12,7 +12,9 @@ use courier_sql::migrate::Applied;
 use courier_sql::{PoolSettings, invalid_table_name, is_valid_identifier};
 use uuid::Uuid;
 
-use super::{NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError};
+use super::{
+    Inserted, NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError, UniqueKey,
+};
 use crate::{RunStatus, TerminationReason};
 
 mod engine;
@@ -257,6 +259,14 @@ impl RunStore for SqlRunStore {
 
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
         self.engine.insert_interactive(run).await
+    }
+
+    async fn insert_queued_unique(
+        &self,
+        run: &NewRun,
+        unique: &UniqueKey,
+    ) -> Result<Inserted, StoreError> {
+        self.engine.insert_queued_unique(run, unique).await
     }
 
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {

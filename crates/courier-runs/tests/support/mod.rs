@@ -161,6 +161,20 @@ impl Fixture {
         }
     }
 
+    /// Ends the period of a unique key now.
+    pub async fn expire_unique(&self, key: &str) {
+        match &self.backend {
+            Backend::Memory(m) => assert!(m.expire_unique(key)),
+            Backend::Sql(s) => {
+                let sql = format!(
+                    "UPDATE {} SET unique_until = 1 WHERE unique_key = '{key}'",
+                    s.runs_table()
+                );
+                assert_eq!(s.execute(&sql).await.expect("expire key"), 1);
+            }
+        }
+    }
+
     pub async fn queued(&self, agent: &str) -> Run {
         let run = NewRun {
             id: Uuid::new_v4(),

@@ -24,8 +24,8 @@ use courier_core::{
     Capabilities, Envelope, Listable, MessageCount, Setup, Transport, TransportError,
 };
 use courier_runs::{
-    Dialect, NewRun, Run, RunEvent, RunStatus, RunStore, Settlement, SqlRunStore, StoreError,
-    TerminationReason, async_trait,
+    Dialect, Inserted, NewRun, Run, RunEvent, RunStatus, RunStore, Settlement, SqlRunStore,
+    StoreError, TerminationReason, UniqueKey, async_trait,
 };
 use uuid::Uuid;
 
@@ -146,6 +146,14 @@ impl RunStore for CountingStore {
     async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
         self.bump("insert_queued");
         self.inner.insert_queued(run).await
+    }
+    async fn insert_queued_unique(
+        &self,
+        run: &NewRun,
+        unique: &UniqueKey,
+    ) -> Result<Inserted, StoreError> {
+        self.bump("insert_queued_unique");
+        self.inner.insert_queued_unique(run, unique).await
     }
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
         self.bump("insert_interactive");

@@ -14,7 +14,8 @@ use super::listing::PageQueries;
 use super::queries::Queries;
 use super::{Engine, SqlRunStoreOptions, db};
 use crate::store::{
-    NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError, lease_ms,
+    Inserted, NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError, UniqueKey,
+    lease_ms,
 };
 use crate::{RunStatus, TerminationReason};
 
@@ -194,6 +195,31 @@ pub(super) fn rows_error(context: &'static str) -> impl FnOnce(sqlx::Error) -> S
     }
 }
 
+/// How many times a unique insert goes round before it gives up.
+const UNIQUE_ATTEMPTS: usize = 8;
+
+/// What the unique insert did.
+enum Taken {
+    /// Inserted, the row read in the same statement.
+    Row(Box<Run>),
+    /// Inserted, the row to be read back (MySQL).
+    Written,
+    /// The key is held: nothing inserted.
+    Held,
+}
+
+/// MySQL's deadlock between concurrent writers (SQLSTATE 40001): the statement did nothing and
+/// may be run again.
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == "40001")
+}
+
+fn vanished(id: Uuid) -> StoreError {
+    StoreError::Corrupt(format!("run {id} vanished"))
+}
+
 fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -234,6 +260,50 @@ where
 
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
         self.insert(&self.q.insert_interactive, run).await
+    }
+
+    async fn insert_queued_unique(
+        &self,
+        run: &NewRun,
+        unique: &UniqueKey,
+    ) -> Result<Inserted, StoreError> {
+        let key = unique.key();
+        // Clear an expired key, insert unless the key is held, else read its holder. A holder
+        // whose key expired between the insert and the read, or (MySQL) a deadlock between
+        // concurrent takers, goes round again.
+        for _ in 0..UNIQUE_ATTEMPTS {
+            let cleared = sqlx::query(&self.q.clear_unique)
+                .bind(key)
+                .execute(&self.pool)
+                .await;
+            match cleared {
+                Err(e) if is_deadlock(&e) => continue,
+                other => other.map_err(db("clear expired unique key"))?,
+            };
+            match self.insert_unique(run, unique).await {
+                Ok(Taken::Row(row)) => return Ok(Inserted::Queued(row)),
+                Ok(Taken::Written) => {
+                    let row = self.find(run.id).await?;
+                    let row = row.ok_or_else(|| vanished(run.id))?;
+                    return Ok(Inserted::Queued(Box::new(row)));
+                }
+                Ok(Taken::Held) => {}
+                Err(e) if is_deadlock(&e) => continue,
+                Err(e) => return Err(rows_error("insert unique run")(e)),
+            }
+            let holder = sqlx::query(&self.q.unique_holder)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db("unique key holder"))?;
+            if let Some(row) = holder {
+                let id: DB::Id = column(&row, "id")?;
+                return Ok(Inserted::Duplicate(DB::uuid(id)));
+            }
+        }
+        Err(StoreError::Corrupt(format!(
+            "unique key `{key}` changed hands {UNIQUE_ATTEMPTS} times during one enqueue"
+        )))
     }
 
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
@@ -454,9 +524,7 @@ where
                     let seq = max_seq().await?;
                     return Err(StoreError::DuplicateSequence { run_id: id, seq });
                 }
-                Err(sqlx::Error::Database(d))
-                    if d.code().as_deref() == Some("40001") && attempt < 5 =>
-                {
+                Err(e) if is_deadlock(&e) && attempt < 5 => {
                     attempt += 1;
                 }
                 Err(e) => return Err(db("append event")(e)),
@@ -491,6 +559,7 @@ where
     Self: RunStore,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'r> Run: sqlx::FromRow<'r, DB::Row>,
@@ -514,9 +583,36 @@ where
             .execute(&self.pool)
             .await
             .map_err(db("insert run"))?;
-        self.find(run.id)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("run {} vanished", run.id)))
+        self.find(run.id).await?.ok_or_else(|| vanished(run.id))
+    }
+
+    /// The unique insert: the run as stored (or only written: MySQL), or nothing, the key held.
+    async fn insert_unique(&self, run: &NewRun, unique: &UniqueKey) -> Result<Taken, sqlx::Error> {
+        let sql = &self.q.insert_unique;
+        if self.insert_returning {
+            let row = sqlx::query_as(sql)
+                .bind(DB::id(run.id))
+                .bind(run.agent.as_str())
+                .bind(run.input.clone())
+                .bind(unique.key())
+                .bind(lease_ms(unique.period()))
+                .fetch_optional(&self.pool)
+                .await?;
+            return Ok(row.map_or(Taken::Held, |row| Taken::Row(Box::new(row))));
+        }
+        let done = sqlx::query(sql)
+            .bind(DB::id(run.id))
+            .bind(run.agent.as_str())
+            .bind(run.input.clone())
+            .bind(unique.key())
+            .bind(lease_ms(unique.period()))
+            .execute(&self.pool)
+            .await?;
+        Ok(if DB::rows_affected(&done) > 0 {
+            Taken::Written
+        } else {
+            Taken::Held
+        })
     }
 
     /// Whether a guarded write matched its row.

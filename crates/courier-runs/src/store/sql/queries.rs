@@ -15,6 +15,9 @@ pub(super) struct Queries {
     pub(super) now: String,
     pub(super) insert_queued: String,
     pub(super) insert_interactive: String,
+    pub(super) clear_unique: String,
+    pub(super) insert_unique: String,
+    pub(super) unique_holder: String,
     pub(super) find: String,
     pub(super) list_all: String,
     pub(super) list_status: String,
@@ -80,6 +83,30 @@ impl Queries {
                 "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, updated_at, \
                  due_at) VALUES (?, ?, 'queued', ?, 0, 0, {now}, {now}, {now}){returning_run}",
             ),
+            // An expired key is cleared, so that the unique index lets the next run take it.
+            clear_unique: render(
+                "UPDATE {runs} SET unique_key = NULL WHERE unique_key = ? AND unique_until <= {now}",
+            ),
+            // A key held already: no row (PostgreSQL, SQLite: ON CONFLICT on the unique index;
+            // MySQL: INSERT IGNORE, the key fitting its column, so nothing else is ignored).
+            insert_unique: render(&format!(
+                "INSERT {ignore}INTO {{runs}} (id, agent, status, input, lease_expires, requeue_count, created_at, \
+                 updated_at, due_at, unique_key, unique_until) \
+                 VALUES (?, ?, 'queued', ?, 0, 0, {{now}}, {{now}}, {{now}}, ?, {{now}} + ?){conflict}{{returning_run}}",
+                ignore = if dialect == Dialect::Mysql {
+                    "IGNORE "
+                } else {
+                    ""
+                },
+                conflict = if dialect == Dialect::Mysql {
+                    ""
+                } else {
+                    " ON CONFLICT (unique_key) DO NOTHING"
+                },
+            )),
+            unique_holder: render(
+                "SELECT id FROM {runs} WHERE unique_key = ? AND unique_until > {now}",
+            ),
             insert_interactive: render(
                 "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, started_at, \
                  updated_at) VALUES (?, ?, 'running', ?, 0, 0, {now}, {now}, {now}){returning_run}",
@@ -133,7 +160,7 @@ impl Queries {
             ),
             fail_queued: render(
                 "UPDATE {runs} SET status = 'failed', termination_reason = ?, lease_expires = 0, \
-                 finished_at = {now}, updated_at = {now} WHERE id = ? AND status = 'queued'",
+                 unique_key = NULL, finished_at = {now}, updated_at = {now} WHERE id = ? AND status = 'queued'",
             ),
             resume: render(
                 "UPDATE {runs} SET status = 'running', claimed_by = NULL, lease_expires = 0, updated_at = {now} \

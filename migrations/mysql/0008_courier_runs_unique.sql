@@ -1,0 +1,9 @@
+-- A template: `{runs}` and `{events}` are the configured table names (applied once, recorded in
+-- `{runs}_migrations`).
+-- Durable runs: a uniqueness key held until `unique_until` (epoch ms from the database clock).
+-- The unique index lets one run hold a key at a time (NULLs, runs without a key, never clash);
+-- an expired key is cleared before the next run takes it. Keys compare exactly (the table's
+-- binary collation), at most 190 characters. One ALTER: MySQL DDL does not roll back.
+ALTER TABLE {runs} ADD COLUMN unique_key VARCHAR(190) NULL,
+    ADD COLUMN unique_until BIGINT NULL,
+    ADD UNIQUE INDEX {runs}_unique_key_idx (unique_key);
