@@ -41,12 +41,27 @@ impl Destination {
     }
 
     fn order(&self) -> Vec<u32> {
-        self.inner
-            .sent()
-            .iter()
-            .map(|e| e.message::<Job>().unwrap().0)
-            .collect()
+        jobs(&self.inner.sent())
     }
+}
+
+fn jobs(envelopes: &[Envelope]) -> Vec<u32> {
+    envelopes
+        .iter()
+        .map(|e| e.message::<Job>().unwrap().0)
+        .collect()
+}
+
+/// Relays 9 jobs from `from` over `source` in batches of 2 to a checking destination: all
+/// arrive in order, in 5 batches, all acked at the source.
+async fn relay_nine(source: &Arc<InMemoryTransport>, from: Arc<CountAcks>) {
+    let to = Destination::new(source.clone(), None);
+    let relay = Relay::new("outbox", from, "to", to.clone()).options(options(2).limit(Some(9)));
+    let stats = relay.run(CancellationToken::new()).await.unwrap();
+    assert_eq!((stats.relayed, stats.batches), (9, 5));
+    assert_eq!(to.order(), (0..9).collect::<Vec<_>>());
+    assert_eq!(source.acked().len(), 9);
+    assert!(source.get(10).await.unwrap().is_empty(), "nothing left");
 }
 
 #[async_trait]
@@ -105,15 +120,8 @@ fn options(batch: usize) -> RelayOptions {
 async fn the_relay_acks_each_batch_beside_the_next_send_in_order() {
     let source = queue_with(9).await;
     let from = CountAcks::new(source.clone(), false);
-    let to = Destination::new(source.clone(), None);
-    let relay =
-        Relay::new("outbox", from.clone(), "to", to.clone()).options(options(2).limit(Some(9)));
-    let stats = relay.run(CancellationToken::new()).await.unwrap();
-    assert_eq!((stats.relayed, stats.batches), (9, 5));
-    assert_eq!(to.order(), (0..9).collect::<Vec<_>>());
-    assert_eq!(source.acked().len(), 9);
+    relay_nine(&source, from.clone()).await;
     assert_eq!(from.ack_batches(), 5, "one ack per batch");
-    assert!(source.get(10).await.unwrap().is_empty(), "nothing left");
 }
 
 #[tokio::test]
@@ -121,16 +129,10 @@ async fn where_the_source_acks_with_get_the_acks_ride_on_the_fetches() {
     let source = queue_with(9).await;
     // The first ack_and_get carrying acks fails (a connection error): retried with them.
     let from = CountAcks::acking_with_get(source.clone(), 1);
-    let to = Destination::new(source.clone(), None);
-    let relay =
-        Relay::new("outbox", from.clone(), "to", to.clone()).options(options(2).limit(Some(9)));
-    let stats = relay.run(CancellationToken::new()).await.unwrap();
-    assert_eq!((stats.relayed, stats.batches), (9, 5));
-    assert_eq!(to.order(), (0..9).collect::<Vec<_>>());
+    relay_nine(&source, from.clone()).await;
     assert_eq!(from.ack_batches(), 0, "no ack of its own");
     assert_eq!(from.ack_gets.load(Ordering::SeqCst), 5);
     assert_eq!(from.carried.load(Ordering::SeqCst), 9);
-    assert_eq!(source.acked().len(), 9);
 }
 
 #[tokio::test]
@@ -145,12 +147,6 @@ async fn a_stop_sends_and_acks_the_batch_fetched_ahead() {
     assert_eq!((stats.relayed, stats.batches), (4, 2));
     assert_eq!(to.order(), [0, 1, 2, 3]);
     assert_eq!(source.acked().len(), 4);
-    let left: Vec<u32> = source
-        .get(10)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.message::<Job>().unwrap().0)
-        .collect();
+    let left = jobs(&source.get(10).await.unwrap());
     assert_eq!(left, [4, 5, 6, 7, 8], "nothing left claimed");
 }
