@@ -231,6 +231,9 @@ pub(crate) struct RelayArgs {
     /// Messages fetched, sent and deleted per batch
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) batch_size: u16,
+    /// Stop after forwarding this many messages
+    #[arg(long)]
+    pub(crate) limit: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -3,22 +3,31 @@
 //! The transactional outbox: a service writes its messages into a SQL queue of its own database
 //! inside its business transaction (`courier_sql::dispatch_in`), so they exist exactly when the
 //! transaction commits; a [`Relay`] then moves them to the transport consumers read (RabbitMQ,
-//! Redis, another database). One batch at a time:
+//! Redis, another database). Each batch goes through three steps:
 //!
 //! 1. `get(batch_size)` on the source (a SQL claim: the rows stay, claimed);
 //! 2. `send_batch` to the destination, which returns once the destination confirmed every
 //!    message (publisher confirms, the `XADD` replies, the `INSERT`);
 //! 3. `ack_batch` on the source: the rows are deleted only now.
 //!
-//! A crash between 2 and 3 sends the batch again once the source's redelivery window passes
-//! (at least once; an inbox on the consumer side makes it exactly once). Envelopes travel with
+//! [`Relay::run`] pipelines them: while batch `k` is sent, batch `k - 1` (confirmed) is acked
+//! and batch `k + 1` fetched, and the next step starts once all three are done. So at most
+//! one batch is fetched ahead and one ack is in flight, the sends stay sequential in fetch
+//! order, and a batch is acked only after its confirmation. Where the source acks and claims
+//! in one round trip ([`Capabilities::ack_with_get`](crate::Capabilities::ack_with_get): SQL
+//! on PostgreSQL), the ack of `k - 1` rides on the fetch of `k + 1`
+//! ([`Transport::ack_and_get`]); elsewhere the two run side by side.
+//!
+//! A crash after a confirmation and before the ack sends the batch again once the source's
+//! redelivery window passes (at least once; an inbox on the consumer side makes it exactly
+//! once). Envelopes travel with
 //! every stamp they were written with (the same [`MessageIdStamp`](crate::MessageIdStamp), bus
 //! name, trace context...); only what describes the source delivery is dropped
 //! ([`ReceivedStamp`], [`TransportMessageIdStamp`], [`DeliveryTagStamp`], [`SentStamp`]), and
 //! the [`DelayStamp`], whose delay the source served already. A message whose type the relay
 //! does not know travels as it was stored (an undecodable envelope keeps its wire form).
 //!
-//! Order: one batch is in flight at a time, so the destination receives a queue's messages in
+//! Order: one send is in flight at a time, so the destination receives a queue's messages in
 //! the order the source hands them out (SQL: priority, then time, then id), where the
 //! destination keeps order. Several relays on one source share its rows but not that order.
 //!
@@ -69,6 +78,9 @@ pub struct RelayOptions {
     pub lag_every: Duration,
     /// The waits between attempts after a transient failure (default 100 ms doubling to 10 s).
     pub backoff: Backoff,
+    /// [`Relay::run`] returns once it forwarded this many messages (it fetches no more);
+    /// `None` (the default): it runs until shut down.
+    pub limit: Option<u64>,
     pause: Option<(RelayPoint, PathBuf)>,
 }
 
@@ -78,6 +90,7 @@ impl Default for RelayOptions {
             batch_size: 100,
             lag_every: Duration::from_secs(5),
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
+            limit: None,
             pause: None,
         }
     }
@@ -105,6 +118,13 @@ impl RelayOptions {
         self
     }
 
+    /// Sets [`RelayOptions::limit`].
+    #[must_use]
+    pub fn limit(mut self, limit: Option<u64>) -> Self {
+        self.limit = limit;
+        self
+    }
+
     /// Testing hook, not a stable API: at `point` of the first batch, create `file` and stop
     /// forever, so that a crash test can kill the process exactly there.
     #[doc(hidden)]
@@ -120,9 +140,11 @@ impl RelayOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RelayPoint {
-    /// The destination confirmed the batch; the source rows are not deleted yet.
+    /// The destination confirmed the batch; its source rows are not deleted yet (the next
+    /// batch is fetched, not sent).
     AfterConfirm,
-    /// The source rows are deleted; the next batch is not fetched yet.
+    /// The batch's source rows are deleted; the batch after it is confirmed (it was sent
+    /// meanwhile), not deleted, and no later batch is sent yet.
     AfterDelete,
 }
 
@@ -213,65 +235,163 @@ impl Relay {
         Ok(batch.len())
     }
 
-    /// Forwards batches until `shutdown` is cancelled (checked between batches, so a batch in
-    /// flight always finishes: the stop takes at most the source's poll window plus one batch).
-    /// Transient failures are retried with [`RelayOptions::backoff`], the batch kept alive at
-    /// the source meanwhile.
+    /// Forwards batches, pipelined (see the [module docs](self)), until `shutdown` is
+    /// cancelled or [`RelayOptions::limit`] messages are forwarded. On shutdown the step in
+    /// flight finishes, then the batch fetched ahead is sent and acked too, rather than put
+    /// back (putting it back would move it behind the rows not fetched yet): the stop takes at
+    /// most the source's poll window plus two batches. Transient failures are retried with
+    /// [`RelayOptions::backoff`], the batch being sent kept alive at the source meanwhile.
     ///
     /// # Errors
-    /// A failure that is not transient (a message the destination refuses, a missing table):
-    /// the batch stays at the source, so the relay stops there rather than skip it.
+    /// A failure that is not transient (a message the destination refuses, a missing table),
+    /// or a transient one once `shutdown` is cancelled: the unacked batches stay at the source
+    /// (delivered again after its redelivery window), so the relay stops there rather than
+    /// skip them.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<RelayStats, TransportError> {
         let mut stats = RelayStats::default();
-        let mut waits = self.options.backoff.attempts();
         let mut next_lag = Instant::now();
-        while !shutdown.is_cancelled() {
+        let mut left = self.options.limit.unwrap_or(u64::MAX);
+        // Batch k (fetched, sent this step) and batch k - 1 (confirmed, acked this step).
+        let (mut sending, mut acking) = (Vec::new(), Vec::new());
+        loop {
+            let want = if shutdown.is_cancelled() {
+                0
+            } else {
+                usize::try_from(left).map_or(self.options.batch_size, |left| {
+                    left.min(self.options.batch_size)
+                })
+            };
+            if want == 0 && sending.is_empty() && acking.is_empty() {
+                return Ok(stats);
+            }
             if Instant::now() >= next_lag {
                 self.sample_lag().await;
                 next_lag = Instant::now() + self.options.lag_every;
             }
-            let batch = match self.from.get(self.options.batch_size).await {
-                Ok(batch) => batch,
-                Err(e) if e.is_transient() => {
-                    self.wait("fetching", &e, &mut waits, &shutdown).await;
-                    continue;
+            let (sent, next) = tokio::join!(
+                self.send(&sending, &shutdown),
+                self.ack_and_fetch(&acking, want, &shutdown),
+            );
+            let next = next?;
+            if !acking.is_empty() {
+                self.done(acking.len());
+                stats.relayed += acking.len() as u64;
+                stats.batches += 1;
+                self.pause(RelayPoint::AfterDelete).await;
+            }
+            let retried = sent?;
+            if !sending.is_empty() {
+                self.pause(RelayPoint::AfterConfirm).await;
+            }
+            if retried && !next.is_empty() {
+                // The send took retries: refresh the batch fetched meanwhile before its turn.
+                if let Err(e) = self.from.keepalive_batch(&next).await {
+                    tracing::debug!(error = %e, "relay: keepalive of a batch failed");
+                }
+            }
+            left = left.saturating_sub(next.len() as u64);
+            acking = std::mem::replace(&mut sending, next);
+        }
+    }
+
+    /// Sends a fetched batch to the destination, retrying transient failures with the batch
+    /// kept alive at the source; returns whether it took a retry.
+    async fn send(
+        &self,
+        batch: &[Envelope],
+        shutdown: &CancellationToken,
+    ) -> Result<bool, TransportError> {
+        if batch.is_empty() {
+            return Ok(false);
+        }
+        let sending = outgoing(batch);
+        let mut retried = false;
+        self.retrying("sending", shutdown, |again| {
+            retried |= again;
+            let sending = sending.clone();
+            async move {
+                if again && let Err(e) = self.from.keepalive_batch(batch).await {
+                    tracing::debug!(error = %e, "relay: keepalive of a batch failed");
+                }
+                self.to.send_batch(sending).await.map(drop)
+            }
+        })
+        .await?;
+        Ok(retried)
+    }
+
+    /// Acks the confirmed batch `acks` at the source and fetches up to `want` more: in one
+    /// round trip where the source can, else side by side. A transient fetch failure once
+    /// `shutdown` is cancelled fetches nothing.
+    async fn ack_and_fetch(
+        &self,
+        acks: &[Envelope],
+        want: usize,
+        shutdown: &CancellationToken,
+    ) -> Result<Vec<Envelope>, TransportError> {
+        let stopped = |e: TransportError| {
+            if e.is_transient() && shutdown.is_cancelled() {
+                Ok(Vec::new())
+            } else {
+                Err(e)
+            }
+        };
+        if acks.is_empty() && want == 0 {
+            return Ok(Vec::new());
+        }
+        if acks.is_empty() {
+            return self
+                .retrying("fetching", shutdown, |_| self.from.get(want))
+                .await
+                .or_else(stopped);
+        }
+        if self.from.capabilities().ack_with_get {
+            // Acking twice is not an error: a failed attempt is retried with the same acks.
+            return self
+                .retrying("acking and fetching", shutdown, |_| {
+                    self.from.ack_and_get(acks, want)
+                })
+                .await;
+        }
+        let (acked, next) = tokio::join!(
+            self.retrying("acking", shutdown, |_| self.from.ack_batch(acks)),
+            async {
+                if want == 0 {
+                    return Ok(Vec::new());
+                }
+                self.retrying("fetching", shutdown, |_| self.from.get(want))
+                    .await
+                    .or_else(stopped)
+            },
+        );
+        acked?;
+        next
+    }
+
+    /// Runs `attempt` (told whether it is a retry) until it succeeds, waiting with
+    /// [`RelayOptions::backoff`] after each transient failure; returns a failure that is not
+    /// transient, or any once `shutdown` is cancelled.
+    async fn retrying<T, F>(
+        &self,
+        doing: &str,
+        shutdown: &CancellationToken,
+        mut attempt: impl FnMut(bool) -> F,
+    ) -> Result<T, TransportError>
+    where
+        F: std::future::Future<Output = Result<T, TransportError>>,
+    {
+        let mut waits = self.options.backoff.attempts();
+        let mut again = false;
+        loop {
+            match attempt(again).await {
+                Ok(done) => return Ok(done),
+                Err(e) if e.is_transient() && !shutdown.is_cancelled() => {
+                    self.wait(doing, &e, &mut waits, shutdown).await;
+                    again = true;
                 }
                 Err(e) => return Err(e),
-            };
-            waits.succeeded();
-            if batch.is_empty() {
-                continue;
             }
-            let sending = outgoing(&batch);
-            loop {
-                match self.to.send_batch(sending.clone()).await {
-                    Ok(_) => break,
-                    Err(e) if e.is_transient() && !shutdown.is_cancelled() => {
-                        self.wait("sending", &e, &mut waits, &shutdown).await;
-                        if let Err(e) = self.from.keepalive_batch(&batch).await {
-                            tracing::debug!(error = %e, "relay: keepalive of a batch failed");
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            self.pause(RelayPoint::AfterConfirm).await;
-            loop {
-                match self.from.ack_batch(&batch).await {
-                    Ok(()) => break,
-                    Err(e) if e.is_transient() && !shutdown.is_cancelled() => {
-                        self.wait("acking", &e, &mut waits, &shutdown).await;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            waits.succeeded();
-            self.done(batch.len());
-            stats.relayed += batch.len() as u64;
-            stats.batches += 1;
-            self.pause(RelayPoint::AfterDelete).await;
         }
-        Ok(stats)
     }
 
     fn done(&self, n: usize) {

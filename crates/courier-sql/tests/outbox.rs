@@ -2,7 +2,8 @@
 //! `dispatch_in` exists exactly when the caller's transaction commits (a rolled-back one is
 //! never delivered); an inbox claim made in a transaction exists exactly when it commits, a
 //! second claim of the same id answers `false`, the middleware skips recorded ids, and the
-//! cleanup drops ids past their retention.
+//! cleanup drops ids past their retention. A relay from an outbox to a queue of another
+//! database delivers the same ids and stamps, in order, and deletes the outbox rows.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -12,9 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use courier_core::relay::{Relay, RelayOptions};
 use courier_core::{
-    BusError, Envelope, HandlerError, InMemoryTransport, MessageBus, MessageIdStamp, ReceivedStamp,
-    Transport, TransportMessageIdStamp,
+    BusError, BusNameStamp, CancellationToken, Envelope, HandlerError, InMemoryTransport,
+    MessageBus, MessageIdStamp, ReceivedStamp, TraceContextStamp, Transport,
+    TransportMessageIdStamp,
 };
 use courier_sql::{Inbox, InboxOptions, SqlDatabase, SqlTransport, dispatch_in};
 use courier_test::TestMessage;
@@ -91,6 +94,71 @@ where
         other => panic!("{other}"),
     }
     tx.rollback().await.unwrap();
+}
+
+/// Orders committed to an outbox of `pool`'s database (`from`) and relayed to a queue of
+/// another database (`to`) arrive there in order, each with the id and stamps it was written
+/// with, and leave no outbox row behind.
+async fn a_relay_to_another_database_keeps_ids_stamps_and_order<DB>(
+    pool: sqlx::Pool<DB>,
+    from: common::SqlHarness,
+    to: common::SqlHarness,
+) where
+    DB: SqlDatabase,
+    DB::Connection: 'static,
+{
+    let (outbox, outbox_table) = from.make("").await;
+    let (queue, _) = to.make("").await;
+    let bus = MessageBus::builder()
+        .transport("outbox", outbox.clone())
+        .route("courier.test", ["outbox"])
+        .message::<TestMessage>()
+        .build();
+    let mut written = Vec::new();
+    for seq in 0..7_u64 {
+        let trace = TraceContextStamp {
+            traceparent: format!("00-{:032x}-{:016x}-01", seq + 1, seq + 1),
+            tracestate: Some(format!("courier=test{seq}")),
+        };
+        let mut tx = pool.begin().await.unwrap();
+        let envelope = Envelope::new(TestMessage::new(seq)).with(trace);
+        written.push(dispatch_in(&bus, &mut tx, envelope).await.unwrap());
+        tx.commit().await.unwrap();
+    }
+    let relay = Relay::new("outbox", outbox.clone(), "queue", queue.clone())
+        .options(RelayOptions::default().batch_size(3).limit(Some(7)));
+    let stats = tokio::time::timeout(Duration::from_secs(60), relay.run(CancellationToken::new()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((stats.relayed, stats.batches), (7, 3));
+    assert_eq!(
+        from.admin.count(&outbox_table).await,
+        0,
+        "outbox rows deleted"
+    );
+
+    let got = drain(&queue).await;
+    let seqs: Vec<u64> = got
+        .iter()
+        .filter_map(|e| e.message::<TestMessage>().map(|m| m.seq))
+        .collect();
+    assert_eq!(seqs, (0..7).collect::<Vec<_>>(), "in the outbox's order");
+    for (got, written) in got.iter().zip(&written) {
+        let id = written.last::<MessageIdStamp>().unwrap();
+        assert_eq!(
+            got.last::<MessageIdStamp>(),
+            Some(id),
+            "the same message id"
+        );
+        assert_eq!(
+            got.last::<TraceContextStamp>(),
+            written.last::<TraceContextStamp>()
+        );
+        assert!(got.has::<BusNameStamp>());
+        assert_eq!(got.last::<BusNameStamp>(), written.last::<BusNameStamp>());
+        assert_eq!(got.all::<MessageIdStamp>().count(), 1, "one id, not two");
+    }
 }
 
 async fn inbox_claims_commit_with_the_transaction<DB>(pool: sqlx::Pool<DB>)
@@ -233,4 +301,29 @@ async fn mysql_inbox_claims_commit_with_the_transaction() {
         unreachable!()
     };
     inbox_claims_commit_with_the_transaction(pool.clone()).await;
+}
+
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn a_sqlite_outbox_relays_to_a_postgres_queue() {
+    let from = common::sqlite().await;
+    let common::Admin::Sqlite(pool) = &from.admin else {
+        unreachable!()
+    };
+    let pool = pool.clone();
+    a_relay_to_another_database_keeps_ids_stamps_and_order(pool, from, common::postgres().await)
+        .await;
+}
+
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and MySQL/MariaDB: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_MYSQL_URL"]
+async fn a_postgres_outbox_relays_to_a_mariadb_queue() {
+    let from = common::postgres().await;
+    let common::Admin::Postgres(pool) = &from.admin else {
+        unreachable!()
+    };
+    let pool = pool.clone();
+    a_relay_to_another_database_keeps_ids_stamps_and_order(pool, from, common::mysql().await).await;
 }

@@ -1,5 +1,6 @@
 //! `courier relay --from OUTBOX --to DESTINATION`: forward an outbox queue to another transport
-//! (see [`courier_core::relay`]) until SIGINT/SIGTERM; the batch in flight finishes first.
+//! (see [`courier_core::relay`]) until SIGINT/SIGTERM (the batches in flight finish first) or
+//! `--limit` messages are forwarded.
 
 use std::sync::Arc;
 
@@ -25,7 +26,9 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &RelayArgs) -> CliResult {
             "`--from` and `--to` name the same transport",
         ));
     }
-    let mut options = RelayOptions::default().batch_size(usize::from(args.batch_size));
+    let mut options = RelayOptions::default()
+        .batch_size(usize::from(args.batch_size))
+        .limit(args.limit);
     if let Ok(point) = std::env::var(PAUSE_ENV) {
         let point: RelayPoint = point
             .parse()

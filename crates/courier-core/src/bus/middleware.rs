@@ -202,20 +202,27 @@ impl Middleware for Terminal {
     }
 }
 
+/// The envelope to send to `names`: without its routing stamp, through the bus's `on_send`
+/// hooks.
+fn on_send(bus: &MessageBus, envelope: Envelope, names: &[String]) -> Envelope {
+    let outgoing = envelope.without_all::<TransportNamesStamp>();
+    if bus.inner.on_send.is_empty() {
+        return outgoing;
+    }
+    let mut sending = super::Sending::new(outgoing, names);
+    for hook in &bus.inner.on_send {
+        hook(&mut sending);
+    }
+    sending.into_envelope()
+}
+
 /// Sends to every named transport; returns the envelope with their `SentStamp`s and ids.
 async fn send(
     bus: &MessageBus,
     envelope: Envelope,
     names: Vec<String>,
 ) -> Result<Envelope, BusError> {
-    let mut outgoing = envelope.without_all::<TransportNamesStamp>();
-    if !bus.inner.on_send.is_empty() {
-        let mut sending = super::Sending::new(outgoing, &names);
-        for hook in &bus.inner.on_send {
-            hook(&mut sending);
-        }
-        outgoing = sending.into_envelope();
-    }
+    let outgoing = on_send(bus, envelope, &names);
     let message_type = crate::metrics::message_type(&outgoing);
     let mut result = outgoing.clone();
     for name in names {
@@ -264,14 +271,7 @@ fn collect(bus: &MessageBus, envelope: Envelope, names: Vec<String>) -> Result<E
             name: envelope.message_name().to_owned(),
         });
     }
-    let mut outgoing = envelope.without_all::<TransportNamesStamp>();
-    if !bus.inner.on_send.is_empty() {
-        let mut sending = super::Sending::new(outgoing, &names);
-        for hook in &bus.inner.on_send {
-            hook(&mut sending);
-        }
-        outgoing = sending.into_envelope();
-    }
+    let outgoing = on_send(bus, envelope, &names);
     let mut result = outgoing.clone();
     let mut collected = Vec::with_capacity(names.len());
     for name in names {

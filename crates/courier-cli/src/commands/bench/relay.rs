@@ -2,13 +2,14 @@
 //! outbox to a destination, beside the destination's own batched send in the same run. Each
 //! round sends `--messages` straight to the destination with `send_batch` in batches of
 //! `--fetch-size` (the baseline), then fills the outbox (untimed) and times the relay draining
-//! it into the destination, batches of the same size; medians over `--rounds`.
+//! it into the destination (`Relay::run`, pipelined, until it forwarded them all), batches of
+//! the same size; medians over `--rounds`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use courier_core::relay::{Relay, RelayOptions};
-use courier_core::{Dsn, Envelope, FactoryContext, MessageRegistry, Transport};
+use courier_core::{CancellationToken, Dsn, Envelope, FactoryContext, MessageRegistry, Transport};
 
 use super::{BenchMessage, chatty, isolate, payload, per_second, remove_isolated};
 use crate::cli::{BenchArgs, Cli, Format};
@@ -112,13 +113,13 @@ async fn rounds(
         drain(&to, messages).await?;
 
         send_all(&from, messages, 500, &body).await?;
-        let relay = Relay::new("outbox", from.clone(), "destination", to.clone())
-            .options(RelayOptions::default().batch_size(batch));
+        let relay = Relay::new("outbox", from.clone(), "destination", to.clone()).options(
+            RelayOptions::default()
+                .batch_size(batch)
+                .limit(Some(messages)),
+        );
         let started = Instant::now();
-        let mut done = 0_u64;
-        while done < messages {
-            done += relay.relay_batch().await? as u64;
-        }
+        relay.run(CancellationToken::new()).await?;
         relayed.push(per_second(messages, started.elapsed()));
         drain(&to, messages).await?;
     }
