@@ -70,8 +70,12 @@ impl AmqpTransport {
         let mut capabilities = Capabilities::none()
             .with_delay(Some(MAX_DELAY))
             .with_blocking_get()
-            .with_redelivery()
-            .with_bounded_unacked();
+            .with_redelivery();
+        // Prefetch 0 is no bound at all.
+        capabilities = match options.prefetch {
+            0 => capabilities,
+            n => capabilities.with_unacked_window(usize::from(n)),
+        };
         if priority {
             capabilities = capabilities.with_priority();
         }

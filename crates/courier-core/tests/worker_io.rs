@@ -214,6 +214,41 @@ async fn one_at_a_time_under_a_bounded_window_each_ack_goes_out_before_the_next_
 }
 
 #[tokio::test(start_paused = true)]
+async fn under_a_broker_window_acks_go_out_in_chunks_of_half_of_it() {
+    let q = queue_with(64).await;
+    let t = CountAcks::windowed(q.clone(), 16);
+    let (bus, done) = slow_bus(Duration::ZERO);
+    let stats = Worker::builder(bus)
+        .receiver("async", t.clone())
+        .fetch_size(16)
+        .limit(64)
+        .build()
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!((stats.handled, done.load(Ordering::SeqCst)), (64, 64));
+    let mut acked: Vec<u32> = q
+        .acked()
+        .iter()
+        .map(|e| e.message::<Job>().unwrap().0)
+        .collect();
+    acked.sort_unstable();
+    assert_eq!(
+        acked,
+        (0..64).collect::<Vec<_>>(),
+        "each acked exactly once"
+    );
+    // Deliveries come two at a time: acked at each fetch or each batch's end, that would be
+    // 32 acks, each answered by a broker with a small delivery.
+    assert!(
+        t.ack_batches() <= 8,
+        "at most one ack per half window (8 of 16), neither at each fetch nor at each batch's end: {}",
+        t.ack_batches()
+    );
+    assert!(q.get(10).await.unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
 async fn acks_ride_on_the_next_fetch_where_the_transport_acks_in_its_get() {
     let q = queue_with(64).await;
     let t = CountAcks::acking_with_get(q.clone(), 0);

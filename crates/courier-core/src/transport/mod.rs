@@ -53,6 +53,11 @@ pub struct Capabilities {
     /// prefetch): the worker acks what is done before it fetches the next batch, rather than
     /// once the batch is done.
     pub bounded_unacked: bool,
+    /// How many deliveries may be unacked at once, where the server bounds them (AMQP's
+    /// prefetch): the worker acks in chunks of half of it (or of half its fetch size, if
+    /// smaller), so the server refills one half while the other is handled, rather than
+    /// answering each small ack with a small delivery.
+    pub unacked_window: Option<usize>,
     /// [`Transport::ack_and_get`] acks and receives in one round trip (SQL: one transaction,
     /// one commit): the worker lets the acks of one batch ride on the fetch of the next.
     pub ack_with_get: bool,
@@ -70,6 +75,7 @@ impl Capabilities {
             redelivery: false,
             redeliver_after: None,
             bounded_unacked: false,
+            unacked_window: None,
             ack_with_get: false,
         }
     }
@@ -122,6 +128,14 @@ impl Capabilities {
     #[must_use]
     pub const fn with_bounded_unacked(mut self) -> Self {
         self.bounded_unacked = true;
+        self
+    }
+
+    /// Sets [`Capabilities::unacked_window`] (and [`Capabilities::bounded_unacked`]).
+    #[must_use]
+    pub const fn with_unacked_window(mut self, window: usize) -> Self {
+        self.bounded_unacked = true;
+        self.unacked_window = Some(window);
         self
     }
 

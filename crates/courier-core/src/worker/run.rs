@@ -194,7 +194,23 @@ impl Worker {
                 .is_some_and(|r| r.transport.capabilities().ack_with_get);
         // A batch's acks are handed over once it is full; riding on fetches, the acks of the
         // last half of one batch and the first half of the next go together.
-        let max_acks = self.options.fetch_size.max(1) * if ack_with_get { 2 } else { 1 };
+        // Under a broker's window, acks go out in chunks of half of it (see
+        // [`Capabilities::unacked_window`](crate::Capabilities::unacked_window)): not at each
+        // fetch nor at each batch's end, where a small batch would be answered by a small one.
+        let ack_chunk = if fetch_when_done {
+            None
+        } else {
+            self.receivers
+                .iter()
+                .filter_map(|r| r.transport.capabilities().unacked_window)
+                .min()
+                .map(|window| (window.min(self.options.fetch_size) / 2).max(1))
+        };
+        let max_acks = match ack_chunk {
+            Some(chunk) => chunk,
+            None if ack_with_get => self.options.fetch_size.max(1) * 2,
+            None => self.options.fetch_size.max(1),
+        };
         let mut queue: VecDeque<(usize, u64, Envelope)> = VecDeque::new();
         let mut inflight: FuturesUnordered<Handling<'_>> = FuturesUnordered::new();
         // The next fetch: see [`Fetch`].
@@ -297,7 +313,7 @@ impl Worker {
                     } else {
                         Fetch::Task(AbortOnDrop(tokio::spawn(self.fetch(want, carried))))
                     });
-                    if ack_before_fetch {
+                    if ack_before_fetch && ack_chunk.is_none() {
                         // A broker that bounds the unacked deliveries (AMQP prefetch) sends the
                         // next ones only once the finished ones are acked. Elsewhere acks wait
                         // for the batch's end: one statement per batch, not two.
@@ -331,7 +347,7 @@ impl Worker {
                         if fetching.is_some() && beside.ackers[0].pending() == 0 {
                             lingering = false;
                         }
-                    } else if queue.is_empty() && inflight.is_empty() {
+                    } else if queue.is_empty() && inflight.is_empty() && ack_chunk.is_none() {
                         // The batch is done: flush its acks now rather than after the linger.
                         beside.ackers.iter_mut().for_each(Acker::flush);
                         lingering = false;

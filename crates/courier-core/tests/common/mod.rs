@@ -35,6 +35,8 @@ pub struct CountAcks {
     pub inner: Arc<InMemoryTransport>,
     pub acks: AtomicUsize,
     pub bounded: bool,
+    /// The server's window of unacked deliveries, when it says so (AMQP's prefetch).
+    pub window: Option<usize>,
     pub with_get: bool,
     /// `ack_and_get` calls that carried acks.
     pub ack_gets: AtomicUsize,
@@ -49,6 +51,7 @@ impl CountAcks {
             inner,
             acks: AtomicUsize::new(0),
             bounded,
+            window: None,
             with_get: false,
             ack_gets: AtomicUsize::new(0),
             carried: AtomicUsize::new(0),
@@ -57,11 +60,21 @@ impl CountAcks {
     }
 
     /// A transport that acks in its gets, failing the first `failures` that carry acks.
+    /// Bounded like AMQP's prefetch, saying its window.
+    pub fn windowed(inner: Arc<InMemoryTransport>, window: usize) -> Arc<Self> {
+        let mut t = Self::new(inner, true);
+        if let Some(t) = Arc::get_mut(&mut t) {
+            t.window = Some(window);
+        }
+        t
+    }
+
     pub fn acking_with_get(inner: Arc<InMemoryTransport>, failures: usize) -> Arc<Self> {
         Arc::new(Self {
             inner,
             acks: AtomicUsize::new(0),
             bounded: false,
+            window: None,
             with_get: true,
             ack_gets: AtomicUsize::new(0),
             carried: AtomicUsize::new(0),
@@ -81,6 +94,13 @@ impl Transport for CountAcks {
         self.inner.send(e).await
     }
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        // Under a window, deliveries come in small bursts (two at a time), as a broker's do
+        // when small acks free small parts of its window.
+        let max = if self.window.is_some() {
+            max.min(2)
+        } else {
+            max
+        };
         self.inner.get(max).await
     }
     async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
@@ -119,6 +139,9 @@ impl Transport for CountAcks {
         let mut caps = self.inner.capabilities();
         if self.bounded {
             caps = caps.with_bounded_unacked();
+        }
+        if let Some(window) = self.window {
+            caps = caps.with_unacked_window(window);
         }
         if self.with_get {
             caps = caps.with_ack_with_get();
