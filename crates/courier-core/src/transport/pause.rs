@@ -85,6 +85,22 @@ impl Transport for PauseGate {
         }
         self.inner.get(max).await
     }
+    /// The inner transport's `ack_and_get` (one statement on PostgreSQL); paused, the acks
+    /// still go out and nothing is fetched.
+    async fn ack_and_get(
+        &self,
+        acks: &[Envelope],
+        max: usize,
+    ) -> Result<Vec<Envelope>, TransportError> {
+        if self.is_paused() {
+            if !acks.is_empty() {
+                self.inner.ack_batch(acks).await?;
+            }
+            tokio::time::sleep(PAUSE_CHECK).await;
+            return Ok(Vec::new());
+        }
+        self.inner.ack_and_get(acks, max).await
+    }
     async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
         self.inner.ack(envelope).await
     }

@@ -275,6 +275,26 @@ impl Transport for RateLimitGate {
             tokio::time::sleep(taken.wait.max(Duration::from_millis(1))).await;
         }
     }
+    /// The inner transport's `ack_and_get` when tokens are at hand; otherwise the acks go out
+    /// at once (never held while waiting for a token) and the fetch waits like `get`.
+    async fn ack_and_get(
+        &self,
+        acks: &[Envelope],
+        max: usize,
+    ) -> Result<Vec<Envelope>, TransportError> {
+        let want = u32::try_from(max).unwrap_or(u32::MAX).min(self.limit.burst);
+        if want > 0 {
+            let taken = self.limiter().take(&self.limit, want).await?;
+            if taken.granted > 0 {
+                let granted = usize::try_from(taken.granted).unwrap_or(max);
+                return self.inner.ack_and_get(acks, granted.min(max)).await;
+            }
+        }
+        if !acks.is_empty() {
+            self.inner.ack_batch(acks).await?;
+        }
+        self.get(max).await
+    }
     async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
         self.inner.ack(envelope).await
     }
@@ -384,5 +404,32 @@ mod tests {
         }
         // 5 at once, then one per 20 ms for two seconds.
         assert!((100..=106).contains(&got), "{got}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_acks_with_its_fetch_and_never_holds_acks_while_it_waits() {
+        let queue = Arc::new(crate::InMemoryTransport::new());
+        for i in 0..20 {
+            queue
+                .send(Envelope::new(N(i)))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let gate = RateLimitGate::wrap(queue.clone(), fifty());
+        let first = gate.get(32).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(first.len(), 5, "the burst");
+        // The bucket is empty: the acks go out before the wait for the next token.
+        let next = gate
+            .ack_and_get(&first, 32)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(next.len(), 1, "one token, one message");
+        assert_eq!(queue.acked().len(), 5, "the burst's acks went out");
+        let none = gate
+            .ack_and_get(&next, 0)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(none.is_empty(), "nothing wanted, nothing fetched");
+        assert_eq!(queue.acked().len(), 6, "and the ack went out");
     }
 }
