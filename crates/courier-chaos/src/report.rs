@@ -71,7 +71,7 @@ impl Report {
             |(p50, max)| format!("p50 {p50} ms, max {max} ms"),
         );
         format!(
-            "chaos {:<9} messages {}, runs {}, kills {}, server restarts {}, lost {}, handled twice {} (bound {}), recover {}, runs terminal {} after last kill (bound {}): {}",
+            "chaos {:<9} messages {}, runs {}, kills {}, server restarts {}, lost {}, handled twice {} (bound {}), recover {}, runs terminal {} after last kill or server restart (bound {}): {}",
             self.transport,
             self.messages,
             self.runs,
@@ -109,7 +109,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "[{}] messages all handled {} after last kill; producer re-sent {} id(s)",
+            "[{}] messages all handled {} after last kill or server restart; producer re-sent {} id(s)",
             self.transport,
             ms(self.messages_done_ms),
             self.resent
