@@ -227,12 +227,7 @@ async fn under_a_broker_window_acks_go_out_in_chunks_of_half_of_it() {
         .await
         .unwrap();
     assert_eq!((stats.handled, done.load(Ordering::SeqCst)), (64, 64));
-    let mut acked: Vec<u32> = q
-        .acked()
-        .iter()
-        .map(|e| e.message::<Job>().unwrap().0)
-        .collect();
-    acked.sort_unstable();
+    let acked = acked_jobs(&q);
     assert_eq!(
         acked,
         (0..64).collect::<Vec<_>>(),
@@ -262,12 +257,7 @@ async fn acks_ride_on_the_next_fetch_where_the_transport_acks_in_its_get() {
         .await
         .unwrap();
     assert_eq!((stats.handled, done.load(Ordering::SeqCst)), (64, 64));
-    let mut acked: Vec<u32> = q
-        .acked()
-        .iter()
-        .map(|e| e.message::<Job>().unwrap().0)
-        .collect();
-    acked.sort_unstable();
+    let acked = acked_jobs(&q);
     assert_eq!(
         acked,
         (0..64).collect::<Vec<_>>(),
@@ -301,12 +291,7 @@ async fn acks_that_rode_on_a_failed_fetch_are_acked_again_and_nothing_is_lost() 
         .unwrap();
     assert_eq!(stats.handled, 64);
     assert_eq!(stats.left_for_redelivery, 0, "{stats:?}");
-    let mut acked: Vec<u32> = q
-        .acked()
-        .iter()
-        .map(|e| e.message::<Job>().unwrap().0)
-        .collect();
-    acked.sort_unstable();
+    let mut acked = acked_jobs(&q);
     acked.dedup();
     assert_eq!(acked.len(), 64, "every message acked after the failures");
     assert_eq!(
@@ -315,4 +300,15 @@ async fn acks_that_rode_on_a_failed_fetch_are_acked_again_and_nothing_is_lost() 
         "both failures happened"
     );
     assert!(q.get(100).await.unwrap().is_empty());
+}
+
+/// The jobs `q` saw acked, in order of their numbers (repeats kept).
+fn acked_jobs(q: &InMemoryTransport) -> Vec<u32> {
+    let mut acked: Vec<u32> = q
+        .acked()
+        .iter()
+        .map(|e| e.message::<Job>().unwrap().0)
+        .collect();
+    acked.sort_unstable();
+    acked
 }

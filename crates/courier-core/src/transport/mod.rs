@@ -5,6 +5,38 @@
 //! queues, listing stored messages, counting them) are reached through the `as_*` accessors so a
 //! transport is always usable as `Arc<dyn Transport>`.
 
+/// The views of a receiver wrapper (the pause and rate-limit gates), forwarded to its `inner`
+/// transport; used inside their `impl Transport`.
+macro_rules! forward_views {
+    () => {
+        fn as_setup(&self) -> Option<&dyn $crate::transport::Setup> {
+            self.inner.as_setup()
+        }
+        fn as_listable(&self) -> Option<&dyn $crate::transport::Listable> {
+            self.inner.as_listable()
+        }
+        fn as_message_count(&self) -> Option<&dyn $crate::transport::MessageCount> {
+            self.inner.as_message_count()
+        }
+        fn as_queues(&self) -> Option<&dyn $crate::transport::Queues> {
+            self.inner.as_queues()
+        }
+        fn as_worker_registry(&self) -> Option<&dyn $crate::transport::WorkerRegistry> {
+            self.inner.as_worker_registry()
+        }
+        fn as_deduplicate(&self) -> Option<&dyn $crate::transport::Deduplicate> {
+            self.inner.as_deduplicate()
+        }
+        fn as_schedule_store(&self) -> Option<&dyn $crate::schedule::ScheduleStore> {
+            self.inner.as_schedule_store()
+        }
+        fn as_pausable(&self) -> Option<&dyn $crate::transport::Pausable> {
+            self.inner.as_pausable()
+        }
+    };
+}
+use forward_views;
+
 mod dedup;
 mod factory;
 mod memory;

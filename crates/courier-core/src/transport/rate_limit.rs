@@ -25,7 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::{Capabilities, Listable, MessageCount, Pausable, Queues, Setup, Transport};
+use super::{Capabilities, Transport};
 use crate::{Envelope, TransportError};
 
 /// A rate limit: at most `limit` messages per `interval`, in bursts of at most `burst`.
@@ -316,30 +316,7 @@ impl Transport for RateLimitGate {
     async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
         self.inner.ack_batch(envelopes).await
     }
-    fn as_setup(&self) -> Option<&dyn Setup> {
-        self.inner.as_setup()
-    }
-    fn as_listable(&self) -> Option<&dyn Listable> {
-        self.inner.as_listable()
-    }
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        self.inner.as_message_count()
-    }
-    fn as_queues(&self) -> Option<&dyn Queues> {
-        self.inner.as_queues()
-    }
-    fn as_worker_registry(&self) -> Option<&dyn super::WorkerRegistry> {
-        self.inner.as_worker_registry()
-    }
-    fn as_deduplicate(&self) -> Option<&dyn super::Deduplicate> {
-        self.inner.as_deduplicate()
-    }
-    fn as_schedule_store(&self) -> Option<&dyn crate::schedule::ScheduleStore> {
-        self.inner.as_schedule_store()
-    }
-    fn as_pausable(&self) -> Option<&dyn Pausable> {
-        self.inner.as_pausable()
-    }
+    super::forward_views!();
     fn as_rate_limiter(&self) -> Option<&dyn RateLimiter> {
         Some(self.limiter())
     }
