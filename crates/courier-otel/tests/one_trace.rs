@@ -2,10 +2,13 @@
 //! message the handler dispatches: checked with OpenTelemetry's in-memory exporter, on SQLite
 //! and on Redis.
 //!
-//! Each test installs its subscriber on its own thread (`set_default`) and runs on a
-//! current-thread runtime, so every span of the worker's tasks lands in that test's exporter.
+//! One subscriber serves the whole binary, installed as the global default: a span whose last
+//! reference drops on another thread closes its parent through that thread's default
+//! subscriber (sqlx's SQLite worker thread holds the span of each statement it runs), which a
+//! thread-local `set_default` would not reach, and the parent would never end. Each test finds
+//! its own trace by the `journey` field of its root span.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use courier_core::{
@@ -37,16 +40,26 @@ impl Message for Invoice {
 /// Every network await of the journey together.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Dispatches an `Order` inside a `checkout` span on a bus routed to `transport`; a worker
-/// handles it, its handler dispatches an `Invoice` to the same transport, the worker handles
-/// that. Returns the spans exported and the id the transport gave the order.
-async fn journey(transport: Arc<dyn Transport>) -> (Vec<SpanData>, String) {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry().with(courier_otel::layer(&provider));
-    let _default = tracing::subscriber::set_default(subscriber);
+/// The binary's one tracer provider and its exporter, installed globally on first use.
+fn exporter() -> &'static (SdkTracerProvider, InMemorySpanExporter) {
+    static GLOBAL: OnceLock<(SdkTracerProvider, InMemorySpanExporter)> = OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry().with(courier_otel::layer(&provider));
+        tracing::subscriber::set_global_default(subscriber).expect("the one global subscriber");
+        (provider, exporter)
+    })
+}
+
+/// Dispatches an `Order` inside a `checkout` span (field `journey = name`) on a bus routed to
+/// `transport`; a worker handles it, its handler dispatches an `Invoice` to the same transport,
+/// the worker handles that. Returns the spans of the checkout's trace and the id the transport
+/// gave the order.
+async fn journey(transport: Arc<dyn Transport>, name: &str) -> (Vec<SpanData>, String) {
+    let (provider, exporter) = exporter();
 
     let bus = MessageBus::builder()
         .messages(registry())
@@ -62,7 +75,7 @@ async fn journey(transport: Arc<dyn Transport>) -> (Vec<SpanData>, String) {
         })
         .build();
 
-    let checkout = tracing::info_span!("checkout");
+    let checkout = tracing::info_span!("checkout", journey = name);
     let sent = tokio::time::timeout(
         DEADLINE,
         tracing::Instrument::instrument(bus.dispatch(Order { id: 7 }), checkout.clone()),
@@ -89,8 +102,28 @@ async fn journey(transport: Arc<dyn Transport>) -> (Vec<SpanData>, String) {
     .expect("the worker failed");
     assert_eq!((stats.handled, stats.failed), (2, 0));
 
-    provider.force_flush().expect("flush");
+    // A span ends when its last reference drops, which may be on another thread a moment
+    // after the worker returns.
+    let trace = tokio::time::timeout(DEADLINE, async {
+        loop {
+            provider.force_flush().expect("flush");
+            let spans = exporter.get_finished_spans().expect("finished spans");
+            let root = spans
+                .iter()
+                .find(|s| s.name == "checkout" && attribute(s, "journey").as_deref() == Some(name));
+            if let Some(root) = root {
+                return root.span_context.trace_id();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the checkout span did not end");
     let spans = exporter.get_finished_spans().expect("finished spans");
+    let spans = spans
+        .into_iter()
+        .filter(|s| s.span_context.trace_id() == trace)
+        .collect();
     (spans, order_id)
 }
 
@@ -238,7 +271,7 @@ async fn one_trace_runs_through_sqlite_to_a_message_dispatched_in_the_handler() 
     let transport: Arc<dyn Transport> = Arc::new(transport);
     setup(&*transport).await;
 
-    let (spans, order_id) = journey(transport).await;
+    let (spans, order_id) = journey(transport, "sqlite").await;
     assert_one_trace(&spans, "sqlite", &order_id);
 }
 
@@ -260,7 +293,7 @@ async fn one_trace_runs_through_redis_to_a_message_dispatched_in_the_handler() {
     let transport = Arc::new(transport);
     setup(&*transport).await;
 
-    let (spans, order_id) = journey(transport.clone()).await;
+    let (spans, order_id) = journey(transport.clone(), "redis").await;
     let keys = transport.keys().map(str::to_owned);
     delete_keys(&url, &keys).await;
     assert_one_trace(&spans, "redis", &order_id);
