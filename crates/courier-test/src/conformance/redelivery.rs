@@ -25,7 +25,7 @@ pub async fn unacked_message_is_redelivered(h: &dyn Harness) {
     expect_nothing(h, &t, "after acking the redelivery").await;
 }
 
-/// The late ack (or reject) of a superseded delivery does not delete the message's new
+/// The late ack (or reject, or `ack_and_get`) of a superseded delivery does not delete the message's new
 /// delivery: after it the count is still 1, and the new delivery can still be acked (count 0).
 pub async fn late_ack_of_superseded_delivery_keeps_new_one(h: &dyn Harness) {
     let t = h.transport().await;
@@ -56,6 +56,27 @@ pub async fn late_ack_of_superseded_delivery_keeps_new_one(h: &dyn Harness) {
         &t,
         1,
         &format!("the late reject of a superseded delivery (result {late:?}) deleted the message"),
+    )
+    .await;
+    // Where acks ride on the next claim (SQL), the same: the live delivery is not claimed
+    // again, and the stale ack deletes nothing.
+    let late = super::support::bounded(
+        h,
+        "late ack_and_get of the superseded delivery",
+        t.ack_and_get(&old, 1),
+    )
+    .await;
+    assert!(
+        late.as_ref().is_err() || late.as_ref().is_ok_and(Vec::is_empty),
+        "ack_and_get handed out a message whose live delivery is not due: {late:?}"
+    );
+    expect_count(
+        h,
+        &t,
+        1,
+        &format!(
+            "the late ack_and_get of a superseded delivery (result {late:?}) deleted the message"
+        ),
     )
     .await;
 
