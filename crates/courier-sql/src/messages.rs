@@ -83,9 +83,8 @@ pub(crate) struct Statements {
     /// Claims in one statement (binds: queue, redelivery window, limit, delivery id); MySQL
     /// selects `FOR UPDATE SKIP LOCKED` with the same first three binds, then updates.
     pub(crate) claim: String,
-    /// Deletes acked (id, delivery id) pairs and claims, in one call: PostgreSQL one statement
-    /// (binds: ids, delivery ids, then the claim's), SQLite two statements in one string
-    /// (binds: the claim's, then the pairs as a JSON array); MySQL `None` (one transaction).
+    /// PostgreSQL: deletes acked (id, delivery id) pairs and claims, in one statement (binds:
+    /// ids, delivery ids, then the claim's); elsewhere `None` (one transaction instead).
     pub(crate) delete_and_claim: Option<String>,
     pub(crate) next_due: String,
     pub(crate) delete_one: String,
@@ -140,27 +139,17 @@ impl Statements {
         } else {
             reschedule_update
         };
-        // The rows the acks delete were claimed by this worker within the redelivery window,
-        // so the claim (which skips those) never sees them, whichever runs first.
-        let delete_and_claim = match dialect {
-            // A data-modifying CTE runs whether or not it is read: the acks and the claim go in
-            // one round trip and one commit.
-            Dialect::Postgres => Some(format!(
-                "WITH gone AS (DELETE FROM {t} WHERE (id, delivery_id) IN \
-                 (SELECT * FROM UNNEST(?::INT8[], ?::INT8[]))), {}",
-                claim.trim_start_matches("WITH ")
-            )),
-            // Two autocommit statements, one hand-off to the connection's thread. Each is
-            // idempotent, so a failure between them is retried whole. `(id, delivery_id) IN`
-            // over the JSON pairs searches by rowid.
-            Dialect::Sqlite => Some(format!(
-                "DELETE FROM {t} WHERE (id, delivery_id) IN (SELECT json_extract(value, '$[0]'), \
-                 json_extract(value, '$[1]') FROM json_each(?5)); {claim}"
-            )),
-            Dialect::Mysql => None,
-        };
         Self {
-            delete_and_claim: delete_and_claim.map(r),
+            // A data-modifying CTE runs whether or not it is read: the acks and the claim go in
+            // one round trip and one commit. The rows it deletes were claimed by this worker
+            // within the redelivery window, so the claim (which skips those) never sees them.
+            delete_and_claim: (dialect == Dialect::Postgres).then(|| {
+                r(format!(
+                    "WITH gone AS (DELETE FROM {t} WHERE (id, delivery_id) IN \
+                     (SELECT * FROM UNNEST(?::INT8[], ?::INT8[]))), {}",
+                    claim.trim_start_matches("WITH ")
+                ))
+            }),
             claim: r(claim),
             next_due: r(format!(
                 "SELECT CAST(MIN(CASE WHEN delivered_at IS NULL THEN available_at \

@@ -2,8 +2,7 @@
 //! `UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING ...`: an autocommit write statement
 //! takes the write lock up front (waiting up to the busy timeout), so several processes can share
 //! one file and never claim the same row twice. What is SQLite's own: the writes of this process
-//! take turns, inserts read the ids from the last rowid, and the acks of one batch ride on the
-//! claim of the next as a second statement in the same call.
+//! take turns, and inserts read the ids from the last rowid.
 
 use std::fmt::Write as _;
 
@@ -11,7 +10,7 @@ use async_trait::async_trait;
 use sqlx::{Sqlite, SqliteConnection};
 use tokio::sync::Mutex;
 
-use crate::backend::{NewRow, StoredRow};
+use crate::backend::NewRow;
 use crate::messages::{CHUNK, MessageDialect, Messages, bind_row};
 use crate::pool::{PoolSettings, sqlite_pool};
 use crate::{Dialect, SqlOptions};
@@ -60,25 +59,6 @@ impl MessageDialect for Sqlite {
         Some(&state.writer)
     }
 
-    async fn delete_and_claim(
-        m: &Messages<Self>,
-        deliveries: &[(i64, i64)],
-        max: usize,
-        delivery_id: i64,
-    ) -> Option<Result<Vec<StoredRow>, sqlx::Error>> {
-        let sql = m.sql.delete_and_claim.as_deref()?;
-        Some(
-            sqlx::query_as(sql)
-                .bind(&m.queue)
-                .bind(m.redeliver_ms)
-                .bind(i64::try_from(max).unwrap_or(i64::MAX))
-                .bind(delivery_id)
-                .bind(json_pairs(deliveries))
-                .fetch_all(&m.pool)
-                .await,
-        )
-    }
-
     async fn insert(
         m: &Messages<Self>,
         conn: &mut SqliteConnection,
@@ -94,20 +74,6 @@ impl MessageDialect for Sqlite {
         tx.commit().await?;
         Ok(ids)
     }
-}
-
-/// `[[id, delivery id], ...]`: one bind whatever the number of pairs, so one prepared statement.
-fn json_pairs(deliveries: &[(i64, i64)]) -> String {
-    let mut json = String::with_capacity(2 + deliveries.len() * 32);
-    json.push('[');
-    for (i, (id, delivery)) in deliveries.iter().enumerate() {
-        if i > 0 {
-            json.push(',');
-        }
-        let _ = write!(json, "[{id},{delivery}]");
-    }
-    json.push(']');
-    json
 }
 
 /// Inserts `rows` in statements of [`CHUNK`] rows on `conn`; returns their ids in order.
