@@ -68,10 +68,19 @@ pub(crate) enum Command {
     /// JSON (on exit): {"from", "to", "relayed", "batches"}.
     #[command(verbatim_doc_comment)]
     Relay(RelayArgs),
-    /// Message counts per transport
+    /// Message counts per transport, and how long each queue's oldest message has waited
+    ///
+    /// JSON: {transport: count | null}; with --oldest, {transport: {"messages": count | null,
+    /// "oldest_s": seconds | null}} (null: empty, or the transport cannot tell; SQL can). For
+    /// an outbox queue, the count is its backlog and the oldest age the relay's lag.
+    #[command(verbatim_doc_comment)]
     Stats {
         /// Transports to count (default: all)
         transports: Vec<String>,
+        /// Also give each queue's oldest-message age in the JSON output (the text table
+        /// always shows it)
+        #[arg(long)]
+        oldest: bool,
     },
     /// Inspect, retry or remove messages in failure transports
     #[command(subcommand)]

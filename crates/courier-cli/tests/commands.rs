@@ -313,6 +313,17 @@ fn failed_messages_can_be_shown_retried_and_removed() {
     env.run(&["failed", "retry", &id]).ok();
     let stats = env.run(&["stats", "--format", "json"]).json();
     assert_eq!(stats, serde_json::json!({ "async": 1, "failed": 0 }));
+    // With --oldest each queue says how long its oldest message has waited (null: empty).
+    let ages = env.run(&["stats", "--oldest", "--format", "json"]).json();
+    assert_eq!(ages["async"]["messages"], 1, "{ages}");
+    let waited = ages["async"]["oldest_s"]
+        .as_f64()
+        .expect("an age in seconds");
+    assert!((0.0..3600.0).contains(&waited), "{ages}");
+    assert_eq!(
+        ages["failed"],
+        serde_json::json!({ "messages": 0, "oldest_s": null })
+    );
 
     env.run(&[
         "consume",

@@ -1,14 +1,16 @@
-//! `courier stats [TRANSPORT...]`: message counts per transport, and (text output) the age of
-//! each queue's oldest message where the transport can tell (SQL): for an outbox queue, its
-//! backlog is the count and the relay's lag is that age.
+//! `courier stats [TRANSPORT...] [--oldest]`: message counts per transport, and the age of
+//! each queue's oldest message where the transport can tell (SQL; in JSON with `--oldest`):
+//! for an outbox queue, its backlog is the count and the relay's lag is that age.
 //!
 //! A count includes every stored message, among them `RunAgent` messages whose run already
 //! reached a terminal status (a run cancelled while queued, a duplicate re-dispatch): a worker
 //! acks those without running anything. When runs are wired, `stats` looks at the oldest
 //! [`SCAN_LIMIT`] messages of each listable transport and says on stderr how many are such
-//! leftovers; the JSON on stdout keeps its shape (`{transport: count | null}`).
+//! leftovers; the JSON on stdout keeps its shape (`{transport: count | null}`, or with
+//! `--oldest` `{transport: {"messages": count | null, "oldest_s": seconds | null}}`).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use crate::context::Ctx;
 use crate::error::CliResult;
@@ -18,28 +20,51 @@ use crate::table::Table;
 #[cfg(feature = "runs")]
 const SCAN_LIMIT: usize = 1_000;
 
-pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String]) -> CliResult {
+/// One transport's line of `stats --oldest --format json`.
+#[derive(serde::Serialize)]
+struct Line {
+    messages: Option<u64>,
+    oldest_s: Option<f64>,
+}
+
+pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String], oldest: bool) -> CliResult {
     ctx.check_transports(names)?;
     let transports = ctx.connect().await?;
     let counts = transports.message_counts(names).await?;
-    if ctx.json() {
+    let age = |name: &str| {
+        let counter = transports.get(name).and_then(|t| t.as_message_count());
+        async move {
+            match counter {
+                Some(counter) => counter.oldest_age().await,
+                None => Ok(None),
+            }
+        }
+    };
+    if ctx.json() && oldest {
+        let mut lines = BTreeMap::new();
+        for (name, count) in &counts {
+            let oldest_s = age(name).await?.map(|a| a.as_secs_f64());
+            lines.insert(
+                name.as_str(),
+                Line {
+                    messages: *count,
+                    oldest_s,
+                },
+            );
+        }
+        ctx.print_json(&lines)?;
+    } else if ctx.json() {
         ctx.print_json(&counts)?;
     } else {
         let mut table = Table::new(&["TRANSPORT", "MESSAGES", "OLDEST"]);
         for (name, count) in &counts {
-            let age = match transports.get(name).and_then(|t| t.as_message_count()) {
-                Some(counter) => counter.oldest_age().await?,
-                None => None,
-            };
+            let age: Option<Duration> = age(name).await?;
             table.row(vec![
                 name.clone(),
                 count.map_or_else(|| "n/a".to_owned(), |c| c.to_string()),
                 age.map_or_else(
                     || "-".to_owned(),
-                    |a| {
-                        humantime::format_duration(std::time::Duration::from_secs(a.as_secs()))
-                            .to_string()
-                    },
+                    |a| humantime::format_duration(Duration::from_secs(a.as_secs())).to_string(),
                 ),
             ]);
         }
