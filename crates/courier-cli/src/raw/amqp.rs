@@ -247,6 +247,9 @@ impl Driver for Raw {
             let _ = channel
                 .exchange_delete(self.name.as_str().into(), ExchangeDeleteOptions::default())
                 .await;
+            // Closed before the connection: a channel still closing when the connection closes
+            // is, to lapin, a connection error (logged at ERROR).
+            let _ = channel.close(200, "cleanup done".into()).await;
         }
         drop(self.consumer.lock().await.take());
         let _ = self.connection.close(200, "bench done".into()).await;
@@ -270,6 +273,7 @@ pub(crate) async fn delete(dsn: &Dsn, queues: &[&str], exchanges: &[&str]) {
                 .exchange_delete((*ex).into(), ExchangeDeleteOptions::default())
                 .await;
         }
+        let _ = channel.close(200, "cleanup done".into()).await;
     }
     let _ = connection.close(200, "bench done".into()).await;
 }
