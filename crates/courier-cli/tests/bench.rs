@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Env;
+use common::{Env, service_url};
 use serde_json::Value;
 
 fn positive(v: &Value) -> bool {
@@ -15,12 +15,6 @@ fn positive(v: &Value) -> bool {
     not(any(feature = "postgres", feature = "redis", feature = "amqp")),
     allow(dead_code, reason = "used by the service tests")
 )]
-fn url(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("set {var} (scripts/services prints it), e.g. COURIER_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f")
-    })
-}
-
 /// `bench --raw` as JSON: both sides measured, both ratios given.
 fn throughput_beside_raw(dsn: Option<&str>) -> Value {
     let env = Env::empty();
@@ -206,33 +200,39 @@ fn bench_latency_without_a_raw_driver_says_so() {
 #[test]
 #[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
 fn bench_raw_on_rabbitmq_measures_lapin_beside_courier() {
-    throughput_beside_raw(Some(&url("COURIER_TEST_AMQP_URL")));
+    throughput_beside_raw(Some(&service_url("COURIER_TEST_AMQP_URL")));
 }
 
 #[cfg(feature = "amqp")]
 #[test]
 #[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
 fn bench_latency_on_rabbitmq_is_beside_a_push_consumer() {
-    latency_beside_floor(Some(&url("COURIER_TEST_AMQP_URL")), "basic.consume");
+    latency_beside_floor(Some(&service_url("COURIER_TEST_AMQP_URL")), "basic.consume");
 }
 
 #[cfg(feature = "redis")]
 #[test]
 #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
 fn bench_latency_on_redis_is_beside_a_blocking_read() {
-    latency_beside_floor(Some(&url("COURIER_TEST_REDIS_URL")), "XREADGROUP BLOCK");
+    latency_beside_floor(
+        Some(&service_url("COURIER_TEST_REDIS_URL")),
+        "XREADGROUP BLOCK",
+    );
 }
 
 #[cfg(feature = "postgres")]
 #[test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn bench_latency_on_postgres_is_beside_listen_notify() {
-    latency_beside_floor(Some(&url("COURIER_TEST_POSTGRES_URL")), "LISTEN/NOTIFY");
+    latency_beside_floor(
+        Some(&service_url("COURIER_TEST_POSTGRES_URL")),
+        "LISTEN/NOTIFY",
+    );
 }
 
 #[cfg(all(feature = "runs", feature = "postgres"))]
 #[test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn bench_runs_on_postgres_counts_statements_per_run() {
-    runs_are_counted(Some(&url("COURIER_TEST_POSTGRES_URL")));
+    runs_are_counted(Some(&service_url("COURIER_TEST_POSTGRES_URL")));
 }

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Env, wait};
+use common::{Env, service_url, unique, wait};
 
 /// Where the three transports (`async`, `other`, `failed`) live, and how a raw producer writes
 /// a message there.
@@ -24,16 +24,6 @@ enum Place {
         url: String,
         stream: String,
     },
-}
-
-fn url(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("set {var} (scripts/services prints it), then run with --include-ignored")
-    })
-}
-
-fn unique() -> String {
-    format!("courier_fi_{:08x}", fastrand::u32(..))
 }
 
 impl Place {
@@ -311,8 +301,8 @@ macro_rules! on_every_store {
             #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
             fn $case() {
                 super::$case(&super::Place::Postgres {
-                    url: super::url("COURIER_TEST_POSTGRES_URL"),
-                    table: super::unique(),
+                    url: super::service_url("COURIER_TEST_POSTGRES_URL"),
+                    table: super::unique("courier_fi"),
                 });
             })*
         }
@@ -322,8 +312,8 @@ macro_rules! on_every_store {
             #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
             fn $case() {
                 super::$case(&super::Place::Redis {
-                    url: super::url("COURIER_TEST_REDIS_URL"),
-                    stream: super::unique(),
+                    url: super::service_url("COURIER_TEST_REDIS_URL"),
+                    stream: super::unique("courier_fi"),
                 });
             })*
         }

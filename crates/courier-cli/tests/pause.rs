@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "redis")]
 use common::RedisKeys;
-use common::{Env, block_on, eventually};
+use common::{Env, block_on, eventually, service_url, unique};
 use courier_core::config::Config;
 use courier_core::{Encoded, MessageRegistry, TYPE_HEADER, TransportRegistry};
 
@@ -156,22 +156,12 @@ fn paused_queue_fetches_nothing_while_another_flows(a: &str, b: &str, failed: &s
     eventually("a to flow after the second resume", || counts(&env).0 == 0);
 }
 
-fn url(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("set {var} (scripts/services prints it), e.g. COURIER_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test, COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379")
-    })
-}
-
-fn unique() -> String {
-    format!("cli_pause_{}_{:08x}", std::process::id(), fastrand::u32(..))
-}
-
 #[test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn postgres_a_paused_queue_fetches_nothing_while_another_flows() {
-    let url = url("COURIER_TEST_POSTGRES_URL");
+    let url = service_url("COURIER_TEST_POSTGRES_URL");
     let sep = if url.contains('?') { '&' } else { '?' };
-    let base = format!("{url}{sep}table_name={}_messages", unique());
+    let base = format!("{url}{sep}table_name={}_messages", unique("cli_pause"));
     paused_queue_fetches_nothing_while_another_flows(
         &format!("{base}&queue_name=a"),
         &format!("{base}&queue_name=b"),
@@ -182,9 +172,9 @@ fn postgres_a_paused_queue_fetches_nothing_while_another_flows() {
 #[test]
 #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
 fn redis_a_paused_stream_fetches_nothing_while_another_flows() {
-    let url = url("COURIER_TEST_REDIS_URL");
+    let url = service_url("COURIER_TEST_REDIS_URL");
     let sep = if url.contains('?') { '&' } else { '?' };
-    let name = unique();
+    let name = unique("cli_pause");
     let _keys = RedisKeys {
         url: url.clone(),
         keys: ["a", "b", "failed"]

@@ -12,7 +12,7 @@ use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Env, RedisKeys, block_on, signal, wait};
+use common::{Env, RedisKeys, block_on, service_url, signal, unique, wait};
 use courier_core::config::Config;
 use courier_core::{Encoded, MessageRegistry, TYPE_HEADER, TransportRegistry};
 
@@ -110,22 +110,12 @@ fn four_workers_stay_under_the_shared_limit(a: &str, failed: &str) {
     );
 }
 
-fn url(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("set {var} (scripts/services prints it), e.g. COURIER_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test, COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379")
-    })
-}
-
-fn unique() -> String {
-    format!("cli_limit_{}_{:08x}", std::process::id(), fastrand::u32(..))
-}
-
 #[test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn postgres_four_workers_handle_at_most_the_shared_rate() {
-    let url = url("COURIER_TEST_POSTGRES_URL");
+    let url = service_url("COURIER_TEST_POSTGRES_URL");
     let sep = if url.contains('?') { '&' } else { '?' };
-    let base = format!("{url}{sep}table_name={}_messages", unique());
+    let base = format!("{url}{sep}table_name={}_messages", unique("cli_limit"));
     four_workers_stay_under_the_shared_limit(
         &format!("{base}&queue_name=a"),
         &format!("{base}&queue_name=failed"),
@@ -135,9 +125,9 @@ fn postgres_four_workers_handle_at_most_the_shared_rate() {
 #[test]
 #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
 fn redis_four_workers_handle_at_most_the_shared_rate() {
-    let url = url("COURIER_TEST_REDIS_URL");
+    let url = service_url("COURIER_TEST_REDIS_URL");
     let sep = if url.contains('?') { '&' } else { '?' };
-    let name = unique();
+    let name = unique("cli_limit");
     let _keys = RedisKeys {
         url: url.clone(),
         keys: ["a", "failed"]

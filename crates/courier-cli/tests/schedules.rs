@@ -14,17 +14,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "redis")]
 use common::RedisKeys;
-use common::{Env, eventually, signal};
-
-fn url(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("set {var} (scripts/services prints it), e.g. COURIER_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test, COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379")
-    })
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}_{:08x}", std::process::id(), fastrand::u32(..))
-}
+use common::{Env, eventually, service_url, signal, unique};
 
 /// What each tick does, and how the test counts the ticks.
 #[derive(Clone, Copy)]
@@ -163,7 +153,7 @@ fn three_workers_fire_each_tick_once_and_survive_a_killed_holder(
 #[test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn postgres_schedules_submit_one_run_per_tick_across_workers() {
-    let dsn = url("COURIER_TEST_POSTGRES_URL");
+    let dsn = service_url("COURIER_TEST_POSTGRES_URL");
     let table = format!("{}_messages", unique("cli_sched"));
     let sep = if dsn.contains('?') { '&' } else { '?' };
     let base = format!("{dsn}{sep}table_name={table}");
@@ -181,7 +171,7 @@ fn postgres_schedules_submit_one_run_per_tick_across_workers() {
 #[test]
 #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
 fn redis_schedules_send_one_message_per_tick_across_workers() {
-    let dsn = url("COURIER_TEST_REDIS_URL");
+    let dsn = service_url("COURIER_TEST_REDIS_URL");
     let name = unique("courier_cli_sched");
     let _keys = RedisKeys {
         url: dsn.clone(),

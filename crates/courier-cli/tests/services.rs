@@ -4,19 +4,13 @@
 
 mod common;
 
-use common::Env;
-
-fn url(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("set {var} (scripts/services prints it), e.g. COURIER_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test")
-    })
-}
+use common::{Env, service_url};
 
 /// Runs `courier bench --raw` on `dsn` and checks both sides were measured and compared.
 #[cfg(any(feature = "postgres", feature = "redis"))]
 fn bench_measures_courier_and_the_raw_driver(var: &str, scheme: &str) {
     let env = Env::empty();
-    let dsn = url(var);
+    let dsn = service_url(var);
     let out = env
         .run(&[
             "bench",
@@ -67,7 +61,7 @@ fn bench_on_redis_measures_courier_and_the_raw_driver() {
 #[ignore = "needs rabbitmq: set COURIER_TEST_AMQP_URL"]
 fn an_amqp_failure_transport_cannot_be_listed_and_says_so() {
     let env = Env::empty();
-    let dsn = url("COURIER_TEST_AMQP_URL");
+    let dsn = service_url("COURIER_TEST_AMQP_URL");
     env.write(
         "amqp.toml",
         &format!(

@@ -247,3 +247,20 @@ impl Drop for RedisKeys {
         });
     }
 }
+
+/// A service URL from the environment (`COURIER_TEST_POSTGRES_URL`, `..._MYSQL_URL`,
+/// `..._REDIS_URL`, `..._AMQP_URL`); panics with instructions when it is not set.
+pub(crate) fn service_url(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!(
+            "set {var} (scripts/services prints it; e.g. COURIER_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test, \
+             COURIER_TEST_REDIS_URL=redis://127.0.0.1:6379, COURIER_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f), \
+             then run with --include-ignored"
+        )
+    })
+}
+
+/// A name no other test run uses: `prefix`, this process's id and a random suffix.
+pub(crate) fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}_{:08x}", std::process::id(), fastrand::u32(..))
+}
