@@ -18,9 +18,16 @@
 //! on PostgreSQL), the ack of `k - 1` rides on the fetch of `k + 1`
 //! ([`Transport::ack_and_get`]); elsewhere the two run side by side.
 //!
+//! A source that drains ([`Transport::as_drain`]: SQL on PostgreSQL) is read another way:
+//! each batch is deleted with `DELETE ... RETURNING` in a transaction held open while it is
+//! sent, and committed once the destination confirmed it. One write per row instead of two
+//! (the claim's update, then the delete); a relay that dies leaves its transactions to roll
+//! back, so its batches come back at once. The pipeline is the same: batch `k - 1` commits
+//! and `k + 1` is drained while `k` is sent.
+//!
 //! A crash after a confirmation and before the ack sends the batch again once the source's
-//! redelivery window passes (at least once; an inbox on the consumer side makes it exactly
-//! once). Envelopes travel with
+//! redelivery window passes, or at once from a draining source (at least once; an inbox on the
+//! consumer side makes it exactly once). Envelopes travel with
 //! every stamp they were written with (the same [`MessageIdStamp`](crate::MessageIdStamp), bus
 //! name, trace context...); only what describes the source delivery is dropped
 //! ([`ReceivedStamp`], [`TransportMessageIdStamp`], [`DeliveryTagStamp`], [`SentStamp`]), and
@@ -63,8 +70,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    Backoff, DelayStamp, DeliveryTagStamp, Envelope, ReceivedStamp, SentStamp, Transport,
-    TransportError, TransportMessageIdStamp,
+    Backoff, DelayStamp, DeliveryTagStamp, Drain, Drained, Envelope, ReceivedStamp, SentStamp,
+    Transport, TransportError, TransportMessageIdStamp,
 };
 
 /// How a [`Relay`] works.
@@ -248,19 +255,16 @@ impl Relay {
     /// (delivered again after its redelivery window), so the relay stops there rather than
     /// skip them.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<RelayStats, TransportError> {
+        if let Some(drain) = self.from.as_drain() {
+            return self.run_drained(drain, &shutdown).await;
+        }
         let mut stats = RelayStats::default();
         let mut next_lag = Instant::now();
         let mut left = self.options.limit.unwrap_or(u64::MAX);
         // Batch k (fetched, sent this step) and batch k - 1 (confirmed, acked this step).
         let (mut sending, mut acking) = (Vec::new(), Vec::new());
         loop {
-            let want = if shutdown.is_cancelled() {
-                0
-            } else {
-                usize::try_from(left).map_or(self.options.batch_size, |left| {
-                    left.min(self.options.batch_size)
-                })
-            };
+            let want = self.wanted(left, &shutdown);
             if want == 0 && sending.is_empty() && acking.is_empty() {
                 return Ok(stats);
             }
@@ -269,7 +273,7 @@ impl Relay {
                 next_lag = Instant::now() + self.options.lag_every;
             }
             let (sent, next) = tokio::join!(
-                self.send(&sending, &shutdown),
+                self.send(&sending, true, &shutdown),
                 self.ack_and_fetch(&acking, want, &shutdown),
             );
             let next = next?;
@@ -294,11 +298,99 @@ impl Relay {
         }
     }
 
-    /// Sends a fetched batch to the destination, retrying transient failures with the batch
-    /// kept alive at the source; returns whether it took a retry.
+    /// [`run`](Self::run) on a source that drains ([`Drain`]: SQL on PostgreSQL): the same
+    /// pipeline, with each batch held in a source transaction instead of claimed. While batch
+    /// `k` is sent, the transaction of `k - 1` (confirmed) commits, deleting its rows, and
+    /// batch `k + 1` is drained. A commit that fails rolled its transaction back: those
+    /// messages are relayed again (at least once), as are the held batches of a relay that
+    /// dies, at once rather than after a redelivery window.
+    async fn run_drained(
+        &self,
+        drain: &dyn Drain,
+        shutdown: &CancellationToken,
+    ) -> Result<RelayStats, TransportError> {
+        let mut stats = RelayStats::default();
+        let mut next_lag = Instant::now();
+        let mut left = self.options.limit.unwrap_or(u64::MAX);
+        let (mut sending, mut committing) = (Drained::empty(), Drained::empty());
+        loop {
+            let want = self.wanted(left, shutdown);
+            if want == 0 && sending.is_empty() && committing.is_empty() {
+                return Ok(stats);
+            }
+            if Instant::now() >= next_lag {
+                self.sample_lag().await;
+                next_lag = Instant::now() + self.options.lag_every;
+            }
+            let confirmed = std::mem::replace(&mut committing, Drained::empty());
+            let (sent, committed, next) = tokio::join!(
+                self.send(&sending.envelopes, false, shutdown),
+                self.commit(confirmed),
+                async {
+                    if want == 0 {
+                        return Ok(Drained::empty());
+                    }
+                    self.retrying("draining", shutdown, |_| drain.drain(want))
+                        .await
+                        .or_else(|e| {
+                            if e.is_transient() && shutdown.is_cancelled() {
+                                Ok(Drained::empty())
+                            } else {
+                                Err(e)
+                            }
+                        })
+                },
+            );
+            if let Some(n) = committed {
+                self.done(n);
+                stats.relayed += n as u64;
+                stats.batches += 1;
+                self.pause(RelayPoint::AfterDelete).await;
+            }
+            let next = next?;
+            sent?;
+            if !sending.is_empty() {
+                self.pause(RelayPoint::AfterConfirm).await;
+            }
+            left = left.saturating_sub(next.envelopes.len() as u64);
+            committing = std::mem::replace(&mut sending, next);
+        }
+    }
+
+    /// Commits a confirmed drained batch; how many messages it removed (`None`: nothing to
+    /// commit, or the commit failed and the messages are back at the source).
+    async fn commit(&self, batch: Drained) -> Option<usize> {
+        if batch.is_empty() {
+            return None;
+        }
+        let n = batch.envelopes.len();
+        match batch.commit().await {
+            Ok(()) => Some(n),
+            Err(e) => {
+                tracing::warn!(from = %self.from_name, to = %self.to_name, error = %e, messages = n,
+                    "relay: committing a confirmed batch failed; its messages are back at the source and will be relayed again");
+                None
+            }
+        }
+    }
+
+    /// How many messages to fetch next: none once shut down or at the limit.
+    fn wanted(&self, left: u64, shutdown: &CancellationToken) -> usize {
+        if shutdown.is_cancelled() {
+            return 0;
+        }
+        usize::try_from(left).map_or(self.options.batch_size, |left| {
+            left.min(self.options.batch_size)
+        })
+    }
+
+    /// Sends a fetched batch to the destination, retrying transient failures (with the batch
+    /// kept alive at the source when `keepalive`: a claimed batch; a drained one is held by
+    /// its transaction); returns whether it took a retry.
     async fn send(
         &self,
         batch: &[Envelope],
+        keepalive: bool,
         shutdown: &CancellationToken,
     ) -> Result<bool, TransportError> {
         if batch.is_empty() {
@@ -310,7 +402,10 @@ impl Relay {
             retried |= again;
             let sending = sending.clone();
             async move {
-                if again && let Err(e) = self.from.keepalive_batch(batch).await {
+                if again
+                    && keepalive
+                    && let Err(e) = self.from.keepalive_batch(batch).await
+                {
                     tracing::debug!(error = %e, "relay: keepalive of a batch failed");
                 }
                 self.to.send_batch(sending).await.map(drop)

@@ -146,6 +146,16 @@ pub(crate) trait Backend: Send + Sync + Debug {
         max: usize,
         delivery_id: i64,
     ) -> Result<Vec<StoredRow>, sqlx::Error>;
+    /// PostgreSQL: deletes up to `max` claimable rows (locked `FOR UPDATE SKIP LOCKED`) in a
+    /// transaction left open, returning them in claim order with the hold that commits it
+    /// (errors named for transport `name`); elsewhere `None`.
+    async fn drain(
+        &self,
+        _name: &str,
+        _max: usize,
+    ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
+        None
+    }
     /// Milliseconds from the database's now until the next row becomes claimable (`<= 0`: one
     /// is claimable now), `None` when the queue is empty.
     async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error>;

@@ -51,6 +51,16 @@ pub(crate) trait MessageDialect: SqlDatabase {
         None
     }
 
+    /// Deletes up to `max` claimable rows in a transaction left open
+    /// ([`Statements::drain`]); `None`: the dialect cannot hold rows that way.
+    async fn drain(
+        _m: &Messages<Self>,
+        _name: &str,
+        _max: usize,
+    ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
+        None
+    }
+
     /// Runs `head` (a `DELETE FROM t` or `UPDATE t SET ...`) for these deliveries in one
     /// statement of the dialect's own (PostgreSQL: arrays); `None`: the caller uses the portable
     /// grouped predicate.
@@ -86,6 +96,9 @@ pub(crate) struct Statements {
     /// PostgreSQL: deletes acked (id, delivery id) pairs and claims, in one statement (binds:
     /// ids, delivery ids, then the claim's); elsewhere `None` (one transaction instead).
     pub(crate) delete_and_claim: Option<String>,
+    /// PostgreSQL: deletes the rows the claim would pick, locked `FOR UPDATE SKIP LOCKED`, and
+    /// returns them (binds: queue, redelivery window, limit); elsewhere `None`.
+    pub(crate) drain: Option<String>,
     pub(crate) next_due: String,
     pub(crate) delete_one: String,
     pub(crate) delete_id: String,
@@ -151,6 +164,14 @@ impl Statements {
                 ))
             }),
             claim: r(claim),
+            drain: (dialect == Dialect::Postgres).then(|| {
+                r(format!(
+                    "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE queue_name = ? \
+                     AND available_at <= {{now}} AND (delivered_at IS NULL OR delivered_at < {{now}} - ?) \
+                     ORDER BY priority DESC, available_at, id LIMIT ? FOR UPDATE SKIP LOCKED) \
+                     RETURNING {COLUMNS}"
+                ))
+            }),
             next_due: r(format!(
                 "SELECT CAST(MIN(CASE WHEN delivered_at IS NULL THEN available_at \
                  ELSE {{greatest}}(available_at, delivered_at + ?) END) - {{now}} AS {{bigint}}) \
@@ -446,6 +467,14 @@ where
         let rows = self.claim_on(&mut tx, max, delivery_id).await?;
         tx.commit().await?;
         Ok(rows)
+    }
+
+    async fn drain(
+        &self,
+        name: &str,
+        max: usize,
+    ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
+        DB::drain(self, name, max).await
     }
 
     async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error> {

@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use courier_core::Backoff;
+use courier_core::{Backoff, DrainHold, TransportError};
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool};
 use tokio::task::JoinHandle;
 
-use crate::backend::{NewRow, StoredRow, Wake};
+use crate::backend::{NewRow, StoredRow, Wake, sort_claimed};
+use crate::error::transport_error;
 use crate::messages::{MessageDialect, Messages};
 use crate::pool::{Hidden, PoolSettings, explain_timeout, postgres_pool};
 use crate::{Dialect, SqlOptions};
@@ -63,6 +64,23 @@ pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Postgr
         same_delivery: " WHERE id = ANY($1) AND delivery_id = $2".to_owned(),
     };
     Ok(Messages::new(pool, o, state))
+}
+
+/// The open transaction of a drained batch: committing deletes its rows for good, dropping it
+/// rolls back (sqlx rolls an open transaction back when it is dropped).
+struct Held {
+    name: String,
+    tx: sqlx::Transaction<'static, Postgres>,
+}
+
+#[async_trait]
+impl DrainHold for Held {
+    async fn commit(self: Box<Self>) -> Result<(), TransportError> {
+        let Self { name, tx } = *self;
+        tx.commit()
+            .await
+            .map_err(|e| transport_error(&name, "committing a drained batch", e))
+    }
 }
 
 /// Keeps a `LISTEN` on `channel` alive, bumping `wake` for each notification about `queue`
@@ -151,6 +169,30 @@ impl MessageDialect for Postgres {
                 .fetch_all(&m.pool)
                 .await,
         )
+    }
+
+    async fn drain(
+        m: &Messages<Self>,
+        name: &str,
+        max: usize,
+    ) -> Option<Result<(Vec<StoredRow>, Box<dyn DrainHold>), sqlx::Error>> {
+        let sql = m.sql.drain.as_deref()?;
+        let drained = async {
+            let mut tx = m.pool.begin().await?;
+            let mut rows: Vec<StoredRow> = sqlx::query_as(sql)
+                .bind(&m.queue)
+                .bind(m.redeliver_ms)
+                .bind(i64::try_from(max).unwrap_or(i64::MAX))
+                .fetch_all(&mut *tx)
+                .await?;
+            sort_claimed(&mut rows);
+            let hold = Held {
+                name: name.to_owned(),
+                tx,
+            };
+            Ok::<_, sqlx::Error>((rows, Box::new(hold) as Box<dyn DrainHold>))
+        };
+        Some(drained.await)
     }
 
     async fn for_deliveries(

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_core::{
-    Backoff, Capabilities, Deduplicate, DelayStamp, DeliveryTagStamp, Dsn, Envelope, Listable,
-    MessageCount, MessageRegistry, PriorityStamp, Queues, Setup, Transport, TransportError,
-    TransportErrorKind, TransportMessageIdStamp, WorkerRegistry, async_trait,
+    Backoff, Capabilities, Deduplicate, DelayStamp, DeliveryTagStamp, Drain, Drained, Dsn,
+    Envelope, Listable, MessageCount, MessageRegistry, PriorityStamp, Queues, Setup, Transport,
+    TransportError, TransportErrorKind, TransportMessageIdStamp, WorkerRegistry, async_trait,
 };
 use tokio::time::Instant;
 
@@ -22,6 +22,14 @@ const FIRST_IDLE_BACKOFF: Duration = Duration::from_millis(5);
 /// How long an empty `get` with live server push waits for a wake-up before it reads the next
 /// due time (one statement).
 const LISTEN_GRACE: Duration = Duration::from_millis(5);
+
+/// The state of one poll window: its end, the wake-ups seen, the idle backoff.
+struct PollWindow {
+    deadline: Instant,
+    changes: tokio::sync::watch::Receiver<u64>,
+    idle: courier_core::Attempts,
+    grace_spent: bool,
+}
 
 /// A transport storing messages as rows of one table (`courier_messages` by default) on
 /// PostgreSQL, SQLite or MySQL / MariaDB. See the [crate docs](crate) for the behaviour.
@@ -352,59 +360,102 @@ impl SqlTransport {
         if max == 0 {
             return Ok(Vec::new());
         }
-        self.backend.start_listener(&self.wake);
-        let deadline = Instant::now() + self.options.poll_window;
-        let mut changes = self.wake.version.subscribe();
-        let mut idle = Backoff::new(FIRST_IDLE_BACKOFF, MAX_IDLE_BACKOFF).attempts();
-        let mut grace_spent = false;
+        let mut window = self.poll_window();
         loop {
-            changes.borrow_and_update();
+            window.changes.borrow_and_update();
             let claimed = self.claim_once(max, &acks).await?;
             acks.clear();
-            if !claimed.is_empty() {
+            if !claimed.is_empty() || !self.wait_for_more(&mut window).await? {
                 return Ok(claimed);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(claimed);
-            }
-            let remaining = deadline - now;
-            if self.wake.is_listening() && !grace_spent {
-                // Server push is live: a message sent now wakes us by NOTIFY. The next due time
-                // (a delayed row, an expired delivery) costs a statement, read only when no
-                // wake-up comes within the grace: on a busy queue the next message usually
-                // does, and the read would delay its claim. A row coming due meanwhile is
-                // claimed at most the grace late.
-                grace_spent = true;
-                tokio::select! {
-                    () = tokio::time::sleep(LISTEN_GRACE.min(remaining)) => {}
-                    _ = changes.changed() => continue,
-                }
-                if Instant::now() >= deadline {
-                    continue;
-                }
-            }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let due = self
-                .attempt("reading the next due time", || self.backend.next_due_in())
-                .await?;
-            let until_due =
-                due.map(|ms| Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0)));
-            let wait = if self.wake.is_listening() && until_due.is_none_or(|d| !d.is_zero()) {
-                // Server push is live: sleep until the next row is due, woken early by a NOTIFY.
-                until_due.map_or(remaining, |d| d.min(remaining))
-            } else {
-                let step = idle.failed();
-                until_due
-                    .filter(|d| !d.is_zero())
-                    .map_or(step, |d| d.min(step))
-                    .min(remaining)
-            };
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                _ = changes.changed() => {}
             }
         }
+    }
+
+    /// [`Drain::drain`]: like [`get_after`](Self::get_after), with the drain statement.
+    async fn drain_within_window(&self, max: usize) -> Result<Drained, TransportError> {
+        if max == 0 {
+            return Ok(Drained::empty());
+        }
+        let mut window = self.poll_window();
+        loop {
+            window.changes.borrow_and_update();
+            let (rows, hold) = self
+                .attempt("draining messages", || async {
+                    self.backend
+                        .drain(&self.name, max)
+                        .await
+                        .unwrap_or_else(|| {
+                            Err(sqlx::Error::Configuration(
+                                "draining needs PostgreSQL".into(),
+                            ))
+                        })
+                })
+                .await?;
+            if !rows.is_empty() {
+                return Ok(Drained::new(self.decode_all(rows).collect(), hold));
+            }
+            // Nothing held: dropping the hold rolls its empty transaction back.
+            drop(hold);
+            if !self.wait_for_more(&mut window).await? {
+                return Ok(Drained::empty());
+            }
+        }
+    }
+
+    /// The poll window of one `get` (or drain), starting now.
+    fn poll_window(&self) -> PollWindow {
+        self.backend.start_listener(&self.wake);
+        PollWindow {
+            deadline: Instant::now() + self.options.poll_window,
+            changes: self.wake.version.subscribe(),
+            idle: Backoff::new(FIRST_IDLE_BACKOFF, MAX_IDLE_BACKOFF).attempts(),
+            grace_spent: false,
+        }
+    }
+
+    /// After an empty claim: waits until a row may be claimable (a wake-up, the next due time,
+    /// an idle step); `false` once the window is over.
+    async fn wait_for_more(&self, w: &mut PollWindow) -> Result<bool, TransportError> {
+        let now = Instant::now();
+        if now >= w.deadline {
+            return Ok(false);
+        }
+        let remaining = w.deadline - now;
+        if self.wake.is_listening() && !w.grace_spent {
+            // Server push is live: a message sent now wakes us by NOTIFY. The next due time
+            // (a delayed row, an expired delivery) costs a statement, read only when no
+            // wake-up comes within the grace: on a busy queue the next message usually
+            // does, and the read would delay its claim. A row coming due meanwhile is
+            // claimed at most the grace late.
+            w.grace_spent = true;
+            tokio::select! {
+                () = tokio::time::sleep(LISTEN_GRACE.min(remaining)) => {}
+                _ = w.changes.changed() => return Ok(true),
+            }
+            if Instant::now() >= w.deadline {
+                return Ok(true);
+            }
+        }
+        let remaining = w.deadline.saturating_duration_since(Instant::now());
+        let due = self
+            .attempt("reading the next due time", || self.backend.next_due_in())
+            .await?;
+        let until_due = due.map(|ms| Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0)));
+        let wait = if self.wake.is_listening() && until_due.is_none_or(|d| !d.is_zero()) {
+            // Server push is live: sleep until the next row is due, woken early by a NOTIFY.
+            until_due.map_or(remaining, |d| d.min(remaining))
+        } else {
+            let step = w.idle.failed();
+            until_due
+                .filter(|d| !d.is_zero())
+                .map_or(step, |d| d.min(step))
+                .min(remaining)
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = w.changes.changed() => {}
+        }
+        Ok(true)
     }
 
     /// One claim; `acks` (id, delivery id) are deleted in the same transaction first.
@@ -657,6 +708,14 @@ impl Transport for SqlTransport {
         Some(&*self.pauses)
     }
 
+    fn as_drain(&self) -> Option<&dyn Drain> {
+        matches!(
+            Dialect::from_scheme(self.dsn.scheme()),
+            Ok(Dialect::Postgres)
+        )
+        .then_some(self as &dyn Drain)
+    }
+
     fn as_rate_limiter(&self) -> Option<&dyn courier_core::RateLimiter> {
         Some(&*self.limits)
     }
@@ -682,6 +741,15 @@ impl Transport for SqlTransport {
         } else {
             caps
         }
+    }
+}
+
+/// PostgreSQL: what a relay reads an outbox with (one delete per row, held in a transaction
+/// until the destination confirmed).
+#[async_trait]
+impl Drain for SqlTransport {
+    async fn drain(&self, max: usize) -> Result<Drained, TransportError> {
+        self.drain_within_window(max).await
     }
 }
 

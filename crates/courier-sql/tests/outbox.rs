@@ -327,3 +327,69 @@ async fn a_postgres_outbox_relays_to_a_mariadb_queue() {
     let pool = pool.clone();
     a_relay_to_another_database_keeps_ids_stamps_and_order(pool, from, common::mysql().await).await;
 }
+
+/// The sequence numbers of test messages, in order.
+fn seqs(envelopes: &[Envelope]) -> Vec<u64> {
+    envelopes
+        .iter()
+        .filter_map(|e| e.message::<TestMessage>().map(|m| m.seq))
+        .collect()
+}
+
+/// What a relay reads a PostgreSQL outbox with: drained rows are gone for everyone else while
+/// held, come back at once when the hold is dropped (a relay that dies), and are gone for good
+/// once committed.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn a_postgres_drain_holds_its_rows_until_it_commits() {
+    let h = common::postgres().await;
+    let (t, table) = h.make("").await;
+    let batch: Vec<Envelope> = (0..5_u64)
+        .map(|seq| Envelope::new(TestMessage::new(seq)))
+        .collect();
+    t.send_batch(batch).await.unwrap();
+    let drain = t.as_drain().expect("a PostgreSQL queue drains");
+    let deadline = Duration::from_secs(10);
+
+    let held = tokio::time::timeout(deadline, drain.drain(3))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seqs(&held.envelopes), [0, 1, 2], "in the queue's order");
+    let rest = tokio::time::timeout(deadline, t.get(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seqs(&rest), [3, 4], "held rows are not handed out again");
+    t.ack_batch(&rest).await.unwrap();
+    let none = tokio::time::timeout(deadline, drain.drain(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(none.is_empty(), "a second drain skips the held rows");
+
+    // Dropped without a commit (the relay died): the rows are back, in order.
+    drop(held);
+    let mut again = Vec::new();
+    let mut hold = None;
+    for _ in 0..20 {
+        let d = tokio::time::timeout(deadline, drain.drain(10))
+            .await
+            .unwrap()
+            .unwrap();
+        if !d.is_empty() {
+            again = d.envelopes.clone();
+            hold = Some(d);
+            break;
+        }
+    }
+    assert_eq!(seqs(&again), [0, 1, 2], "a dropped hold puts its rows back");
+    hold.expect("drained again").commit().await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 0, "committed rows are gone");
+    let after = tokio::time::timeout(deadline, t.get(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(after.is_empty(), "nothing comes back after the commit");
+}

@@ -38,6 +38,7 @@ macro_rules! forward_views {
 use forward_views;
 
 mod dedup;
+mod drain;
 mod factory;
 mod memory;
 mod pause;
@@ -53,6 +54,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use dedup::{Deduplicate, MemoryDeduplicator};
+pub use drain::{Drain, DrainHold, Drained};
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
 pub use memory::{InMemoryOptions, InMemoryTransport};
 pub use pause::{PAUSE_CHECK, Pausable, PauseGate};
@@ -341,6 +343,13 @@ pub trait Transport: Send + Sync + Debug {
 
     /// Pausing this transport's queue (`courier pause`), the flag in the transport's server.
     fn as_pausable(&self) -> Option<&dyn Pausable> {
+        None
+    }
+
+    /// Taking messages out under a transaction held until committed ([`Drain`]: SQL on
+    /// PostgreSQL), which a relay reads its source with where it can. Gates (pause, rate
+    /// limit) do not pass it on, so a gated source is read through `get`, which they govern.
+    fn as_drain(&self) -> Option<&dyn Drain> {
         None
     }
 
