@@ -9,14 +9,9 @@
 mod common;
 
 use std::process::Child;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "redis")]
-use common::RedisKeys;
-use common::{Env, block_on, eventually, service_url, unique};
-use courier_core::config::Config;
-use courier_core::{Encoded, MessageRegistry, TYPE_HEADER, TransportRegistry};
+use common::{Env, eventually, redis_streams, send_unknown, sql_queues};
 
 struct Worker(Child);
 
@@ -54,33 +49,6 @@ fn all_counts(env: &Env) -> (u64, u64, u64) {
     (n("a"), n("b"), n("failed"))
 }
 
-/// Sends `n` messages to transport `name` of the test's configuration.
-fn send(config: &str, name: &str, n: usize) {
-    block_on(async {
-        let config: Config = config.parse().unwrap_or_else(|e| panic!("config: {e}"));
-        let factories = TransportRegistry::new()
-            .with(Arc::new(courier_sql::SqlTransportFactory))
-            .with(Arc::new(courier_redis::RedisTransportFactory));
-        let registry = Arc::new(MessageRegistry::new());
-        let connect = config.connect(&factories, registry.clone());
-        let transports = tokio::time::timeout(Duration::from_secs(10), connect)
-            .await
-            .unwrap_or_else(|_| panic!("connecting timed out"))
-            .unwrap_or_else(|e| panic!("connect: {e}"));
-        let transport = transports
-            .get(name)
-            .unwrap_or_else(|| panic!("transport `{name}`"));
-        for i in 0..n {
-            let envelope = registry
-                .decode(Encoded::new(format!("{{\"n\":{i}}}")).header(TYPE_HEADER, "test.ping"));
-            tokio::time::timeout(Duration::from_secs(10), transport.send(envelope))
-                .await
-                .unwrap_or_else(|_| panic!("send timed out"))
-                .unwrap_or_else(|e| panic!("send: {e}"));
-        }
-    });
-}
-
 /// Transports `a` and `b` (consumed) and `failed` (their failure transport) on `a`, `b`,
 /// `failed`.
 fn paused_queue_fetches_nothing_while_another_flows(a: &str, b: &str, failed: &str) {
@@ -101,18 +69,18 @@ fn paused_queue_fetches_nothing_while_another_flows(a: &str, b: &str, failed: &s
     let _worker = Worker(env.spawn(&[
         "--quiet", "--config", "c.toml", "consume", "a", "b", "--sleep", "50ms",
     ]));
-    send(&text, "b", 5);
+    send_unknown(&text, "b", "test.ping", 5);
     eventually("the worker to be up and consuming b", || {
         counts(&env).1 == 0
     });
-    send(&text, "a", 10);
-    send(&text, "b", 10);
+    send_unknown(&text, "a", "test.ping", 10);
+    send_unknown(&text, "b", "test.ping", 10);
     eventually("b to keep flowing", || counts(&env).1 == 0);
     // For 5 s: nothing is fetched from `a`, while messages sent to `b` all along are handled.
     let watched = Instant::now();
     let mut sent_to_b = 15;
     while watched.elapsed() < Duration::from_secs(5) {
-        send(&text, "b", 2);
+        send_unknown(&text, "b", "test.ping", 2);
         sent_to_b += 2;
         eventually("b to keep flowing while a is paused", || {
             counts(&env).1 == 0
@@ -146,7 +114,7 @@ fn paused_queue_fetches_nothing_while_another_flows(a: &str, b: &str, failed: &s
     // Paused under a running worker: within a second it fetches nothing more.
     env.run(&["--config", "c.toml", "pause", "a"]).ok();
     std::thread::sleep(Duration::from_secs(1));
-    send(&text, "a", 5);
+    send_unknown(&text, "a", "test.ping", 5);
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(1) {
         assert_eq!(counts(&env).0, 5, "paused within a second");
@@ -159,38 +127,13 @@ fn paused_queue_fetches_nothing_while_another_flows(a: &str, b: &str, failed: &s
 #[test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn postgres_a_paused_queue_fetches_nothing_while_another_flows() {
-    let url = service_url("COURIER_TEST_POSTGRES_URL");
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let base = format!("{url}{sep}table_name={}_messages", unique("cli_pause"));
-    paused_queue_fetches_nothing_while_another_flows(
-        &format!("{base}&queue_name=a"),
-        &format!("{base}&queue_name=b"),
-        &format!("{base}&queue_name=failed"),
-    );
+    let dsn = sql_queues("COURIER_TEST_POSTGRES_URL", "cli_pause");
+    paused_queue_fetches_nothing_while_another_flows(&dsn("a"), &dsn("b"), &dsn("failed"));
 }
 
 #[test]
 #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
 fn redis_a_paused_stream_fetches_nothing_while_another_flows() {
-    let url = service_url("COURIER_TEST_REDIS_URL");
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let name = unique("cli_pause");
-    let _keys = RedisKeys {
-        url: url.clone(),
-        keys: ["a", "b", "failed"]
-            .iter()
-            .flat_map(|q| {
-                let s = format!("{name}_{q}");
-                [
-                    s.clone(),
-                    format!("{s}:paused"),
-                    format!("{s}:delayed"),
-                    format!("{s}:delayed:data"),
-                ]
-            })
-            .chain([format!("{name}:workers"), format!("{name}:workers:stop")])
-            .collect(),
-    };
-    let dsn = |q: &str| format!("{url}{sep}stream={name}_{q}&group={name}");
+    let (_keys, dsn) = redis_streams("cli_pause", &["a", "b", "failed"]);
     paused_queue_fetches_nothing_while_another_flows(&dsn("a"), &dsn("b"), &dsn("failed"));
 }

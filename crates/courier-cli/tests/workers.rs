@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "redis")]
 use common::RedisKeys;
-use common::{Env, eventually, signal, wait};
+use common::{Children, Env, eventually, signal, wait};
 
 /// A configuration with one transport on `dsn` (no runs, so nothing else is opened).
 fn config(dsn: &str) -> String {
@@ -50,18 +50,6 @@ fn consume(env: &Env, config: &str, id: &str) -> Child {
     ])
 }
 
-/// Kills what is left of the workers if the test fails half-way.
-struct Workers(Vec<Child>);
-
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 /// Two workers in one directory and a third one elsewhere (another working directory, another
 /// configuration file, the same store) are listed, then all stopped by `stop-workers` from the
 /// first directory; each exits 0 and leaves the list.
@@ -73,7 +61,7 @@ fn workers_of_one_store_are_listed_and_stopped_from_anywhere(config_text: &str) 
     elsewhere.write("conf/b.toml", config_text);
     first.run(&["--config", "a.toml", "setup"]).ok();
 
-    let mut running = Workers(vec![
+    let mut running = Children(vec![
         consume(&first, "a.toml", "one"),
         consume(&first, "a.toml", "two"),
     ]);
@@ -163,7 +151,7 @@ fn a_killed_worker_drops_out_of_the_list_once_stale() {
         &config(&sqlite_dsn(store.path(), "?worker_stale_after=2s")),
     );
     env.run(&["--config", "a.toml", "setup"]).ok();
-    let mut running = Workers(vec![consume(&env, "a.toml", "doomed")]);
+    let mut running = Children(vec![consume(&env, "a.toml", "doomed")]);
     eventually("the worker to be listed", || {
         ids(&workers(&env, "a.toml")) == ["doomed"]
     });

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{CountAcks, Job, queue_with};
 use courier_core::{
     CancellationToken, Capabilities, Envelope, HandlerError, InMemoryTransport, MessageBus,
-    StopReason, Transport, TransportError, Worker, async_trait,
+    StopReason, Transport, TransportError, Worker, WorkerStats, async_trait,
 };
 use tokio::time::Instant;
 
@@ -217,19 +217,10 @@ async fn one_at_a_time_under_a_bounded_window_each_ack_goes_out_before_the_next_
 async fn under_a_broker_window_acks_go_out_in_chunks_of_half_of_it() {
     let q = queue_with(64).await;
     let t = CountAcks::windowed(q.clone(), 16);
-    let (bus, done) = slow_bus(Duration::ZERO);
-    let stats = Worker::builder(bus)
-        .receiver("async", t.clone())
-        .fetch_size(16)
-        .limit(64)
-        .build()
-        .run(CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!((stats.handled, done.load(Ordering::SeqCst)), (64, 64));
-    let acked = acked_jobs(&q);
+    let stats = handle_64(&t).await;
+    assert_eq!(stats.handled, 64);
     assert_eq!(
-        acked,
+        acked_jobs(&q),
         (0..64).collect::<Vec<_>>(),
         "each acked exactly once"
     );
@@ -247,19 +238,10 @@ async fn under_a_broker_window_acks_go_out_in_chunks_of_half_of_it() {
 async fn acks_ride_on_the_next_fetch_where_the_transport_acks_in_its_get() {
     let q = queue_with(64).await;
     let t = CountAcks::acking_with_get(q.clone(), 0);
-    let (bus, done) = slow_bus(Duration::ZERO);
-    let stats = Worker::builder(bus)
-        .receiver("async", t.clone())
-        .fetch_size(16)
-        .limit(64)
-        .build()
-        .run(CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!((stats.handled, done.load(Ordering::SeqCst)), (64, 64));
-    let acked = acked_jobs(&q);
+    let stats = handle_64(&t).await;
+    assert_eq!(stats.handled, 64);
     assert_eq!(
-        acked,
+        acked_jobs(&q),
         (0..64).collect::<Vec<_>>(),
         "each acked exactly once"
     );
@@ -280,15 +262,7 @@ async fn acks_ride_on_the_next_fetch_where_the_transport_acks_in_its_get() {
 async fn acks_that_rode_on_a_failed_fetch_are_acked_again_and_nothing_is_lost() {
     let q = queue_with(64).await;
     let t = CountAcks::acking_with_get(q.clone(), 2);
-    let (bus, _) = slow_bus(Duration::ZERO);
-    let stats = Worker::builder(bus)
-        .receiver("async", t.clone())
-        .fetch_size(16)
-        .limit(64)
-        .build()
-        .run(CancellationToken::new())
-        .await
-        .unwrap();
+    let stats = handle_64(&t).await;
     assert_eq!(stats.handled, 64);
     assert_eq!(stats.left_for_redelivery, 0, "{stats:?}");
     let mut acked = acked_jobs(&q);
@@ -300,6 +274,23 @@ async fn acks_that_rode_on_a_failed_fetch_are_acked_again_and_nothing_is_lost() 
         "both failures happened"
     );
     assert!(q.get(100).await.unwrap().is_empty());
+}
+
+/// Runs a worker over `t` with a no-op handler, fetch size 16, until 64 messages are handled
+/// (every one counted by the handler too).
+async fn handle_64(t: &Arc<CountAcks>) -> WorkerStats {
+    let (bus, done) = slow_bus(Duration::ZERO);
+    let stats = Worker::builder(bus)
+        .receiver("async", t.clone())
+        .fetch_size(16)
+        .limit(64)
+        .build()
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
+    let done = u64::try_from(done.load(Ordering::SeqCst)).unwrap();
+    assert_eq!(stats.handled, done, "the handler saw each: {stats:?}");
+    stats
 }
 
 /// The jobs `q` saw acked, in order of their numbers (repeats kept).

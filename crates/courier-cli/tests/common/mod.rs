@@ -264,3 +264,88 @@ pub(crate) fn service_url(var: &str) -> String {
 pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{:08x}", std::process::id(), fastrand::u32(..))
 }
+
+/// Child processes, killed (and reaped) when dropped, so a failing test leaves none behind.
+pub(crate) struct Children(pub(crate) Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// DSNs of queues in one fresh table on the database `var` names (`COURIER_TEST_POSTGRES_URL`):
+/// `dsn("a")` is queue `a` of table `<prefix>_..._messages`.
+pub(crate) fn sql_queues(var: &str, prefix: &str) -> impl Fn(&str) -> String {
+    let url = service_url(var);
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let base = format!("{url}{sep}table_name={}_messages", unique(prefix));
+    move |queue| format!("{base}&queue_name={queue}")
+}
+
+/// DSNs of fresh Redis streams sharing one group (`dsn("a")` is stream `<name>_a`), and the
+/// keys they and their workers make, deleted when the guard drops.
+#[cfg(feature = "redis")]
+pub(crate) fn redis_streams(prefix: &str, queues: &[&str]) -> (RedisKeys, impl Fn(&str) -> String) {
+    let url = service_url("COURIER_TEST_REDIS_URL");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let name = unique(prefix);
+    let keys = queues
+        .iter()
+        .flat_map(|q| {
+            let s = format!("{name}_{q}");
+            ["", ":limit", ":paused", ":delayed", ":delayed:data"].map(|k| format!("{s}{k}"))
+        })
+        .chain([format!("{name}:workers"), format!("{name}:workers:stop")])
+        .collect();
+    let guard = RedisKeys {
+        url: url.clone(),
+        keys,
+    };
+    (guard, move |q| {
+        format!("{url}{sep}stream={name}_{q}&group={name}")
+    })
+}
+
+/// Sends `n` messages of the type `type_name`, which no binary knows (so a worker moves each
+/// to its failure transport), to transport `name` of the configuration `config`, in batches.
+#[cfg(all(feature = "postgres", feature = "redis"))]
+pub(crate) fn send_unknown(config: &str, name: &str, type_name: &str, n: usize) {
+    use courier_core::config::Config;
+    use courier_core::{Encoded, MessageRegistry, TYPE_HEADER, TransportRegistry};
+    use std::sync::Arc;
+
+    block_on(async {
+        let config: Config = config.parse().unwrap_or_else(|e| panic!("config: {e}"));
+        let factories = TransportRegistry::new()
+            .with(Arc::new(courier_sql::SqlTransportFactory))
+            .with(Arc::new(courier_redis::RedisTransportFactory));
+        let registry = Arc::new(MessageRegistry::new());
+        let connect = config.connect(&factories, registry.clone());
+        let transports = tokio::time::timeout(Duration::from_secs(10), connect)
+            .await
+            .unwrap_or_else(|_| panic!("connecting timed out"))
+            .unwrap_or_else(|e| panic!("connect: {e}"));
+        let transport = transports
+            .get(name)
+            .unwrap_or_else(|| panic!("transport `{name}`"));
+        let envelopes: Vec<_> = (0..n)
+            .map(|i| {
+                registry
+                    .decode(Encoded::new(format!("{{\"n\":{i}}}")).header(TYPE_HEADER, type_name))
+            })
+            .collect();
+        for chunk in envelopes.chunks(250) {
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                transport.send_batch(chunk.to_vec()),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("send timed out"))
+            .unwrap_or_else(|e| panic!("send: {e}"));
+        }
+    });
+}

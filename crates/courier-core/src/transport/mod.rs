@@ -40,6 +40,7 @@ use forward_views;
 mod dedup;
 mod drain;
 mod factory;
+mod gate;
 mod memory;
 mod pause;
 mod rate_limit;

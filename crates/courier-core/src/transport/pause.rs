@@ -10,8 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use super::{Capabilities, Transport};
-use crate::{Envelope, TransportError};
+use super::Transport;
+use super::gate::{Admission, Gate};
+use crate::TransportError;
 
 /// How often a gate reads the shared pause flag.
 pub const PAUSE_CHECK: Duration = Duration::from_millis(250);
@@ -27,10 +28,11 @@ pub trait Pausable: Send + Sync {
     async fn is_paused(&self) -> Result<bool, TransportError>;
 }
 
-/// A receiver that fetches nothing while its transport is paused.
+/// A receiver that fetches nothing while its transport is paused: while the flag is set, its
+/// `get` returns nothing after [`PAUSE_CHECK`], and its `ack_and_get` sends the acks and
+/// fetches nothing.
 #[derive(Debug)]
 pub struct PauseGate {
-    inner: Arc<dyn Transport>,
     paused: Arc<AtomicBool>,
 }
 
@@ -62,7 +64,10 @@ impl PauseGate {
                 }
             }
         });
-        Some(Arc::new(Self { inner, paused }))
+        Some(Arc::new(Gate {
+            inner,
+            admission: Self { paused },
+        }))
     }
 
     fn is_paused(&self) -> bool {
@@ -71,59 +76,16 @@ impl PauseGate {
 }
 
 #[async_trait]
-impl Transport for PauseGate {
-    fn messaging_system(&self) -> &'static str {
-        self.inner.messaging_system()
+impl Admission for PauseGate {
+    async fn now(&self, _: &dyn Transport, max: usize) -> Result<Option<usize>, TransportError> {
+        Ok((!self.is_paused()).then_some(max))
     }
-    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
-        self.inner.send(envelope).await
-    }
-    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+
+    async fn wait(&self, _: &dyn Transport, max: usize) -> Result<usize, TransportError> {
         if self.is_paused() {
             tokio::time::sleep(PAUSE_CHECK).await;
-            return Ok(Vec::new());
+            return Ok(0);
         }
-        self.inner.get(max).await
-    }
-    /// The inner transport's `ack_and_get` (one statement on PostgreSQL); paused, the acks
-    /// still go out and nothing is fetched.
-    async fn ack_and_get(
-        &self,
-        acks: &[Envelope],
-        max: usize,
-    ) -> Result<Vec<Envelope>, TransportError> {
-        if self.is_paused() {
-            if !acks.is_empty() {
-                self.inner.ack_batch(acks).await?;
-            }
-            tokio::time::sleep(PAUSE_CHECK).await;
-            return Ok(Vec::new());
-        }
-        self.inner.ack_and_get(acks, max).await
-    }
-    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.inner.ack(envelope).await
-    }
-    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.inner.reject(envelope).await
-    }
-    async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
-        self.inner.retry(envelope, delay).await
-    }
-    async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.inner.keepalive(envelope).await
-    }
-    async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
-        self.inner.keepalive_batch(envelopes).await
-    }
-    async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
-        self.inner.send_batch(envelopes).await
-    }
-    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
-        self.inner.ack_batch(envelopes).await
-    }
-    super::forward_views!();
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        Ok(max)
     }
 }

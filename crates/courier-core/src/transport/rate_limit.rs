@@ -25,8 +25,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::{Capabilities, Transport};
-use crate::{Envelope, TransportError};
+use super::Transport;
+use super::gate::{Admission, Gate};
+use crate::TransportError;
 
 /// A rate limit: at most `limit` messages per `interval`, in bursts of at most `burst`.
 ///
@@ -209,7 +210,6 @@ impl RateLimiter for MemoryRateLimiter {
 /// ```
 #[derive(Debug)]
 pub struct RateLimitGate {
-    inner: Arc<dyn Transport>,
     limit: RateLimit,
     /// Whether the transport's server keeps the bucket.
     shared: bool,
@@ -229,105 +229,69 @@ impl RateLimitGate {
                 "this transport keeps no shared rate-limit bucket: the limit holds per worker process"
             );
         }
-        Arc::new(Self {
+        Arc::new(Gate {
             inner,
-            limit,
-            shared,
-            local: MemoryRateLimiter::new(),
+            admission: Self {
+                limit,
+                shared,
+                local: MemoryRateLimiter::new(),
+            },
         })
     }
 
-    /// Whether the bucket is shared through the transport's server (else it is per process).
-    #[must_use]
-    pub fn is_shared(&self) -> bool {
-        self.shared
-    }
-
-    fn limiter(&self) -> &dyn RateLimiter {
-        match self.inner.as_rate_limiter() {
+    fn limiter<'a>(&'a self, inner: &'a dyn Transport) -> &'a dyn RateLimiter {
+        match inner.as_rate_limiter() {
             Some(shared) if self.shared => shared,
             _ => &self.local,
         }
     }
+
+    /// Tokens to ask for `max` messages: at most the burst.
+    fn want(&self, max: usize) -> u32 {
+        u32::try_from(max).unwrap_or(u32::MAX).min(self.limit.burst)
+    }
 }
 
 #[async_trait]
-impl Transport for RateLimitGate {
-    fn messaging_system(&self) -> &'static str {
-        self.inner.messaging_system()
-    }
-    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
-        self.inner.send(envelope).await
-    }
-    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
-        let want = u32::try_from(max).unwrap_or(u32::MAX).min(self.limit.burst);
+impl Admission for RateLimitGate {
+    async fn now(
+        &self,
+        inner: &dyn Transport,
+        max: usize,
+    ) -> Result<Option<usize>, TransportError> {
+        let want = self.want(max);
         if want == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
+        }
+        let taken = self.limiter(inner).take(&self.limit, want).await?;
+        Ok((taken.granted > 0).then(|| usize::try_from(taken.granted).unwrap_or(max).min(max)))
+    }
+
+    async fn wait(&self, inner: &dyn Transport, max: usize) -> Result<usize, TransportError> {
+        let want = self.want(max);
+        if want == 0 {
+            return Ok(0);
         }
         loop {
-            let taken = self.limiter().take(&self.limit, want).await?;
+            let taken = self.limiter(inner).take(&self.limit, want).await?;
             if taken.granted > 0 {
-                let granted = usize::try_from(taken.granted).unwrap_or(max);
-                return self.inner.get(granted.min(max)).await;
+                return Ok(usize::try_from(taken.granted).unwrap_or(max).min(max));
             }
             // Until the next token is due (at least a millisecond, so a clock that disagrees
             // with the bucket never spins).
             tokio::time::sleep(taken.wait.max(Duration::from_millis(1))).await;
         }
     }
-    /// The inner transport's `ack_and_get` when tokens are at hand; otherwise the acks go out
-    /// at once (never held while waiting for a token) and the fetch waits like `get`.
-    async fn ack_and_get(
-        &self,
-        acks: &[Envelope],
-        max: usize,
-    ) -> Result<Vec<Envelope>, TransportError> {
-        let want = u32::try_from(max).unwrap_or(u32::MAX).min(self.limit.burst);
-        if want > 0 {
-            let taken = self.limiter().take(&self.limit, want).await?;
-            if taken.granted > 0 {
-                let granted = usize::try_from(taken.granted).unwrap_or(max);
-                return self.inner.ack_and_get(acks, granted.min(max)).await;
-            }
-        }
-        if !acks.is_empty() {
-            self.inner.ack_batch(acks).await?;
-        }
-        self.get(max).await
-    }
-    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.inner.ack(envelope).await
-    }
-    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.inner.reject(envelope).await
-    }
-    async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
-        self.inner.retry(envelope, delay).await
-    }
-    async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.inner.keepalive(envelope).await
-    }
-    async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
-        self.inner.keepalive_batch(envelopes).await
-    }
-    async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
-        self.inner.send_batch(envelopes).await
-    }
-    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
-        self.inner.ack_batch(envelopes).await
-    }
-    super::forward_views!();
-    fn as_rate_limiter(&self) -> Option<&dyn RateLimiter> {
-        Some(self.limiter())
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+
+    fn rate_limiter<'a>(&'a self, inner: &'a dyn Transport) -> Option<&'a dyn RateLimiter> {
+        Some(self.limiter(inner))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Envelope;
 
     fn fifty() -> RateLimit {
         RateLimit::new(50, Duration::from_secs(1)).unwrap_or_else(|| panic!("valid"))
