@@ -66,15 +66,30 @@ impl std::fmt::Debug for Link {
     }
 }
 
+/// A lapin error as a transport error. Broken connections are [`TransportErrorKind::Connection`]
+/// (transient), and so are the broker's hard errors that close a connection for a reason of its
+/// own: `CONNECTION_FORCED` (an operator closed it, or the broker is shutting down),
+/// `INTERNAL_ERROR` and `RESOURCE_ERROR` (a resource alarm). Other AMQP errors (access refused,
+/// a queue declared differently, a frame the broker rejects) are
+/// [`TransportErrorKind::Protocol`]: retrying as it is would fail again.
 pub(crate) fn amqp_error(name: &str, context: &str, e: lapin::Error) -> TransportError {
-    use lapin::ErrorKind as K;
-    let kind = match e.kind() {
-        K::ProtocolError(_) => TransportErrorKind::Protocol,
-        _ => TransportErrorKind::Connection,
-    };
+    let kind = kind_of(&e);
     TransportError::new(kind, name.to_owned())
         .with_context(context.to_owned())
         .with_source(e)
+}
+
+fn kind_of(e: &lapin::Error) -> TransportErrorKind {
+    use lapin::protocol::{AMQPErrorKind, AMQPHardError as Hard};
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+            AMQPErrorKind::Hard(
+                Hard::CONNECTIONFORCED | Hard::INTERNALERROR | Hard::RESOURCEERROR,
+            ) => TransportErrorKind::Connection,
+            _ => TransportErrorKind::Protocol,
+        },
+        _ => TransportErrorKind::Connection,
+    }
 }
 
 impl Link {
@@ -439,6 +454,49 @@ impl Link {
         let mut state = self.state.lock().await;
         if let Some(s) = state.session.take() {
             let _ = s.connection.close(200, "closed by courier".into()).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use courier_core::TransportErrorKind;
+    use lapin::protocol::{AMQPError, AMQPErrorKind, AMQPHardError, AMQPSoftError};
+
+    use super::amqp_error;
+
+    fn protocol(kind: AMQPErrorKind) -> lapin::Error {
+        lapin::ErrorKind::ProtocolError(AMQPError::new(kind, "from the broker".into())).into()
+    }
+
+    #[test]
+    fn a_connection_the_broker_closed_is_transient() {
+        for hard in [
+            AMQPHardError::CONNECTIONFORCED,
+            AMQPHardError::INTERNALERROR,
+            AMQPHardError::RESOURCEERROR,
+        ] {
+            let e = amqp_error(
+                "orders",
+                "publisher confirm failed",
+                protocol(AMQPErrorKind::Hard(hard)),
+            );
+            assert_eq!(e.kind(), TransportErrorKind::Connection, "{e}");
+            assert!(e.is_transient(), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_the_broker_would_repeat_is_not_transient() {
+        for kind in [
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED),
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED),
+            AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED),
+            AMQPErrorKind::Hard(AMQPHardError::FRAMEERROR),
+        ] {
+            let e = amqp_error("orders", "queue.declare failed", protocol(kind));
+            assert_eq!(e.kind(), TransportErrorKind::Protocol, "{e}");
+            assert!(!e.is_transient(), "{e}");
         }
     }
 }
