@@ -164,7 +164,8 @@ pub(crate) enum Command {
     ///     calls}, "transport_statements_per_run", "transport_calls_per_run": {method: calls},
     ///     "empty_gets_per_run"}
     ///   --relay: {"mode": "relay", "from", "to", "messages", "size", "batch_size", "rounds",
-    ///     "direct_send_per_s", "relay_per_s", "ratio": relay / direct}
+    ///     "direct_send_per_s", "relay_per_s", "ratio": relay / direct, "outbox_alone_per_s": the
+    ///     same relay into memory}
     ///   --latency: {"mode": "latency", "dsn", "samples", "size", "fetch_size", "rounds",
     ///     "courier": {"p50_ms", "p99_ms"}, "raw": {"p50_ms", "p99_ms", "floor"} | null,
     ///     "ratio": courier p50 / raw p50 | null}
@@ -423,7 +424,8 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     pub(crate) latency: bool,
     /// Measure the relay: a SQL outbox (--dsn) drained into --to, beside --to's own batched
-    /// send (medians over --rounds, default 3)
+    /// send and the same relay into memory (the outbox's ceiling); medians over --rounds,
+    /// default 3
     #[arg(long, requires = "to", conflicts_with_all = ["runs", "latency", "raw"])]
     pub(crate) relay: bool,
     /// The relay's destination (with --relay)

@@ -236,3 +236,59 @@ fn bench_latency_on_postgres_is_beside_listen_notify() {
 fn bench_runs_on_postgres_counts_statements_per_run() {
     runs_are_counted(Some(&service_url("COURIER_TEST_POSTGRES_URL")));
 }
+
+#[cfg_attr(
+    not(feature = "postgres"),
+    allow(dead_code, reason = "used by the service test")
+)]
+/// `bench --relay` as JSON: the destination's own send, the relay and the outbox's ceiling.
+fn relay_beside_direct_send(from: &str, to: &str) -> Value {
+    let env = Env::empty();
+    let out = env
+        .run(&[
+            "bench",
+            "--relay",
+            "--dsn",
+            from,
+            "--to",
+            to,
+            "--messages",
+            "300",
+            "--fetch-size",
+            "64",
+            "--size",
+            "64",
+            "--rounds",
+            "1",
+            "--format",
+            "json",
+        ])
+        .json();
+    assert_eq!(out["mode"], "relay", "{out}");
+    assert_eq!(out["messages"], 300, "{out}");
+    for key in [
+        "direct_send_per_s",
+        "relay_per_s",
+        "outbox_alone_per_s",
+        "ratio",
+    ] {
+        assert!(positive(&out[key]), "{key}: {out}");
+    }
+    out
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn bench_relay_reports_the_outbox_ceiling_on_sqlite() {
+    relay_beside_direct_send("sqlite://outbox.db", "sqlite://destination.db");
+}
+
+#[cfg(all(feature = "postgres", feature = "redis"))]
+#[test]
+#[ignore = "needs postgres and redis: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_REDIS_URL"]
+fn bench_relay_from_postgres_to_redis() {
+    relay_beside_direct_send(
+        &service_url("COURIER_TEST_POSTGRES_URL"),
+        &service_url("COURIER_TEST_REDIS_URL"),
+    );
+}

@@ -3,13 +3,16 @@
 //! round sends `--messages` straight to the destination with `send_batch` in batches of
 //! `--fetch-size` (the baseline), then fills the outbox (untimed) and times the relay draining
 //! it into the destination (`Relay::run`, pipelined, until it forwarded them all), batches of
-//! the same size; medians over `--rounds`.
+//! the same size; then fills it again and times the same relay into an in-memory transport: the
+//! outbox's own ceiling, what no destination can raise. Medians over `--rounds`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use courier_core::relay::{Relay, RelayOptions};
-use courier_core::{CancellationToken, Dsn, Envelope, FactoryContext, MessageRegistry, Transport};
+use courier_core::{
+    CancellationToken, Dsn, Envelope, FactoryContext, InMemoryTransport, MessageRegistry, Transport,
+};
 
 use super::{BenchMessage, chatty, isolate, payload, per_second, remove_isolated};
 use crate::cli::{BenchArgs, Cli, Format};
@@ -105,37 +108,61 @@ async fn rounds(
             from_dsn, to_dsn, args.size
         );
     }
-    let (mut direct, mut relayed) = (Vec::new(), Vec::new());
+    let (mut direct, mut relayed, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+    let memory: Arc<dyn Transport> = Arc::new(InMemoryTransport::new());
     for _ in 0..rounds {
         let started = Instant::now();
         send_all(&to, messages, batch, &body).await?;
         direct.push(per_second(messages, started.elapsed()));
         drain(&to, messages).await?;
 
-        send_all(&from, messages, 500, &body).await?;
-        let relay = Relay::new("outbox", from.clone(), "destination", to.clone()).options(
-            RelayOptions::default()
-                .batch_size(batch)
-                .limit(Some(messages)),
-        );
-        let started = Instant::now();
-        relay.run(CancellationToken::new()).await?;
-        relayed.push(per_second(messages, started.elapsed()));
+        relayed.push(relay_rate(&from, &to, messages, batch, &body).await?);
         drain(&to, messages).await?;
+
+        alone.push(relay_rate(&from, &memory, messages, batch, &body).await?);
+        drain(&memory, messages).await?;
     }
-    let (direct, relayed) = (median(&mut direct), median(&mut relayed));
+    let (direct, relayed, alone) = (
+        median(&mut direct),
+        median(&mut relayed),
+        median(&mut alone),
+    );
     let ratio = relayed / direct;
     if cli.format == Format::Json {
         super::print_json(&serde_json::json!({
             "mode": "relay", "from": from_dsn.to_string(), "to": to_dsn.to_string(),
             "messages": messages, "size": args.size, "batch_size": batch, "rounds": rounds,
             "direct_send_per_s": direct, "relay_per_s": relayed, "ratio": ratio,
+            "outbox_alone_per_s": alone,
         }))
     } else {
         println!("destination send_batch: {direct:>10.0} msg/s");
         println!("relay from the outbox:  {relayed:>10.0} msg/s  ({ratio:.2}x)");
+        println!(
+            "relay into memory:      {alone:>10.0} msg/s  (the outbox's ceiling, {:.2}x the destination)",
+            alone / direct
+        );
         Ok(())
     }
+}
+
+/// Fills the outbox (untimed), then times one relay forwarding all of it to `to`.
+async fn relay_rate(
+    from: &Arc<dyn Transport>,
+    to: &Arc<dyn Transport>,
+    messages: u64,
+    batch: usize,
+    body: &str,
+) -> CliResult<f64> {
+    send_all(from, messages, 500, body).await?;
+    let relay = Relay::new("outbox", from.clone(), "destination", to.clone()).options(
+        RelayOptions::default()
+            .batch_size(batch)
+            .limit(Some(messages)),
+    );
+    let started = Instant::now();
+    relay.run(CancellationToken::new()).await?;
+    Ok(per_second(messages, started.elapsed()))
 }
 
 fn median(values: &mut [f64]) -> f64 {
