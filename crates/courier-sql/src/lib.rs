@@ -54,7 +54,9 @@
 //! # Behaviour
 //!
 //! - `get(max)` claims up to `max` rows in one statement or transaction: PostgreSQL
-//!   `WITH picked AS (SELECT ... FOR UPDATE SKIP LOCKED) UPDATE ... RETURNING`; MariaDB / MySQL 8
+//!   `WITH picked AS (SELECT ARRAY(SELECT id ... FOR UPDATE SKIP LOCKED)) UPDATE ... WHERE id =
+//!   ANY(picked.ids) RETURNING` (the ids as one array, so the update probes the primary key
+//!   however large the batch and the backlog); MariaDB / MySQL 8
 //!   `SELECT ... FOR UPDATE SKIP LOCKED` + `UPDATE` in one READ COMMITTED transaction; SQLite one
 //!   `UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING` (it takes the write lock up front).
 //!   Order: priority descending, then `available_at`, then id. Each claim stamps a fresh random
