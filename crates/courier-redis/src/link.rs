@@ -117,10 +117,46 @@ pub(crate) fn is_connection_error(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
 }
 
+/// Whether the server said it cannot serve for now: `LOADING` (a restarted server reading its
+/// dataset back), `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`. The driver's own
+/// [`RetryMethod::WaitAndRetry`](redis::RetryMethod::WaitAndRetry): the same command succeeds
+/// later, so it is transient, though a new connection does not help at once.
+pub(crate) fn is_server_busy(e: &RedisError) -> bool {
+    matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
+
+    fn server_error(reply: &[u8]) -> RedisError {
+        redis::parse_redis_value(reply)
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    #[test]
+    fn a_server_that_cannot_serve_yet_is_busy_not_broken() {
+        for reply in [
+            &b"-LOADING Redis is loading the dataset in memory\r\n"[..],
+            b"-MASTERDOWN Link with MASTER is down\r\n",
+            b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+            b"-CLUSTERDOWN The cluster is down\r\n",
+        ] {
+            let e = server_error(reply);
+            assert!(is_server_busy(&e), "{e}");
+            assert!(!is_connection_error(&e), "{e}");
+        }
+        for reply in [
+            &b"-ERR unknown command\r\n"[..],
+            b"-NOPERM this user has no permissions\r\n",
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+        ] {
+            assert!(!is_server_busy(&server_error(reply)), "{reply:?}");
+        }
+    }
 
     #[test]
     fn backoff_doubles_and_is_capped() {

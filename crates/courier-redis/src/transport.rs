@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::RedisOptions;
 use crate::in_flight::{InFlight, StreamId};
-use crate::link::{Link, has_code, is_connection_error};
+use crate::link::{Link, has_code, is_connection_error, is_server_busy};
 use crate::reader::Reader;
 use crate::reply::{self, Entry};
 use crate::scripts::Scripts;
@@ -191,7 +191,7 @@ impl RedisTransport {
     pub(crate) fn error(&self, e: RedisError, context: &'static str) -> TransportError {
         let kind = if e.is_timeout() {
             TransportErrorKind::Timeout
-        } else if is_connection_error(&e) {
+        } else if is_connection_error(&e) || is_server_busy(&e) {
             TransportErrorKind::Connection
         } else {
             TransportErrorKind::Protocol
