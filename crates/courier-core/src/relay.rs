@@ -367,7 +367,7 @@ impl Relay {
         match batch.commit().await {
             Ok(()) => Some(n),
             Err(e) => {
-                tracing::warn!(from = %self.from_name, to = %self.to_name, error = %e, messages = n,
+                tracing::warn!(from = %self.from_name, to = %self.to_name, error = %crate::error_chain(&e), messages = n,
                     "relay: committing a confirmed batch failed; its messages are back at the source and will be relayed again");
                 None
             }
@@ -513,7 +513,7 @@ impl Relay {
         shutdown: &CancellationToken,
     ) {
         let wait = waits.failed();
-        tracing::warn!(from = %self.from_name, to = %self.to_name, error = %error,
+        tracing::warn!(from = %self.from_name, to = %self.to_name, error = %crate::error_chain(error),
             retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX), "relay: {doing} failed, retrying");
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
