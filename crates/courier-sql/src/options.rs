@@ -89,6 +89,8 @@ impl From<&SqlOptions> for PoolSettings {
             acquire_timeout: o.acquire_timeout,
             busy_timeout: o.busy_timeout,
             read_committed: false,
+            // Every statement on the queue table is an index walk (see `Statements`).
+            ordered_scans: true,
         }
     }
 }

@@ -56,6 +56,11 @@ pub struct PoolSettings {
     pub busy_timeout: Duration,
     /// MySQL: sessions run READ COMMITTED (no gap locks between claims, inserts and deletes).
     pub read_committed: bool,
+    /// PostgreSQL: sessions plan with `enable_sort = off`, so that a statement whose `ORDER BY
+    /// ... LIMIT` an index provides walks that index rather than sorting what it matched.
+    /// Queue statements want this: on a table filled since its last `ANALYZE` the planner
+    /// guesses a few rows match, and would sort them all (a whole backlog per batch).
+    pub ordered_scans: bool,
 }
 
 impl Default for PoolSettings {
@@ -66,6 +71,7 @@ impl Default for PoolSettings {
             acquire_timeout: Duration::from_secs(30),
             busy_timeout: Duration::from_secs(10),
             read_committed: false,
+            ordered_scans: false,
         }
     }
 }
@@ -115,7 +121,10 @@ pub async fn postgres_pool(
 ) -> Result<(sqlx::PgPool, sqlx::postgres::PgConnectOptions), sqlx::Error> {
     use std::str::FromStr as _;
 
-    let connect = sqlx::postgres::PgConnectOptions::from_str(url)?;
+    let mut connect = sqlx::postgres::PgConnectOptions::from_str(url)?;
+    if s.ordered_scans {
+        connect = connect.options([("enable_sort", "off")]);
+    }
     probe::<sqlx::PgConnection>(&connect, s.acquire_timeout).await?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         // No ping per acquire: a dead connection fails the statement, which is retried.
