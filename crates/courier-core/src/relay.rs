@@ -17,6 +17,8 @@
 //! in one round trip ([`Capabilities::ack_with_get`](crate::Capabilities::ack_with_get): SQL
 //! on PostgreSQL), the ack of `k - 1` rides on the fetch of `k + 1`
 //! ([`Transport::ack_and_get`]); elsewhere the two run side by side.
+//! The send runs on a task of its own, so on a multi-threaded runtime encoding for the
+//! destination and decoding the next batch use two cores.
 //!
 //! A source that drains ([`Transport::as_drain`]: SQL on PostgreSQL) is read another way:
 //! each batch is deleted with `DELETE ... RETURNING` in a transaction held open while it is
@@ -408,7 +410,17 @@ impl Relay {
                 {
                     tracing::debug!(error = %e, "relay: keepalive of a batch failed");
                 }
-                self.to.send_batch(sending).await.map(drop)
+                // On a task of its own: encoding for the destination runs beside the decoding
+                // of the next batch (on another worker thread of a multi-threaded runtime).
+                let to = Arc::clone(&self.to);
+                match tokio::spawn(async move { to.send_batch(sending).await.map(drop) }).await {
+                    Ok(sent) => sent,
+                    Err(e) => Err(TransportError::new(
+                        crate::TransportErrorKind::Protocol,
+                        self.to_name.clone(),
+                    )
+                    .with_context(format!("the send task failed: {e}"))),
+                }
             }
         })
         .await?;
