@@ -1,0 +1,544 @@
+//! The connection to the server: connect lazily with a timeout (async-nats then reconnects by
+//! itself with Courier's capped backoff), create the stream and the durable consumer, and map
+//! async-nats errors to [`TransportError`]s.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use async_nats::{Client, ConnectOptions};
+use courier_core::{Backoff, TransportError, TransportErrorKind};
+use tokio::time::Instant;
+
+use crate::NatsOptions;
+
+/// The first reconnect wait; it doubles up to `max_backoff`.
+const RECONNECT_BASE: Duration = Duration::from_millis(100);
+
+/// How many publishes may await their PubAck at once on one connection; `send_batch` sends in
+/// chunks well below it.
+const MAX_ACK_INFLIGHT: usize = 65_536;
+
+/// The durable pull consumer.
+pub(crate) type PullConsumer = consumer::Consumer<consumer::pull::Config>;
+
+/// Where and as whom to connect. `Debug` shows no secret.
+#[derive(Clone)]
+pub(crate) struct Server {
+    /// `host:port`.
+    pub(crate) address: String,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<String>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("address", &self.address)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// A live connection: the client, its JetStream context and the consumer (once set up or
+/// looked up).
+#[derive(Clone)]
+pub(crate) struct Session {
+    pub(crate) client: Client,
+    pub(crate) jetstream: jetstream::Context,
+    pub(crate) consumer: PullConsumer,
+}
+
+struct State {
+    session: Option<Session>,
+    client: Option<(Client, jetstream::Context)>,
+    failures: u32,
+    next_attempt: Option<Instant>,
+}
+
+/// Connection manager shared by every operation of a transport.
+pub(crate) struct Link {
+    name: String,
+    server: Server,
+    pub(crate) options: NatsOptions,
+    state: tokio::sync::Mutex<State>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("name", &self.name)
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An error of async-nats as a transport error of `kind`, with context; the cause is chained.
+pub(crate) fn nats_error(
+    name: &str,
+    kind: TransportErrorKind,
+    context: impl Into<String>,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> TransportError {
+    TransportError::new(kind, name.to_owned())
+        .with_context(context.into())
+        .with_source(source)
+}
+
+/// The kind of a failed connect: unreachable and timed out are transient; refused credentials
+/// and a bad address are configuration errors.
+pub(crate) fn connect_kind(kind: &async_nats::ConnectErrorKind) -> TransportErrorKind {
+    use async_nats::ConnectErrorKind as K;
+    match kind {
+        K::Io | K::Dns | K::MaxReconnects => TransportErrorKind::Connection,
+        K::TimedOut => TransportErrorKind::Timeout,
+        K::Authentication | K::AuthorizationViolation | K::ServerParse | K::Tls => {
+            TransportErrorKind::Config
+        }
+    }
+}
+
+/// The kind of a failed publish: a missing PubAck or a broken connection is transient (the
+/// publish may or may not have been stored: `Nats-Msg-Id` deduplicates a resend of an
+/// envelope with a message id), no stream is `NotFound`, an oversized message `Unsupported`.
+pub(crate) fn publish_kind(
+    kind: &async_nats::jetstream::context::PublishErrorKind,
+) -> TransportErrorKind {
+    use async_nats::jetstream::context::PublishErrorKind as K;
+    match kind {
+        K::TimedOut | K::MaxAckPending => TransportErrorKind::Timeout,
+        K::BrokenPipe => TransportErrorKind::Connection,
+        K::StreamNotFound => TransportErrorKind::NotFound,
+        K::MaxPayloadExceeded => TransportErrorKind::Unsupported,
+        K::WrongLastMessageId | K::WrongLastSequence | K::Other => TransportErrorKind::Protocol,
+    }
+}
+
+/// The kind of a failed core request (an ack, a nak, a progress): no answer in time is
+/// transient, no responder means the consumer is gone.
+pub(crate) fn request_kind(kind: &async_nats::RequestErrorKind) -> TransportErrorKind {
+    use async_nats::RequestErrorKind as K;
+    match kind {
+        K::TimedOut => TransportErrorKind::Timeout,
+        K::NoResponders => TransportErrorKind::NotFound,
+        K::InvalidSubject | K::MaxPayloadExceeded => TransportErrorKind::Protocol,
+        K::Other => TransportErrorKind::Connection,
+    }
+}
+
+fn create_stream_kind(
+    kind: &async_nats::jetstream::context::CreateStreamErrorKind,
+) -> TransportErrorKind {
+    use async_nats::jetstream::context::CreateStreamErrorKind as K;
+    match kind {
+        K::TimedOut => TransportErrorKind::Timeout,
+        K::JetStreamUnavailable => TransportErrorKind::Connection,
+        K::EmptyStreamName | K::InvalidStreamName | K::DomainAndExternalSet => {
+            TransportErrorKind::Config
+        }
+        K::NotFound => TransportErrorKind::NotFound,
+        K::JetStream(_) | K::Response | K::ResponseParse => TransportErrorKind::Protocol,
+    }
+}
+
+fn consumer_kind(kind: &async_nats::jetstream::stream::ConsumerErrorKind) -> TransportErrorKind {
+    use async_nats::jetstream::stream::ConsumerErrorKind as K;
+    match kind {
+        K::TimedOut => TransportErrorKind::Timeout,
+        K::Request => TransportErrorKind::Connection,
+        K::InvalidName => TransportErrorKind::Config,
+        K::JetStream(e) if e.code() == 404 => TransportErrorKind::NotFound,
+        K::InvalidConsumerType | K::JetStream(_) | K::Other => TransportErrorKind::Protocol,
+    }
+}
+
+fn get_stream_kind(
+    kind: &async_nats::jetstream::context::GetStreamErrorKind,
+) -> TransportErrorKind {
+    use async_nats::jetstream::context::GetStreamErrorKind as K;
+    match kind {
+        K::Request => TransportErrorKind::Connection,
+        K::EmptyName | K::InvalidStreamName => TransportErrorKind::Config,
+        K::JetStream(e) if e.code() == 404 => TransportErrorKind::NotFound,
+        K::JetStream(_) => TransportErrorKind::Protocol,
+    }
+}
+
+/// The kind of a failed JetStream API call: no answer in time, or no JetStream to answer (a
+/// server restarting), is transient.
+fn info_kind(kind: &async_nats::jetstream::context::RequestErrorKind) -> TransportErrorKind {
+    use async_nats::jetstream::context::RequestErrorKind as K;
+    match kind {
+        K::TimedOut => TransportErrorKind::Timeout,
+        K::NoResponders | K::Other => TransportErrorKind::Connection,
+        K::InvalidSubject => TransportErrorKind::Config,
+    }
+}
+
+impl Link {
+    pub(crate) fn new(name: String, server: Server, options: NatsOptions) -> Self {
+        Self {
+            name,
+            server,
+            options,
+            state: tokio::sync::Mutex::new(State {
+                session: None,
+                client: None,
+                failures: 0,
+                next_attempt: None,
+            }),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn server(&self) -> &Server {
+        &self.server
+    }
+
+    fn error(&self, kind: TransportErrorKind, context: impl Into<String>) -> TransportError {
+        TransportError::new(kind, self.name.clone()).with_context(context.into())
+    }
+
+    /// The session, connecting and setting up (or looking up) the stream and consumer first
+    /// when there is none. While the client is reconnecting this fails at once with a
+    /// transient [`TransportErrorKind::Connection`] error instead of queueing the operation.
+    pub(crate) async fn session(&self) -> Result<Session, TransportError> {
+        let mut state = self.state.lock().await;
+        let (client, jetstream) = match &state.client {
+            Some(c) => c.clone(),
+            None => {
+                let c = self.connect(&mut state).await?;
+                state.client = Some(c.clone());
+                c
+            }
+        };
+        if client.connection_state() != async_nats::connection::State::Connected {
+            return Err(self.error(
+                TransportErrorKind::Connection,
+                "not connected to the NATS server; reconnecting",
+            ));
+        }
+        if let Some(s) = &state.session {
+            return Ok(s.clone());
+        }
+        let consumer = if self.options.auto_setup {
+            self.declare(&jetstream).await?
+        } else {
+            self.lookup(&jetstream).await?
+        };
+        let session = Session {
+            client,
+            jetstream,
+            consumer,
+        };
+        state.session = Some(session.clone());
+        Ok(session)
+    }
+
+    /// The connected client without the consumer (for sending, which needs only the stream).
+    pub(crate) async fn client(&self) -> Result<(Client, jetstream::Context), TransportError> {
+        let mut state = self.state.lock().await;
+        let c = match &state.client {
+            Some(c) => c.clone(),
+            None => {
+                let c = self.connect(&mut state).await?;
+                state.client = Some(c.clone());
+                c
+            }
+        };
+        if c.0.connection_state() != async_nats::connection::State::Connected {
+            return Err(self.error(
+                TransportErrorKind::Connection,
+                "not connected to the NATS server; reconnecting",
+            ));
+        }
+        Ok(c)
+    }
+
+    /// Forgets the consumer handle (after it or its stream vanished): the next operation sets
+    /// them up again (or looks them up).
+    pub(crate) async fn invalidate(&self) {
+        self.state.lock().await.session = None;
+    }
+
+    async fn connect(
+        &self,
+        state: &mut State,
+    ) -> Result<(Client, jetstream::Context), TransportError> {
+        if let Some(at) = state.next_attempt {
+            let now = Instant::now();
+            if at > now {
+                return Err(self.error(
+                    TransportErrorKind::Connection,
+                    format!(
+                        "NATS server unreachable; next connect attempt in {:?}",
+                        at - now
+                    ),
+                ));
+            }
+        }
+        let cap = self.options.max_backoff;
+        let mut options = ConnectOptions::new()
+            .name(format!("courier:{}", self.name))
+            .connection_timeout(self.options.connect_timeout)
+            .request_timeout(Some(self.options.request_timeout))
+            .reconnect_delay_callback(move |attempts| {
+                Backoff::new(RECONNECT_BASE, cap)
+                    .delay(u32::try_from(attempts.saturating_sub(1)).unwrap_or(u32::MAX))
+            });
+        if let (Some(user), Some(password)) = (&self.server.user, &self.server.password) {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(token) = &self.options.token {
+            options = options.token(token.clone());
+        }
+        let attempt = tokio::time::timeout(
+            self.options.connect_timeout,
+            options.connect(self.server.address.as_str()),
+        )
+        .await;
+        let result = match attempt {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => {
+                let kind = connect_kind(&e.kind());
+                Err(nats_error(
+                    &self.name,
+                    kind,
+                    format!(
+                        "cannot connect to the NATS server at {}",
+                        self.server.address
+                    ),
+                    e,
+                ))
+            }
+            Err(_) => Err(self.error(
+                TransportErrorKind::Timeout,
+                format!(
+                    "connecting to the NATS server at {} timed out",
+                    self.server.address
+                ),
+            )),
+        };
+        match result {
+            Ok(client) => {
+                state.failures = 0;
+                state.next_attempt = None;
+                let jetstream = jetstream::ContextBuilder::new()
+                    .timeout(self.options.request_timeout)
+                    .max_ack_inflight(MAX_ACK_INFLIGHT)
+                    .build(client.clone());
+                tracing::debug!(messaging.destination.name = %self.name, "nats connected");
+                Ok((client, jetstream))
+            }
+            Err(e) => {
+                state.failures = state.failures.saturating_add(1);
+                let backoff = Backoff::new(RECONNECT_BASE, self.options.max_backoff)
+                    .delay(state.failures.saturating_sub(1));
+                state.next_attempt = Some(Instant::now() + backoff);
+                tracing::warn!(messaging.destination.name = %self.name, failures = state.failures, ?backoff, error = %e, "nats connect failed");
+                Err(e)
+            }
+        }
+    }
+
+    fn stream_config(&self) -> stream::Config {
+        let o = &self.options;
+        stream::Config {
+            name: o.stream.clone(),
+            subjects: vec![o.subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: match o.storage {
+                crate::StorageType::File => stream::StorageType::File,
+                crate::StorageType::Memory => stream::StorageType::Memory,
+            },
+            num_replicas: usize::from(o.replicas),
+            duplicate_window: o.duplicate_window,
+            ..stream::Config::default()
+        }
+    }
+
+    fn consumer_config(&self) -> consumer::pull::Config {
+        let o = &self.options;
+        consumer::pull::Config {
+            durable_name: Some(o.consumer.clone()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: o.ack_wait,
+            max_deliver: -1,
+            max_ack_pending: i64::from(o.max_ack_pending),
+            filter_subject: o.subject.clone(),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..consumer::pull::Config::default()
+        }
+    }
+
+    /// Creates or updates the stream (a work queue: an acked message is deleted) and the
+    /// durable pull consumer. Idempotent.
+    pub(crate) async fn declare(
+        &self,
+        jetstream: &jetstream::Context,
+    ) -> Result<PullConsumer, TransportError> {
+        let stream_name = &self.options.stream;
+        jetstream
+            .create_or_update_stream(self.stream_config())
+            .await
+            .map_err(|e| {
+                nats_error(
+                    &self.name,
+                    create_stream_kind(&e.kind()),
+                    format!("cannot create or update stream `{stream_name}`"),
+                    e,
+                )
+            })?;
+        let stream = self.stream(jetstream).await?;
+        stream
+            .create_consumer(self.consumer_config())
+            .await
+            .map_err(|e| {
+                nats_error(
+                    &self.name,
+                    consumer_kind(&e.kind()),
+                    format!(
+                        "cannot create or update consumer `{}` on stream `{stream_name}`",
+                        self.options.consumer
+                    ),
+                    e,
+                )
+            })
+    }
+
+    async fn lookup(&self, jetstream: &jetstream::Context) -> Result<PullConsumer, TransportError> {
+        let stream = self.stream(jetstream).await?;
+        stream
+            .get_consumer(&self.options.consumer)
+            .await
+            .map_err(|e| {
+                // async-nats boxes this error; the connection was up a moment ago, so a
+                // missing consumer is the likely cause.
+                TransportError::new(TransportErrorKind::NotFound, self.name.clone())
+                    .with_context(format!(
+                        "cannot look up consumer `{}` on stream `{}` (run setup, or enable auto_setup)",
+                        self.options.consumer, self.options.stream
+                    ))
+                    .with_source(e)
+            })
+    }
+
+    pub(crate) async fn stream(
+        &self,
+        jetstream: &jetstream::Context,
+    ) -> Result<stream::Stream, TransportError> {
+        jetstream
+            .get_stream(&self.options.stream)
+            .await
+            .map_err(|e| {
+                nats_error(
+                    &self.name,
+                    get_stream_kind(&e.kind()),
+                    format!("cannot look up stream `{}`", self.options.stream),
+                    e,
+                )
+            })
+    }
+
+    /// The number of messages in the stream (a work queue: waiting, in flight and delayed).
+    pub(crate) async fn stream_messages(&self) -> Result<u64, TransportError> {
+        let (_, jetstream) = self.client().await?;
+        let stream = self.stream(&jetstream).await?;
+        let info = stream.get_info().await.map_err(|e| {
+            nats_error(
+                &self.name,
+                info_kind(&e.kind()),
+                format!("cannot read stream `{}`", self.options.stream),
+                e,
+            )
+        })?;
+        Ok(info.state.messages)
+    }
+
+    /// Sets up again on the current connection (for [`Setup`](courier_core::Setup)).
+    pub(crate) async fn setup(&self) -> Result<(), TransportError> {
+        let (client, jetstream) = self.client().await?;
+        let consumer = self.declare(&jetstream).await?;
+        self.state.lock().await.session = Some(Session {
+            client,
+            jetstream,
+            consumer,
+        });
+        Ok(())
+    }
+
+    /// Deletes the stream with its messages and consumer (tests and teardown).
+    pub(crate) async fn delete_stream(&self) -> Result<(), TransportError> {
+        let (_, jetstream) = self.client().await?;
+        self.invalidate().await;
+        match jetstream.delete_stream(&self.options.stream).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(nats_error(
+                &self.name,
+                TransportErrorKind::Protocol,
+                format!("cannot delete stream `{}`", self.options.stream),
+                e,
+            )),
+        }
+    }
+
+    /// Drains and closes the connection (a later call connects again).
+    pub(crate) async fn close(&self) {
+        let mut state = self.state.lock().await;
+        state.session = None;
+        if let Some((client, _)) = state.client.take() {
+            let _ = client.drain().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_password_never_shows_in_debug() {
+        let server = Server {
+            address: "127.0.0.1:4222".into(),
+            user: Some("app".into()),
+            password: Some("hunter2".into()),
+        };
+        let shown = format!("{server:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let link = Link::new("orders".into(), server, NatsOptions::new("orders"));
+        let shown = format!("{link:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn connection_trouble_is_transient_and_refused_credentials_are_not() {
+        use async_nats::ConnectErrorKind as K;
+        for k in [K::Io, K::Dns, K::TimedOut, K::MaxReconnects] {
+            assert!(connect_kind(&k).is_transient(), "{k:?}");
+        }
+        for k in [
+            K::Authentication,
+            K::AuthorizationViolation,
+            K::ServerParse,
+            K::Tls,
+        ] {
+            assert_eq!(connect_kind(&k), TransportErrorKind::Config, "{k:?}");
+        }
+        use async_nats::jetstream::context::PublishErrorKind as P;
+        assert!(publish_kind(&P::TimedOut).is_transient());
+        assert!(publish_kind(&P::BrokenPipe).is_transient());
+        assert_eq!(
+            publish_kind(&P::StreamNotFound),
+            TransportErrorKind::NotFound
+        );
+        assert_eq!(
+            publish_kind(&P::MaxPayloadExceeded),
+            TransportErrorKind::Unsupported
+        );
+        assert!(request_kind(&async_nats::RequestErrorKind::TimedOut).is_transient());
+        assert!(!request_kind(&async_nats::RequestErrorKind::NoResponders).is_transient());
+    }
+}
