@@ -62,8 +62,14 @@
 //! - **Connection loss**: async-nats reconnects by itself (backoff from 100 ms doubling up to
 //!   `max_backoff`); while it is disconnected, operations fail at once with a transient
 //!   [`TransportErrorKind::Connection`](courier_core::TransportErrorKind) error instead of
-//!   queueing. Deliveries are server state: they survive the reconnect and can be acked after.
-//!   A first connect that fails is retried by the next operation after the same backoff.
+//!   queueing, and so does an operation whose answer (a PubAck, an ack's reply, a pull) the
+//!   broken connection will not bring. A publish cut short may have been stored (at least
+//!   once; `Nats-Msg-Id` deduplicates the resend of an envelope with a message id); an ack cut
+//!   short may not have been, and the delivery comes back after `ack_wait`. Deliveries are
+//!   server state: they survive the reconnect and can be acked after it. A first connect that
+//!   fails is retried by the next operation after the same backoff. The conformance suite
+//!   cuts the connections through a TCP proxy; a restart of the server under a running
+//!   producer and consumer lost nothing either (checked by hand, not in the suite).
 //! - `message_count` is the stream's message count: a work queue holds exactly the messages
 //!   not yet acked or rejected (waiting, in flight, delayed). Streams are not listable
 //!   (`as_listable()` is `None`) and have no priorities.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer, stream};
 use async_nats::{Client, ConnectOptions};
 use courier_core::{Backoff, TransportError, TransportErrorKind};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::NatsOptions;
@@ -62,6 +63,9 @@ pub(crate) struct Link {
     server: Server,
     pub(crate) options: NatsOptions,
     state: tokio::sync::Mutex<State>,
+    /// Counts the client's disconnects, so an operation waiting for an answer the broken
+    /// connection will never bring fails at once instead of at its timeout.
+    disconnects: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Link {
@@ -187,7 +191,33 @@ impl Link {
                 failures: 0,
                 next_attempt: None,
             }),
+            disconnects: watch::channel(0).0,
         }
+    }
+
+    /// A receiver that wakes at the client's next disconnect: subscribe before sending the
+    /// request whose answer is awaited.
+    pub(crate) fn disconnects(&self) -> watch::Receiver<u64> {
+        self.disconnects.subscribe()
+    }
+
+    /// Awaits `fut` unless the connection breaks first (`None`).
+    pub(crate) async fn unless_disconnected<T>(
+        mut disconnects: watch::Receiver<u64>,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        tokio::select! {
+            v = fut => Some(v),
+            _ = disconnects.changed() => None,
+        }
+    }
+
+    /// The error of an operation cut short by a disconnect.
+    pub(crate) fn disconnected(&self, what: &str) -> TransportError {
+        self.error(
+            TransportErrorKind::Connection,
+            format!("the connection to the NATS server broke during {what}; reconnecting"),
+        )
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -281,7 +311,18 @@ impl Link {
             }
         }
         let cap = self.options.max_backoff;
+        let disconnects = self.disconnects.clone();
+        let name = self.name.clone();
         let mut options = ConnectOptions::new()
+            .event_callback(move |event| {
+                if matches!(event, async_nats::Event::Disconnected) {
+                    disconnects.send_modify(|n| *n = n.wrapping_add(1));
+                    tracing::warn!(messaging.destination.name = %name, "nats connection lost; reconnecting");
+                } else if matches!(event, async_nats::Event::Connected) {
+                    tracing::debug!(messaging.destination.name = %name, "nats (re)connected");
+                }
+                std::future::ready(())
+            })
             .name(format!("courier:{}", self.name))
             .connection_timeout(self.options.connect_timeout)
             .request_timeout(Some(self.options.request_timeout))

@@ -24,6 +24,9 @@ const PUBLISH_CHUNK: usize = 1024;
 /// Below this much of the poll window left, `get` does not start another waiting pull.
 const MIN_WAIT: Duration = Duration::from_millis(20);
 
+/// How long past its expiry a waiting pull may take to end before `get` stops waiting.
+const WAIT_SLACK: Duration = Duration::from_secs(1);
+
 /// The NATS JetStream transport, on async-nats. See the [crate docs](crate).
 pub struct NatsTransport {
     link: Arc<Link>,
@@ -213,6 +216,7 @@ impl NatsTransport {
         n: usize,
         wait: Option<Duration>,
     ) -> Result<Vec<async_nats::jetstream::Message>, TransportError> {
+        let disconnects = self.link.disconnects();
         let request = match wait {
             None => consumer.fetch().max_messages(n).messages().await,
             Some(wait) => {
@@ -232,12 +236,24 @@ impl NatsTransport {
             };
             nats_error(self.name(), kind, "pull request failed", e)
         })?;
-        // The server ends a batch itself; this bounds it should the answer never come.
-        let deadline =
-            Instant::now() + wait.unwrap_or_default() + self.link.options.request_timeout;
+        // The server ends a batch itself (a waiting pull with a 408 at its expiry); this bounds
+        // it should that never come, as when the connection broke under the pull.
+        let deadline = Instant::now()
+            + match wait {
+                Some(wait) => wait + WAIT_SLACK,
+                None => self.link.options.request_timeout,
+            };
         let mut got = Vec::with_capacity(n);
         loop {
-            match tokio::time::timeout_at(deadline, batch.next()).await {
+            let next = tokio::time::timeout_at(deadline, batch.next());
+            let Some(next) = Link::unless_disconnected(disconnects.clone(), next).await else {
+                // What came is still deliverable: deliveries are server state.
+                if got.is_empty() {
+                    return Err(self.link.disconnected("a pull request"));
+                }
+                return Ok(got);
+            };
+            match next {
                 Ok(Some(Ok(message))) => got.push(message),
                 Ok(None) => return Ok(got),
                 Ok(Some(Err(e))) => {
@@ -250,7 +266,7 @@ impl NatsTransport {
                         .error(TransportErrorKind::Connection, "pull request failed")
                         .with_source(e));
                 }
-                Err(_) if !got.is_empty() => return Ok(got),
+                Err(_) if !got.is_empty() || wait.is_some() => return Ok(got),
                 Err(_) => {
                     return Err(self.error(
                         TransportErrorKind::Timeout,
@@ -325,8 +341,13 @@ impl NatsTransport {
     /// answer.
     async fn settle(&self, reply: &str, what: &'static str) -> Result<(), TransportError> {
         let (client, _) = self.link.client().await?;
+        let disconnects = self.link.disconnects();
         let request = client.request(reply.to_owned(), what.into());
-        match tokio::time::timeout(self.link.options.request_timeout, request).await {
+        let answer = tokio::time::timeout(self.link.options.request_timeout, request);
+        let Some(answer) = Link::unless_disconnected(disconnects, answer).await else {
+            return Err(self.link.disconnected(what));
+        };
+        match answer {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(nats_error(
                 self.name(),
@@ -362,9 +383,14 @@ impl Transport for NatsTransport {
 
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         let session = self.link.session().await?;
+        let disconnects = self.link.disconnects();
         let ack = self.publish(&session, &envelope).await?;
-        let seq = self.confirmed(ack).await?;
-        Ok(envelope.with(TransportMessageIdStamp(seq.to_string())))
+        let Some(seq) = Link::unless_disconnected(disconnects, self.confirmed(ack)).await else {
+            return Err(self
+                .link
+                .disconnected("a publish (it may have been stored)"));
+        };
+        Ok(envelope.with(TransportMessageIdStamp(seq?.to_string())))
     }
 
     #[tracing::instrument(level = "debug", name = "receive", skip_all, fields(
@@ -422,6 +448,15 @@ impl Transport for NatsTransport {
         Ok(())
     }
 
+    /// All the `+WPI`s at once, each confirmed.
+    async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        let keepalives = envelopes.iter().map(|e| self.keepalive(e));
+        for result in futures_util::future::join_all(keepalives).await {
+            result?;
+        }
+        Ok(())
+    }
+
     /// Publishes in chunks of 1024, then awaits each chunk's PubAcks together.
     async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
         if envelopes.is_empty() {
@@ -430,13 +465,19 @@ impl Transport for NatsTransport {
         let session = self.link.session().await?;
         let mut seqs = Vec::with_capacity(envelopes.len());
         for chunk in envelopes.chunks(PUBLISH_CHUNK) {
+            let disconnects = self.link.disconnects();
             let mut pending = Vec::with_capacity(chunk.len());
             for envelope in chunk {
                 pending.push(self.publish(&session, envelope).await?);
             }
-            for result in
-                futures_util::future::join_all(pending.into_iter().map(|a| self.confirmed(a))).await
-            {
+            let confirms =
+                futures_util::future::join_all(pending.into_iter().map(|a| self.confirmed(a)));
+            let Some(results) = Link::unless_disconnected(disconnects, confirms).await else {
+                return Err(self
+                    .link
+                    .disconnected("a batch of publishes (some may have been stored)"));
+            };
+            for result in results {
                 seqs.push(result?);
             }
         }

@@ -109,3 +109,53 @@ async fn a_server_that_is_unreachable_fails_fast_and_transiently() {
     ));
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats: set COURIER_TEST_NATS_URL"]
+async fn a_worker_handles_every_message_sent_through_nats_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use courier_core::{CancellationToken, HandlerError, MessageBus, Worker};
+
+    let h = NatsHarness::new().await;
+    let t = h
+        .make(NatsHarness::options(&NatsHarness::unique("courier_worker")))
+        .await;
+    let handled = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&handled);
+    let bus = MessageBus::builder()
+        .transport("nats", t.clone())
+        .route("courier.test", ["nats"])
+        .message::<TestMessage>()
+        .handler_fn("count", move |m: Arc<TestMessage>| {
+            let seen = Arc::clone(&seen);
+            async move {
+                seen.fetch_add(m.seq, Ordering::Relaxed);
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .build();
+    for seq in 1..=40 {
+        ok("dispatch", async {
+            bus.dispatch(TestMessage::new(seq)).await.map_err(|e| {
+                courier_core::TransportError::new(TransportErrorKind::Other, "bus").with_source(e)
+            })
+        })
+        .await;
+    }
+    let stats = tokio::time::timeout(
+        Duration::from_secs(30),
+        Worker::builder(bus)
+            .receiver("nats", t.clone())
+            .limit(40)
+            .build()
+            .run(CancellationToken::new()),
+    )
+    .await
+    .expect("the worker timed out")
+    .expect("the worker");
+    assert_eq!(stats.handled, 40);
+    assert_eq!(handled.load(Ordering::Relaxed), (1..=40).sum::<u64>());
+    assert_eq!(count(&t).await, 0, "every message acked");
+}
