@@ -95,6 +95,7 @@
 //! must fit the server's `max_payload` (1 MiB by default; raise it to carry 1 MiB bodies).
 
 mod deliveries;
+mod errors;
 mod factory;
 mod link;
 mod options;

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use crate::NatsOptions;
 use crate::deliveries::Deliveries;
-use crate::link::{Link, PullConsumer, Server, Session, nats_error, publish_kind, request_kind};
+use crate::errors::{nats_error, publish_kind, request_kind};
+use crate::link::{Link, PullConsumer, Server, Session};
 use crate::wire::{self, AckSubject};
 
 /// `send_batch` publishes this many, then awaits their PubAcks, then the next chunk.
