@@ -2,7 +2,7 @@
 //!
 //! Message transports for Rust in the spirit of Symfony Messenger, with a durable run layer on
 //! top. Dispatch typed messages on a [`MessageBus`]; route them to transports chosen by a DSN
-//! (`sync://`, `in-memory://`, `sqlite://`, `postgres://`, `mysql://`, `redis://`, `amqp://`);
+//! (`sync://`, `in-memory://`, `sqlite://`, `postgres://`, `mysql://`, `redis://`, `amqp://`, `nats://`);
 //! consume them with a [`Worker`] that retries with backoff, moves what keeps failing to a
 //! failure transport, and shuts down gracefully. Unit-test with the in-memory or sync transport.
 //!
@@ -44,6 +44,7 @@
 //! | `postgres`, `mysql` | the SQL transport on PostgreSQL and MySQL / MariaDB |
 //! | `redis` | `redis::RedisTransport` (Redis Streams) |
 //! | `amqp` | `amqp::AmqpTransport` (RabbitMQ) |
+//! | `nats` | `nats::NatsTransport` (NATS JetStream) |
 //! | `runs` (default) | [`runs`]: durable runs under a lease, heartbeat, reaper, retry per failure class |
 //! | `cli` (default) | [`cli`]: the `courier` command line as a library (clap, tracing-subscriber; the binary adds mimalloc) |
 //! | `otel` | `otel` (`courier-otel`): OpenTelemetry spans and W3C trace context across transports, an OTLP exporter; with `cli`, `courier` exports to `OTEL_EXPORTER_OTLP_ENDPOINT` when it is set |
@@ -63,6 +64,8 @@ pub use courier_core::*;
 pub use courier_amqp as amqp;
 #[cfg(feature = "cli")]
 pub use courier_cli as cli;
+#[cfg(feature = "nats")]
+pub use courier_nats as nats;
 #[cfg(feature = "otel")]
 pub use courier_otel as otel;
 #[cfg(feature = "redis")]
@@ -73,7 +76,7 @@ pub use courier_runs as runs;
 pub use courier_sql as sql;
 
 /// A [`TransportRegistry`] with every transport this build enables: `sync://`, `in-memory://`
-/// and, by feature, the SQL, Redis and AMQP schemes.
+/// and, by feature, the SQL, Redis, AMQP and NATS schemes.
 #[must_use]
 pub fn transport_registry() -> TransportRegistry {
     #[allow(unused_mut, reason = "mutated only when a transport feature is on")]
@@ -84,5 +87,7 @@ pub fn transport_registry() -> TransportRegistry {
     registry.register(std::sync::Arc::new(courier_redis::RedisTransportFactory));
     #[cfg(feature = "amqp")]
     registry.register(std::sync::Arc::new(courier_amqp::AmqpTransportFactory));
+    #[cfg(feature = "nats")]
+    registry.register(std::sync::Arc::new(courier_nats::NatsTransportFactory));
     registry
 }

@@ -63,6 +63,7 @@ fn factories() -> TransportRegistry {
     f.register(Arc::new(courier_sql::SqlTransportFactory));
     f.register(Arc::new(courier_redis::RedisTransportFactory));
     f.register(Arc::new(courier_amqp::AmqpTransportFactory));
+    f.register(Arc::new(courier_nats::NatsTransportFactory));
     f
 }
 

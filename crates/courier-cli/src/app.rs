@@ -47,7 +47,7 @@ impl Default for App {
 }
 
 impl App {
-    /// The command line with the transports of the enabled features (`sql`, `redis`, `amqp`),
+    /// The command line with the transports of the enabled features (`sql`, `redis`, `amqp`, `nats`),
     /// and, with `runs`, the built-in `scripted` agent.
     pub fn new() -> Self {
         Self {

@@ -36,7 +36,7 @@ impl std::fmt::Debug for Wiring {
 }
 
 impl Wiring {
-    /// The transports of the enabled features (`sql`, `redis`, `amqp`) and, with `runs`, the
+    /// The transports of the enabled features (`sql`, `redis`, `amqp`, `nats`) and, with `runs`, the
     /// built-in `scripted` agent; no handler yet.
     pub(crate) fn new() -> Self {
         #[allow(unused_mut, reason = "no transport feature enabled")]
@@ -47,6 +47,8 @@ impl Wiring {
         factories.register(Arc::new(courier_redis::RedisTransportFactory));
         #[cfg(feature = "amqp")]
         factories.register(Arc::new(courier_amqp::AmqpTransportFactory));
+        #[cfg(feature = "nats")]
+        factories.register(Arc::new(courier_nats::NatsTransportFactory));
         Self {
             bus_hooks: Vec::new(),
             registry: MessageRegistry::new(),

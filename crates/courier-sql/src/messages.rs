@@ -95,9 +95,17 @@ pub(crate) struct Statements {
     pub(crate) claim: String,
     /// PostgreSQL: deletes acked (id, delivery id) pairs and claims, in one statement (binds:
     /// ids, delivery ids, then the claim's); elsewhere `None` (one transaction instead).
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "read by the PostgreSQL backend only")
+    )]
     pub(crate) delete_and_claim: Option<String>,
     /// PostgreSQL: deletes the rows the claim would pick, locked `FOR UPDATE SKIP LOCKED`, and
     /// returns them (binds: queue, redelivery window, limit); elsewhere `None`.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "read by the PostgreSQL backend only")
+    )]
     pub(crate) drain: Option<String>,
     pub(crate) next_due: String,
     pub(crate) delete_one: String,

@@ -11,7 +11,7 @@ pub fn require(var: &str) -> String {
         Ok(v) if !v.is_empty() => v,
         _ => panic!(
             "{var} is not set. This test needs a real server: run `scripts/services` \
-             (it starts PostgreSQL, MariaDB, Redis and RabbitMQ on 127.0.0.1, installs Chromium and \
+             (it starts PostgreSQL, MariaDB, Redis, RabbitMQ and NATS on 127.0.0.1, installs Chromium and \
              chromedriver, and prints the variables), \
              export what it prints, then rerun with `--include-ignored`, or run `scripts/test`."
         ),
@@ -40,6 +40,12 @@ pub fn redis_url() -> String {
 #[must_use]
 pub fn amqp_url() -> String {
     require("COURIER_TEST_AMQP_URL")
+}
+
+/// `COURIER_TEST_NATS_URL`, e.g. `nats://127.0.0.1:4222` (a server with JetStream enabled).
+#[must_use]
+pub fn nats_url() -> String {
+    require("COURIER_TEST_NATS_URL")
 }
 
 /// `COURIER_TEST_CHROMEDRIVER`, the path of Debian's `chromedriver` (package

@@ -1,0 +1,107 @@
+//! The NATS JetStream transport of [Courier](https://docs.rs/courier), on
+//! [async-nats](https://docs.rs/async-nats) with tokio.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use courier_core::{Dsn, Envelope, FactoryContext, Message, MessageRegistry, TransportRegistry};
+//! use courier_nats::NatsTransportFactory;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Ping { n: u32 }
+//! impl Message for Ping { const NAME: &'static str = "app.ping"; }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let registry = TransportRegistry::new().with(Arc::new(NatsTransportFactory));
+//! let dsn = Dsn::parse("nats://127.0.0.1:4222/orders?ack_wait=30s")?;
+//! let messages = Arc::new(MessageRegistry::new().with::<Ping>());
+//! let transport = registry.create(FactoryContext::new("async", dsn).registry(messages)).await?;
+//! transport.as_setup().expect("nats has setup").setup().await?;   // stream + durable consumer
+//! transport.send(Envelope::new(Ping { n: 1 })).await?;            // returns once the PubAck came
+//! let got = transport.get(32).await?;                               // pulled, up to 32
+//! transport.ack_batch(&got).await?;                                 // the acks, pipelined
+//! # Ok(()) }
+//! ```
+//!
+//! # What it does
+//!
+//! - **Topology**: one JetStream stream per transport (named by the DSN's path, else by the
+//!   transport; a *work queue*, so an acked or rejected message is deleted) capturing one
+//!   subject (default `<stream>.messages`), and one durable pull consumer (default `courier`)
+//!   with explicit acks, an `ack_wait` (default 30 s) and `max_ack_pending` (default 10 000).
+//!   Every worker of the transport pulls from that one consumer, so each message goes to one
+//!   of them. [`Setup`](courier_core::Setup) creates or updates both idempotently; with
+//!   `auto_setup` (the default) the first operation does. Stream and consumer names are
+//!   checked against JetStream's rules (no whitespace, `.`, `*`, `>`, `/`, `\`) up front.
+//! - **Sending**: `send` publishes and returns once the server's PubAck came (the stream
+//!   stored it); `send_batch` publishes a chunk of up to 1024, then awaits all their PubAcks
+//!   together, and fails if any failed. An envelope with a
+//!   [`MessageIdStamp`](courier_core::MessageIdStamp) is published with
+//!   `Nats-Msg-Id: <id>:<digest of body and headers>`, so the same stored envelope sent twice
+//!   within the stream's `duplicate_window` (default 2 min), as a relay that died between its
+//!   publish and its source ack does, is stored once; a retry (new stamps) is a new message.
+//! - **Receiving**: `get(max)` pulls what is there at once (a `no_wait` fetch of `max`); if
+//!   nothing is, it waits up to `poll_window` (default 1 s) for one message, then takes what
+//!   else is there. The server's wait is a real blocking wait, not polling.
+//! - **Acks**: `ack` is `+ACK` and waits for the server's answer (`ack_batch` sends them all
+//!   at once); `reject` is `+TERM`; `keepalive` is `+WPI`, which restarts the delivery's
+//!   `ack_wait`. Acking twice is harmless. JetStream acks by stream sequence, whatever the
+//!   delivery: so the transport remembers the newest delivery of each message it handed out,
+//!   and the late ack of a superseded delivery is a no-op. A late ack from *another* process,
+//!   whose delivery expired and went to this one, still removes the message (it was handled).
+//! - **Redelivery**: a delivery neither acked nor kept alive within `ack_wait` is delivered
+//!   again (to any worker), with the same id; `max_deliver` is unlimited.
+//! - **Delays** (`DelayStamp`): the message is published at once with a `Courier-Delay`
+//!   header (milliseconds); a `get` that pulls it before the server's store time plus the
+//!   delay gives it back with `-NAK {"delay": what is left}` and does not return it, so it is
+//!   never delivered early, and the server offers it again when due. Delays have no maximum,
+//!   but a waiting delayed message counts towards `max_ack_pending`.
+//! - **Retries** follow the trait's default: the new envelope (new stamps, the delay) is
+//!   published first, the old delivery acked second, so a crash in between means a duplicate,
+//!   never a loss.
+//! - **Connection loss**: async-nats reconnects by itself (backoff from 100 ms doubling up to
+//!   `max_backoff`); while it is disconnected, operations fail at once with a transient
+//!   [`TransportErrorKind::Connection`](courier_core::TransportErrorKind) error instead of
+//!   queueing, and so does an operation whose answer (a PubAck, an ack's reply, a pull) the
+//!   broken connection will not bring. A publish cut short may have been stored (at least
+//!   once; `Nats-Msg-Id` deduplicates the resend of an envelope with a message id); an ack cut
+//!   short may not have been, and the delivery comes back after `ack_wait`. Deliveries are
+//!   server state: they survive the reconnect and can be acked after it. A first connect that
+//!   fails is retried by the next operation after the same backoff. The conformance suite
+//!   cuts the connections through a TCP proxy; a restart of the server under a running
+//!   producer and consumer lost nothing either (checked by hand, not in the suite).
+//! - `message_count` is the stream's message count: a work queue holds exactly the messages
+//!   not yet acked or rejected (waiting, in flight, delayed). Streams are not listable
+//!   (`as_listable()` is `None`) and have no priorities.
+//! - Credentials: `nats://user:pass@host` or `?token=...`; both are redacted wherever the DSN
+//!   is shown, and never in `Debug`. A user without a password is refused (it might be a token
+//!   in the wrong place). TLS (`tls://`) is not supported.
+//!
+//! # Wire format
+//!
+//! Payload: the message body. Every Courier header (`type`, `content-type`,
+//! `x-courier-stamp-*`, extra headers) is a NATS header of the same name. The transport message
+//! id is the stream sequence. On receive, `Nats-*` headers and `Courier-Delay` are dropped.
+//! NATS headers are text lines: a header value with a line break or surrounding whitespace is
+//! refused on send (an [`Encode`](courier_core::TransportErrorKind::Encode) error naming it);
+//! async-nats cannot read a message whose headers are not UTF-8.
+//!
+//! # Options
+//!
+//! See [`NatsOptions`] for the DSN form (`subject`, `consumer`, `ack_wait`, `max_ack_pending`,
+//! `poll_window`, `request_timeout`, `connect_timeout`, `max_backoff`, `auto_setup`,
+//! `duplicate_window`, `storage`, `replicas`, `serializer`, `token`). Tested against
+//! nats-server 2.9.10 (Debian's package) with JetStream enabled. A message (body plus headers)
+//! must fit the server's `max_payload` (1 MiB by default; raise it to carry 1 MiB bodies).
+
+mod deliveries;
+mod errors;
+mod factory;
+mod link;
+mod options;
+mod transport;
+mod wire;
+
+pub use factory::NatsTransportFactory;
+pub use options::{NatsOptions, StorageType};
+pub use transport::NatsTransport;
