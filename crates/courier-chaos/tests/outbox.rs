@@ -1,5 +1,5 @@
 //! The transactional outbox and the inbox across real crashes (`kill -9` of real processes), on
-//! a PostgreSQL outbox relayed to Redis and to RabbitMQ: orders are dispatched in PostgreSQL
+//! a PostgreSQL outbox relayed to Redis, to RabbitMQ and to NATS JetStream: orders are dispatched in PostgreSQL
 //! transactions (even ids commit, odd ones roll back); the relay is killed after the
 //! destination confirmed a batch and before its outbox rows are deleted, then after the delete
 //! and before the next batch; a consumer is killed after its handler's transaction committed
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use courier_chaos::outbox::OutboxOrder;
 use courier_core::{Dsn, MessageBus, MessageRegistry};
 use courier_sql::{Inbox, InboxOptions, SqlTransport, dispatch_in};
-use courier_test::env::{amqp_url, postgres_url, redis_url, unique_name};
+use courier_test::env::{amqp_url, nats_url, postgres_url, redis_url, unique_name};
 use tokio::process::{Child, Command};
 
 const ORDERS: i64 = 40;
@@ -238,6 +238,17 @@ async fn postgres_outbox_to_rabbitmq_survives_relay_and_consumer_kills() {
     every_committed_order_is_handled_exactly_once(format!(
         "{}?exchange={queue}&queues={queue}",
         amqp_url()
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and NATS: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_NATS_URL"]
+async fn postgres_outbox_to_nats_survives_relay_and_consumer_kills() {
+    let stream = unique_name("outbox_stream");
+    every_committed_order_is_handled_exactly_once(format!(
+        "{}?stream={stream}&ack_wait=2s",
+        nats_url()
     ))
     .await;
 }

@@ -292,3 +292,13 @@ fn bench_relay_from_postgres_to_redis() {
         &service_url("COURIER_TEST_REDIS_URL"),
     );
 }
+
+#[cfg(all(feature = "postgres", feature = "nats"))]
+#[test]
+#[ignore = "needs postgres and nats: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_NATS_URL"]
+fn bench_relay_from_postgres_to_nats() {
+    relay_beside_direct_send(
+        &service_url("COURIER_TEST_POSTGRES_URL"),
+        &service_url("COURIER_TEST_NATS_URL"),
+    );
+}

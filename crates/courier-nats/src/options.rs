@@ -40,7 +40,7 @@ impl std::str::FromStr for StorageType {
 ///     &storage=file&replicas=1&serializer=json&token=SECRET
 /// ```
 ///
-/// The stream is the DSN's path (`/orders`), or the transport's name without one; the subject
+/// The stream is the DSN's path (`/orders`) or `?stream=orders`, else the transport's name; the subject
 /// defaults to `<stream>.messages`, the durable consumer to `courier`. `token` authenticates
 /// with a token instead of `user:pass` (it is redacted wherever the DSN is shown).
 #[derive(Clone, PartialEq, Eq)]
@@ -85,6 +85,7 @@ impl std::fmt::Debug for NatsOptions {
 }
 
 const KNOWN: &[&str] = &[
+    "stream",
     "subject",
     "consumer",
     "ack_wait",
@@ -271,7 +272,17 @@ impl NatsOptions {
     /// A message naming the unknown option, the bad value or the invalid name.
     pub fn from_dsn(name: &str, dsn: &Dsn) -> Result<Self, String> {
         let path = dsn.path().trim_matches('/');
-        let stream = if path.is_empty() { name } else { path };
+        let stream = match (path, dsn.option("stream")) {
+            ("", None) => name,
+            ("", Some(option)) => option,
+            (path, None) => path,
+            (path, Some(option)) if path == option => path,
+            (path, Some(option)) => {
+                return Err(format!(
+                    "the stream is named twice: `{path}` in the path, `{option}` in `?stream=`"
+                ));
+            }
+        };
         let mut o = Self::new(stream);
         let mut subject = None;
         for (key, value) in dsn.options() {
@@ -283,6 +294,7 @@ impl NatsOptions {
                     .map_err(|_| bad("expected true or false"))
             };
             match key.as_str() {
+                "stream" => {}
                 "subject" => subject = Some(value.clone()),
                 "consumer" => o.consumer = value.clone(),
                 "ack_wait" => o.ack_wait = duration()?,
@@ -401,6 +413,15 @@ mod tests {
             (o.stream.as_str(), o.subject.as_str()),
             ("orders", "orders.messages")
         );
+        let o = parse("nats://localhost?stream=orders").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (o.stream.as_str(), o.subject.as_str()),
+            ("orders", "orders.messages")
+        );
+        let e = parse("nats://localhost/orders?stream=invoices")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("`orders`") && e.contains("`invoices`"), "{e}");
     }
 
     #[test]

@@ -144,6 +144,9 @@ pub(crate) fn isolate(dsn: &Dsn, queue: &str, fetch_size: u16) -> Dsn {
         "redis" | "rediss" if dsn.option("stream").is_none() => {
             dsn.clone().with_option("stream", queue)
         }
+        "nats" if dsn.path().trim_matches('/').is_empty() && dsn.option("stream").is_none() => {
+            dsn.clone().with_option("stream", queue)
+        }
         "amqp" | "amqps" => {
             let mut d = dsn.clone();
             if d.option("exchange").is_none() && d.option("queues").is_none() {
@@ -161,7 +164,8 @@ pub(crate) fn isolate(dsn: &Dsn, queue: &str, fetch_size: u16) -> Dsn {
 }
 
 /// Removes what [`isolate`] made the transport create on a server (AMQP: the exchange, its
-/// delay exchange and the queue; Redis: the stream and its delayed keys); SQL rows are consumed.
+/// delay exchange and the queue; Redis: the stream and its delayed keys; NATS: the stream); SQL
+/// rows are consumed.
 pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
     #[cfg(feature = "redis")]
     if matches!(isolated.scheme(), "redis" | "rediss")
@@ -183,6 +187,21 @@ pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
     {
         let delay = format!("{exchange}.delay");
         crate::raw::amqp::delete(isolated, &[queue], &[exchange, &delay]).await;
+    }
+    #[cfg(feature = "nats")]
+    if isolated.scheme() == "nats"
+        && original.option("stream").is_none()
+        && isolated.option("stream").is_some()
+    {
+        let registry = std::sync::Arc::new(courier_core::MessageRegistry::new());
+        match courier_nats::NatsTransport::connect("bench", isolated, registry).await {
+            Ok(t) => {
+                if let Err(e) = t.delete_stream().await {
+                    tracing::warn!(error = %e, "bench: deleting the NATS stream failed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "bench: deleting the NATS stream failed"),
+        }
     }
     let _ = (isolated, original);
 }
