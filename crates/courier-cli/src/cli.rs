@@ -246,6 +246,11 @@ pub(crate) struct RelayArgs {
     /// Stop after forwarding this many messages
     #[arg(long)]
     pub(crate) limit: Option<u64>,
+    /// From a PostgreSQL outbox: the longest a batch's transaction stays open while the
+    /// destination refuses it; then the batch goes back to the outbox, unlocked, and is resent
+    /// from memory until the destination is back
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub(crate) hold_limit: std::time::Duration,
 }
 
 #[derive(Debug, Subcommand)]

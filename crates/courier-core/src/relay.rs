@@ -25,7 +25,11 @@
 //! sent, and committed once the destination confirmed it. One write per row instead of two
 //! (the claim's update, then the delete); a relay that dies leaves its transactions to roll
 //! back, so its batches come back at once. The pipeline is the same: batch `k - 1` commits
-//! and `k + 1` is drained while `k` is sent.
+//! and `k + 1` is drained while `k` is sent. A destination that keeps refusing a batch past
+//! [`RelayOptions::hold_limit`] (30 s) does not keep its transaction open through the outage:
+//! the relay rolls back both held batches (their rows back in the outbox, locked by nobody,
+//! vacuum free to run), resends the refused batch from memory until the destination takes it,
+//! deletes its rows by id, and drains on from there, in order.
 //!
 //! A crash after a confirmation and before the ack sends the batch again once the source's
 //! redelivery window passes, or at once from a draining source (at least once; an inbox on the
@@ -90,6 +94,11 @@ pub struct RelayOptions {
     /// [`Relay::run`] returns once it forwarded this many messages (it fetches no more);
     /// `None` (the default): it runs until shut down.
     pub limit: Option<u64>,
+    /// From a draining source: the longest a batch stays held (its PostgreSQL transaction
+    /// open, holding back vacuum) while the destination refuses it (default 30 s). Past it the
+    /// relay lets the batch go back to the source (and the one drained ahead), waits the outage
+    /// out by resending the batch from memory, holding nothing, then deletes its rows by id.
+    pub hold_limit: Duration,
     pause: Option<(RelayPoint, PathBuf)>,
 }
 
@@ -100,6 +109,7 @@ impl Default for RelayOptions {
             lag_every: Duration::from_secs(5),
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             limit: None,
+            hold_limit: Duration::from_secs(30),
             pause: None,
         }
     }
@@ -131,6 +141,13 @@ impl RelayOptions {
     #[must_use]
     pub fn limit(mut self, limit: Option<u64>) -> Self {
         self.limit = limit;
+        self
+    }
+
+    /// Sets [`RelayOptions::hold_limit`].
+    #[must_use]
+    pub fn hold_limit(mut self, limit: Duration) -> Self {
+        self.hold_limit = limit;
         self
     }
 
@@ -325,8 +342,21 @@ impl Relay {
                 next_lag = Instant::now() + self.options.lag_every;
             }
             let confirmed = std::mem::replace(&mut committing, Drained::empty());
+            // The envelopes only: a `&Drained` held across an await would need a `Sync` hold.
+            let outgoing = &sending.envelopes;
             let (sent, committed, next) = tokio::join!(
-                self.send(&sending.envelopes, false, shutdown),
+                async {
+                    if outgoing.is_empty() {
+                        return Ok(true);
+                    }
+                    // A send still refused at the hold limit gives the held batch up.
+                    tokio::time::timeout(
+                        self.options.hold_limit,
+                        self.send(outgoing, false, shutdown),
+                    )
+                    .await
+                    .map_or(Ok(false), |sent| sent.map(|_| true))
+                },
                 self.commit(confirmed),
                 async {
                     if want == 0 {
@@ -350,13 +380,47 @@ impl Relay {
                 self.pause(RelayPoint::AfterDelete).await;
             }
             let next = next?;
-            sent?;
+            if !sent? {
+                // Both batches go back to the source: the one drained ahead must follow (it
+                // was not counted against the limit yet).
+                drop(next);
+                let released = std::mem::replace(&mut sending, Drained::empty());
+                let n = self.resend_released(released, shutdown).await?;
+                self.done(n);
+                stats.relayed += n as u64;
+                stats.batches += 1;
+                continue;
+            }
             if !sending.is_empty() {
                 self.pause(RelayPoint::AfterConfirm).await;
             }
             left = left.saturating_sub(next.envelopes.len() as u64);
             committing = std::mem::replace(&mut sending, next);
         }
+    }
+
+    /// A drained batch the destination kept refusing past [`RelayOptions::hold_limit`]: rolls
+    /// its transaction back (the rows are back at the source, held by nobody), resends its
+    /// envelopes from memory until the destination takes them (or shutdown), then deletes
+    /// their rows by id. Returns how many it forwarded. A crash in between sends them again
+    /// (at least once); so does another relay that drains them meanwhile.
+    async fn resend_released(
+        &self,
+        mut released: Drained,
+        shutdown: &CancellationToken,
+    ) -> Result<usize, TransportError> {
+        let envelopes = std::mem::take(&mut released.envelopes);
+        // Rolled back now, not when this function returns.
+        drop(released);
+        tracing::warn!(from = %self.from_name, to = %self.to_name, messages = envelopes.len(),
+            hold_limit_ms = u64::try_from(self.options.hold_limit.as_millis()).unwrap_or(u64::MAX),
+            "relay: the destination is still refusing; the held batch went back to the source, and is resent from memory until the destination takes it");
+        self.send(&envelopes, false, shutdown).await?;
+        self.retrying("deleting a resent batch", shutdown, |_| {
+            self.from.ack_batch(&envelopes)
+        })
+        .await?;
+        Ok(envelopes.len())
     }
 
     /// Commits a confirmed drained batch; how many messages it removed (`None`: nothing to

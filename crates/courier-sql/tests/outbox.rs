@@ -393,3 +393,124 @@ async fn a_postgres_drain_holds_its_rows_until_it_commits() {
         .unwrap();
     assert!(after.is_empty(), "nothing comes back after the commit");
 }
+
+/// A destination whose sends fail (a transient connection error) while `down`.
+#[derive(Debug)]
+struct Outage {
+    down: std::sync::atomic::AtomicBool,
+    refused: AtomicUsize,
+    inner: InMemoryTransport,
+}
+
+#[courier_core::async_trait]
+impl Transport for Outage {
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, courier_core::TransportError> {
+        self.send_batch(vec![envelope])
+            .await
+            .map(|mut sent| sent.remove(0))
+    }
+
+    async fn send_batch(
+        &self,
+        envelopes: Vec<Envelope>,
+    ) -> Result<Vec<Envelope>, courier_core::TransportError> {
+        if self.down.load(Ordering::SeqCst) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(courier_core::TransportError::new(
+                courier_core::TransportErrorKind::Connection,
+                "dest",
+            )
+            .with_context("the destination is down"));
+        }
+        self.inner.send_batch(envelopes).await
+    }
+
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, courier_core::TransportError> {
+        self.inner.get(max).await
+    }
+
+    async fn ack(&self, envelope: &Envelope) -> Result<(), courier_core::TransportError> {
+        self.inner.ack(envelope).await
+    }
+
+    async fn reject(&self, envelope: &Envelope) -> Result<(), courier_core::TransportError> {
+        self.inner.reject(envelope).await
+    }
+
+    fn capabilities(&self) -> courier_core::Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+/// A destination down longer than the hold limit: the relay gives its held batches back to
+/// the PostgreSQL outbox (no row stays locked, no transaction stays open through the outage),
+/// waits the outage out resending from memory, then forwards every message once, in order.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn a_long_destination_outage_holds_no_outbox_rows() {
+    let h = common::postgres().await;
+    let common::Admin::Postgres(admin) = &h.admin else {
+        unreachable!()
+    };
+    let (t, table) = h.make("").await;
+    let batch: Vec<Envelope> = (0..30_u64)
+        .map(|seq| Envelope::new(TestMessage::new(seq)))
+        .collect();
+    t.send_batch(batch).await.unwrap();
+    let dest = Arc::new(Outage {
+        down: true.into(),
+        refused: AtomicUsize::new(0),
+        inner: InMemoryTransport::new(),
+    });
+    let relay = Relay::new("outbox", t.clone(), "dest", dest.clone()).options(
+        RelayOptions::default()
+            .batch_size(10)
+            .limit(Some(30))
+            .hold_limit(Duration::from_millis(300))
+            .backoff(courier_core::Backoff::new(
+                Duration::from_millis(20),
+                Duration::from_millis(50),
+            )),
+    );
+    let running = tokio::spawn(async move { relay.run(CancellationToken::new()).await });
+
+    // Rows a claim could take now: all of them, once the held batches went back.
+    let unlocked =
+        format!("SELECT COUNT(*) FROM (SELECT id FROM {table} FOR UPDATE SKIP LOCKED) AS free");
+    let free = || async {
+        let mut tx = admin.begin().await.unwrap();
+        let n: i64 = sqlx::query_scalar(&unlocked)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        n
+    };
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        dest.refused.load(Ordering::SeqCst) > 3,
+        "the relay kept trying"
+    );
+    assert_eq!(
+        free().await,
+        30,
+        "no outbox row stays held through the outage"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(free().await, 30, "nor is one drained again while it lasts");
+
+    dest.down.store(false, Ordering::SeqCst);
+    let stats = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the relay finishes once the destination is back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(stats.relayed, 30);
+    assert_eq!(
+        seqs(&dest.inner.sent()),
+        (0..30).collect::<Vec<_>>(),
+        "every message once, in order"
+    );
+    assert_eq!(h.admin.count(&table).await, 0, "the outbox is empty");
+}

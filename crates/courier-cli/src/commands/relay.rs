@@ -28,7 +28,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &RelayArgs) -> CliResult {
     }
     let mut options = RelayOptions::default()
         .batch_size(usize::from(args.batch_size))
-        .limit(args.limit);
+        .limit(args.limit)
+        .hold_limit(args.hold_limit);
     if let Ok(point) = std::env::var(PAUSE_ENV) {
         let point: RelayPoint = point
             .parse()

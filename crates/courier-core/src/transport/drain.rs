@@ -15,10 +15,12 @@ use crate::{Envelope, TransportError};
 ///
 /// Beside `get` then `ack_batch`, this writes each row once (a delete) instead of twice (the
 /// claim's update, then the delete), and a crashed holder's rows come back at once rather than
-/// after the redelivery window. The price: a batch held for long (its destination down, the
-/// send retried) keeps its transaction open, which on PostgreSQL holds back vacuum; a server
-/// that ends the transaction (`idle_in_transaction_session_timeout`) only makes its messages
-/// come back to be relayed again.
+/// after the redelivery window. The price: a batch held for long keeps its transaction open,
+/// which on PostgreSQL holds back vacuum. The relay holds one at most
+/// [`RelayOptions::hold_limit`](crate::relay::RelayOptions::hold_limit) while its destination
+/// refuses it, then drops the hold; a server that ends the transaction
+/// (`idle_in_transaction_session_timeout`) only makes its messages come back to be relayed
+/// again.
 #[async_trait]
 pub trait Drain: Send + Sync {
     /// Takes up to `max` messages in the order `get` hands them out, waiting up to the
