@@ -54,7 +54,10 @@
 //! - **Delays** (`DelayStamp`): the message is published at once with a `Courier-Delay`
 //!   header (milliseconds); a `get` that pulls it before the server's store time plus the
 //!   delay gives it back with `-NAK {"delay": what is left}` and does not return it, so it is
-//!   never delivered early, and the server offers it again when due. Delays have no maximum,
+//!   never delivered early (the due time is the server's store time plus the delay, read
+//!   against the worker's clock: keep the clocks in sync, as NTP does, or a worker whose clock
+//!   runs ahead takes it early by the difference), and the server offers it again when due.
+//!   Delays have no maximum,
 //!   but a waiting delayed message counts towards `max_ack_pending`.
 //! - **Retries** follow the trait's default: the new envelope (new stamps, the delay) is
 //!   published first, the old delivery acked second, so a crash in between means a duplicate,
