@@ -68,6 +68,28 @@ pub fn registry() -> Arc<MessageRegistry> {
     Arc::new(MessageRegistry::new().with::<TestMessage>())
 }
 
+/// Runs a harness's async teardown from its `Drop`: on the test's own runtime when it is
+/// multi-threaded, else on a runtime of its own in another thread (a current-thread runtime
+/// cannot block on itself).
+pub fn block_on_teardown(cleanup: impl std::future::Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| h.block_on(cleanup));
+        }
+        _ => {
+            let _ = std::thread::spawn(move || {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    rt.block_on(cleanup);
+                }
+            })
+            .join();
+        }
+    }
+}
+
 /// A stored message no producer should write, which must still surface as a decode-error
 /// envelope (and never fail a `get` or hold up the messages beside it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

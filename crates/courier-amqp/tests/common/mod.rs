@@ -180,22 +180,7 @@ impl Drop for AmqpHarness {
                 t.close().await;
             }
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| h.block_on(cleanup));
-            }
-            _ => {
-                let _ = std::thread::spawn(move || {
-                    if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        rt.block_on(cleanup);
-                    }
-                })
-                .join();
-            }
-        }
+        courier_test::block_on_teardown(cleanup);
     }
 }
 
