@@ -476,8 +476,13 @@ impl Relay {
                 }
                 // On a task of its own: encoding for the destination runs beside the decoding
                 // of the next batch (on another worker thread of a multi-threaded runtime).
+                // Aborted if this attempt is dropped (the hold limit, a relay stopped from
+                // outside): no send outlives its attempt to race the next one.
                 let to = Arc::clone(&self.to);
-                match tokio::spawn(async move { to.send_batch(sending).await.map(drop) }).await {
+                let mut task = crate::worker::AbortOnDrop(tokio::spawn(async move {
+                    to.send_batch(sending).await.map(drop)
+                }));
+                match (&mut task.0).await {
                     Ok(sent) => sent,
                     Err(e) => Err(TransportError::new(
                         crate::TransportErrorKind::Protocol,

@@ -198,9 +198,10 @@ pub(super) fn spawn_acker(
 }
 
 /// A task aborted when its handle is dropped: a worker whose `run` future is dropped (a task
-/// aborted in-process) must not leave a keepalive behind that holds its messages forever.
+/// aborted in-process) must not leave a keepalive behind that holds its messages forever, nor
+/// a relay a send that outlives its attempt.
 #[derive(Debug)]
-pub(super) struct AbortOnDrop<T>(pub(super) JoinHandle<T>);
+pub(crate) struct AbortOnDrop<T>(pub(crate) JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {

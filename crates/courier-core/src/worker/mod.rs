@@ -19,6 +19,8 @@ mod process;
 mod registry;
 mod run;
 
+pub(crate) use io::AbortOnDrop;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
