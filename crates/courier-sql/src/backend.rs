@@ -163,8 +163,8 @@ pub(crate) trait Backend: Send + Sync + Debug {
     async fn delete(&self, deliveries: &[(i64, i64)]) -> Result<u64, sqlx::Error>;
     /// Deletes one row by (id, delivery_id).
     async fn delete_one(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error>;
-    /// Deletes a row of this queue by id alone.
-    async fn delete_id(&self, id: i64) -> Result<u64, sqlx::Error>;
+    /// Deletes rows of this queue by id alone (a statement per chunk of ids).
+    async fn delete_ids(&self, ids: &[i64]) -> Result<u64, sqlx::Error>;
     /// Refreshes `delivered_at` of a live delivery.
     async fn keepalive(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error>;
     /// Refreshes `delivered_at` of live deliveries by (id, delivery_id) in one statement per

@@ -109,7 +109,8 @@ pub(crate) struct Statements {
     pub(crate) drain: Option<String>,
     pub(crate) next_due: String,
     pub(crate) delete_one: String,
-    pub(crate) delete_id: String,
+    /// `DELETE ... WHERE queue_name = ? AND id IN ` (the id list follows, one bind each).
+    pub(crate) delete_ids: String,
     pub(crate) keepalive: String,
     /// The head of a batch keepalive, before its deliveries predicate.
     pub(crate) keepalive_head: String,
@@ -189,7 +190,7 @@ impl Statements {
                  FROM {t} WHERE queue_name = ?"
             )),
             delete_one: r(format!("DELETE FROM {t} WHERE id = ? AND delivery_id = ?")),
-            delete_id: r(format!("DELETE FROM {t} WHERE queue_name = ? AND id = ?")),
+            delete_ids: format!("DELETE FROM {t} WHERE queue_name = ? AND id IN "),
             keepalive: r(format!(
                 "UPDATE {t} SET delivered_at = {{now}} WHERE id = ? AND delivery_id = ?"
             )),
@@ -505,14 +506,22 @@ where
         self.by_id(&self.sql.delete_one, id, delivery_id).await
     }
 
-    async fn delete_id(&self, id: i64) -> Result<u64, sqlx::Error> {
+    async fn delete_ids(&self, ids: &[i64]) -> Result<u64, sqlx::Error> {
         let _turn = self.write_turn().await;
-        let done = sqlx::query(&self.sql.delete_id)
-            .bind(self.queue.as_str())
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(DB::rows_affected(&done))
+        let mut deleted = 0;
+        for chunk in ids.chunks(CHUNK) {
+            let sql = DB::DIALECT.render(&format!(
+                "{}({})",
+                self.sql.delete_ids,
+                vec!["?"; chunk.len()].join(", ")
+            ));
+            let mut q = sqlx::query(&sql).bind(self.queue.as_str());
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            deleted += DB::rows_affected(&q.execute(&self.pool).await?);
+        }
+        Ok(deleted)
     }
 
     async fn keepalive(&self, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error> {

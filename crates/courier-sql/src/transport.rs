@@ -495,8 +495,10 @@ impl SqlTransport {
                 .await?
             }
             (Some(id), None) => {
-                self.attempt("deleting a message", || self.backend.delete_id(id))
-                    .await?
+                self.attempt("deleting a message", || {
+                    self.backend.delete_ids(std::slice::from_ref(&id))
+                })
+                .await?
             }
             (None, _) => {
                 tracing::debug!(messaging.destination.name = %self.name, "{verb} of an envelope without a transport id: nothing to delete");
@@ -578,11 +580,19 @@ impl Transport for SqlTransport {
 
     async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
         let mut pairs = Vec::with_capacity(envelopes.len());
+        // Envelopes with an id and no delivery (a drained batch resent by the relay): one
+        // statement for all of them.
+        let mut ids = Vec::new();
         for envelope in envelopes {
             match Self::delivery(envelope) {
                 (Some(id), Some(delivery)) => pairs.push((id, delivery)),
-                _ => self.ack(envelope).await?,
+                (Some(id), None) => ids.push(id),
+                (None, _) => self.ack(envelope).await?,
             }
+        }
+        if !ids.is_empty() {
+            self.attempt("deleting messages", || self.backend.delete_ids(&ids))
+                .await?;
         }
         if pairs.is_empty() {
             return Ok(());
@@ -796,7 +806,9 @@ impl Listable for SqlTransport {
             return Ok(false);
         };
         let n = self
-            .attempt("removing a message", || self.backend.delete_id(id))
+            .attempt("removing a message", || {
+                self.backend.delete_ids(std::slice::from_ref(&id))
+            })
             .await?;
         Ok(n > 0)
     }
@@ -938,7 +950,7 @@ mod tests {
         async fn delete_one(&self, _: i64, _: i64) -> Result<u64, sqlx::Error> {
             Ok(0)
         }
-        async fn delete_id(&self, _: i64) -> Result<u64, sqlx::Error> {
+        async fn delete_ids(&self, _: &[i64]) -> Result<u64, sqlx::Error> {
             Ok(0)
         }
         async fn keepalive(&self, _: i64, _: i64) -> Result<u64, sqlx::Error> {
