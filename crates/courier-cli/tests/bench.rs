@@ -47,6 +47,9 @@ fn throughput_beside_raw(dsn: Option<&str>) -> Value {
         positive(&out["ratio"]) && positive(&out["produce_ratio"]),
         "{out}"
     );
+    let rounds = out["round_ratios"].as_array().expect("round_ratios");
+    assert_eq!(rounds.len(), 2, "one paired ratio per round: {out}");
+    assert!(rounds.iter().all(positive), "{out}");
     out
 }
 

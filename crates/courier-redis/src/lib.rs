@@ -49,9 +49,11 @@
 //! - Every `claim_interval`, `get` claims up to `max` deliveries idle longer than
 //!   `redeliver_timeout` (`XAUTOCLAIM` with a cursor, not one at a time) and removes consumers
 //!   with nothing pending that have been idle for 10 minutes (or `redeliver_timeout`, if longer).
-//! - On its first read, and after every reconnect, `get` takes back this consumer's own pending
-//!   entries that are not in flight in this process (a restart with a fixed `consumer`, or a
-//!   reply lost with a broken connection), so nothing waits for `redeliver_timeout` needlessly.
+//! - On its first read, after every reconnect, and after a `get` that was dropped before its
+//!   reply came back, `get` takes back this consumer's own pending entries that are not in flight
+//!   in this process (a restart with a fixed `consumer`, a reply lost with a broken connection,
+//!   or a stopped worker's blocking read that stayed on the server and was handed the next
+//!   entries), so nothing waits for `redeliver_timeout` needlessly.
 //! - Each envelope carries `TransportMessageIdStamp(entry id)` and `DeliveryTagStamp(delivery
 //!   count)`. `ack`, `reject`, `keepalive` and `retry` act only on a delivery this consumer
 //!   still owns **with this delivery count**, so the late ack of a superseded delivery (one that

@@ -32,6 +32,11 @@ pub(crate) struct Reader {
     next_due: Option<Instant>,
     next_promote: Instant,
     failures: u32,
+    /// A read was sent and its reply not taken yet. Still set when the next `get` starts, the
+    /// last one was dropped on the way (its worker stopped, its fetch was cut off): a blocking
+    /// `XREADGROUP` it left on the server may have delivered entries to this consumer that
+    /// nobody holds, so they are taken back first rather than after the redelivery window.
+    reading: bool,
 }
 
 impl Reader {
@@ -46,6 +51,7 @@ impl Reader {
             next_due: None,
             next_promote: Instant::now(),
             failures: 0,
+            reading: false,
         }
     }
 }
@@ -61,9 +67,15 @@ impl RedisTransport {
         let max = max.max(1);
         let deadline = Instant::now() + self.options.poll_window;
         let mut reader = self.reader.lock().await;
+        if reader.reading {
+            reader.recover = true;
+        }
         loop {
             let requested_at = Instant::now();
-            let error = match self.read_once(&mut reader, max, deadline).await {
+            reader.reading = true;
+            let read = self.read_once(&mut reader, max, deadline).await;
+            reader.reading = false;
+            let error = match read {
                 Ok(entries) if !entries.is_empty() => {
                     reader.failures = 0;
                     return Ok(self.deliver(entries, requested_at));

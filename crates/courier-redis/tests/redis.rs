@@ -339,6 +339,44 @@ async fn a_restarted_consumer_takes_back_its_own_pending_entries_at_once() {
     assert_eq!(count(&second).await, 0);
 }
 
+/// A `get` dropped while its `XREADGROUP BLOCK` waits on the server (a stopped worker's fetch,
+/// cut off at shutdown) leaves that read blocked there: an entry sent next is delivered to it,
+/// pending for this consumer with nobody holding it. The next `get` takes it back at once, not
+/// after the redelivery window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+async fn an_entry_delivered_to_a_dropped_blocking_read_is_taken_back_by_the_next_get() {
+    let h = RedisHarness::new();
+    let name = stream();
+    // The harness's redelivery window is an hour: only the take-back can bring the entry back.
+    let options = h.options(&name).poll_window(Duration::from_millis(1500));
+    let t = h.with_options(options).await;
+    op("setup", t.as_setup().unwrap().setup()).await;
+    // Nothing to read: the get blocks on the server; drop it there.
+    let blocked = tokio::spawn({
+        let t = t.clone();
+        async move { t.get(10).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocked.abort();
+    assert!(blocked.await.unwrap_err().is_cancelled());
+    op("send", t.send(message(7))).await;
+    let started = Instant::now();
+    let got = op("get", t.get(10)).await;
+    assert_eq!(
+        got.iter().map(seq).collect::<Vec<_>>(),
+        vec![7],
+        "the entry the dropped read took"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "taken back after {:?}, not at once",
+        started.elapsed()
+    );
+    op("ack_batch", t.ack_batch(&got)).await;
+    assert_eq!(count(&t).await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
 async fn factory_builds_from_a_dsn_with_options() {

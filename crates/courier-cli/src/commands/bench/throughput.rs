@@ -78,6 +78,13 @@ async fn rounds(
     let raw = (!theirs.is_empty()).then(|| median(&theirs));
     let ratio = raw.map(|r| courier.consume_per_s / r.consume_per_s);
     let produce_ratio = raw.map(|r| courier.produce_per_s / r.produce_per_s);
+    // Each round ran both sides back to back: its own ratio shows how far the machine drifted
+    // between rounds, which the ratio of the medians hides.
+    let round_ratios: Vec<f64> = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(c, r)| c.consume_per_s / r.consume_per_s)
+        .collect();
     if cli.format == Format::Json {
         let mut value = serde_json::json!({
             "mode": "throughput",
@@ -90,6 +97,7 @@ async fn rounds(
             "raw": raw,
             "ratio": ratio,
             "produce_ratio": produce_ratio,
+            "round_ratios": round_ratios,
         });
         if let (Some(obj), Ok(serde_json::Value::Object(figs))) =
             (value.as_object_mut(), serde_json::to_value(courier))
@@ -113,6 +121,12 @@ async fn rounds(
         (Some(r), Some(ratio), Some(produce)) => {
             line("raw", r);
             println!("ratio (courier / raw): produce {produce:.2}, consume {ratio:.2}");
+            if let Some((low, high)) = spread(&round_ratios) {
+                println!(
+                    "consume ratio of each round (both sides back to back): {low:.2} to {high:.2} over {} rounds",
+                    round_ratios.len()
+                );
+            }
         }
         _ if args.raw => println!("raw: no raw implementation for `{}`", dsn.scheme()),
         _ => {}
@@ -212,6 +226,16 @@ async fn courier_figures(
 }
 
 /// The median of each figure.
+/// The lowest and highest of `values` (`None` when there are fewer than two).
+fn spread(values: &[f64]) -> Option<(f64, f64)> {
+    if values.len() < 2 {
+        return None;
+    }
+    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some((low, high))
+}
+
 fn median(all: &[Figures]) -> Figures {
     let pick = |f: fn(&Figures) -> f64| {
         let mut v: Vec<f64> = all.iter().map(f).collect();
