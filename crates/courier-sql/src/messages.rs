@@ -32,6 +32,12 @@ pub(crate) trait MessageDialect: SqlDatabase {
         None
     }
 
+    /// The pool this process's writes go through: the one pool, or (SQLite files) a pool of
+    /// one connection of their own.
+    fn write_pool(m: &Messages<Self>) -> &Pool<Self> {
+        &m.pool
+    }
+
     /// Inserts rows on `conn` in one statement (or one transaction, a savepoint inside the
     /// caller's); returns their ids in order.
     async fn insert(
@@ -236,6 +242,11 @@ impl<DB: MessageDialect> Messages<DB> {
         }
     }
 
+    /// The pool writes go through (see [`MessageDialect::write_pool`]).
+    pub(crate) fn writes(&self) -> &Pool<DB> {
+        DB::write_pool(self)
+    }
+
     /// This process's turn to write, where writes take turns.
     async fn write_turn(&self) -> Option<MutexGuard<'_, ()>> {
         match DB::writer(&self.state) {
@@ -316,7 +327,7 @@ where
         let mut applied = {
             let _turn = self.write_turn().await;
             migrate::migrate(
-                &self.pool,
+                self.writes(),
                 &migrate::MESSAGES,
                 &[("{messages}", &self.table)],
             )
@@ -325,8 +336,9 @@ where
         applied.extend(self.setup_workers().await?);
         let _turn = self.write_turn().await;
         let dedup = crate::dedup::dedup_table(&self.table);
-        applied
-            .extend(migrate::migrate(&self.pool, &migrate::DEDUP, &[("{dedup}", &dedup)]).await?);
+        applied.extend(
+            migrate::migrate(self.writes(), &migrate::DEDUP, &[("{dedup}", &dedup)]).await?,
+        );
         Ok(applied)
     }
 
@@ -334,11 +346,11 @@ where
         let _turn = self.write_turn().await;
         let workers = crate::workers::workers_table(&self.table);
         let mut applied =
-            migrate::migrate(&self.pool, &migrate::WORKERS, &[("{workers}", &workers)]).await?;
+            migrate::migrate(self.writes(), &migrate::WORKERS, &[("{workers}", &workers)]).await?;
         let schedules = crate::schedules::schedules_table(&self.table);
         applied.extend(
             migrate::migrate(
-                &self.pool,
+                self.writes(),
                 &migrate::SCHEDULES,
                 &[
                     ("{schedules}", &schedules),
@@ -396,12 +408,12 @@ where
     async fn dedup_take(&self, key: &str, ttl_ms: i64) -> Result<bool, sqlx::Error> {
         let _turn = self.write_turn().await;
         if let Some(clear) = &self.dedup.clear_expired {
-            sqlx::query(clear).bind(key).execute(&self.pool).await?;
+            sqlx::query(clear).bind(key).execute(self.writes()).await?;
         }
         let done = sqlx::query(&self.dedup.take)
             .bind(key)
             .bind(ttl_ms)
-            .execute(&self.pool)
+            .execute(self.writes())
             .await?;
         Ok(DB::rows_affected(&done) == 1)
     }
@@ -410,14 +422,14 @@ where
         let _turn = self.write_turn().await;
         sqlx::query(&self.dedup.release)
             .bind(key)
-            .execute(&self.pool)
+            .execute(self.writes())
             .await
             .map(drop)
     }
 
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
         let _turn = self.write_turn().await;
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.writes().acquire().await?;
         DB::insert(self, &mut conn, rows).await
     }
 
@@ -447,12 +459,12 @@ where
         if DB::DIALECT == Dialect::Mysql {
             // SELECT ... FOR UPDATE SKIP LOCKED, then one UPDATE, in one READ COMMITTED
             // transaction (no gap locks, so claims, inserts and deletes do not deadlock).
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.writes().begin().await?;
             let rows = self.claim_on(&mut tx, max, delivery_id).await?;
             tx.commit().await?;
             return Ok(rows);
         }
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.writes().acquire().await?;
         self.claim_on(&mut conn, max, delivery_id).await
     }
 
@@ -473,7 +485,7 @@ where
         }
         // One transaction, one commit (one fsync where commits sync) for both halves: the
         // acks of the last batch and the claim of the next. Either both happen or neither.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writes().begin().await?;
         self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
             .await?;
         let rows = self.claim_on(&mut tx, max, delivery_id).await?;
@@ -519,7 +531,7 @@ where
             for id in chunk {
                 q = q.bind(*id);
             }
-            deleted += DB::rows_affected(&q.execute(&self.pool).await?);
+            deleted += DB::rows_affected(&q.execute(self.writes()).await?);
         }
         Ok(deleted)
     }
@@ -550,7 +562,7 @@ where
                 .bind(delivery_id)
                 .bind(self.table.as_str())
                 .bind(self.queue.as_str())
-                .fetch_one(&self.pool)
+                .fetch_one(self.writes())
                 .await?;
             return Ok(u64::try_from(n).unwrap_or(0));
         }
@@ -560,7 +572,7 @@ where
             .bind(row.delay_ms)
             .bind(id)
             .bind(delivery_id)
-            .execute(&self.pool)
+            .execute(self.writes())
             .await?;
         Ok(DB::rows_affected(&done))
     }
@@ -614,7 +626,7 @@ where
         let done = sqlx::query(sql)
             .bind(id)
             .bind(delivery_id)
-            .execute(&self.pool)
+            .execute(self.writes())
             .await?;
         Ok(DB::rows_affected(&done))
     }
@@ -627,12 +639,12 @@ where
         deliveries: &[(i64, i64)],
     ) -> Result<u64, sqlx::Error> {
         if deliveries.len() > CHUNK {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.writes().begin().await?;
             let matched = self.for_deliveries_on(&mut tx, head, deliveries).await?;
             tx.commit().await?;
             return Ok(matched);
         }
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.writes().acquire().await?;
         self.for_deliveries_on(&mut conn, head, deliveries).await
     }
 

@@ -76,9 +76,16 @@ impl Default for PoolSettings {
     }
 }
 
-/// A SQLite pool: WAL, `synchronous=NORMAL`, the busy timeout, and the file created when it is
-/// missing (the one place that decides it). An in-memory database keeps exactly one connection,
-/// forever, since it lives as long as that connection does.
+/// Whether a SQLite URL names an in-memory database (which lives as long as its one connection).
+#[cfg(feature = "sqlite")]
+pub(crate) fn in_memory(url: &str) -> bool {
+    url.contains(":memory:") || url.contains("mode=memory")
+}
+
+/// A SQLite pool: WAL, `synchronous=NORMAL`, the busy timeout, rows handed over up to 1,024 at
+/// a time, and the file created when it is missing (the one place that decides it). An
+/// in-memory database keeps exactly one connection, forever, since it lives as long as that
+/// connection does.
 ///
 /// # Errors
 /// A bad URL or a file that cannot be opened.
@@ -93,8 +100,12 @@ pub async fn sqlite_pool(url: &str, s: &PoolSettings) -> Result<sqlx::SqlitePool
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
-        .busy_timeout(s.busy_timeout);
-    let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        .busy_timeout(s.busy_timeout)
+        // A claim's rows cross from the connection's thread in one go: with sqlx's default of
+        // 50, a batch of 64 stopped the thread mid-statement, write lock held, until this side
+        // took rows off (measured: 0.82x -> 0.90-0.94x the raw loop, on its own).
+        .row_buffer_size(1024);
+    let in_memory = in_memory(url);
     let pool = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(s.acquire_timeout)

@@ -12,21 +12,41 @@ use tokio::sync::Mutex;
 
 use crate::backend::NewRow;
 use crate::messages::{CHUNK, MessageDialect, Messages, bind_row};
-use crate::pool::{PoolSettings, sqlite_pool};
+use crate::pool::{PoolSettings, in_memory, sqlite_pool};
 use crate::{Dialect, SqlOptions};
 
 /// What SQLite keeps beside its pool.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SqliteState {
     /// SQLite has one writer: this process's writes take turns here instead of meeting in
     /// SQLite's busy handler, which sleeps in steps of milliseconds (a worker's claim of the
     /// next batch and its ack flush of the last one run at the same time).
     writer: Mutex<()>,
+    /// A file's writes go through one connection of their own (`None`: an in-memory database,
+    /// whose one connection is the pool's): its page cache stays warm across the claim of one
+    /// batch and the ack of the last, where two connections taking turns would each find the
+    /// other's commit and drop their whole cache (measured: 0.82x -> 1.04-1.13x the raw loop).
+    writes: Option<sqlx::SqlitePool>,
 }
 
 pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Sqlite>, sqlx::Error> {
-    let pool = sqlite_pool(url, &PoolSettings::from(o)).await?;
-    Ok(Messages::new(pool, o, SqliteState::default()))
+    let settings = PoolSettings::from(o);
+    let pool = sqlite_pool(url, &settings).await?;
+    let writes = if in_memory(url) {
+        None
+    } else {
+        let one = PoolSettings {
+            max_connections: Some(1),
+            min_connections: 0,
+            ..settings
+        };
+        Some(sqlite_pool(url, &one).await?)
+    };
+    let state = SqliteState {
+        writer: Mutex::new(()),
+        writes,
+    };
+    Ok(Messages::new(pool, o, state))
 }
 
 /// A multi-row INSERT. When every row shares its priority and delay (the usual batch), the
@@ -57,6 +77,10 @@ impl MessageDialect for Sqlite {
 
     fn writer(state: &SqliteState) -> Option<&Mutex<()>> {
         Some(&state.writer)
+    }
+
+    fn write_pool(m: &Messages<Self>) -> &sqlx::Pool<Self> {
+        m.state.writes.as_ref().unwrap_or(&m.pool)
     }
 
     async fn insert(
@@ -119,4 +143,71 @@ async fn insert_chunks(
         ids.extend(last - n + 1..=last);
     }
     Ok(ids)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::Backend;
+
+    fn row(n: usize) -> NewRow {
+        NewRow {
+            body: format!("{{\"n\":{n}}}"),
+            headers: "{}".to_owned(),
+            priority: 0,
+            delay_ms: 0,
+        }
+    }
+
+    /// A file's writes (inserts, claims, deletes, keepalives, all at once) share one connection
+    /// of their own, apart from the pool readers use; every write still lands.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_files_writes_share_one_connection_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("w.db").display());
+        let m = Arc::new(connect(&url, &SqlOptions::default()).await.unwrap());
+        m.setup().await.unwrap();
+        let writes = m.state.writes.as_ref().expect("a file has a writer pool");
+        assert_eq!(writes.options().get_max_connections(), 1);
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let m = m.clone();
+                tokio::spawn(async move {
+                    m.insert(&(0..10).map(row).collect::<Vec<_>>())
+                        .await
+                        .unwrap();
+                    let claimed = m.claim(5, 100 + i).await.unwrap();
+                    let pairs: Vec<(i64, i64)> = claimed.iter().map(|r| (r.id, 100 + i)).collect();
+                    m.keepalive_many(&pairs).await.unwrap();
+                    m.delete(&pairs).await.unwrap()
+                })
+            })
+            .collect();
+        let mut deleted = 0;
+        for t in tasks {
+            deleted += t.await.unwrap();
+        }
+        assert_eq!(deleted, 40, "each of 8 claims of 5 deleted its own rows");
+        assert_eq!(m.count().await.unwrap(), 40);
+        assert!(
+            writes.size() <= 1,
+            "writes opened {} connections",
+            writes.size()
+        );
+    }
+
+    /// An in-memory database lives in its one connection: writes and reads share it.
+    #[tokio::test]
+    async fn an_in_memory_database_writes_on_its_one_pool() {
+        let m = connect("sqlite::memory:", &SqlOptions::default())
+            .await
+            .unwrap();
+        assert!(m.state.writes.is_none());
+        m.setup().await.unwrap();
+        m.insert(&[row(1)]).await.unwrap();
+        assert_eq!(m.count().await.unwrap(), 1);
+    }
 }
