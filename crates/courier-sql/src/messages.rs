@@ -27,7 +27,8 @@ pub(crate) trait MessageDialect: SqlDatabase {
     /// What the dialect keeps beside its pool.
     type State: Send + Sync + Debug;
 
-    /// Where this process's writes take turns, if the database has a single writer (SQLite).
+    /// Where this process's writes take turns, if the database has a single writer (SQLite);
+    /// asked once per write (SQLite also wakes its WAL checkpointer there).
     fn writer(_state: &Self::State) -> Option<&Mutex<()>> {
         None
     }

@@ -91,26 +91,14 @@ pub(crate) fn in_memory(url: &str) -> bool {
 /// A bad URL or a file that cannot be opened.
 #[cfg(feature = "sqlite")]
 pub async fn sqlite_pool(url: &str, s: &PoolSettings) -> Result<sqlx::SqlitePool, sqlx::Error> {
-    use sqlx::sqlite::{
-        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-    };
-    use std::str::FromStr as _;
+    use sqlx::sqlite::SqlitePoolOptions;
 
-    let connect = SqliteConnectOptions::from_str(url)?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
-        .busy_timeout(s.busy_timeout)
-        // A claim's rows cross from the connection's thread in one go: with sqlx's default of
-        // 50, a batch of 64 stopped the thread mid-statement, write lock held, until this side
-        // took rows off (measured: 0.82x -> 0.90-0.94x the raw loop, on its own).
-        .row_buffer_size(1024);
-    let in_memory = in_memory(url);
+    let connect = sqlite_options(url, s)?;
     let pool = SqlitePoolOptions::new()
         .test_before_acquire(false)
         .acquire_timeout(s.acquire_timeout)
         .min_connections(s.min_connections);
-    let pool = if in_memory {
+    let pool = if in_memory(url) {
         pool.max_connections(1)
             .min_connections(1)
             .idle_timeout(None)
@@ -119,6 +107,42 @@ pub async fn sqlite_pool(url: &str, s: &PoolSettings) -> Result<sqlx::SqlitePool
         pool.max_connections(s.max_connections.unwrap_or(4))
     };
     pool.connect_with(connect).await
+}
+
+/// The pool of one connection a SQLite file's writes go through: as [`sqlite_pool`]'s, except
+/// that its commits never checkpoint the WAL (`wal_autocheckpoint = 0`); the checkpoints, and
+/// their fsyncs, are the caller's to run on another connection.
+#[cfg(feature = "sqlite")]
+pub(crate) async fn sqlite_writer_pool(
+    url: &str,
+    s: &PoolSettings,
+) -> Result<sqlx::SqlitePool, sqlx::Error> {
+    let connect = sqlite_options(url, s)?.pragma("wal_autocheckpoint", "0");
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .test_before_acquire(false)
+        .acquire_timeout(s.acquire_timeout)
+        .max_connections(1)
+        .connect_with(connect)
+        .await
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite_options(
+    url: &str,
+    s: &PoolSettings,
+) -> Result<sqlx::sqlite::SqliteConnectOptions, sqlx::Error> {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    use std::str::FromStr as _;
+
+    Ok(SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(s.busy_timeout)
+        // A claim's rows cross from the connection's thread in one go: with sqlx's default of
+        // 50, a batch of 64 stopped the thread mid-statement, write lock held, until this side
+        // took rows off (measured: 0.82x -> 0.90-0.94x the raw loop, on its own).
+        .row_buffer_size(1024))
 }
 
 /// A PostgreSQL pool and the options its connections open with (for [`explain_timeout`]).
