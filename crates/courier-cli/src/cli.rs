@@ -165,7 +165,8 @@ pub(crate) enum Command {
     ///     "empty_gets_per_run"}
     ///   --relay: {"mode": "relay", "from", "to", "messages", "size", "batch_size", "rounds",
     ///     "direct_send_per_s", "relay_per_s", "ratio": relay / direct, "outbox_alone_per_s": the
-    ///     same relay into memory}
+    ///     same relay into memory, "drain_execution_per_s": the server's execution time of the
+    ///     drain statements over the same rows, no relay (PostgreSQL outbox) | null}
     ///   --latency: {"mode": "latency", "dsn", "samples", "size", "fetch_size", "rounds",
     ///     "courier": {"p50_ms", "p99_ms"}, "raw": {"p50_ms", "p99_ms", "floor"} | null,
     ///     "ratio": courier p50 / raw p50 | null}

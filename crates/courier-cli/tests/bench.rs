@@ -244,7 +244,8 @@ fn bench_runs_on_postgres_counts_statements_per_run() {
     not(feature = "postgres"),
     allow(dead_code, reason = "used by the service test")
 )]
-/// `bench --relay` as JSON: the destination's own send, the relay and the outbox's ceiling.
+/// `bench --relay` as JSON: the destination's own send, the relay, the outbox's ceiling and (on
+/// PostgreSQL) the drain statements' execution time.
 fn relay_beside_direct_send(from: &str, to: &str) -> Value {
     let env = Env::empty();
     let out = env
@@ -276,6 +277,12 @@ fn relay_beside_direct_send(from: &str, to: &str) -> Value {
         "ratio",
     ] {
         assert!(positive(&out[key]), "{key}: {out}");
+    }
+    // The server's own share of a PostgreSQL outbox's ceiling; none for another outbox.
+    if from.starts_with("postgres") {
+        assert!(positive(&out["drain_execution_per_s"]), "{out}");
+    } else {
+        assert!(out["drain_execution_per_s"].is_null(), "{out}");
     }
     out
 }

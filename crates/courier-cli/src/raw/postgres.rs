@@ -165,3 +165,77 @@ pub(crate) async fn vacuum(dsn: &Dsn) {
         let _ = sqlx::Connection::close(conn).await;
     }
 }
+
+/// The server's own share of a PostgreSQL outbox's ceiling, for `courier bench --relay`: `messages` rows
+/// of `body` stored on a queue of their own (untimed, then `VACUUM ANALYZE`d), deleted a
+/// `batch` at a time by the relay's own statement (`DELETE ... RETURNING`, the claim index walked
+/// `FOR UPDATE SKIP LOCKED`) under `EXPLAIN (ANALYZE)`; returns messages per second of the
+/// server's execution time alone (no round trip, no row sent back, no commit). A relay runs
+/// the same statements and more (the rows travel, each batch is held until the destination
+/// confirmed, then committed, decoded and re-encoded); what it reaches beyond this figure is
+/// the cost of that rest.
+pub(crate) async fn drain_rate(
+    dsn: &Dsn,
+    messages: u64,
+    batch: usize,
+    body: &str,
+) -> CliResult<f64> {
+    let raw = Raw::connect(dsn, None).await?;
+    let t = dsn.option("table_name").unwrap_or("courier_messages");
+    let bodies: Vec<String> = (0..500).map(|_| body.to_owned()).collect();
+    let mut stored = 0;
+    while stored < messages {
+        let n = usize::try_from((messages - stored).min(500)).unwrap_or(500);
+        raw.send(&bodies[..n]).await?;
+        stored += n as u64;
+    }
+    let mut conn = raw.pool.acquire().await.map_err(err)?;
+    // The table as a relay's planner sees it at best: analyzed, without earlier dead rows.
+    sqlx::query(&format!("VACUUM ANALYZE {t}"))
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+    // The queue is ours (`bench_raw_<number>`) and the limit a number: written into the text,
+    // so the statement needs no parameters under EXPLAIN.
+    let drain = format!(
+        "EXPLAIN (ANALYZE, TIMING OFF) DELETE FROM {t} WHERE id = ANY(ARRAY(\
+         SELECT id FROM {t} WHERE queue_name = '{q}' AND available_at <= {NOW} \
+         AND (delivered_at IS NULL OR delivered_at < {NOW} - 3600000) \
+         ORDER BY priority DESC, available_at, id LIMIT {batch} FOR UPDATE SKIP LOCKED)) \
+         RETURNING id, body, headers, priority, available_at",
+        q = raw.queue
+    );
+    let mut server_ms = 0.0;
+    for _ in 0..messages.div_ceil(batch.max(1) as u64) {
+        let plan: Vec<(String,)> = sqlx::query_as(&drain)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(err)?;
+        server_ms += plan
+            .iter()
+            .find_map(|(line,)| {
+                line.strip_prefix("Execution Time: ")?
+                    .strip_suffix(" ms")?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .ok_or_else(|| CliError::runtime("raw postgres drain: no execution time"))?;
+    }
+    let (left,): (i64,) =
+        sqlx::query_as(&format!("SELECT COUNT(*) FROM {t} WHERE queue_name = $1"))
+            .bind(&raw.queue)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(err)?;
+    drop(conn);
+    raw.pool.close().await;
+    if left != 0 {
+        return Err(CliError::runtime(format!(
+            "raw postgres drain: {left} rows left after the drain"
+        )));
+    }
+    Ok(crate::commands::bench::per_second(
+        messages,
+        Duration::from_secs_f64(server_ms / 1000.0),
+    ))
+}

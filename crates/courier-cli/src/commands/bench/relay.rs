@@ -4,7 +4,9 @@
 //! `--fetch-size` (the baseline), then fills the outbox (untimed) and times the relay draining
 //! it into the destination (`Relay::run`, pipelined, until it forwarded them all), batches of
 //! the same size; then fills it again and times the same relay into an in-memory transport: the
-//! outbox's own ceiling, what no destination can raise. Medians over `--rounds`.
+//! outbox's own ceiling, what no destination can raise; on PostgreSQL, then the server's own
+//! share of that ceiling: the execution time of the relay's drain statement over the same rows
+//! (`EXPLAIN ANALYZE`, no round trip, no commit). Medians over `--rounds`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -109,6 +111,7 @@ async fn rounds(
         );
     }
     let (mut direct, mut relayed, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+    let mut floor = Vec::new();
     let memory: Arc<dyn Transport> = Arc::new(InMemoryTransport::new());
     for _ in 0..rounds {
         let started = Instant::now();
@@ -121,6 +124,10 @@ async fn rounds(
 
         alone.push(relay_rate(&from, &memory, messages, batch, &body).await?);
         drain(&memory, messages).await?;
+
+        if let Some(rate) = raw_drain(from_dsn, messages, batch, &body).await? {
+            floor.push(rate);
+        }
     }
     let (direct, relayed, alone) = (
         median(&mut direct),
@@ -128,12 +135,13 @@ async fn rounds(
         median(&mut alone),
     );
     let ratio = relayed / direct;
+    let floor = (!floor.is_empty()).then(|| median(&mut floor));
     if cli.format == Format::Json {
         super::print_json(&serde_json::json!({
             "mode": "relay", "from": from_dsn.to_string(), "to": to_dsn.to_string(),
             "messages": messages, "size": args.size, "batch_size": batch, "rounds": rounds,
             "direct_send_per_s": direct, "relay_per_s": relayed, "ratio": ratio,
-            "outbox_alone_per_s": alone,
+            "outbox_alone_per_s": alone, "drain_execution_per_s": floor,
         }))
     } else {
         println!("destination send_batch: {direct:>10.0} msg/s");
@@ -142,7 +150,26 @@ async fn rounds(
             "relay into memory:      {alone:>10.0} msg/s  (the outbox's ceiling, {:.2}x the destination)",
             alone / direct
         );
+        if let Some(floor) = floor {
+            println!(
+                "drain statements alone: {floor:>10.0} msg/s  (the server's execution time of the relay's DELETE ... RETURNING, no round trip, no commit: {:.2}x the destination)",
+                floor / direct
+            );
+        }
         Ok(())
+    }
+}
+
+/// The server's execution time of the drain statements over the same rows, without a relay
+/// (see `raw::postgres::drain_rate`); `None` for another outbox.
+async fn raw_drain(dsn: &Dsn, messages: u64, batch: usize, body: &str) -> CliResult<Option<f64>> {
+    let _ = (messages, batch, body);
+    match dsn.scheme() {
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => crate::raw::postgres::drain_rate(dsn, messages, batch, body)
+            .await
+            .map(Some),
+        _ => Ok(None),
     }
 }
 
