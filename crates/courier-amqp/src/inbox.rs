@@ -150,6 +150,18 @@ async fn quiesce(link: &Link, feed: &mut Feed) -> Result<(), TransportError> {
     Ok(())
 }
 
+/// Queues a settle frame (`basic.ack`, `basic.reject`) on its channel without waiting for
+/// lapin's I/O thread to write it: the broker confirms no settle, so the write is all there is
+/// to wait for, and a consumer under a prefetch of 1 would wait twice per message (the write,
+/// then the next delivery) instead of once. Frames leave in the order they were queued; one
+/// the connection drops before writing it is lost like one written just before, and the broker
+/// delivers its message again. A channel already closed fails here, at once.
+fn queued(settle: impl std::future::Future<Output = lapin::Result<()>>) -> lapin::Result<()> {
+    // lapin queues the frame in the first poll and then waits on a promise of the write;
+    // dropping that promise leaves the frame queued.
+    settle.now_or_never().unwrap_or(Ok(()))
+}
+
 impl Inbox {
     fn lock_live(&self) -> std::sync::MutexGuard<'_, Live> {
         self.live
@@ -341,6 +353,7 @@ impl Inbox {
 
     /// Acks (or rejects) deliveries `(generation, tag)`; stale or settled ones are skipped.
     /// Acks use `basic.ack(multiple)` for the longest run that covers exactly the given tags.
+    /// Returns once the frames are queued on the channel, in order (see [`queued`]).
     pub(crate) async fn settle(
         &self,
         link: &Link,
@@ -391,24 +404,20 @@ impl Inbox {
             live.sending.extend(mine.iter().copied());
             (channel, generation, mine, multi_to)
         };
-        let result = async {
+        let result = (|| {
             let mut rest: Vec<u64> = mine.iter().copied().collect();
             if let Some(t) = multi_to
                 && mine.range(..=t).count() > 1
             {
-                channel
-                    .basic_ack(t, BasicAckOptions { multiple: true })
-                    .await
+                queued(channel.basic_ack(t, BasicAckOptions { multiple: true }))
                     .map_err(|e| amqp_error(name, "basic.ack failed", e))?;
                 rest.retain(|&x| x > t);
             }
             for tag in rest {
                 if ack {
-                    channel.basic_ack(tag, BasicAckOptions::default()).await
+                    queued(channel.basic_ack(tag, BasicAckOptions::default()))
                 } else {
-                    channel
-                        .basic_reject(tag, BasicRejectOptions { requeue: false })
-                        .await
+                    queued(channel.basic_reject(tag, BasicRejectOptions { requeue: false }))
                 }
                 .map_err(|e| {
                     amqp_error(
@@ -423,8 +432,7 @@ impl Inbox {
                 })?;
             }
             Ok(())
-        }
-        .await;
+        })();
         let mut live = self.lock_live();
         if live.generation == generation {
             for tag in &mine {

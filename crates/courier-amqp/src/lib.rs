@@ -40,7 +40,11 @@
 //!   `<channel generation>.<tag>`); `ack_batch` sends one `basic.ack(multiple)` for the run of
 //!   contiguous tags. Acking a delivery of a closed channel, or twice, is a harmless no-op: the
 //!   broker already requeued it (and will deliver it again) or removed it. `reject` drops the
-//!   message (`requeue=false`). `keepalive` is a no-op: a delivery stays with its consumer until
+//!   message (`requeue=false`). An ack or reject returns once its frame is queued on the
+//!   channel, in order, without waiting for the write (the broker confirms neither): one a
+//!   dropped connection never wrote is lost like one written just before, and its message comes
+//!   again. Under a prefetch of 1 the consumer so waits once per message, for the next
+//!   delivery, not twice (0.85-0.92x -> 0.93-1.02x the raw lapin loop). `keepalive` is a no-op: a delivery stays with its consumer until
 //!   the channel dies (mind RabbitMQ's `consumer_timeout`, 30 min by default).
 //! - **Redelivery**: deliveries not acked when their channel or connection dies are requeued by
 //!   the broker and delivered again.
