@@ -7,6 +7,7 @@
 
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -63,8 +64,17 @@ async fn connect_with(
     Ok(Messages::new(pool, o, state))
 }
 
-/// How long after a write its file's checkpoint runs (the writes meanwhile join it).
+/// How long after a write its file's checkpoint runs, once [`BUSY_WRITES`] writes came since
+/// the last one (the writes meanwhile join it).
 const CHECKPOINT_AFTER: Duration = Duration::from_millis(50);
+
+/// Writes since the last checkpoint that make a writer busy: its checkpoint runs
+/// [`CHECKPOINT_AFTER`] the first write; a sparser one's waits [`SPARSE_AFTER`], so a process
+/// writing now and then fsyncs for a checkpoint at most that often.
+const BUSY_WRITES: u64 = 64;
+
+/// How long after its first write a sparse writer's checkpoint waits.
+const SPARSE_AFTER: Duration = Duration::from_secs(5);
 
 /// WAL frames (pages) past which a checkpoint waits for this process's write turn: run beside
 /// writes that never pause, checkpoints copy the WAL but the WAL never starts over (a writer
@@ -80,6 +90,8 @@ const WAL_LIMIT: i64 = 10_000;
 #[derive(Debug)]
 struct Checkpointer {
     wrote: Arc<Notify>,
+    /// Writes since the last checkpoint.
+    writes: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -87,10 +99,21 @@ impl Checkpointer {
     fn spawn(pool: sqlx::SqlitePool, writer: Arc<Mutex<()>>, after: Duration, limit: i64) -> Self {
         let wrote = Arc::new(Notify::new());
         let woken = wrote.clone();
+        let writes = Arc::new(AtomicU64::new(0));
+        let counted = writes.clone();
         let task = tokio::spawn(async move {
             loop {
                 woken.notified().await;
-                tokio::time::sleep(after).await;
+                let sparse_at = tokio::time::Instant::now() + SPARSE_AFTER;
+                loop {
+                    tokio::time::sleep(after).await;
+                    if counted.load(Ordering::Relaxed) >= BUSY_WRITES
+                        || tokio::time::Instant::now() >= sparse_at
+                    {
+                        break;
+                    }
+                }
+                counted.store(0, Ordering::Relaxed);
                 match wal_checkpoint(&pool).await {
                     Ok(frames) if frames > limit => {
                         // Once, with this process's writes held: every frame is copied, and the
@@ -107,7 +130,11 @@ impl Checkpointer {
                 }
             }
         });
-        Self { wrote, task }
+        Self {
+            wrote,
+            writes,
+            task,
+        }
     }
 }
 
@@ -155,6 +182,7 @@ impl MessageDialect for Sqlite {
 
     fn writer(state: &SqliteState) -> Option<&Mutex<()>> {
         if let Some(c) = &state.checkpoints {
+            c.writes.fetch_add(1, Ordering::Relaxed);
             c.wrote.notify_one();
         }
         Some(&state.writer)
@@ -329,7 +357,8 @@ mod tests {
             size(&file)
         );
 
-        // With the checkpointer's usual delay, the same rows reach the file soon after.
+        // With the checkpointer running, the same rows reach the file: one write more is a
+        // sparse writer's, checkpointed within SPARSE_AFTER.
         let m = connect_with(
             &url,
             &SqlOptions::default(),
@@ -339,6 +368,13 @@ mod tests {
         .await
         .unwrap();
         m.insert(&big(10)).await.unwrap();
+        // One write is a sparse writer's: no checkpoint (no fsync) for a while after it.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            size(&file) < 1 << 20,
+            "a sparse writer was checkpointed within a second: the file holds {} bytes",
+            size(&file)
+        );
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while size(&file) < 4 << 20 {
             assert!(
