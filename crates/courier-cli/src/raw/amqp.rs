@@ -237,9 +237,15 @@ impl Driver for Raw {
         Ok(n)
     }
 
-    /// Deletes the queue first (the broker cancels the consumer, so nothing is pushed to a
-    /// closing channel), then the exchange, then closes the connection.
+    /// Closes the consuming channel first (nothing is pushed to a closing channel), then
+    /// deletes the queue and the exchange, closes the publishing channel and then the
+    /// connection: a channel still closing when its connection closes is, to lapin, a
+    /// connection error (logged at ERROR).
     async fn cleanup(&self) {
+        if let Some((channel, consumer)) = self.consumer.lock().await.take() {
+            let _ = channel.close(200, "bench done".into()).await;
+            drop(consumer);
+        }
         if let Ok(channel) = self.connection.create_channel().await {
             let _ = channel
                 .queue_delete(self.name.as_str().into(), QueueDeleteOptions::default())
@@ -251,7 +257,7 @@ impl Driver for Raw {
             // is, to lapin, a connection error (logged at ERROR).
             let _ = channel.close(200, "cleanup done".into()).await;
         }
-        drop(self.consumer.lock().await.take());
+        let _ = self.publisher.close(200, "bench done".into()).await;
         let _ = self.connection.close(200, "bench done".into()).await;
     }
 }
