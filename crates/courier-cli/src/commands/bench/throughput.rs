@@ -24,27 +24,6 @@ pub(super) async fn measure(
     dsn: &Dsn,
     work: &Work,
 ) -> CliResult {
-    let queue = format!("bench_{}", fastrand::u32(..));
-    let isolated = isolate(dsn, &queue, args.fetch_size);
-    let result = rounds(app, cli, args, dsn, &isolated, work).await;
-    remove_isolated(&isolated, dsn).await;
-    result
-}
-
-async fn rounds(
-    app: &Wiring,
-    cli: &Cli,
-    args: &BenchArgs,
-    dsn: &Dsn,
-    isolated: &Dsn,
-    work: &Work,
-) -> CliResult {
-    let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
-    let ctx = FactoryContext::new(BENCH, isolated.clone()).registry(registry);
-    let transport = app.factories.create(ctx).await?;
-    if let Some(setup) = transport.as_setup() {
-        setup.setup().await?;
-    }
     if chatty(cli) {
         eprintln!(
             "Benchmarking {dsn}: {} messages of {} B, fetch size {}, concurrency {}{}",
@@ -55,25 +34,53 @@ async fn rounds(
             if args.raw { ", and the raw driver" } else { "" }
         );
     }
+    rounds(app, cli, args, dsn, work).await
+}
+
+/// A transport on a queue of its own (see [`isolate`]), set up; the caller removes it.
+async fn fresh(app: &Wiring, dsn: &Dsn, fetch_size: u16) -> CliResult<(Arc<dyn Transport>, Dsn)> {
+    let queue = format!("bench_{}", fastrand::u32(..));
+    let isolated = isolate(dsn, &queue, fetch_size);
+    let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
+    let ctx = FactoryContext::new(BENCH, isolated.clone()).registry(registry);
+    let transport = app.factories.create(ctx).await?;
+    if let Some(setup) = transport.as_setup() {
+        setup.setup().await?;
+    }
+    Ok((transport, isolated))
+}
+
+async fn rounds(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work) -> CliResult {
     let rounds = args.rounds.unwrap_or(if args.raw { 3 } else { 1 });
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     for round in 0..rounds {
+        // Each round, each side starts on a queue and a connection of its own, as the raw side
+        // always did: a broker's queue keeps state from the rounds before it (RabbitMQ's
+        // classic queues move between serving from memory and from their index, at about twice
+        // the rate apart), and one side must not inherit it while the other starts fresh.
+        let (transport, isolated) = fresh(app, dsn, args.fetch_size).await?;
         // ABBA order, so neither side always runs on the colder (or fuller) database.
         let raw_first = args.raw && round % 2 == 1;
-        // Each side starts on a table without the other's dead rows (PostgreSQL: VACUUM).
-        if raw_first {
-            crate::raw::level(isolated).await;
-            theirs.extend(crate::raw::measure(isolated, work).await?);
+        let measured = async {
+            // Each side starts on a table without the other's dead rows (PostgreSQL: VACUUM).
+            if raw_first {
+                crate::raw::level(&isolated).await;
+                theirs.extend(crate::raw::measure(&isolated, work).await?);
+            }
+            crate::raw::level(&isolated).await;
+            ours.push(courier_figures(&transport, work, usize::from(args.concurrency)).await?);
+            if args.raw && !raw_first {
+                crate::raw::level(&isolated).await;
+                theirs.extend(crate::raw::measure(&isolated, work).await?);
+            }
+            Ok::<_, CliError>(())
         }
-        crate::raw::level(isolated).await;
-        ours.push(courier_figures(&transport, work, usize::from(args.concurrency)).await?);
-        if args.raw && !raw_first {
-            crate::raw::level(isolated).await;
-            theirs.extend(crate::raw::measure(isolated, work).await?);
-        }
+        .await;
+        drop(transport);
+        remove_isolated(&isolated, dsn).await;
+        measured?;
     }
-    drop(transport);
     let courier = median(&ours);
     let raw = (!theirs.is_empty()).then(|| median(&theirs));
     let ratio = raw.map(|r| courier.consume_per_s / r.consume_per_s);
