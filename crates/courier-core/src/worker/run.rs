@@ -180,14 +180,6 @@ impl Worker {
             .receivers
             .iter()
             .any(|r| r.transport.capabilities().bounded_unacked);
-        // A server that bounds the unacked deliveries pushes them ahead of any `get` (AMQP's
-        // prefetch): a fetch only takes what already arrived, with no round trip to overlap, so
-        // the loop polls it itself rather than hand it to a task and back (two thread wake-ups
-        // per batch, what made a RabbitMQ worker slower than the raw lapin loop).
-        let all_pushed = self
-            .receivers
-            .iter()
-            .all(|r| r.transport.capabilities().bounded_unacked);
         let low_water = (self.options.fetch_size / 2).max(concurrency);
         // Where the broker's window is no larger than what runs at once, a fetch started beside
         // the handlers could receive nothing before their acks: fetch once they are done, and
@@ -309,10 +301,9 @@ impl Worker {
                     } else {
                         None
                     };
-                    fetching = Some(if all_pushed || (inflight.is_empty() && queue.is_empty()) {
-                        // Nothing to overlap with (or nothing but a local take: `all_pushed`):
-                        // poll it here, no task and no cross-thread wake-up (what one-at-a-time
-                        // consumption pays per message).
+                    fetching = Some(if inflight.is_empty() && queue.is_empty() {
+                        // Nothing to overlap with: poll it here, no task and no cross-thread
+                        // wake-up (what one-at-a-time consumption pays per message).
                         if fetch_when_done {
                             lingering = false;
                             Fetch::Inline(Box::pin(self.ack_then_fetch(beside, want)))
