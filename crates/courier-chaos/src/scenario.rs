@@ -512,7 +512,8 @@ async fn run_in(
         resent.clone(),
     ));
 
-    // Server kills at 30% and 65% of the production (SQLite: a worker killed mid-write instead).
+    // Server kills at 30% and 65% of the production, each after the server was up at least as
+    // long as its downtime (SQLite: a worker killed mid-write instead).
     let kill_at: Vec<Instant> = (0..plan.server_kills)
         .map(|k| {
             let frac = 0.3 + 0.35 * f64::from(k);
@@ -526,7 +527,11 @@ async fn run_in(
         tokio::spawn(async move {
             let mut backs = Vec::new();
             if let Some(s) = server.as_mut() {
+                let mut up_since: Option<Instant> = None;
                 for at in kill_at {
+                    // A node slow to start is not killed again the moment it is back: it stays
+                    // up at least as long as it was down, so each restart's recovery is seen.
+                    let at = up_since.map_or(at, |up| at.max(up + downtime));
                     sleep_until(at).await;
                     s.kill();
                     log(target, t0, "server killed (kill -9)");
@@ -535,6 +540,7 @@ async fn run_in(
                         return (server, backs, Some(format!("server restart failed: {e:#}")));
                     }
                     let back = now_ms();
+                    up_since = Some(Instant::now());
                     log(target, t0, "server restarted and accepting connections");
                     backs.push(back);
                 }

@@ -303,3 +303,70 @@ fn acked_jobs(q: &InMemoryTransport) -> Vec<u32> {
     acked.sort_unstable();
     acked
 }
+
+/// An in-memory transport whose `get` fails (a connection error) until `up_at`; records when
+/// each `get` was called.
+#[derive(Debug)]
+struct Outage {
+    inner: Arc<InMemoryTransport>,
+    up_at: Instant,
+    gets: std::sync::Mutex<Vec<Instant>>,
+}
+
+#[async_trait]
+impl Transport for Outage {
+    async fn send(&self, e: Envelope) -> Result<Envelope, TransportError> {
+        self.inner.send(e).await
+    }
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        let now = Instant::now();
+        self.gets.lock().unwrap().push(now);
+        if now < self.up_at {
+            return Err(TransportError::new(
+                courier_core::TransportErrorKind::Connection,
+                "outage",
+            ));
+        }
+        self.inner.get(max).await
+    }
+    async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.ack(e).await
+    }
+    async fn reject(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.reject(e).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_long_outage_the_worker_is_back_within_two_seconds() {
+    let outage = Duration::from_secs(60);
+    let t = Arc::new(Outage {
+        inner: queue_with(5).await,
+        up_at: Instant::now() + outage,
+        gets: std::sync::Mutex::new(Vec::new()),
+    });
+    let (bus, done) = slow_bus(Duration::ZERO);
+    let start = Instant::now();
+    let stats = Worker::builder(bus)
+        .receiver("async", t.clone())
+        .limit(5)
+        .build()
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!((stats.handled, done.load(Ordering::SeqCst)), (5, 5));
+    let gets = t.gets.lock().unwrap().clone();
+    let widest = gets.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(
+        widest <= Duration::from_secs(2),
+        "failed gets are retried at most 2 s apart, widest gap {widest:?}"
+    );
+    let back = start.elapsed() - outage;
+    assert!(
+        back <= Duration::from_secs(2),
+        "the messages were handled {back:?} after the transport came back"
+    );
+}

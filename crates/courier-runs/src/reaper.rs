@@ -1,7 +1,7 @@
 //! The stale-run reaper.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use courier_core::Dispatcher;
@@ -82,13 +82,23 @@ pub enum ManualRequeue {
 /// [`redispatch_after`](Self::redispatch_after) past its due time": a run that merely waits
 /// behind a long backlog may get a second `RunAgent`, which is harmless (the claim is guarded,
 /// the second message finds the run claimed or finished and is acked as a non-event).
+///
+/// A dispatch the transport could not take for now (its broker restarting) leaves the run queued
+/// and owed: the next pass of the same reaper (or of any reaper from the same
+/// [`Runtime`](crate::Runtime)) dispatches it again, so a run waits one reap interval past the
+/// outage, not [`redispatch_after`](Self::redispatch_after) more. A process that dies owing runs
+/// loses only the shortcut: they are overdue in the store like any other.
 #[derive(Clone)]
 pub struct Reaper {
     store: Arc<dyn RunStore>,
     bus: Via,
     max_requeues: u32,
     redispatch_after: Duration,
+    owed: Owed,
 }
+
+/// Runs queued by a reaper whose dispatch failed transiently, to dispatch on the next pass.
+pub(crate) type Owed = Arc<Mutex<Vec<Uuid>>>;
 
 impl fmt::Debug for Reaper {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -103,15 +113,21 @@ impl Reaper {
     /// A reaper over `store` dispatching `RunAgent` on the bus `bus` holds (or will once built).
     #[must_use]
     pub fn new(store: Arc<dyn RunStore>, bus: Dispatcher, max_requeues: u32) -> Self {
-        Self::with_via(store, Via::Dispatcher(bus), max_requeues)
+        Self::with_via(store, Via::Dispatcher(bus), max_requeues, Owed::default())
     }
 
-    pub(crate) fn with_via(store: Arc<dyn RunStore>, bus: Via, max_requeues: u32) -> Self {
+    pub(crate) fn with_via(
+        store: Arc<dyn RunStore>,
+        bus: Via,
+        max_requeues: u32,
+        owed: Owed,
+    ) -> Self {
         Self {
             store,
             bus,
             max_requeues,
             redispatch_after: DEFAULT_REDISPATCH_AFTER,
+            owed,
         }
     }
 
@@ -131,13 +147,19 @@ impl Reaper {
     /// dispatch failure settles it `failed`/`dispatch_failed`. Then each queued run overdue by more than
     /// [`redispatch_after`](Self::redispatch_after): the guarded re-dispatch (refused: another
     /// reaper or a worker won) and a `RunAgent` with no delay; a dispatch failure leaves the run
-    /// queued for the next pass.
+    /// queued for the next pass. Runs owed by an earlier pass (their dispatch failed
+    /// transiently) are dispatched again first, guarded by their still being queued.
     ///
     /// # Errors
     /// Store failures.
     pub async fn reap(&self, options: ReapOptions) -> Result<ReapReport, RunError> {
+        let owed = if options.dry_run {
+            0
+        } else {
+            self.redispatch_owed().await?
+        };
         let mut report = self.reap_stale(options).await?;
-        report.redispatched = self.redispatch_overdue(options).await?;
+        report.redispatched = owed + self.redispatch_overdue(options).await?;
         if !options.dry_run {
             use courier_core::metrics as m;
             metrics::counter!(m::REAPER_REQUEUED).increment(report.requeued as u64);
@@ -145,6 +167,43 @@ impl Reaper {
             metrics::counter!(m::REAPER_REDISPATCHED).increment(report.redispatched as u64);
         }
         Ok(report)
+    }
+
+    fn owe(&self, run_id: Uuid) {
+        let mut owed = self.owed.lock().unwrap_or_else(PoisonError::into_inner);
+        if !owed.contains(&run_id) {
+            owed.push(run_id);
+        }
+    }
+
+    /// Dispatches again the runs an earlier pass left queued after a transient dispatch failure.
+    async fn redispatch_owed(&self) -> Result<usize, RunError> {
+        let owed = std::mem::take(&mut *self.owed.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut redispatched = 0;
+        for (i, &run_id) in owed.iter().enumerate() {
+            match self.store.redispatch_queued(run_id).await {
+                Ok(true) => {}
+                Ok(false) => continue, // claimed or settled meanwhile: nothing owed
+                Err(e) => {
+                    owed[i..].iter().for_each(|&id| self.owe(id));
+                    return Err(e.into());
+                }
+            }
+            match dispatch_run(&self.bus, run_id, None).await {
+                Ok(()) => {
+                    tracing::info!(courier.run.id = %run_id, "queued run re-dispatched after a transport outage");
+                    redispatched += 1;
+                }
+                Err(e) if e.is_transient_dispatch() => {
+                    tracing::debug!(courier.run.id = %run_id, error = %e, "re-dispatch failed again; owed to the next pass");
+                    self.owe(run_id);
+                }
+                Err(e) => {
+                    tracing::warn!(courier.run.id = %run_id, error = %e, "re-dispatch failed; the run stays queued until overdue");
+                }
+            }
+        }
+        Ok(redispatched)
     }
 
     async fn redispatch_overdue(&self, options: ReapOptions) -> Result<usize, RunError> {
@@ -171,6 +230,9 @@ impl Reaper {
                     redispatched += 1;
                 }
                 Err(e) => {
+                    if e.is_transient_dispatch() {
+                        self.owe(run.id);
+                    }
                     tracing::warn!(courier.run.id = %run.id, error = %e, "re-dispatch of an overdue run failed; it stays queued");
                 }
             }
@@ -282,7 +344,8 @@ impl Reaper {
                     report.requeued += 1;
                 }
                 Err(e) if e.is_transient_dispatch() => {
-                    tracing::warn!(courier.run.id = %run.id, error = %e, "dispatch after stale requeue failed; the run stays queued and is dispatched again once overdue");
+                    tracing::warn!(courier.run.id = %run.id, error = %e, "dispatch after stale requeue failed; the run stays queued and is dispatched again on the next pass");
+                    self.owe(run.id);
                     report.requeued += 1;
                 }
                 Err(e) => {

@@ -142,6 +142,8 @@ pub(crate) struct Inner {
     pub(crate) worker: String,
     pub(crate) options: RuntimeOptions,
     pub(crate) observers: Arc<[Arc<dyn RunObserver>]>,
+    /// Runs its reapers owe a dispatch (see [`Reaper`]).
+    pub(crate) owed: crate::reaper::Owed,
 }
 
 /// Runs agents durably. Cheap to clone.
@@ -248,6 +250,7 @@ impl RuntimeBuilder {
                 worker: self.worker.unwrap_or_else(|| worker_identity().to_owned()),
                 options: self.options,
                 observers: self.observers.into(),
+                owed: crate::reaper::Owed::default(),
             }),
             bus: Via::Dispatcher(self.dispatcher),
         }
@@ -327,6 +330,7 @@ impl Runtime {
             self.inner.store.clone(),
             self.bus.clone(),
             options.max_requeues,
+            self.inner.owed.clone(),
         )
         .redispatch_after(options.redispatch_after.unwrap_or(options.lease))
     }

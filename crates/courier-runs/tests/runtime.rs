@@ -14,7 +14,8 @@ use courier_runs::{
 };
 use serde_json::json;
 use support::{
-    dispatched, queued_runtime, refusing_runtime, row, runtime_with, unreachable_runtime,
+    OutageTransport, dispatched, outage_runtime, queued_runtime, refusing_runtime, row,
+    runtime_with, unreachable_runtime,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -891,6 +892,68 @@ async fn a_transport_outage_after_a_requeue_leaves_the_run_queued_for_the_reaper
         (RunStatus::Queued, 1, None),
         "an outage dead-letters nothing: the run waits for the reaper's overdue pass"
     );
+}
+
+/// A reaper's dispatch that fails for an outage is tried again on the next pass once the broker
+/// is back, not only `redispatch_after` later: for the stale requeue and for the overdue pass.
+#[tokio::test(start_paused = true)]
+async fn a_dispatch_lost_to_an_outage_is_retried_on_the_next_pass() {
+    let store = MemoryRunStore::new();
+    let broker = OutageTransport::default();
+    let (rt, _bus) = outage_runtime(Arc::new(store.clone()), A, &broker);
+    let insert = |steps: serde_json::Value| courier_runs::NewRun {
+        id: Uuid::new_v4(),
+        agent: "scripted".into(),
+        input: json!({ "steps": steps }),
+    };
+    let (stale, overdue) = (insert(json!([])), insert(json!([])));
+    store.insert_queued(&stale).await.unwrap();
+    store.insert_queued(&overdue).await.unwrap();
+    assert!(
+        store
+            .claim(stale.id, B, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // The default redispatch_after is the lease (15 min): well past this test's clock.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    broker.set_down(true);
+    let reaper = rt.reaper().redispatch_after(Duration::from_secs(1));
+    let report = reaper.reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(
+        (report.requeued, report.redispatched, report.dead_lettered),
+        (1, 0, 0),
+        "the stale run is requeued, the overdue one selected, neither dispatched"
+    );
+    assert_eq!(row(&store, stale.id).await.status, RunStatus::Queued);
+    assert!(broker.queue.sent().is_empty());
+
+    // Still down: owed again, nothing lost from the list.
+    let report = rt.reaper().reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(report.redispatched, 0);
+
+    broker.set_down(false);
+    tokio::time::advance(Duration::from_millis(100)).await;
+    // A reaper of the same runtime, whose overdue threshold (15 min) is far off: only the
+    // owed list can dispatch them now.
+    let report = rt.reaper().reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(
+        report.redispatched, 2,
+        "both owed runs dispatched once the broker is back"
+    );
+    let mut sent: Vec<Uuid> = dispatched(&broker.queue)
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    sent.sort();
+    let mut want = vec![stale.id, overdue.id];
+    want.sort();
+    assert_eq!(sent, want);
+
+    let report = rt.reaper().reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(report.redispatched, 0, "nothing is owed twice");
+    assert_eq!(broker.queue.sent().len(), 2);
 }
 
 #[tokio::test(start_paused = true)]

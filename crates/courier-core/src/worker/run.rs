@@ -28,9 +28,11 @@ use super::process::{Done, Outcome};
 use super::{StopReason, Worker, WorkerError, WorkerEvent, WorkerStats};
 use crate::{Envelope, TransportError};
 
-/// The wait after a failed `get`: 100 ms doubling up to 30 s.
+/// The wait after a failed `get`: 100 ms doubling up to 2 s. Short, since transports that
+/// reconnect pace their own attempts (AMQP's `max_backoff`) and a longer wait here only adds
+/// to theirs: a worker is back within 2 s of its transport.
 const ERROR_BACKOFF: crate::Backoff =
-    crate::Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    crate::Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// How long a stopping worker may take past its grace period to flush acks and release
 /// unstarted messages, whatever the servers do.

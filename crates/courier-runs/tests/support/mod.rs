@@ -218,6 +218,65 @@ impl Transport for RefusingTransport {
     }
 }
 
+/// An in-memory queue whose broker can be taken down: while `down`, sends fail with a
+/// connection error (transient), as a restarting broker's do.
+#[derive(Debug, Clone, Default)]
+pub struct OutageTransport {
+    pub queue: InMemoryTransport,
+    pub down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl OutageTransport {
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[courier_core::async_trait]
+impl Transport for OutageTransport {
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(
+                TransportError::new(TransportErrorKind::Connection, "outage")
+                    .with_context("test: the broker is down"),
+            );
+        }
+        self.queue.send(envelope).await
+    }
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.queue.get(max).await
+    }
+    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.queue.ack(envelope).await
+    }
+    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.queue.reject(envelope).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.queue.capabilities()
+    }
+}
+
+/// A runtime over `store` whose `RunAgent` messages go to `transport` (recorded, not run).
+pub fn outage_runtime(
+    store: Arc<dyn RunStore>,
+    worker: &str,
+    transport: &OutageTransport,
+) -> (Runtime, MessageBus) {
+    let runtime = Runtime::builder(store)
+        .agent("scripted", courier_runs::ScriptedAgent)
+        .worker_identity(worker)
+        .build();
+    let bus = runtime
+        .register(
+            MessageBus::builder()
+                .transport("async", Arc::new(transport.clone()))
+                .route("courier.run_agent", ["async"]),
+        )
+        .build();
+    (runtime, bus)
+}
+
 /// A runtime over `store` whose `RunAgent` messages go to an in-memory queue (recorded, not run).
 pub fn queued_runtime(
     store: Arc<dyn RunStore>,
