@@ -105,28 +105,27 @@ impl Checkpointer {
             loop {
                 woken.notified().await;
                 let sparse_at = tokio::time::Instant::now() + SPARSE_AFTER;
-                loop {
-                    tokio::time::sleep(after).await;
-                    if counted.load(Ordering::Relaxed) >= BUSY_WRITES
-                        || tokio::time::Instant::now() >= sparse_at
-                    {
-                        break;
+                tokio::time::sleep(after).await;
+                // A sparse writer: sleep until its deadline, woken only by its writes (each
+                // notifies), to checkpoint at once should it turn busy.
+                while counted.load(Ordering::Relaxed) < BUSY_WRITES {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(sparse_at) => break,
+                        () = woken.notified() => {}
                     }
                 }
                 counted.store(0, Ordering::Relaxed);
-                match wal_checkpoint(&pool).await {
+                let checkpointed = match wal_checkpoint(&pool).await {
                     Ok(frames) if frames > limit => {
                         // Once, with this process's writes held: every frame is copied, and the
                         // next write starts the WAL over.
                         let _turn = writer.lock().await;
-                        if let Err(e) = wal_checkpoint(&pool).await {
-                            tracing::debug!(error = %e, "sqlite WAL checkpoint failed; the next write brings another");
-                        }
+                        wal_checkpoint(&pool).await.map(drop)
                     }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::debug!(error = %e, "sqlite WAL checkpoint failed; the next write brings another");
-                    }
+                    other => other.map(drop),
+                };
+                if let Err(e) = checkpointed {
+                    tracing::debug!(error = %e, "sqlite WAL checkpoint failed; the next write brings another");
                 }
             }
         });

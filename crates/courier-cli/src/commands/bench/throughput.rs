@@ -17,6 +17,20 @@ use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
 use crate::wiring::Wiring;
 
+/// A transport on a queue of its own (see [`isolate`]), set up; the caller removes it.
+async fn fresh(app: &Wiring, dsn: &Dsn, fetch_size: u16) -> CliResult<(Arc<dyn Transport>, Dsn)> {
+    let queue = format!("bench_{}", fastrand::u32(..));
+    let isolated = isolate(dsn, &queue, fetch_size);
+    let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
+    let ctx = FactoryContext::new(BENCH, isolated.clone()).registry(registry);
+    let transport = app.factories.create(ctx).await?;
+    if let Some(setup) = transport.as_setup() {
+        setup.setup().await?;
+    }
+    Ok((transport, isolated))
+}
+
+/// Paired rounds of Courier and (with `--raw`) the raw driver, each on a fresh queue.
 pub(super) async fn measure(
     app: &Wiring,
     cli: &Cli,
@@ -34,23 +48,6 @@ pub(super) async fn measure(
             if args.raw { ", and the raw driver" } else { "" }
         );
     }
-    rounds(app, cli, args, dsn, work).await
-}
-
-/// A transport on a queue of its own (see [`isolate`]), set up; the caller removes it.
-async fn fresh(app: &Wiring, dsn: &Dsn, fetch_size: u16) -> CliResult<(Arc<dyn Transport>, Dsn)> {
-    let queue = format!("bench_{}", fastrand::u32(..));
-    let isolated = isolate(dsn, &queue, fetch_size);
-    let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
-    let ctx = FactoryContext::new(BENCH, isolated.clone()).registry(registry);
-    let transport = app.factories.create(ctx).await?;
-    if let Some(setup) = transport.as_setup() {
-        setup.setup().await?;
-    }
-    Ok((transport, isolated))
-}
-
-async fn rounds(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn, work: &Work) -> CliResult {
     let rounds = args.rounds.unwrap_or(if args.raw { 3 } else { 1 });
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
