@@ -263,14 +263,31 @@ pub fn outage_runtime(
     worker: &str,
     transport: &OutageTransport,
 ) -> (Runtime, MessageBus) {
+    routed_runtime(
+        store,
+        worker,
+        RuntimeOptions::default(),
+        Arc::new(transport.clone()),
+    )
+}
+
+/// A runtime over `store` for `worker` with the scripted agent, on a bus routing `RunAgent`
+/// to `transport`.
+fn routed_runtime(
+    store: Arc<dyn RunStore>,
+    worker: &str,
+    options: RuntimeOptions,
+    transport: Arc<dyn Transport>,
+) -> (Runtime, MessageBus) {
     let runtime = Runtime::builder(store)
         .agent("scripted", courier_runs::ScriptedAgent)
         .worker_identity(worker)
+        .options(options)
         .build();
     let bus = runtime
         .register(
             MessageBus::builder()
-                .transport("async", Arc::new(transport.clone()))
+                .transport("async", transport)
                 .route("courier.run_agent", ["async"]),
         )
         .build();
@@ -284,18 +301,7 @@ pub fn queued_runtime(
     options: RuntimeOptions,
 ) -> (Runtime, MessageBus, InMemoryTransport) {
     let queue = InMemoryTransport::new();
-    let runtime = Runtime::builder(store)
-        .agent("scripted", courier_runs::ScriptedAgent)
-        .worker_identity(worker)
-        .options(options)
-        .build();
-    let bus = runtime
-        .register(
-            MessageBus::builder()
-                .transport("async", Arc::new(queue.clone()))
-                .route("courier.run_agent", ["async"]),
-        )
-        .build();
+    let (runtime, bus) = routed_runtime(store, worker, options, Arc::new(queue.clone()));
     (runtime, bus, queue)
 }
 
@@ -314,18 +320,12 @@ fn failing_runtime(
     worker: &str,
     kind: TransportErrorKind,
 ) -> (Runtime, MessageBus) {
-    let runtime = Runtime::builder(store)
-        .agent("scripted", courier_runs::ScriptedAgent)
-        .worker_identity(worker)
-        .build();
-    let bus = runtime
-        .register(
-            MessageBus::builder()
-                .transport("refusing", Arc::new(RefusingTransport(kind)))
-                .route("courier.run_agent", ["refusing"]),
-        )
-        .build();
-    (runtime, bus)
+    routed_runtime(
+        store,
+        worker,
+        RuntimeOptions::default(),
+        Arc::new(RefusingTransport(kind)),
+    )
 }
 
 /// The `RunAgent` messages sent, as (run id, delay).
