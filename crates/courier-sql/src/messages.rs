@@ -34,7 +34,7 @@ pub(crate) trait MessageDialect: SqlDatabase {
     }
 
     /// The pool this process's writes go through: the one pool, or (SQLite files) a pool of
-    /// one connection of their own.
+    /// their own.
     fn write_pool(m: &Messages<Self>) -> &Pool<Self> {
         &m.pool
     }

@@ -2,7 +2,7 @@
 //! `UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING ...`: an autocommit write statement
 //! takes the write lock up front (waiting up to the busy timeout), so several processes can share
 //! one file and never claim the same row twice. What is SQLite's own: the writes of this process
-//! take turns on one connection of their own, inserts read the ids from the last rowid, and the
+//! take turns on a pool of their own, inserts read the ids from the last rowid, and the
 //! WAL is checkpointed beside the writes ([`Checkpointer`]), never inside a claim or an ack.
 
 use std::fmt::Write as _;
@@ -27,10 +27,10 @@ pub(crate) struct SqliteState {
     /// SQLite's busy handler, which sleeps in steps of milliseconds (a worker's claim of the
     /// next batch and its ack flush of the last one run at the same time).
     writer: Arc<Mutex<()>>,
-    /// A file's writes go through one connection of their own (`None`: an in-memory database,
-    /// whose one connection is the pool's): its page cache stays warm across the claim of one
-    /// batch and the ack of the last, where two connections taking turns would each find the
-    /// other's commit and drop their whole cache (measured: 0.82x -> 1.04-1.13x the raw loop).
+    /// A file's writes go through a pool of their own, two connections taking turns under
+    /// `writer` (`None`: an in-memory database, whose one connection is the pool's): apart from
+    /// the readers' pool, and two so that no write waits for sqlx to return the last one's
+    /// connection (see [`crate::pool::sqlite_writer_pool`]).
     writes: Option<sqlx::SqlitePool>,
     /// A file's WAL checkpoints, run beside the writes rather than inside them.
     checkpoints: Option<Checkpointer>,
@@ -268,16 +268,19 @@ mod tests {
         }
     }
 
-    /// A file's writes (inserts, claims, deletes, keepalives, all at once) share one connection
-    /// of their own, apart from the pool readers use; every write still lands.
+    /// A file's writes (inserts, claims, deletes, keepalives, all at once) share a pool of their
+    /// own, apart from the pool readers use, taking turns; every write still lands.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_files_writes_share_one_connection_of_their_own() {
+    async fn a_files_writes_take_turns_on_a_pool_of_their_own() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("w.db").display());
         let m = Arc::new(connect(&url, &SqlOptions::default()).await.unwrap());
         m.setup().await.unwrap();
         let writes = m.state.writes.as_ref().expect("a file has a writer pool");
-        assert_eq!(writes.options().get_max_connections(), 1);
+        assert_eq!(
+            writes.options().get_max_connections(),
+            crate::pool::SQLITE_WRITERS
+        );
         let tasks: Vec<_> = (0..8)
             .map(|i| {
                 let m = m.clone();
@@ -299,7 +302,7 @@ mod tests {
         assert_eq!(deleted, 40, "each of 8 claims of 5 deleted its own rows");
         assert_eq!(m.count().await.unwrap(), 40);
         assert!(
-            writes.size() <= 1,
+            writes.size() <= crate::pool::SQLITE_WRITERS,
             "writes opened {} connections",
             writes.size()
         );
