@@ -312,9 +312,8 @@ impl Worker {
                         None
                     };
                     // While fetches fail (a broker restarting), the fetch goes on its task
-                    // even where the broker pushes: reconnecting is real I/O, and polled by the
-                    // loop it held back the recovery (the chaos scenario's workers resumed
-                    // seconds later after a RabbitMQ restart).
+                    // even where the broker pushes: reconnecting is real I/O, not a local take,
+                    // and runs beside the loop like any other transport's fetch.
                     let pushed = all_pushed && state.error_backoff.failures() == 0;
                     fetching = Some(if pushed || (inflight.is_empty() && queue.is_empty()) {
                         // Nothing to overlap with (or nothing but a local take: `all_pushed`):
