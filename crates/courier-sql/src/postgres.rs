@@ -66,6 +66,10 @@ pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Postgr
     Ok(Messages::new(pool, o, state))
 }
 
+/// How a drain's transaction begins: its commit does not wait for the disk (see `drain`
+/// below), set in the same round trip as the `BEGIN`.
+const DRAIN_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit TO OFF";
+
 /// The open transaction of a drained batch: committing deletes its rows for good, dropping it
 /// rolls back (sqlx rolls an open transaction back when it is dropped).
 struct Held {
@@ -178,7 +182,11 @@ impl MessageDialect for Postgres {
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn DrainHold>), sqlx::Error>> {
         let sql = m.sql.drain.as_deref()?;
         let drained = async {
-            let mut tx = m.pool.begin().await?;
+            // The commit only deletes rows the destination confirmed already: should the
+            // server lose it in a crash, those messages are relayed again (at least once, as
+            // after a relay crash), so it need not wait for the WAL to reach the disk. On a
+            // disk that syncs in ~3 ms, that wait was the relay's pace at batch 64.
+            let mut tx = m.pool.begin_with(DRAIN_BEGIN).await?;
             let mut rows: Vec<StoredRow> = sqlx::query_as(sql)
                 .bind(&m.queue)
                 .bind(m.redeliver_ms)
