@@ -346,12 +346,17 @@ async fn setup(worker: &Path, config: &Path, dir: &Path) -> anyhow::Result<()> {
 
 /// Sends `ids` in batches spread over `over`; a failed batch is sent again (its ids are
 /// remembered as possibly duplicated by the producer).
+/// Sends `messages` in batches spread over `over`; the last batch waits for `last_batch` (its
+/// sender dropped once the server restarts are over), so every restart, however late a slow
+/// node start pushes it, has messages left to recover with.
 async fn produce(
     transport: Arc<dyn Transport>,
     messages: u64,
     over: Duration,
     resent: Arc<Mutex<HashSet<u64>>>,
+    last_batch: tokio::sync::oneshot::Receiver<()>,
 ) {
+    let mut last_batch = Some(last_batch);
     let batches = (over.as_millis() / 100).max(1) as u64;
     let per_batch = messages.div_ceil(batches).max(1);
     let start = Instant::now();
@@ -359,6 +364,12 @@ async fn produce(
     let mut n = 0u64;
     while next < messages {
         let end = (next + per_batch).min(messages);
+        if end == messages
+            && let Some(released) = last_batch.take()
+        {
+            // Never sent: released when the server task ends and drops its sender.
+            let _ = released.await;
+        }
         loop {
             let envelopes: Vec<Envelope> = (next..end)
                 .map(|id| Envelope::new(ChaosItem { id }))
@@ -505,11 +516,13 @@ async fn run_in(
     }
     let chaos_start = Instant::now();
     let resent = Arc::new(Mutex::new(HashSet::new()));
+    let (restarts_over, last_batch) = tokio::sync::oneshot::channel::<()>();
     let producer = tokio::spawn(produce(
         transport.clone(),
         plan.messages,
         plan.produce_for,
         resent.clone(),
+        last_batch,
     ));
 
     // Server kills at 30% and 65% of the production, each after the server was up at least as
@@ -525,6 +538,8 @@ async fn run_in(
         let downtime = plan.downtime;
         let mut server = server.take();
         tokio::spawn(async move {
+            // Dropped when this task ends: the producer's last batch goes then.
+            let _restarts_over = restarts_over;
             let mut backs = Vec::new();
             if let Some(s) = server.as_mut() {
                 let mut up_since: Option<Instant> = None;
