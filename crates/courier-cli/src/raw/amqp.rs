@@ -16,7 +16,6 @@ use lapin::{
     ExchangeKind,
 };
 use tokio::sync::Mutex;
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use super::{Driver, OnHandled, decode};
@@ -133,13 +132,13 @@ impl Raw {
 
     /// The latency floor's consumer: the broker pushes, each delivery is decoded, reported and
     /// acked on its own.
-    pub(super) async fn push(&self, handled: UnboundedSender<u64>) -> CliResult<JoinHandle<()>> {
+    pub(super) async fn push(&self, handled: super::Handled) -> CliResult<JoinHandle<()>> {
         let (channel, mut consumer) = self.open_consumer().await?;
         Ok(tokio::spawn(async move {
             while let Some(Ok(delivery)) = consumer.next().await {
                 match decode(&delivery.data, "amqp") {
                     Ok(seq) => {
-                        let _ = handled.send(seq);
+                        super::report_handled(&handled, seq);
                     }
                     Err(e) => tracing::warn!(error = %e, "raw amqp latency consumer"),
                 }

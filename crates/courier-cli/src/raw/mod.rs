@@ -106,8 +106,17 @@ pub(crate) fn decode(body: &[u8], driver: &str) -> CliResult<u64> {
 /// Ignores handled messages.
 pub(crate) fn ignore(_: u64) {}
 
+/// Where a latency probe's consumer reports each message it handled: its `seq` and when the
+/// handler ran (a sample ends there, not when the sender's own reply came back).
+pub(crate) type Handled = UnboundedSender<(u64, std::time::Instant)>;
+
+/// Reports `seq` handled now.
+pub(crate) fn report_handled(handled: &Handled, seq: u64) {
+    let _ = handled.send((seq, std::time::Instant::now()));
+}
+
 /// One side of `courier bench --latency`: a consumer already waiting, which reports the `seq`
-/// of each message it handled on the channel it was made with, and a sender.
+/// of each message it handled (and when) on the channel it was made with, and a sender.
 #[courier_core::async_trait]
 pub(crate) trait Probe: Send + Sync {
     /// Sends the message `seq`.
@@ -130,7 +139,7 @@ pub(crate) async fn floor(
     dsn: &Dsn,
     size: usize,
     fetch_size: usize,
-    handled: UnboundedSender<u64>,
+    handled: Handled,
 ) -> CliResult<Option<(Box<dyn Probe>, &'static str)>> {
     let _ = (size, fetch_size, &handled);
     match dsn.scheme() {

@@ -7,7 +7,6 @@ use std::time::Duration;
 use courier_core::Dsn;
 use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use super::{Driver, OnHandled, decode};
@@ -120,13 +119,13 @@ pub(super) async fn listen(
     raw: Arc<Raw>,
     channel: String,
     fetch_size: usize,
-    handled: UnboundedSender<u64>,
+    handled: super::Handled,
 ) -> CliResult<JoinHandle<()>> {
     let mut listener = PgListener::connect_with(&raw.pool).await.map_err(err)?;
     listener.listen(&channel).await.map_err(err)?;
     Ok(tokio::spawn(async move {
         let on = move |seq: u64| {
-            let _ = handled.send(seq);
+            super::report_handled(&handled, seq);
         };
         loop {
             match raw.consume(fetch_size, &on).await {

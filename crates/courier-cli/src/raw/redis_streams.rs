@@ -5,7 +5,6 @@ use std::time::Duration;
 use courier_core::Dsn;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use super::{Driver, OnHandled, decode};
@@ -78,7 +77,7 @@ impl Raw {
     pub(super) async fn block(
         self: &std::sync::Arc<Self>,
         fetch_size: usize,
-        handled: UnboundedSender<u64>,
+        handled: super::Handled,
     ) -> CliResult<JoinHandle<()>> {
         let config = AsyncConnectionConfig::new().set_response_timeout(Some(BLOCK * 5));
         let mut conn = self
@@ -89,7 +88,7 @@ impl Raw {
         let raw = self.clone();
         Ok(tokio::spawn(async move {
             let on = move |seq: u64| {
-                let _ = handled.send(seq);
+                super::report_handled(&handled, seq);
             };
             loop {
                 if let Err(e) = raw.read(&mut conn, fetch_size, Some(BLOCK), &on).await {

@@ -9,8 +9,6 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use tokio::sync::mpsc::UnboundedSender;
-
 use super::{Driver, OnHandled, decode};
 use crate::error::{CliError, CliResult};
 
@@ -123,14 +121,10 @@ const MAX_IDLE_BACKOFF: Duration = Duration::from_millis(250);
 
 /// The latency floor's consumer: the claim statement polled on the SQL transport's schedule
 /// (5 ms, doubling up to 250 ms while empty, back to 5 ms after a hit).
-pub(super) async fn poll(
-    raw: std::sync::Arc<Raw>,
-    fetch_size: usize,
-    handled: UnboundedSender<u64>,
-) {
+pub(super) async fn poll(raw: std::sync::Arc<Raw>, fetch_size: usize, handled: super::Handled) {
     let mut backoff = FIRST_IDLE_BACKOFF;
     let on = move |seq: u64| {
-        let _ = handled.send(seq);
+        super::report_handled(&handled, seq);
     };
     loop {
         match raw.consume(fetch_size, &on).await {

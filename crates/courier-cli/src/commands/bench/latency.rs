@@ -3,7 +3,9 @@
 //! Courier's side is a worker (`--fetch-size`, `--concurrency`, the worker's defaults otherwise)
 //! on one transport instance, and a second transport instance on the same DSN that sends, as
 //! another process would (so no in-process wake-up helps; `in-memory://` sends to itself). Each sample sends one message and
-//! times until the handler runs. The raw side ([`crate::raw::floor`]) does the same with the
+//! times until the handler runs (the handler's own timestamp: the sender's reply, which in this
+//! one process competes for the same cores as the consumer's work after the pickup, is not
+//! waited for). The raw side ([`crate::raw::floor`]) does the same with the
 //! driver's cheapest wait. Before each sample the benchmark pauses 1-5 ms (uniformly random),
 //! so each send lands at a random point of the consumer's wait; 3 unrecorded warm-up messages
 //! open each side. `--rounds` splits the samples into rounds in ABBA order.
@@ -15,7 +17,7 @@ use courier_core::{
     CancellationToken, Dsn, Envelope, FactoryContext, MessageRegistry, Transport, Worker,
 };
 use serde_json::json;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::{
     BENCH, BenchMessage, bench_bus, chatty, isolate, payload, percentiles, print_json,
@@ -23,7 +25,7 @@ use super::{
 };
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
-use crate::raw::Probe;
+use crate::raw::{Handled, Probe, report_handled};
 use crate::wiring::Wiring;
 
 /// Unrecorded messages that open each side.
@@ -133,14 +135,20 @@ async fn rounds(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn, isolated: 
 }
 
 /// Sends a few unrecorded messages through `probe` (connections, listeners, consumers open).
-async fn warm_up(probe: &dyn Probe, rx: &mut UnboundedReceiver<u64>, seq: &mut u64) -> CliResult {
+async fn warm_up(
+    probe: &dyn Probe,
+    rx: &mut UnboundedReceiver<(u64, Instant)>,
+    seq: &mut u64,
+) -> CliResult {
     sample(probe, rx, WARM_UP as usize, seq).await.map(drop)
 }
 
-/// `n` samples: pause 1-5 ms, send one message, wait until it was handled.
+/// `n` samples: pause 1-5 ms, send one message, wait until it was handled; each sample is
+/// the time from the send's start to the handler's run (reported by the handler), whether or
+/// not the sender's own reply came back first.
 async fn sample(
     probe: &dyn Probe,
-    rx: &mut UnboundedReceiver<u64>,
+    rx: &mut UnboundedReceiver<(u64, Instant)>,
     n: usize,
     seq: &mut u64,
 ) -> CliResult<Vec<Duration>> {
@@ -154,7 +162,10 @@ async fn sample(
         let deadline = tokio::time::Instant::now() + SAMPLE_TIMEOUT;
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(got)) if got == expected => break,
+                Ok(Some((got, at))) if got == expected => {
+                    samples.push(at.saturating_duration_since(sent));
+                    break;
+                }
                 // A late copy of an earlier message (a redelivery): not this sample.
                 Ok(Some(_)) => {}
                 Ok(None) => return Err(CliError::runtime("latency benchmark: consumer stopped")),
@@ -165,7 +176,6 @@ async fn sample(
                 }
             }
         }
-        samples.push(sent.elapsed());
     }
     Ok(samples)
 }
@@ -185,7 +195,7 @@ impl CourierProbe {
         size: usize,
         fetch_size: usize,
         concurrency: usize,
-        handled: UnboundedSender<u64>,
+        handled: Handled,
     ) -> CliResult<Self> {
         let registry = Arc::new(MessageRegistry::new().with::<BenchMessage>());
         let ctx = FactoryContext::new(BENCH, dsn.clone()).registry(registry.clone());
@@ -201,7 +211,7 @@ impl CourierProbe {
             app.factories.create(ctx).await?
         };
         let bus = bench_bus(&transport, move |seq| {
-            let _ = handled.send(seq);
+            report_handled(&handled, seq);
         });
         let stop = CancellationToken::new();
         let worker = Worker::builder(bus)
@@ -241,5 +251,39 @@ impl Probe for CourierProbe {
         if let Some(worker) = self.worker.lock().await.take() {
             let _ = worker.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A probe whose handler runs at once but whose send returns only 200 ms later (a sender's
+    /// reply delayed by whatever else the process does).
+    struct SlowReply(Handled);
+
+    #[courier_core::async_trait]
+    impl Probe for SlowReply {
+        async fn send(&self, seq: u64) -> CliResult {
+            report_handled(&self.0, seq);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(())
+        }
+
+        async fn close(&self) {}
+    }
+
+    #[tokio::test]
+    async fn a_sample_ends_when_the_handler_ran_not_when_the_send_returned() {
+        let (tx, mut rx) = unbounded_channel();
+        let mut seq = 0;
+        let samples = sample(&SlowReply(tx), &mut rx, 2, &mut seq)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(samples.len(), 2);
+        assert!(
+            samples.iter().all(|s| *s < Duration::from_millis(100)),
+            "{samples:?}"
+        );
     }
 }
