@@ -344,11 +344,10 @@ async fn setup(worker: &Path, config: &Path, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends `ids` in batches spread over `over`; a failed batch is sent again (its ids are
-/// remembered as possibly duplicated by the producer).
-/// Sends `messages` in batches spread over `over`; the last batch waits for `last_batch` (its
-/// sender dropped once the server restarts are over), so every restart, however late a slow
-/// node start pushes it, has messages left to recover with.
+/// Sends `messages` in batches spread over `over`; a failed batch is sent again (its ids are
+/// remembered as possibly duplicated by the producer). The last batch waits for `last_batch`
+/// (its sender dropped once the server restarts are over), so every restart, however late a
+/// slow node start pushes it, has messages left to recover with.
 async fn produce(
     transport: Arc<dyn Transport>,
     messages: u64,
