@@ -49,7 +49,8 @@ async fn connect(dsn: &Dsn) -> CliResult<Connection> {
 }
 
 impl Raw {
-    /// Declares a durable fanout exchange and a durable queue bound to it, and opens the
+    /// Declares a durable fanout exchange and a durable classic queue (version
+    /// `CLASSIC_QUEUE_VERSION`) bound to it, and opens the
     /// publishing channel with confirms on; the consumer will use `basic.qos(fetch_size)`.
     pub(super) async fn connect(dsn: &Dsn, fetch_size: usize) -> CliResult<Self> {
         let connection = connect(dsn).await?;
@@ -68,11 +69,17 @@ impl Raw {
             )
             .await
             .map_err(err)?;
+        // The same kind of queue the Courier side declares (`bench::isolate`).
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            ShortString::from("x-queue-version"),
+            AMQPValue::LongLongInt(crate::commands::bench::CLASSIC_QUEUE_VERSION),
+        );
         setup
             .queue_declare(
                 name.as_str().into(),
                 QueueDeclareOptions::durable(),
-                FieldTable::default(),
+                arguments,
             )
             .await
             .map_err(err)?;
