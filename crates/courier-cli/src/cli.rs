@@ -147,7 +147,8 @@ pub(crate) enum Command {
     /// Modes: the default measures produce and consume throughput (and a short latency sample);
     /// --raw adds the raw driver doing the same protocol work (sqlx on SQLite and PostgreSQL,
     /// redis-rs on Redis Streams, lapin on RabbitMQ: publish a batch then await its confirms,
-    /// basic.qos = fetch size, basic.ack multiple) in paired rounds, medians reported. --runs
+    /// basic.qos = fetch size, basic.ack multiple; each side on a version 2 classic queue of its
+    /// own) in paired rounds, medians reported. --runs
     /// executes scripted 3-step no-op runs with --workers workers and counts the statements each
     /// run costs. --latency times send -> handler with an idle worker, beside the raw floor
     /// (Redis XREADGROUP BLOCK, PostgreSQL LISTEN/NOTIFY + claim, RabbitMQ push consumer,
