@@ -150,7 +150,8 @@ pub(crate) enum Command {
     /// basic.qos = fetch size, basic.ack multiple; each side on a version 2 classic queue of its
     /// own) in paired rounds, medians reported. --runs
     /// executes scripted 3-step no-op runs with --workers workers and counts the statements each
-    /// run costs. --latency times send -> handler with an idle worker, beside the raw floor
+    /// run costs. --latency times send -> handler with an idle worker, beside the raw floor,
+    /// sample by sample in ABBA order
     /// (Redis XREADGROUP BLOCK, PostgreSQL LISTEN/NOTIFY + claim, RabbitMQ push consumer,
     /// SQLite polling on the transport's schedule).
     ///
@@ -168,7 +169,7 @@ pub(crate) enum Command {
     ///     "direct_send_per_s", "relay_per_s", "ratio": relay / direct, "outbox_alone_per_s": the
     ///     same relay into memory, "drain_execution_per_s": the server's execution time of the
     ///     drain statements over the same rows, no relay (PostgreSQL outbox) | null}
-    ///   --latency: {"mode": "latency", "dsn", "samples", "size", "fetch_size", "rounds",
+    ///   --latency: {"mode": "latency", "dsn", "samples", "size", "fetch_size",
     ///     "courier": {"p50_ms", "p99_ms"}, "raw": {"p50_ms", "p99_ms", "floor"} | null,
     ///     "ratio": courier p50 / raw p50 | null}
     #[command(verbatim_doc_comment)]
@@ -416,8 +417,8 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     pub(crate) raw: bool,
     /// Measurement rounds, alternating courier and raw; medians are reported (default 3 with
-    /// --raw, else 1)
-    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=20))]
+    /// --raw, else 1). Not with --latency, whose samples alternate one by one
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=20), conflicts_with = "latency")]
     pub(crate) rounds: Option<u8>,
     /// Measure durable runs: scripted runs of 3 no-op steps executed by --workers workers
     /// (runs/s, store statements per run)
@@ -427,7 +428,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) workers: u16,
     /// Measure pickup latency: an idle worker, one message at a time, beside the raw driver's
-    /// floor
+    /// floor, the two sides' samples alternating one by one (ABBA)
     #[arg(long)]
     pub(crate) latency: bool,
     /// Measure the relay: a SQL outbox (--dsn) drained into --to, beside --to's own batched
