@@ -142,7 +142,10 @@ fn latency_beside_floor(dsn: Option<&str>, floor: &str) -> Value {
     let out = env.run(&args).json();
     assert_eq!(out["mode"], "latency", "{out}");
     assert_eq!(out["samples"], 15, "{out}");
-    assert!(out.get("rounds").is_none(), "samples alternate, no rounds: {out}");
+    assert!(
+        out.get("rounds").is_none(),
+        "samples alternate, no rounds: {out}"
+    );
     for side in ["courier", "raw"] {
         assert!(positive(&out[side]["p50_ms"]), "{side}: {out}");
         let (p50, p99) = (
