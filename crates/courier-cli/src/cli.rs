@@ -168,7 +168,9 @@ pub(crate) enum Command {
     ///   --relay: {"mode": "relay", "from", "to", "messages", "size", "batch_size", "rounds",
     ///     "direct_send_per_s", "relay_per_s", "ratio": relay / direct, "outbox_alone_per_s": the
     ///     same relay into memory, "drain_execution_per_s": the server's execution time of the
-    ///     drain statements over the same rows, no relay (PostgreSQL outbox) | null}
+    ///     drain statements over the same rows, no relay (PostgreSQL outbox) | null,
+    ///     "cpu": {"direct_send", "relay", "outbox_alone"}: {"us_per_msg", "cores_busy"}
+    ///     machine-wide, from /proc/stat (Linux) | null}
     ///   --latency: {"mode": "latency", "dsn", "samples", "size", "fetch_size",
     ///     "courier": {"p50_ms", "p99_ms"}, "raw": {"p50_ms", "p99_ms", "floor"} | null,
     ///     "ratio": courier p50 / raw p50 | null}
@@ -432,8 +434,8 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     pub(crate) latency: bool,
     /// Measure the relay: a SQL outbox (--dsn) drained into --to, beside --to's own batched
-    /// send and the same relay into memory (the outbox's ceiling); medians over --rounds,
-    /// default 3
+    /// send and the same relay into memory (the outbox's ceiling), each with the machine's CPU
+    /// time per message and cores busy (Linux); medians over --rounds, default 3
     #[arg(long, requires = "to", conflicts_with_all = ["runs", "latency", "raw"])]
     pub(crate) relay: bool,
     /// The relay's destination (with --relay)

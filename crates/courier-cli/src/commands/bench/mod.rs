@@ -10,6 +10,7 @@
 
 #[cfg(feature = "runs")]
 mod counting;
+mod cpu;
 mod latency;
 mod relay;
 #[cfg(feature = "runs")]

@@ -7,6 +7,11 @@
 //! outbox's own ceiling, what no destination can raise; on PostgreSQL, then the server's own
 //! share of that ceiling: the execution time of the relay's drain statement over the same rows
 //! (`EXPLAIN ANALYZE`, no round trip, no commit). Medians over `--rounds`.
+//!
+//! Beside each rate, the machine-wide CPU time each phase spent per message (client and
+//! servers alike, see [`super::cpu`]): with the servers on the bench's machine, a phase that
+//! keeps the cores busy is paced by that cost, so the relay's ratio to the destination's own
+//! send is bounded by the inverse ratio of their costs.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +21,7 @@ use courier_core::{
     CancellationToken, Dsn, Envelope, FactoryContext, InMemoryTransport, MessageRegistry, Transport,
 };
 
+use super::cpu::{CpuClock, CpuSpent};
 use super::{BenchMessage, chatty, isolate, payload, per_second, remove_isolated};
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
@@ -110,45 +116,61 @@ async fn rounds(
             from_dsn, to_dsn, args.size
         );
     }
-    let (mut direct, mut relayed, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut direct, mut relayed, mut alone) =
+        (Phase::default(), Phase::default(), Phase::default());
     let mut floor = Vec::new();
     let memory: Arc<dyn Transport> = Arc::new(InMemoryTransport::new());
     for _ in 0..rounds {
-        let started = Instant::now();
+        let (started, cpu) = (Instant::now(), CpuClock::now());
         send_all(&to, messages, batch, &body).await?;
-        direct.push(per_second(messages, started.elapsed()));
+        direct.push(messages, started.elapsed(), cpu.and_then(|c| c.spent()));
         drain(&to, messages).await?;
 
-        relayed.push(relay_rate(&from, &to, messages, batch, &body).await?);
+        relay_rate(&from, &to, messages, batch, &body, &mut relayed).await?;
         drain(&to, messages).await?;
 
-        alone.push(relay_rate(&from, &memory, messages, batch, &body).await?);
+        relay_rate(&from, &memory, messages, batch, &body, &mut alone).await?;
         drain(&memory, messages).await?;
 
         if let Some(rate) = raw_drain(from_dsn, messages, batch, &body).await? {
             floor.push(rate);
         }
     }
-    let (direct, relayed, alone) = (
-        median(&mut direct),
-        median(&mut relayed),
-        median(&mut alone),
-    );
+    let (cpu_direct, cpu_relayed, cpu_alone) = (direct.cpu(), relayed.cpu(), alone.cpu());
+    let (direct, relayed, alone) = (direct.rate(), relayed.rate(), alone.rate());
     let ratio = relayed / direct;
     let floor = (!floor.is_empty()).then(|| median(&mut floor));
     if cli.format == Format::Json {
+        let cpu = |c: Option<(f64, f64)>| {
+            c.map(|(us, cores)| serde_json::json!({"us_per_msg": us, "cores_busy": cores}))
+        };
         super::print_json(&serde_json::json!({
             "mode": "relay", "from": from_dsn.to_string(), "to": to_dsn.to_string(),
             "messages": messages, "size": args.size, "batch_size": batch, "rounds": rounds,
             "direct_send_per_s": direct, "relay_per_s": relayed, "ratio": ratio,
             "outbox_alone_per_s": alone, "drain_execution_per_s": floor,
+            "cpu": {
+                "direct_send": cpu(cpu_direct), "relay": cpu(cpu_relayed),
+                "outbox_alone": cpu(cpu_alone),
+            },
         }))
     } else {
-        println!("destination send_batch: {direct:>10.0} msg/s");
-        println!("relay from the outbox:  {relayed:>10.0} msg/s  ({ratio:.2}x)");
+        let cpu = |c: Option<(f64, f64)>| {
+            c.map(|(us, cores)| format!("  CPU {us:.1} us/msg, {cores:.2} cores busy"))
+                .unwrap_or_default()
+        };
         println!(
-            "relay into memory:      {alone:>10.0} msg/s  (the outbox's ceiling, {:.2}x the destination)",
-            alone / direct
+            "destination send_batch: {direct:>10.0} msg/s{}",
+            cpu(cpu_direct)
+        );
+        println!(
+            "relay from the outbox:  {relayed:>10.0} msg/s  ({ratio:.2}x){}",
+            cpu(cpu_relayed)
+        );
+        println!(
+            "relay into memory:      {alone:>10.0} msg/s  (the outbox's ceiling, {:.2}x the destination){}",
+            alone / direct,
+            cpu(cpu_alone)
         );
         if let Some(floor) = floor {
             println!(
@@ -173,23 +195,58 @@ async fn raw_drain(dsn: &Dsn, messages: u64, batch: usize, body: &str) -> CliRes
     }
 }
 
-/// Fills the outbox (untimed), then times one relay forwarding all of it to `to`.
+/// Fills the outbox (untimed), then times one relay forwarding all of it to `to`, into `phase`.
 async fn relay_rate(
     from: &Arc<dyn Transport>,
     to: &Arc<dyn Transport>,
     messages: u64,
     batch: usize,
     body: &str,
-) -> CliResult<f64> {
+    phase: &mut Phase,
+) -> CliResult {
     send_all(from, messages, 500, body).await?;
     let relay = Relay::new("outbox", from.clone(), "destination", to.clone()).options(
         RelayOptions::default()
             .batch_size(batch)
             .limit(Some(messages)),
     );
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), CpuClock::now());
     relay.run(CancellationToken::new()).await?;
-    Ok(per_second(messages, started.elapsed()))
+    phase.push(messages, started.elapsed(), cpu.and_then(|c| c.spent()));
+    Ok(())
+}
+
+/// One phase's figures over the rounds: its rate and, where the machine tells, its CPU cost.
+#[derive(Default)]
+struct Phase {
+    rates: Vec<f64>,
+    /// CPU microseconds per message and cores busy, per round.
+    cpu: Vec<(f64, f64)>,
+}
+
+impl Phase {
+    fn push(&mut self, messages: u64, elapsed: std::time::Duration, cpu: Option<CpuSpent>) {
+        self.rates.push(per_second(messages, elapsed));
+        if let Some(cpu) = cpu {
+            self.cpu.push((cpu.micros_per(messages), cpu.cores()));
+        }
+    }
+
+    /// The median rate.
+    fn rate(&mut self) -> f64 {
+        median(&mut self.rates)
+    }
+
+    /// The median CPU cost per message and the median cores busy; `None` if any round lacked
+    /// a figure.
+    fn cpu(&mut self) -> Option<(f64, f64)> {
+        if self.cpu.is_empty() || self.cpu.len() != self.rates.len() {
+            return None;
+        }
+        let mut us: Vec<f64> = self.cpu.iter().map(|c| c.0).collect();
+        let mut cores: Vec<f64> = self.cpu.iter().map(|c| c.1).collect();
+        Some((median(&mut us), median(&mut cores)))
+    }
 }
 
 fn median(values: &mut [f64]) -> f64 {
