@@ -348,7 +348,19 @@ impl Worker {
                 Some((r, key, done, for_batch)) = inflight.next() => {
                     batched -= usize::from(for_batch);
                     flush_due |= stopped_at.is_some() && batched > 0;
-                    if self.settle(beside, r, key, done, state) && !lingering {
+                    let acked = self.settle(beside, r, key, done, state);
+                    // Under a broker's window no wider than the handlers, the fetch that starts
+                    // as the last handler ends takes its acks at once: a linger armed for them
+                    // would only wake the timer driver, once a message (a reset to a later
+                    // deadline leaves the earlier wheel entry to fire), on the path between a
+                    // delivery and its ack.
+                    let fetch_next = fetch_when_done
+                        && inflight.is_empty()
+                        && queue.is_empty()
+                        && fetching.is_none()
+                        && next_fetch.is_none()
+                        && state.stop.is_none();
+                    if acked && !lingering && !fetch_next {
                         lingering = true;
                         linger_timer.as_mut().reset(Instant::now() + self.options.ack_linger);
                     }
