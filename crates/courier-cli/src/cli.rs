@@ -63,8 +63,8 @@ pub(crate) enum Command {
     ///
     /// At least once across crashes (a batch confirmed but not yet deleted is sent again after
     /// the outbox's redelivery window; from PostgreSQL, whose batches are deleted in a
-    /// transaction held until the destination confirmed, at once); one batch in flight, so the
-    /// outbox's order is kept.
+    /// transaction held until the destination confirmed, at once); one batch sent at a time, so
+    /// the outbox's order is kept.
     /// SIGINT/SIGTERM finishes the batch in flight and exits 0.
     ///
     /// JSON (on exit): {"from", "to", "relayed", "batches"}.

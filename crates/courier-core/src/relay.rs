@@ -21,15 +21,18 @@
 //! destination and decoding the next batch use two cores.
 //!
 //! A source that drains ([`Transport::as_drain`]: SQL on PostgreSQL) is read another way:
-//! each batch is deleted with `DELETE ... RETURNING` in a transaction held open while it is
-//! sent, and committed once the destination confirmed it. One write per row instead of two
-//! (the claim's update, then the delete); a relay that dies leaves its transactions to roll
-//! back, so its batches come back at once. The pipeline is the same: batch `k - 1` commits
-//! and `k + 1` is drained while `k` is sent. A destination that keeps refusing a batch past
-//! [`RelayOptions::hold_limit`] (30 s) does not keep its transaction open through the outage:
-//! the relay rolls back both held batches (their rows back in the outbox, locked by nobody,
-//! vacuum free to run), resends the refused batch from memory until the destination takes it,
-//! deletes its rows by id, and drains on from there, in order.
+//! each batch is locked and deleted (`DELETE ... RETURNING`) in a transaction held open while
+//! it is sent, and committed once the destination confirmed it. One write per row instead of
+//! two (the claim's update, then the delete); a relay that dies leaves its transactions to
+//! roll back, so its batches come back at once. Its stages overlap further: up to two batches
+//! are drained ahead, the next drain starting as soon as the one before holds its rows (it
+//! then takes the rows behind them, so the order holds), while the server still deletes and
+//! returns them; batch `k - 1` commits while `k` is sent, and `k + 1` is sent only once
+//! `k - 1` committed. A destination that keeps refusing a batch past
+//! [`RelayOptions::hold_limit`] (30 s) does not keep a transaction open through the outage:
+//! the relay rolls back every batch it holds (their rows back in the outbox, locked by
+//! nobody, vacuum free to run), resends the refused batch from memory until the destination
+//! takes it, deletes its rows by id, and drains on from there, in order.
 //!
 //! A crash after a confirmation and before the ack sends the batch again once the source's
 //! redelivery window passes, or at once from a draining source (at least once; an inbox on the
@@ -68,10 +71,15 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::future::{BoxFuture, OptionFuture};
+use futures_util::stream::FuturesOrdered;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -79,6 +87,19 @@ use crate::{
     Backoff, DelayStamp, DeliveryTagStamp, Drain, Drained, Envelope, ReceivedStamp, SentStamp,
     Transport, TransportError, TransportMessageIdStamp,
 };
+
+/// From a draining source, the batches drained ahead of the one being sent, at most (each
+/// holds a source transaction, so a relay holds at most this many plus the batch being sent,
+/// one confirmed and one committing).
+const DRAINS_AHEAD: usize = 2;
+
+/// Resolves once `newest` holds its rows (never without one).
+async fn held(newest: Option<&Notify>) {
+    match newest {
+        Some(notify) => notify.notified().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// How a [`Relay`] works.
 #[derive(Debug, Clone)]
@@ -96,7 +117,7 @@ pub struct RelayOptions {
     pub limit: Option<u64>,
     /// From a draining source: the longest a batch stays held (its PostgreSQL transaction
     /// open, holding back vacuum) while the destination refuses it (default 30 s). Past it the
-    /// relay lets the batch go back to the source (and the one drained ahead), waits the outage
+    /// relay lets the batch go back to the source (and those drained ahead), waits the outage
     /// out by resending the batch from memory, holding nothing, then deletes its rows by id.
     pub hold_limit: Duration,
     pause: Option<(RelayPoint, PathBuf)>,
@@ -265,7 +286,8 @@ impl Relay {
     /// cancelled or [`RelayOptions::limit`] messages are forwarded. On shutdown the step in
     /// flight finishes, then the batch fetched ahead is sent and acked too, rather than put
     /// back (putting it back would move it behind the rows not fetched yet): the stop takes at
-    /// most the source's poll window plus two batches. Transient failures are retried with
+    /// most the source's poll window plus two batches (three from a draining source, which
+    /// drains two ahead). Transient failures are retried with
     /// [`RelayOptions::backoff`], the batch being sent kept alive at the source meanwhile.
     ///
     /// # Errors
@@ -317,52 +339,74 @@ impl Relay {
         }
     }
 
-    /// [`run`](Self::run) on a source that drains ([`Drain`]: SQL on PostgreSQL): the same
-    /// pipeline, with each batch held in a source transaction instead of claimed. While batch
-    /// `k` is sent, the transaction of `k - 1` (confirmed) commits, deleting its rows, and
-    /// batch `k + 1` is drained. A commit that fails rolled its transaction back: those
-    /// messages are relayed again (at least once), as are the held batches of a relay that
-    /// dies, at once rather than after a redelivery window.
+    /// [`run`](Self::run) on a source that drains ([`Drain`]: SQL on PostgreSQL): each batch
+    /// is held in a source transaction instead of claimed. Three stages overlap: up to
+    /// [`DRAINS_AHEAD`] batches are drained ahead, each drain started once the one before
+    /// holds its rows (so they follow each other in the queue's order); one batch is sent;
+    /// the batch confirmed before it commits, deleting its rows. A batch is sent only once the
+    /// one two before it committed, so at most one confirmed batch awaits its commit. A commit
+    /// that fails rolled its transaction back: those messages are relayed again (at least
+    /// once), as are the held batches of a relay that dies, at once rather than after a
+    /// redelivery window.
     async fn run_drained(
         &self,
         drain: &dyn Drain,
         shutdown: &CancellationToken,
     ) -> Result<RelayStats, TransportError> {
         let mut stats = RelayStats::default();
-        let mut next_lag = Instant::now();
         let mut left = self.options.limit.unwrap_or(u64::MAX);
-        let (mut sending, mut committing) = (Drained::empty(), Drained::empty());
+        while let Some(released) = self
+            .drain_pipeline(drain, shutdown, &mut left, &mut stats)
+            .await?
+        {
+            // Every other held batch went back to the source with it (not yet counted against
+            // the limit: drained again in order once this one is through).
+            let n = self.resend_released(released, shutdown).await?;
+            self.count(Some(n), &mut stats);
+        }
+        Ok(stats)
+    }
+
+    /// The stages of [`run_drained`](Self::run_drained), until every message asked for is
+    /// relayed (`None`) or the destination refused a batch past the hold limit: then every
+    /// other held batch is rolled back, the commit in flight finished, and the refused batch
+    /// returned for [`resend_released`](Self::resend_released).
+    async fn drain_pipeline<'a>(
+        &'a self,
+        drain: &'a dyn Drain,
+        shutdown: &'a CancellationToken,
+        left: &mut u64,
+        stats: &mut RelayStats,
+    ) -> Result<Option<Drained>, TransportError> {
+        let mut next_lag = Instant::now();
+        // Drains under way, oldest first, with what each asked for (reserved against `left`).
+        let mut draining: FuturesOrdered<BoxFuture<'a, (u64, Result<Drained, TransportError>)>> =
+            FuturesOrdered::new();
+        let mut asked = 0_u64;
+        // The newest drain, until it holds its rows or ends: no other starts meanwhile.
+        let mut newest: Option<Arc<Notify>> = None;
+        let mut ready: VecDeque<Drained> = VecDeque::new();
+        let (mut sending, mut sent_batch): (Option<BoxFuture<'a, _>>, Option<Drained>) =
+            (None, None);
+        let mut confirmed: Option<Drained> = None;
+        let mut committing: Option<BoxFuture<'a, Option<usize>>> = None;
         loop {
-            let want = self.wanted(left, shutdown);
-            if want == 0 && sending.is_empty() && committing.is_empty() {
-                return Ok(stats);
-            }
             if Instant::now() >= next_lag {
                 self.sample_lag().await;
                 next_lag = Instant::now() + self.options.lag_every;
             }
-            let confirmed = std::mem::replace(&mut committing, Drained::empty());
-            // The envelopes only: a `&Drained` held across an await would need a `Sync` hold.
-            let outgoing = &sending.envelopes;
-            let (sent, committed, next) = tokio::join!(
-                async {
-                    if outgoing.is_empty() {
-                        return Ok(true);
-                    }
-                    // A send still refused at the hold limit gives the held batch up.
-                    tokio::time::timeout(
-                        self.options.hold_limit,
-                        self.send(outgoing, false, shutdown),
-                    )
-                    .await
-                    .map_or(Ok(false), |sent| sent.map(|_| true))
-                },
-                self.commit(confirmed),
-                async {
-                    if want == 0 {
-                        return Ok(Drained::empty());
-                    }
-                    self.retrying("draining", shutdown, |_| drain.drain(want))
+            while newest.is_none() && draining.len() + ready.len() < DRAINS_AHEAD {
+                let reserved = asked + ready.iter().map(|b| b.envelopes.len() as u64).sum::<u64>();
+                let want = self.wanted(left.saturating_sub(reserved), shutdown);
+                if want == 0 {
+                    break;
+                }
+                let held = Arc::new(Notify::new());
+                newest = Some(Arc::clone(&held));
+                asked += want as u64;
+                draining.push_back(Box::pin(async move {
+                    let drained = self
+                        .retrying("draining", shutdown, |_| drain.drain(want, &held))
                         .await
                         .or_else(|e| {
                             if e.is_transient() && shutdown.is_cancelled() {
@@ -370,32 +414,115 @@ impl Relay {
                             } else {
                                 Err(e)
                             }
-                        })
-                },
-            );
-            if let Some(n) = committed {
-                self.done(n);
-                stats.relayed += n as u64;
-                stats.batches += 1;
+                        });
+                    (want as u64, drained)
+                }));
+            }
+            if sending.is_none()
+                && confirmed.is_none()
+                && let Some(batch) = ready.pop_front()
+            {
+                *left = left.saturating_sub(batch.envelopes.len() as u64);
+                let out = outgoing(&batch.envelopes);
+                sent_batch = Some(batch);
+                sending = Some(Box::pin(async move {
+                    // A send still refused at the hold limit gives the held batch up.
+                    let sent = tokio::time::timeout(
+                        self.options.hold_limit,
+                        self.send_outgoing(out, None, shutdown),
+                    )
+                    .await
+                    .map_or(Ok(false), |sent| sent.map(|_| true));
+                    if matches!(sent, Ok(true)) {
+                        self.pause(RelayPoint::AfterConfirm).await;
+                    }
+                    sent
+                }));
+            }
+            if draining.is_empty()
+                && ready.is_empty()
+                && sending.is_none()
+                && confirmed.is_none()
+                && committing.is_none()
+            {
+                return Ok(None);
+            }
+            tokio::select! {
+                Some((want, drained)) = draining.next(), if !draining.is_empty() => {
+                    asked -= want;
+                    if draining.is_empty() {
+                        // It was the newest: whatever it holds, the next may start.
+                        newest = None;
+                    }
+                    match drained {
+                        Ok(batch) if !batch.is_empty() => ready.push_back(batch),
+                        Ok(_) => {}
+                        Err(e) => {
+                            self.finish_commit(committing.take(), stats).await;
+                            return Err(e);
+                        }
+                    }
+                }
+                () = held(newest.as_deref()), if newest.is_some() => newest = None,
+                Some(sent) = OptionFuture::from(sending.as_mut()), if sending.is_some() => {
+                    sending = None;
+                    let Some(batch) = sent_batch.take() else {
+                        continue;
+                    };
+                    match sent {
+                        Ok(true) if committing.is_none() => committing = Some(self.commit_then_pause(batch)),
+                        Ok(true) => confirmed = Some(batch),
+                        Ok(false) => {
+                            // The batches drained ahead go back to the source, in order.
+                            drop(draining);
+                            drop(ready);
+                            self.finish_commit(committing.take(), stats).await;
+                            return Ok(Some(batch));
+                        }
+                        Err(e) => {
+                            self.finish_commit(committing.take(), stats).await;
+                            return Err(e);
+                        }
+                    }
+                }
+                Some(committed) = OptionFuture::from(committing.as_mut()), if committing.is_some() => {
+                    committing = confirmed.take().map(|batch| self.commit_then_pause(batch));
+                    self.count(committed, stats);
+                }
+            }
+        }
+    }
+
+    /// Commits a confirmed drained batch (see [`commit`](Self::commit)), then stops there for
+    /// good if the crash tests asked ([`RelayPoint::AfterDelete`]).
+    fn commit_then_pause(&self, batch: Drained) -> BoxFuture<'_, Option<usize>> {
+        Box::pin(async move {
+            let committed = self.commit(batch).await;
+            if committed.is_some() {
                 self.pause(RelayPoint::AfterDelete).await;
             }
-            let next = next?;
-            if !sent? {
-                // Both batches go back to the source: the one drained ahead must follow (it
-                // was not counted against the limit yet).
-                drop(next);
-                let released = std::mem::replace(&mut sending, Drained::empty());
-                let n = self.resend_released(released, shutdown).await?;
-                self.done(n);
-                stats.relayed += n as u64;
-                stats.batches += 1;
-                continue;
-            }
-            if !sending.is_empty() {
-                self.pause(RelayPoint::AfterConfirm).await;
-            }
-            left = left.saturating_sub(next.envelopes.len() as u64);
-            committing = std::mem::replace(&mut sending, next);
+            committed
+        })
+    }
+
+    /// Waits for the commit under way, if any, and counts it: a relay that stops on an error
+    /// does not throw away a batch the destination confirmed.
+    async fn finish_commit(
+        &self,
+        committing: Option<BoxFuture<'_, Option<usize>>>,
+        stats: &mut RelayStats,
+    ) {
+        if let Some(committing) = committing {
+            self.count(committing.await, stats);
+        }
+    }
+
+    /// Counts a forwarded batch of `n` messages (`None`: nothing was forwarded).
+    fn count(&self, n: Option<usize>, stats: &mut RelayStats) {
+        if let Some(n) = n {
+            self.done(n);
+            stats.relayed += n as u64;
+            stats.batches += 1;
         }
     }
 
@@ -462,14 +589,26 @@ impl Relay {
         if batch.is_empty() {
             return Ok(false);
         }
-        let sending = outgoing(batch);
+        self.send_outgoing(outgoing(batch), keepalive.then_some(batch), shutdown)
+            .await
+    }
+
+    /// Sends `sending` (a batch's [`outgoing`] envelopes) to the destination, retrying
+    /// transient failures, with the fetched batch `keepalive` kept alive at the source
+    /// meanwhile when given; returns whether it took a retry.
+    async fn send_outgoing(
+        &self,
+        sending: Vec<Envelope>,
+        keepalive: Option<&[Envelope]>,
+        shutdown: &CancellationToken,
+    ) -> Result<bool, TransportError> {
         let mut retried = false;
         self.retrying("sending", shutdown, |again| {
             retried |= again;
             let sending = sending.clone();
             async move {
                 if again
-                    && keepalive
+                    && let Some(batch) = keepalive
                     && let Err(e) = self.from.keepalive_batch(batch).await
                 {
                     tracing::debug!(error = %e, "relay: keepalive of a batch failed");

@@ -146,13 +146,14 @@ pub(crate) trait Backend: Send + Sync + Debug {
         max: usize,
         delivery_id: i64,
     ) -> Result<Vec<StoredRow>, sqlx::Error>;
-    /// PostgreSQL: deletes up to `max` claimable rows (locked `FOR UPDATE SKIP LOCKED`) in a
-    /// transaction left open, returning them in claim order with the hold that commits it
-    /// (errors named for transport `name`); elsewhere `None`.
+    /// PostgreSQL: locks up to `max` claimable rows (`FOR UPDATE SKIP LOCKED`) in a
+    /// transaction left open, tells `held`, then deletes them, returning them in claim order
+    /// with the hold that commits it (errors named for transport `name`); elsewhere `None`.
     async fn drain(
         &self,
         _name: &str,
         _max: usize,
+        _held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
         None
     }

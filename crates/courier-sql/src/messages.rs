@@ -58,12 +58,14 @@ pub(crate) trait MessageDialect: SqlDatabase {
         None
     }
 
-    /// Deletes up to `max` claimable rows in a transaction left open
-    /// ([`Statements::drain`]); `None`: the dialect cannot hold rows that way.
+    /// Locks up to `max` claimable rows in a transaction left open ([`Statements::drain`]),
+    /// tells `held`, then deletes and returns them ([`Statements::drain_take`]); `None`: the
+    /// dialect cannot hold rows that way.
     async fn drain(
         _m: &Messages<Self>,
         _name: &str,
         _max: usize,
+        _held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
         None
     }
@@ -107,13 +109,20 @@ pub(crate) struct Statements {
         allow(dead_code, reason = "read by the PostgreSQL backend only")
     )]
     pub(crate) delete_and_claim: Option<String>,
-    /// PostgreSQL: deletes the rows the claim would pick, locked `FOR UPDATE SKIP LOCKED`, and
-    /// returns them (binds: queue, redelivery window, limit); elsewhere `None`.
+    /// PostgreSQL: locks the rows the claim would pick `FOR UPDATE SKIP LOCKED`, in its order,
+    /// and returns their ids (binds: queue, redelivery window, limit); elsewhere `None`.
     #[cfg_attr(
         not(feature = "postgres"),
         allow(dead_code, reason = "read by the PostgreSQL backend only")
     )]
     pub(crate) drain: Option<String>,
+    /// PostgreSQL: deletes the rows [`drain`](Self::drain) locked and returns them (bind: the
+    /// ids); elsewhere `None`.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "read by the PostgreSQL backend only")
+    )]
+    pub(crate) drain_take: Option<String>,
     pub(crate) next_due: String,
     pub(crate) delete_one: String,
     /// `DELETE ... WHERE queue_name = ? AND id IN ` (the id list follows, one bind each).
@@ -183,12 +192,18 @@ impl Statements {
                 ))
             }),
             claim: r(claim),
+            // Two statements, so that a drain started once the first returned takes the rows
+            // behind these (see `courier_core::Drain`).
             drain: (dialect == Dialect::Postgres).then(|| {
                 r(format!(
-                    "DELETE FROM {t} WHERE id = ANY(ARRAY(SELECT id FROM {t} WHERE queue_name = ? \
+                    "SELECT id FROM {t} WHERE queue_name = ? \
                      AND available_at <= {{now}} AND (delivered_at IS NULL OR delivered_at < {{now}} - ?) \
-                     ORDER BY priority DESC, available_at, id LIMIT ? FOR UPDATE SKIP LOCKED)) \
-                     RETURNING {COLUMNS}"
+                     ORDER BY priority DESC, available_at, id LIMIT ? FOR UPDATE SKIP LOCKED"
+                ))
+            }),
+            drain_take: (dialect == Dialect::Postgres).then(|| {
+                r(format!(
+                    "DELETE FROM {t} WHERE id IN (SELECT UNNEST(?::INT8[])) RETURNING {COLUMNS}"
                 ))
             }),
             next_due: r(format!(
@@ -498,8 +513,9 @@ where
         &self,
         name: &str,
         max: usize,
+        held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
-        DB::drain(self, name, max).await
+        DB::drain(self, name, max, held).await
     }
 
     async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error> {
@@ -768,7 +784,9 @@ mod tests {
         .await
         .expect("the backlog");
         let sql = Statements::new(Dialect::Postgres, &table);
-        let (Some(drain), Some(delete_and_claim)) = (sql.drain, sql.delete_and_claim) else {
+        let (Some(drain), Some(drain_take), Some(delete_and_claim)) =
+            (sql.drain, sql.drain_take, sql.delete_and_claim)
+        else {
             panic!("postgres drains, and deletes and claims in one statement");
         };
         let acked: Vec<i64> = (1..=1_000).collect();
@@ -784,15 +802,20 @@ mod tests {
                 ("claim", &sql.claim),
                 ("delete_and_claim", &delete_and_claim),
                 ("drain", &drain),
+                ("drain_take", &drain_take),
             ] {
                 let explain = format!("EXPLAIN {statement}");
                 let mut q = sqlx::query_scalar::<_, String>(&explain);
-                if what == "delete_and_claim" {
-                    q = q.bind(acked.clone()).bind(vec![7_i64; acked.len()]);
-                }
-                q = q.bind("default").bind(3_600_000_i64).bind(1_000_i64);
-                if what != "drain" {
-                    q = q.bind(8_i64);
+                if what == "drain_take" {
+                    q = q.bind(acked.clone());
+                } else {
+                    if what == "delete_and_claim" {
+                        q = q.bind(acked.clone()).bind(vec![7_i64; acked.len()]);
+                    }
+                    q = q.bind("default").bind(3_600_000_i64).bind(1_000_i64);
+                    if what != "drain" {
+                        q = q.bind(8_i64);
+                    }
                 }
                 let plan = q.fetch_all(&pool).await.expect("explain").join("\n");
                 if plan.contains("Seq Scan") || plan.contains("Sort Key") {

@@ -179,20 +179,30 @@ impl MessageDialect for Postgres {
         m: &Messages<Self>,
         name: &str,
         max: usize,
+        held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn DrainHold>), sqlx::Error>> {
-        let sql = m.sql.drain.as_deref()?;
+        let (lock, take) = (m.sql.drain.as_deref()?, m.sql.drain_take.as_deref()?);
         let drained = async {
             // The commit only deletes rows the destination confirmed already: should the
             // server lose it in a crash, those messages are relayed again (at least once, as
             // after a relay crash), so it need not wait for the WAL to reach the disk. On a
             // disk that syncs in ~3 ms, that wait was the relay's pace at batch 64.
             let mut tx = m.pool.begin_with(DRAIN_BEGIN).await?;
-            let mut rows: Vec<StoredRow> = sqlx::query_as(sql)
+            let ids: Vec<i64> = sqlx::query_scalar(lock)
                 .bind(&m.queue)
                 .bind(m.redeliver_ms)
                 .bind(i64::try_from(max).unwrap_or(i64::MAX))
                 .fetch_all(&mut *tx)
                 .await?;
+            let mut rows: Vec<StoredRow> = if ids.is_empty() {
+                // Nothing held, nothing told: a drain started beside one waiting for the first
+                // row could take it, and with it the queue's head, out of order.
+                Vec::new()
+            } else {
+                // Locked: a drain that starts now skips these rows and takes those behind.
+                held.notify_one();
+                sqlx::query_as(take).bind(ids).fetch_all(&mut *tx).await?
+            };
             sort_claimed(&mut rows);
             let hold = Held {
                 name: name.to_owned(),

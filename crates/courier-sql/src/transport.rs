@@ -372,7 +372,11 @@ impl SqlTransport {
     }
 
     /// [`Drain::drain`]: like [`get_after`](Self::get_after), with the drain statement.
-    async fn drain_within_window(&self, max: usize) -> Result<Drained, TransportError> {
+    async fn drain_within_window(
+        &self,
+        max: usize,
+        held: &tokio::sync::Notify,
+    ) -> Result<Drained, TransportError> {
         if max == 0 {
             return Ok(Drained::empty());
         }
@@ -382,7 +386,7 @@ impl SqlTransport {
             let (rows, hold) = self
                 .attempt("draining messages", || async {
                     self.backend
-                        .drain(&self.name, max)
+                        .drain(&self.name, max, held)
                         .await
                         .unwrap_or_else(|| {
                             Err(sqlx::Error::Configuration(
@@ -758,8 +762,12 @@ impl Transport for SqlTransport {
 /// until the destination confirmed).
 #[async_trait]
 impl Drain for SqlTransport {
-    async fn drain(&self, max: usize) -> Result<Drained, TransportError> {
-        self.drain_within_window(max).await
+    async fn drain(
+        &self,
+        max: usize,
+        held: &tokio::sync::Notify,
+    ) -> Result<Drained, TransportError> {
+        self.drain_within_window(max, held).await
     }
 }
 

@@ -345,36 +345,45 @@ fn seqs(envelopes: &[Envelope]) -> Vec<u64> {
 async fn a_postgres_drain_holds_its_rows_until_it_commits() {
     let h = common::postgres().await;
     let (t, table) = h.make("").await;
-    let batch: Vec<Envelope> = (0..5_u64)
-        .map(|seq| Envelope::new(TestMessage::new(seq)))
-        .collect();
+    let batch = messages(0..5);
     t.send_batch(batch).await.unwrap();
     let drain = t.as_drain().expect("a PostgreSQL queue drains");
     let deadline = Duration::from_secs(10);
 
-    let held = tokio::time::timeout(deadline, drain.drain(3))
+    let signal = tokio::sync::Notify::new();
+    let held = tokio::time::timeout(deadline, drain.drain(3, &signal))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(seqs(&held.envelopes), [0, 1, 2], "in the queue's order");
+    tokio::time::timeout(Duration::from_millis(1), signal.notified())
+        .await
+        .expect("a drain that took rows said when it held them");
     let rest = tokio::time::timeout(deadline, t.get(10))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(seqs(&rest), [3, 4], "held rows are not handed out again");
     t.ack_batch(&rest).await.unwrap();
-    let none = tokio::time::timeout(deadline, drain.drain(10))
+    let silent = tokio::sync::Notify::new();
+    let none = tokio::time::timeout(deadline, drain.drain(10, &silent))
         .await
         .unwrap()
         .unwrap();
     assert!(none.is_empty(), "a second drain skips the held rows");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), silent.notified())
+            .await
+            .is_err(),
+        "an empty drain holds nothing, and says nothing"
+    );
 
     // Dropped without a commit (the relay died): the rows are back, in order.
     drop(held);
     let mut again = Vec::new();
     let mut hold = None;
     for _ in 0..20 {
-        let d = tokio::time::timeout(deadline, drain.drain(10))
+        let d = tokio::time::timeout(deadline, drain.drain(10, &silent))
             .await
             .unwrap()
             .unwrap();
@@ -394,11 +403,13 @@ async fn a_postgres_drain_holds_its_rows_until_it_commits() {
     assert!(after.is_empty(), "nothing comes back after the commit");
 }
 
-/// A destination whose sends fail (a transient connection error) while `down`.
+/// A destination whose sends fail (a transient connection error) while `down`, and take
+/// `delay` each when up.
 #[derive(Debug)]
 struct Outage {
     down: std::sync::atomic::AtomicBool,
     refused: AtomicUsize,
+    delay: Duration,
     inner: InMemoryTransport,
 }
 
@@ -422,6 +433,7 @@ impl Transport for Outage {
             )
             .with_context("the destination is down"));
         }
+        tokio::time::sleep(self.delay).await;
         self.inner.send_batch(envelopes).await
     }
 
@@ -454,13 +466,12 @@ async fn a_long_destination_outage_holds_no_outbox_rows() {
         unreachable!()
     };
     let (t, table) = h.make("").await;
-    let batch: Vec<Envelope> = (0..30_u64)
-        .map(|seq| Envelope::new(TestMessage::new(seq)))
-        .collect();
+    let batch = messages(0..30);
     t.send_batch(batch).await.unwrap();
     let dest = Arc::new(Outage {
         down: true.into(),
         refused: AtomicUsize::new(0),
+        delay: Duration::ZERO,
         inner: InMemoryTransport::new(),
     });
     let relay = Relay::new("outbox", t.clone(), "dest", dest.clone()).options(
@@ -501,16 +512,63 @@ async fn a_long_destination_outage_holds_no_outbox_rows() {
     assert_eq!(free().await, 30, "nor is one drained again while it lasts");
 
     dest.down.store(false, Ordering::SeqCst);
+    relayed_in_order(running, &dest, 30, &h, &table).await;
+}
+
+/// Drains overlap (the next starts once the one before holds its rows) yet the destination
+/// receives the outbox in its order: 2,000 messages in batches of 50 to a destination slow
+/// enough that drains wait ahead of it, while a writer keeps adding to the outbox.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn overlapping_drains_keep_the_outbox_order() {
+    let h = common::postgres().await;
+    let (t, table) = h.make("").await;
+    let first = messages(0..1_000);
+    t.send_batch(first).await.unwrap();
+    let dest = Arc::new(Outage {
+        down: false.into(),
+        refused: AtomicUsize::new(0),
+        delay: Duration::from_millis(2),
+        inner: InMemoryTransport::new(),
+    });
+    let relay = Relay::new("outbox", t.clone(), "dest", dest.clone())
+        .options(RelayOptions::default().batch_size(50).limit(Some(2_000)));
+    let running = tokio::spawn(async move { relay.run(CancellationToken::new()).await });
+    for start in (1_000..2_000_u64).step_by(100) {
+        let more = messages(start..start + 100);
+        t.send_batch(more).await.unwrap();
+    }
+    relayed_in_order(running, &dest, 2_000, &h, &table).await;
+}
+
+/// Test messages numbered `seqs`.
+fn messages(seqs: std::ops::Range<u64>) -> Vec<Envelope> {
+    seqs.map(|seq| Envelope::new(TestMessage::new(seq)))
+        .collect()
+}
+
+/// Waits (20 s at most) for the relay `running` to finish, then checks it forwarded messages
+/// `0..n` to `dest`, each once and in order, and left the outbox `table` empty.
+async fn relayed_in_order(
+    running: tokio::task::JoinHandle<
+        Result<courier_core::relay::RelayStats, courier_core::TransportError>,
+    >,
+    dest: &Outage,
+    n: u64,
+    h: &common::SqlHarness,
+    table: &str,
+) {
     let stats = tokio::time::timeout(Duration::from_secs(20), running)
         .await
-        .expect("the relay finishes once the destination is back")
+        .expect("the relay finishes")
         .unwrap()
         .unwrap();
-    assert_eq!(stats.relayed, 30);
+    assert_eq!(stats.relayed, n);
     assert_eq!(
         seqs(&dest.inner.sent()),
-        (0..30).collect::<Vec<_>>(),
-        "every message once, in order"
+        (0..n).collect::<Vec<_>>(),
+        "every message once, in the outbox's order"
     );
-    assert_eq!(h.admin.count(&table).await, 0, "the outbox is empty");
+    assert_eq!(h.admin.count(table).await, 0, "the outbox is empty");
 }

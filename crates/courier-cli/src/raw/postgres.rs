@@ -167,8 +167,9 @@ pub(crate) async fn vacuum(dsn: &Dsn) {
 
 /// The server's own share of a PostgreSQL outbox's ceiling, for `courier bench --relay`: `messages` rows
 /// of `body` stored on a queue of their own (untimed, then `VACUUM ANALYZE`d), deleted a
-/// `batch` at a time by the relay's own statement (`DELETE ... RETURNING`, the claim index walked
-/// `FOR UPDATE SKIP LOCKED`) under `EXPLAIN (ANALYZE)`; returns messages per second of the
+/// `batch` at a time by the relay's own work in one statement (the claim index walked `FOR
+/// UPDATE SKIP LOCKED`, then `DELETE ... RETURNING`; the relay runs the two apart, so that the
+/// next drain can start between them) under `EXPLAIN (ANALYZE)`; returns messages per second of the
 /// server's execution time alone (no round trip, no row sent back, no commit). A relay runs
 /// the same statements and more (the rows travel, each batch is held until the destination
 /// confirmed, then committed, decoded and re-encoded); what it reaches beyond this figure is

@@ -5,6 +5,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
+use tokio::sync::Notify;
 
 use crate::{Envelope, TransportError};
 
@@ -21,11 +22,21 @@ use crate::{Envelope, TransportError};
 /// refuses it, then drops the hold; a server that ends the transaction
 /// (`idle_in_transaction_session_timeout`) only makes its messages come back to be relayed
 /// again.
+///
+/// Drains may overlap without giving up the queue's order: each tells `held` as soon as its
+/// rows are locked, before it reads them back, and a drain started after that skips them and
+/// takes the messages behind them. A relay starts its next drain at that signal, so the
+/// slower half of one drain (the delete, reading the rows back, decoding them) runs beside the
+/// next.
 #[async_trait]
 pub trait Drain: Send + Sync {
     /// Takes up to `max` messages in the order `get` hands them out, waiting up to the
-    /// transport's poll window for the first; an empty batch when none came.
-    async fn drain(&self, max: usize) -> Result<Drained, TransportError>;
+    /// transport's poll window for the first; an empty batch when none came. Calls
+    /// `held.notify_one()` once the batch's messages are locked, before they are read back (a
+    /// drain started after that takes the messages behind them); never for an empty batch,
+    /// whose drain may still be waiting for the first message: start the next one when it
+    /// returns.
+    async fn drain(&self, max: usize, held: &Notify) -> Result<Drained, TransportError>;
 }
 
 /// What holds a drained batch back: committing removes its messages for good.

@@ -5,7 +5,8 @@
 //! it into the destination (`Relay::run`, pipelined, until it forwarded them all), batches of
 //! the same size; then fills it again and times the same relay into an in-memory transport: the
 //! outbox's own ceiling, what no destination can raise; on PostgreSQL, then the server's own
-//! share of that ceiling: the execution time of the relay's drain statement over the same rows
+//! share of that ceiling: the execution time of the relay's drain (its lock and its delete, as
+//! one statement) over the same rows
 //! (`EXPLAIN ANALYZE`, no round trip, no commit). Medians over `--rounds`.
 //!
 //! Beside each rate, the machine-wide CPU time each phase spent per message (client and
@@ -174,7 +175,7 @@ async fn rounds(
         );
         if let Some(floor) = floor {
             println!(
-                "drain statements alone: {floor:>10.0} msg/s  (the server's execution time of the relay's DELETE ... RETURNING, no round trip, no commit: {:.2}x the destination)",
+                "drain statements alone: {floor:>10.0} msg/s  (the server's execution time of the relay's lock and DELETE ... RETURNING as one statement, no round trip, no commit: {:.2}x the destination)",
                 floor / direct
             );
         }
