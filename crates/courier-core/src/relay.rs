@@ -386,8 +386,8 @@ impl Relay {
         // The newest drain, until it holds its rows or ends: no other starts meanwhile.
         let mut newest: Option<Arc<Notify>> = None;
         let mut ready: VecDeque<Drained> = VecDeque::new();
-        let (mut sending, mut sent_batch): (Option<BoxFuture<'a, _>>, Option<Drained>) =
-            (None, None);
+        // The batch being sent: it comes back with whether the destination took it.
+        let mut sending: Option<BoxFuture<'a, (Drained, Result<bool, TransportError>)>> = None;
         let mut confirmed: Option<Drained> = None;
         let mut committing: Option<BoxFuture<'a, Option<usize>>> = None;
         loop {
@@ -423,20 +423,20 @@ impl Relay {
                 && let Some(batch) = ready.pop_front()
             {
                 *left = left.saturating_sub(batch.envelopes.len() as u64);
-                let out = outgoing(&batch.envelopes);
-                sent_batch = Some(batch);
                 sending = Some(Box::pin(async move {
-                    // A send still refused at the hold limit gives the held batch up.
+                    // The envelopes only: a `&Drained` held across an await would need a
+                    // `Sync` hold. A send still refused at the hold limit gives the batch up.
+                    let envelopes = &batch.envelopes;
                     let sent = tokio::time::timeout(
                         self.options.hold_limit,
-                        self.send_outgoing(out, None, shutdown),
+                        self.send(envelopes, false, shutdown),
                     )
                     .await
                     .map_or(Ok(false), |sent| sent.map(|_| true));
                     if matches!(sent, Ok(true)) {
                         self.pause(RelayPoint::AfterConfirm).await;
                     }
-                    sent
+                    (batch, sent)
                 }));
             }
             if draining.is_empty()
@@ -464,11 +464,8 @@ impl Relay {
                     }
                 }
                 () = held(newest.as_deref()), if newest.is_some() => newest = None,
-                Some(sent) = OptionFuture::from(sending.as_mut()), if sending.is_some() => {
+                Some((batch, sent)) = OptionFuture::from(sending.as_mut()), if sending.is_some() => {
                     sending = None;
-                    let Some(batch) = sent_batch.take() else {
-                        continue;
-                    };
                     match sent {
                         Ok(true) if committing.is_none() => committing = Some(self.commit_then_pause(batch)),
                         Ok(true) => confirmed = Some(batch),
@@ -589,26 +586,14 @@ impl Relay {
         if batch.is_empty() {
             return Ok(false);
         }
-        self.send_outgoing(outgoing(batch), keepalive.then_some(batch), shutdown)
-            .await
-    }
-
-    /// Sends `sending` (a batch's [`outgoing`] envelopes) to the destination, retrying
-    /// transient failures, with the fetched batch `keepalive` kept alive at the source
-    /// meanwhile when given; returns whether it took a retry.
-    async fn send_outgoing(
-        &self,
-        sending: Vec<Envelope>,
-        keepalive: Option<&[Envelope]>,
-        shutdown: &CancellationToken,
-    ) -> Result<bool, TransportError> {
         let mut retried = false;
         self.retrying("sending", shutdown, |again| {
             retried |= again;
-            let sending = sending.clone();
+            // Copied for each attempt (the destination takes its batch by value).
+            let sending = outgoing(batch);
             async move {
                 if again
-                    && let Some(batch) = keepalive
+                    && keepalive
                     && let Err(e) = self.from.keepalive_batch(batch).await
                 {
                     tracing::debug!(error = %e, "relay: keepalive of a batch failed");
