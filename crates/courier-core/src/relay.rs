@@ -319,9 +319,7 @@ impl Relay {
             );
             let next = next?;
             if !acking.is_empty() {
-                self.done(acking.len());
-                stats.relayed += acking.len() as u64;
-                stats.batches += 1;
+                self.count(Some(acking.len()), &mut stats);
                 self.pause(RelayPoint::AfterDelete).await;
             }
             let retried = sent?;

@@ -371,7 +371,7 @@ impl SqlTransport {
         }
     }
 
-    /// [`Drain::drain`]: like [`get_after`](Self::get_after), with the drain statement.
+    /// [`Drain::drain`]: like [`get_after`](Self::get_after), with the drain statements.
     async fn drain_within_window(
         &self,
         max: usize,
