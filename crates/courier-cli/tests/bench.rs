@@ -278,11 +278,12 @@ fn relay_beside_direct_send(from: &str, to: &str) -> Value {
     } else {
         assert!(out["drain_execution_per_s"].is_null(), "{out}");
     }
-    // Each phase's machine-wide CPU cost (Linux's /proc/stat; 300 messages may take no tick).
+    // Each phase's machine-wide CPU cost and Courier's share (Linux's /proc; 300 messages
+    // may take no tick).
     if cfg!(target_os = "linux") {
         for phase in ["direct_send", "relay", "outbox_alone"] {
             let cpu = &out["cpu"][phase];
-            for key in ["us_per_msg", "cores_busy"] {
+            for key in ["us_per_msg", "cores_busy", "courier_us_per_msg"] {
                 assert!(
                     cpu[key].as_f64().is_some_and(|v| v >= 0.0),
                     "{phase}: {out}"

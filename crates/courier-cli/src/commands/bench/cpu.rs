@@ -11,6 +11,9 @@
 //! phase needs a few tenths of a second for the figure to mean anything: the bench's default
 //! 20,000 messages give ~10-50 ticks per phase. It counts every process on the machine, a
 //! concurrent build too. Elsewhere than Linux there is no figure (`None`).
+//!
+//! Beside it, the bench's own process's share (`/proc/self/stat`): what Courier itself spent,
+//! so the rest is the servers' (and anything else running).
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +25,8 @@ const TICKS_PER_SECOND: u64 = 100;
 pub(crate) struct CpuClock {
     /// Ticks spent running anything (every state but idle and iowait), summed over the cores.
     busy: u64,
+    /// Ticks this process spent (user and system).
+    own: u64,
     at: Instant,
 }
 
@@ -30,6 +35,8 @@ pub(crate) struct CpuClock {
 pub(crate) struct CpuSpent {
     /// Busy time summed over the cores.
     pub(crate) busy: Duration,
+    /// This process's share of `busy`.
+    pub(crate) own: Duration,
     /// Wall time of the phase.
     pub(crate) wall: Duration,
 }
@@ -38,6 +45,11 @@ impl CpuSpent {
     /// CPU microseconds per message.
     pub(crate) fn micros_per(&self, messages: u64) -> f64 {
         self.busy.as_secs_f64() * 1e6 / messages.max(1) as f64
+    }
+
+    /// This process's CPU microseconds per message.
+    pub(crate) fn own_micros_per(&self, messages: u64) -> f64 {
+        self.own.as_secs_f64() * 1e6 / messages.max(1) as f64
     }
 
     /// How many cores were busy on average.
@@ -50,8 +62,10 @@ impl CpuClock {
     /// The counters now; `None` where `/proc/stat` is missing (not Linux) or unreadable.
     pub(crate) fn now() -> Option<Self> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
         Some(Self {
             busy: busy_ticks(&stat)?,
+            own: own_ticks(&own)?,
             at: Instant::now(),
         })
     }
@@ -59,9 +73,12 @@ impl CpuClock {
     /// What the machine spent since `self`; `None` if the counters cannot be read now.
     pub(crate) fn spent(&self) -> Option<CpuSpent> {
         let now = Self::now()?;
-        let ticks = now.busy.saturating_sub(self.busy);
+        let ticks = |now: u64, then: u64| {
+            Duration::from_millis(now.saturating_sub(then) * 1000 / TICKS_PER_SECOND)
+        };
         Some(CpuSpent {
-            busy: Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND),
+            busy: ticks(now.busy, self.busy),
+            own: ticks(now.own, self.own),
             wall: now.at.duration_since(self.at),
         })
     }
@@ -83,6 +100,16 @@ fn busy_ticks(stat: &str) -> Option<u64> {
     Some(user + nice + system + irq + softirq + steal)
 }
 
+/// A process's user and system ticks from its `/proc/<pid>/stat` line: the 14th and 15th
+/// fields, counted after the command name's closing parenthesis (the name may hold spaces).
+fn own_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,13 +128,23 @@ mod tests {
     }
 
     #[test]
+    fn own_ticks_are_user_plus_system_after_the_command_name() {
+        let stat = "4242 (my (odd) bin) S 1 4242 4242 0 -1 4194560 900 0 0 0 120 34 0 0 20 0 3 0";
+        assert_eq!(own_ticks(stat), Some(120 + 34));
+        assert_eq!(own_ticks("4242 (bin) S 1 2"), None);
+        assert_eq!(own_ticks("no parenthesis"), None);
+    }
+
+    #[test]
     fn spent_time_reads_as_microseconds_per_message_and_busy_cores() {
         let spent = CpuSpent {
             busy: Duration::from_millis(300),
+            own: Duration::from_millis(100),
             wall: Duration::from_millis(200),
         };
         assert!((spent.micros_per(20_000) - 15.0).abs() < 1e-9);
         assert!((spent.cores() - 1.5).abs() < 1e-9);
+        assert!((spent.own_micros_per(20_000) - 5.0).abs() < 1e-9);
     }
 
     #[cfg(target_os = "linux")]
@@ -124,6 +161,10 @@ mod tests {
         assert!(
             spent.busy >= Duration::from_millis(100),
             "200 ms spinning: {spent:?}"
+        );
+        assert!(
+            spent.own >= Duration::from_millis(100),
+            "200 ms spinning in this process: {spent:?}"
         );
     }
 }

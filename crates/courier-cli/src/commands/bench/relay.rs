@@ -10,9 +10,10 @@
 //! (`EXPLAIN ANALYZE`, no round trip, no commit). Medians over `--rounds`.
 //!
 //! Beside each rate, the machine-wide CPU time each phase spent per message (client and
-//! servers alike, see [`super::cpu`]): with the servers on the bench's machine, a phase that
-//! keeps the cores busy is paced by that cost, so the relay's ratio to the destination's own
-//! send is bounded by the inverse ratio of their costs.
+//! servers alike, see [`super::cpu`]) and Courier's own share of it (the rest is the
+//! servers'): with the servers on the bench's machine, a phase that keeps the cores busy is
+//! paced by that cost, so the relay's ratio to the destination's own send is bounded by the
+//! inverse ratio of their costs.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -142,8 +143,10 @@ async fn rounds(
     let ratio = relayed / direct;
     let floor = (!floor.is_empty()).then(|| median(&mut floor));
     if cli.format == Format::Json {
-        let cpu = |c: Option<(f64, f64)>| {
-            c.map(|(us, cores)| serde_json::json!({"us_per_msg": us, "cores_busy": cores}))
+        let cpu = |c: Option<(f64, f64, f64)>| {
+            c.map(|(us, cores, own)| {
+                serde_json::json!({"us_per_msg": us, "cores_busy": cores, "courier_us_per_msg": own})
+            })
         };
         super::print_json(&serde_json::json!({
             "mode": "relay", "from": from_dsn.to_string(), "to": to_dsn.to_string(),
@@ -156,9 +159,11 @@ async fn rounds(
             },
         }))
     } else {
-        let cpu = |c: Option<(f64, f64)>| {
-            c.map(|(us, cores)| format!("  CPU {us:.1} us/msg, {cores:.2} cores busy"))
-                .unwrap_or_default()
+        let cpu = |c: Option<(f64, f64, f64)>| {
+            c.map(|(us, cores, own)| {
+                format!("  CPU {us:.1} us/msg (Courier {own:.1}), {cores:.2} cores busy")
+            })
+            .unwrap_or_default()
         };
         println!(
             "destination send_batch: {direct:>10.0} msg/s{}",
@@ -221,15 +226,20 @@ async fn relay_rate(
 #[derive(Default)]
 struct Phase {
     rates: Vec<f64>,
-    /// CPU microseconds per message and cores busy, per round.
-    cpu: Vec<(f64, f64)>,
+    /// CPU microseconds per message (machine-wide), cores busy, and this process's CPU
+    /// microseconds per message, per round.
+    cpu: Vec<(f64, f64, f64)>,
 }
 
 impl Phase {
     fn push(&mut self, messages: u64, elapsed: std::time::Duration, cpu: Option<CpuSpent>) {
         self.rates.push(per_second(messages, elapsed));
         if let Some(cpu) = cpu {
-            self.cpu.push((cpu.micros_per(messages), cpu.cores()));
+            self.cpu.push((
+                cpu.micros_per(messages),
+                cpu.cores(),
+                cpu.own_micros_per(messages),
+            ));
         }
     }
 
@@ -238,15 +248,16 @@ impl Phase {
         median(&mut self.rates)
     }
 
-    /// The median CPU cost per message and the median cores busy; `None` if any round lacked
-    /// a figure.
-    fn cpu(&mut self) -> Option<(f64, f64)> {
+    /// The median CPU cost per message, the median cores busy and the median cost in this
+    /// process; `None` if any round lacked a figure.
+    fn cpu(&self) -> Option<(f64, f64, f64)> {
         if self.cpu.is_empty() || self.cpu.len() != self.rates.len() {
             return None;
         }
-        let mut us: Vec<f64> = self.cpu.iter().map(|c| c.0).collect();
-        let mut cores: Vec<f64> = self.cpu.iter().map(|c| c.1).collect();
-        Some((median(&mut us), median(&mut cores)))
+        let column = |pick: fn(&(f64, f64, f64)) -> f64| {
+            median(&mut self.cpu.iter().map(pick).collect::<Vec<_>>())
+        };
+        Some((column(|c| c.0), column(|c| c.1), column(|c| c.2)))
     }
 }
 
