@@ -119,6 +119,13 @@ pub struct RelayOptions {
     /// open, holding back vacuum) while the destination refuses it (default 30 s). Past it the
     /// relay lets the batch go back to the source (and those drained ahead), waits the outage
     /// out by resending the batch from memory, holding nothing, then deletes its rows by id.
+    ///
+    /// It also bounds how long a relay cut off from its source keeps the rows it holds: each
+    /// drain asks the source to end its hold once idle for four times this (a batch drained
+    /// ahead waits behind the sends before it, each at most this long), and the relay gives up
+    /// waiting on a drain or a commit after as long. So after a network partition between the
+    /// relay and PostgreSQL, its batches are back in the outbox for another relay within two
+    /// minutes at the default.
     pub hold_limit: Duration,
     pause: Option<(RelayPoint, PathBuf)>,
 }
@@ -403,8 +410,11 @@ impl Relay {
                 newest = Some(Arc::clone(&held));
                 asked += want as u64;
                 draining.push_back(Box::pin(async move {
+                    let hold_for = self.hold_bound();
                     let drained = self
-                        .retrying("draining", shutdown, |_| drain.drain(want, &held))
+                        .retrying("draining", shutdown, |_| {
+                            self.bounded("draining", drain.drain(want, hold_for, &held))
+                        })
                         .await
                         .or_else(|e| {
                             if e.is_transient() && shutdown.is_cancelled() {
@@ -552,7 +562,10 @@ impl Relay {
             return None;
         }
         let n = batch.envelopes.len();
-        match batch.commit().await {
+        match self
+            .bounded("committing a drained batch", batch.commit())
+            .await
+        {
             Ok(()) => Some(n),
             Err(e) => {
                 tracing::warn!(from = %self.from_name, to = %self.to_name, error = %crate::error_chain(&e), messages = n,
@@ -560,6 +573,38 @@ impl Relay {
                 None
             }
         }
+    }
+
+    /// The longest a drained batch may stay held (see [`RelayOptions::hold_limit`]): behind the
+    /// sends of the batches drained before it and its own, each bounded by the hold limit,
+    /// and once more as slack.
+    fn hold_bound(&self) -> Duration {
+        self.options.hold_limit.saturating_mul(
+            u32::try_from(DRAINS_AHEAD)
+                .unwrap_or(u32::MAX)
+                .saturating_add(2),
+        )
+    }
+
+    /// Runs a drain or a commit, giving up after [`hold_bound`](Self::hold_bound): past it the
+    /// source ends the hold by itself, and a connection that answers nothing (a network
+    /// partition) would otherwise keep the relay waiting until TCP gives up (many minutes).
+    /// The timeout is transient: a drain is tried again, a commit's batch comes back.
+    async fn bounded<T>(
+        &self,
+        doing: &'static str,
+        call: impl std::future::Future<Output = Result<T, TransportError>>,
+    ) -> Result<T, TransportError> {
+        let limit = self.hold_bound();
+        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+            Err(
+                TransportError::new(crate::TransportErrorKind::Timeout, self.from_name.clone())
+                    .with_context(format!(
+                        "{doing}: no answer within {} ms",
+                        limit.as_millis()
+                    )),
+            )
+        })
     }
 
     /// How many messages to fetch next: none once shut down or at the limit.

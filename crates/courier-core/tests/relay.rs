@@ -6,15 +6,15 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{CountAcks, Job, queue_with};
 use courier_core::relay::{Relay, RelayOptions};
 use courier_core::{
-    Backoff, CancellationToken, Capabilities, Envelope, InMemoryTransport, Transport,
-    TransportError, async_trait,
+    Backoff, CancellationToken, Capabilities, Drain, DrainHold, Drained, Envelope,
+    InMemoryTransport, Transport, TransportError, async_trait,
 };
 
 /// A destination that checks, at each `send_batch`, that the source acked only what was
@@ -149,4 +149,114 @@ async fn a_stop_sends_and_acks_the_batch_fetched_ahead() {
     assert_eq!(source.acked().len(), 4);
     let left = jobs(&source.get(10).await.unwrap());
     assert_eq!(left, [4, 5, 6, 7, 8], "nothing left claimed");
+}
+
+/// A draining source whose server stops answering (a network partition): its first drain and
+/// its first commit never return. Later ones take from, and ack on, an in-memory queue.
+#[derive(Debug)]
+struct Unanswering {
+    inner: Arc<InMemoryTransport>,
+    drains: AtomicUsize,
+    commits: Arc<AtomicUsize>,
+    /// The `hold_for` each drain was given.
+    holds: Mutex<Vec<Duration>>,
+}
+
+struct Hold {
+    inner: Arc<InMemoryTransport>,
+    envelopes: Vec<Envelope>,
+    commits: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl DrainHold for Hold {
+    async fn commit(self: Box<Self>) -> Result<(), TransportError> {
+        if self.commits.fetch_add(1, Ordering::SeqCst) == 0 {
+            std::future::pending::<()>().await;
+        }
+        self.inner.ack_batch(&self.envelopes).await
+    }
+}
+
+#[async_trait]
+impl Drain for Unanswering {
+    async fn drain(
+        &self,
+        max: usize,
+        hold_for: Duration,
+        held: &tokio::sync::Notify,
+    ) -> Result<Drained, TransportError> {
+        self.holds.lock().unwrap().push(hold_for);
+        if self.drains.fetch_add(1, Ordering::SeqCst) == 0 {
+            std::future::pending::<()>().await;
+        }
+        let envelopes = self.inner.get(max).await?;
+        if !envelopes.is_empty() {
+            held.notify_one();
+        }
+        let hold = Hold {
+            inner: self.inner.clone(),
+            envelopes: envelopes.clone(),
+            commits: self.commits.clone(),
+        };
+        Ok(Drained::new(envelopes, Box::new(hold)))
+    }
+}
+
+#[async_trait]
+impl Transport for Unanswering {
+    async fn send(&self, e: Envelope) -> Result<Envelope, TransportError> {
+        self.inner.send(e).await
+    }
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.inner.get(max).await
+    }
+    async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.ack(e).await
+    }
+    async fn reject(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.reject(e).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn as_drain(&self) -> Option<&dyn Drain> {
+        Some(self)
+    }
+}
+
+/// A relay cut off from its source does not wait on it forever: a drain or a commit with no
+/// answer is given up after four hold limits (the bound each drain asks the source to end its
+/// hold by), the drain tried again, the commit's batch left to come back; the relay goes on.
+#[tokio::test(start_paused = true)]
+async fn a_source_that_stops_answering_does_not_stall_the_relay() {
+    let source = queue_with(6).await;
+    let from = Arc::new(Unanswering {
+        inner: source.clone(),
+        drains: AtomicUsize::new(0),
+        commits: Arc::new(AtomicUsize::new(0)),
+        holds: Mutex::new(Vec::new()),
+    });
+    let to = Arc::new(InMemoryTransport::new());
+    let hold_limit = Duration::from_millis(100);
+    let relay = Relay::new("outbox", from.clone(), "to", to.clone())
+        .options(options(2).limit(Some(6)).hold_limit(hold_limit));
+    let stats = tokio::time::timeout(Duration::from_secs(60), relay.run(CancellationToken::new()))
+        .await
+        .expect("the relay waited on a source that does not answer")
+        .unwrap();
+    assert_eq!(
+        jobs(&to.sent()),
+        [0, 1, 2, 3, 4, 5],
+        "everything sent, in order"
+    );
+    // The first batch's commit never answered: not counted, its rows left to the source.
+    assert_eq!((stats.relayed, stats.batches), (4, 2));
+    assert_eq!(source.acked().len(), 4);
+    let holds = from.holds.lock().unwrap().clone();
+    assert!(holds.len() >= 4, "{holds:?}");
+    assert!(
+        holds.iter().all(|&h| h == hold_limit * 4),
+        "each drain asks for four hold limits at most: {holds:?}"
+    );
 }

@@ -148,11 +148,13 @@ pub(crate) trait Backend: Send + Sync + Debug {
     ) -> Result<Vec<StoredRow>, sqlx::Error>;
     /// PostgreSQL: locks up to `max` claimable rows (`FOR UPDATE SKIP LOCKED`) in a
     /// transaction left open, tells `held`, then deletes them, returning them in claim order
-    /// with the hold that commits it (errors named for transport `name`); elsewhere `None`.
+    /// with the hold that commits it (errors named for transport `name`); the server ends the
+    /// transaction once it sat idle `hold_for`. Elsewhere `None`.
     async fn drain(
         &self,
         _name: &str,
         _max: usize,
+        _hold_for: std::time::Duration,
         _held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
         None

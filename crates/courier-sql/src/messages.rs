@@ -59,12 +59,14 @@ pub(crate) trait MessageDialect: SqlDatabase {
     }
 
     /// Locks up to `max` claimable rows in a transaction left open ([`Statements::drain`]),
-    /// tells `held`, then deletes and returns them ([`Statements::drain_take`]); `None`: the
-    /// dialect cannot hold rows that way.
+    /// tells `held`, then deletes and returns them ([`Statements::drain_take`]), the server
+    /// ending the transaction once it sat idle `hold_for`; `None`: the dialect cannot hold rows
+    /// that way.
     async fn drain(
         _m: &Messages<Self>,
         _name: &str,
         _max: usize,
+        _hold_for: std::time::Duration,
         _held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
         None
@@ -513,9 +515,10 @@ where
         &self,
         name: &str,
         max: usize,
+        hold_for: std::time::Duration,
         held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
-        DB::drain(self, name, max, held).await
+        DB::drain(self, name, max, hold_for, held).await
     }
 
     async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error> {

@@ -66,9 +66,17 @@ pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Postgr
     Ok(Messages::new(pool, o, state))
 }
 
-/// How a drain's transaction begins: its commit does not wait for the disk (see `drain`
-/// below), set in the same round trip as the `BEGIN`.
-const DRAIN_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit TO OFF";
+/// How a drain's transaction begins, in one round trip: its commit does not wait for the disk
+/// (see `drain` below), and the server ends it once it sat idle `hold_for` (at least 1 ms; 0
+/// would mean never), so a relay cut off from the server does not keep its rows locked until
+/// TCP gives up on the connection (hours).
+fn drain_begin(hold_for: std::time::Duration) -> String {
+    let idle_ms = hold_for.as_millis().clamp(1, i32::MAX as u128);
+    format!(
+        "BEGIN; SET LOCAL synchronous_commit TO OFF; \
+         SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
+    )
+}
 
 /// The open transaction of a drained batch: committing deletes its rows for good, dropping it
 /// rolls back (sqlx rolls an open transaction back when it is dropped).
@@ -179,6 +187,7 @@ impl MessageDialect for Postgres {
         m: &Messages<Self>,
         name: &str,
         max: usize,
+        hold_for: std::time::Duration,
         held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn DrainHold>), sqlx::Error>> {
         let (lock, take) = (m.sql.drain.as_deref()?, m.sql.drain_take.as_deref()?);
@@ -187,7 +196,7 @@ impl MessageDialect for Postgres {
             // server lose it in a crash, those messages are relayed again (at least once, as
             // after a relay crash), so it need not wait for the WAL to reach the disk. On a
             // disk that syncs in ~3 ms, that wait was the relay's pace at batch 64.
-            let mut tx = m.pool.begin_with(DRAIN_BEGIN).await?;
+            let mut tx = m.pool.begin_with(drain_begin(hold_for)).await?;
             let ids: Vec<i64> = sqlx::query_scalar(lock)
                 .bind(&m.queue)
                 .bind(m.redeliver_ms)

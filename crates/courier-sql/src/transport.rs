@@ -375,6 +375,7 @@ impl SqlTransport {
     async fn drain_within_window(
         &self,
         max: usize,
+        hold_for: Duration,
         held: &tokio::sync::Notify,
     ) -> Result<Drained, TransportError> {
         if max == 0 {
@@ -386,7 +387,7 @@ impl SqlTransport {
             let (rows, hold) = self
                 .attempt("draining messages", || async {
                     self.backend
-                        .drain(&self.name, max, held)
+                        .drain(&self.name, max, hold_for, held)
                         .await
                         .unwrap_or_else(|| {
                             Err(sqlx::Error::Configuration(
@@ -765,9 +766,10 @@ impl Drain for SqlTransport {
     async fn drain(
         &self,
         max: usize,
+        hold_for: Duration,
         held: &tokio::sync::Notify,
     ) -> Result<Drained, TransportError> {
-        self.drain_within_window(max, held).await
+        self.drain_within_window(max, hold_for, held).await
     }
 }
 

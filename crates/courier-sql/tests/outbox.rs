@@ -336,6 +336,9 @@ fn seqs(envelopes: &[Envelope]) -> Vec<u64> {
         .collect()
 }
 
+/// How long the tests' drains may hold their rows.
+const HOLD: Duration = Duration::from_secs(60);
+
 /// What a relay reads a PostgreSQL outbox with: drained rows are gone for everyone else while
 /// held, come back at once when the hold is dropped (a relay that dies), and are gone for good
 /// once committed.
@@ -351,7 +354,7 @@ async fn a_postgres_drain_holds_its_rows_until_it_commits() {
     let deadline = Duration::from_secs(10);
 
     let signal = tokio::sync::Notify::new();
-    let held = tokio::time::timeout(deadline, drain.drain(3, &signal))
+    let held = tokio::time::timeout(deadline, drain.drain(3, HOLD, &signal))
         .await
         .unwrap()
         .unwrap();
@@ -366,7 +369,7 @@ async fn a_postgres_drain_holds_its_rows_until_it_commits() {
     assert_eq!(seqs(&rest), [3, 4], "held rows are not handed out again");
     t.ack_batch(&rest).await.unwrap();
     let silent = tokio::sync::Notify::new();
-    let none = tokio::time::timeout(deadline, drain.drain(10, &silent))
+    let none = tokio::time::timeout(deadline, drain.drain(10, HOLD, &silent))
         .await
         .unwrap()
         .unwrap();
@@ -383,7 +386,7 @@ async fn a_postgres_drain_holds_its_rows_until_it_commits() {
     let mut again = Vec::new();
     let mut hold = None;
     for _ in 0..20 {
-        let d = tokio::time::timeout(deadline, drain.drain(10, &silent))
+        let d = tokio::time::timeout(deadline, drain.drain(10, HOLD, &silent))
             .await
             .unwrap()
             .unwrap();
@@ -401,6 +404,58 @@ async fn a_postgres_drain_holds_its_rows_until_it_commits() {
         .unwrap()
         .unwrap();
     assert!(after.is_empty(), "nothing comes back after the commit");
+}
+
+/// A drain whose holder goes silent (a relay cut off from the server by a network partition:
+/// it cannot roll back, and the server would wait for TCP keepalives, hours) is ended by the
+/// server once idle past its `hold_for`: the rows come back for another relay, and the
+/// silent holder's late commit fails rather than deleting them.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn a_silent_postgres_drain_gives_its_rows_back_after_its_hold() {
+    let h = common::postgres().await;
+    let (t, table) = h.make("").await;
+    t.send_batch(messages(0..4)).await.unwrap();
+    let drain = t.as_drain().expect("a PostgreSQL queue drains");
+    let deadline = Duration::from_secs(10);
+    let signal = tokio::sync::Notify::new();
+    let silent = tokio::time::timeout(deadline, drain.drain(10, Duration::from_secs(3), &signal))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seqs(&silent.envelopes), [0, 1, 2, 3]);
+    let other = tokio::time::timeout(deadline, drain.drain(10, HOLD, &signal))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        other.is_empty(),
+        "held rows are skipped while the hold lasts"
+    );
+
+    let started = std::time::Instant::now();
+    let back = loop {
+        let d = tokio::time::timeout(deadline, drain.drain(10, HOLD, &signal))
+            .await
+            .unwrap()
+            .unwrap();
+        if !d.is_empty() {
+            break d;
+        }
+        assert!(
+            started.elapsed() < deadline,
+            "the server never ended the silent hold"
+        );
+    };
+    assert_eq!(seqs(&back.envelopes), [0, 1, 2, 3], "back, in order");
+    assert!(
+        silent.commit().await.is_err(),
+        "the silent holder's transaction was ended: its commit cannot delete the rows"
+    );
+    assert_eq!(h.admin.count(&table).await, 4, "the rows are still there");
+    back.commit().await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 0);
 }
 
 /// A destination whose sends fail (a transient connection error) while `down`, and take

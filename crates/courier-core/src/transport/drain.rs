@@ -3,6 +3,7 @@
 //! PostgreSQL).
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
@@ -19,9 +20,14 @@ use crate::{Envelope, TransportError};
 /// after the redelivery window. The price: a batch held for long keeps its transaction open,
 /// which on PostgreSQL holds back vacuum. The relay holds one at most
 /// [`RelayOptions::hold_limit`](crate::relay::RelayOptions::hold_limit) while its destination
-/// refuses it, then drops the hold; a server that ends the transaction
-/// (`idle_in_transaction_session_timeout`) only makes its messages come back to be relayed
-/// again.
+/// refuses it, then drops the hold; a server that ends the transaction only makes its messages
+/// come back to be relayed again.
+///
+/// A holder cut off from the store (a network partition, a host that froze) cannot roll back,
+/// and the store may not notice for hours (PostgreSQL waits for TCP keepalives, two hours by
+/// default): each drain says how long its batch may stay held (`hold_for`), and the store ends
+/// the hold on its own side past it (PostgreSQL: `idle_in_transaction_session_timeout` on the
+/// drain's transaction), so the messages come back to another relay within that bound.
 ///
 /// Drains may overlap without giving up the queue's order: each tells `held` as soon as its
 /// rows are locked, before it reads them back, and a drain started after that skips them and
@@ -35,8 +41,14 @@ pub trait Drain: Send + Sync {
     /// `held.notify_one()` once the batch's messages are locked, before they are read back (a
     /// drain started after that takes the messages behind them); never for an empty batch,
     /// whose drain may still be waiting for the first message: start the next one when it
-    /// returns.
-    async fn drain(&self, max: usize, held: &Notify) -> Result<Drained, TransportError>;
+    /// returns. The batch stays held at most `hold_for` while its holder is silent: past it
+    /// the store may end the hold (the messages come back and a later commit fails).
+    async fn drain(
+        &self,
+        max: usize,
+        hold_for: Duration,
+        held: &Notify,
+    ) -> Result<Drained, TransportError>;
 }
 
 /// What holds a drained batch back: committing removes its messages for good.
