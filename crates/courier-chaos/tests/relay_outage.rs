@@ -111,6 +111,24 @@ async fn flows_past(
     }
 }
 
+/// Kills `server` mid-relay (`kill -9`), restarts it 1.5 s later, then waits until messages
+/// flow to the destination again.
+async fn restart(
+    server: &mut Server,
+    dest: &Arc<dyn Transport>,
+    arrived: &mut Vec<i64>,
+    after: &str,
+    relay: &mut Child,
+) {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.restart().await.unwrap();
+    collect(dest, arrived).await;
+    let seen = arrived.len();
+    flows_past(dest, arrived, seen, after, relay).await;
+}
+
 async fn outbox_rows(pool: &sqlx::PgPool) -> Option<i64> {
     sqlx::query_scalar("SELECT COUNT(*) FROM relay_outbox")
         .fetch_one(pool)
@@ -180,35 +198,11 @@ async fn the_relay_rides_out_its_outbox_and_destination_servers_restarting() {
     flows_past(&dest, &mut arrived, 0, "before any outage", &mut relay).await;
     // The outbox's server dies mid-relay: held drains die with their connections, their rows
     // come back when it restarts.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    pg.kill();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    pg.restart().await.unwrap();
-    collect(&dest, &mut arrived).await;
-    let seen = arrived.len();
-    flows_past(
-        &dest,
-        &mut arrived,
-        seen,
-        "after the outbox's server restarted",
-        &mut relay,
-    )
-    .await;
+    let after = "after the outbox's server restarted";
+    restart(&mut pg, &dest, &mut arrived, after, &mut relay).await;
     // Then the destination's: sends fail until it is back (its AOF keeps what it confirmed).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    redis.kill();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    redis.restart().await.unwrap();
-    collect(&dest, &mut arrived).await;
-    let seen = arrived.len();
-    flows_past(
-        &dest,
-        &mut arrived,
-        seen,
-        "after the destination's server restarted",
-        &mut relay,
-    )
-    .await;
+    let after = "after the destination's server restarted";
+    restart(&mut redis, &dest, &mut arrived, after, &mut relay).await;
     stop.send(true).unwrap();
     producer.await.unwrap();
 
