@@ -254,8 +254,8 @@ pub(crate) struct RelayArgs {
     /// From a PostgreSQL outbox: the longest a batch's transaction stays open while the
     /// destination refuses it; then the batch goes back to the outbox, unlocked, and is resent
     /// from memory until the destination is back. Four times this, the server ends a drain's
-    /// transaction left idle (a relay cut off from it), and the relay gives up on a drain or
-    /// commit that gets no answer
+    /// transaction left idle (a relay cut off from it), and the relay gives up on any call to
+    /// the outbox that gets no answer (and tries again)
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) hold_limit: std::time::Duration,
 }

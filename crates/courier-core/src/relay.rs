@@ -123,9 +123,10 @@ pub struct RelayOptions {
     /// It also bounds how long a relay cut off from its source keeps the rows it holds: each
     /// drain asks the source to end its hold once idle for four times this (a batch drained
     /// ahead waits behind the sends before it, each at most this long), and the relay gives up
-    /// waiting on a drain or a commit after as long. So after a network partition between the
-    /// relay and PostgreSQL, its batches are back in the outbox for another relay within two
-    /// minutes at the default.
+    /// waiting on any call to its source (drain, commit, fetch, ack) after as long. So after a
+    /// network partition between the relay and PostgreSQL, its batches are back in the outbox
+    /// for another relay within two minutes at the default, and a relay whose connection went
+    /// silent tries a new one after as long, not when TCP gives up.
     pub hold_limit: Duration,
     pause: Option<(RelayPoint, PathBuf)>,
 }
@@ -335,7 +336,10 @@ impl Relay {
             }
             if retried && !next.is_empty() {
                 // The send took retries: refresh the batch fetched meanwhile before its turn.
-                if let Err(e) = self.from.keepalive_batch(&next).await {
+                if let Err(e) = self
+                    .bounded("keeping a batch alive", self.from.keepalive_batch(&next))
+                    .await
+                {
                     tracing::debug!(error = %e, "relay: keepalive of a batch failed");
                 }
             }
@@ -586,10 +590,12 @@ impl Relay {
         )
     }
 
-    /// Runs a drain or a commit, giving up after [`hold_bound`](Self::hold_bound): past it the
-    /// source ends the hold by itself, and a connection that answers nothing (a network
-    /// partition) would otherwise keep the relay waiting until TCP gives up (many minutes).
-    /// The timeout is transient: a drain is tried again, a commit's batch comes back.
+    /// Runs a call to the source (a drain, a commit, a fetch, an ack), giving up after
+    /// [`hold_bound`](Self::hold_bound): a connection that answers nothing (a network
+    /// partition, a connection black-holed by a failover) would otherwise keep the relay
+    /// waiting until TCP gives up (many minutes); a drained batch's hold ends on the source's
+    /// side by then anyway. The timeout is transient: the call is tried again (acking twice is
+    /// harmless), a commit's batch comes back.
     async fn bounded<T>(
         &self,
         doing: &'static str,
@@ -637,7 +643,9 @@ impl Relay {
             async move {
                 if again
                     && keepalive
-                    && let Err(e) = self.from.keepalive_batch(batch).await
+                    && let Err(e) = self
+                        .bounded("keeping a batch alive", self.from.keepalive_batch(batch))
+                        .await
                 {
                     tracing::debug!(error = %e, "relay: keepalive of a batch failed");
                 }
@@ -684,7 +692,9 @@ impl Relay {
         }
         if acks.is_empty() {
             return self
-                .retrying("fetching", shutdown, |_| self.from.get(want))
+                .retrying("fetching", shutdown, |_| {
+                    self.bounded("fetching", self.from.get(want))
+                })
                 .await
                 .or_else(stopped);
         }
@@ -692,19 +702,23 @@ impl Relay {
             // Acking twice is not an error: a failed attempt is retried with the same acks.
             return self
                 .retrying("acking and fetching", shutdown, |_| {
-                    self.from.ack_and_get(acks, want)
+                    self.bounded("acking and fetching", self.from.ack_and_get(acks, want))
                 })
                 .await;
         }
         let (acked, next) = tokio::join!(
-            self.retrying("acking", shutdown, |_| self.from.ack_batch(acks)),
+            self.retrying("acking", shutdown, |_| {
+                self.bounded("acking", self.from.ack_batch(acks))
+            }),
             async {
                 if want == 0 {
                     return Ok(Vec::new());
                 }
-                self.retrying("fetching", shutdown, |_| self.from.get(want))
-                    .await
-                    .or_else(stopped)
+                self.retrying("fetching", shutdown, |_| {
+                    self.bounded("fetching", self.from.get(want))
+                })
+                .await
+                .or_else(stopped)
             },
         );
         acked?;

@@ -151,13 +151,26 @@ async fn a_stop_sends_and_acks_the_batch_fetched_ahead() {
     assert_eq!(left, [4, 5, 6, 7, 8], "nothing left claimed");
 }
 
-/// A draining source whose server stops answering (a network partition): its first drain and
-/// its first commit never return. Later ones take from, and ack on, an in-memory queue.
-#[derive(Debug)]
+/// The first call counted by `calls` never returns (a server that stopped answering on that
+/// connection); later ones go on.
+async fn silent_once(calls: &AtomicUsize) {
+    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A source whose server stops answering (a network partition, a connection black-holed by a
+/// failover): its first drain, commit, fetch and ack never return. Later ones take from, and
+/// ack on, an in-memory queue. It drains (as PostgreSQL) when `drains`, else it is read with
+/// `get` and `ack_batch` (as the other stores).
+#[derive(Debug, Default)]
 struct Unanswering {
     inner: Arc<InMemoryTransport>,
-    drains: AtomicUsize,
-    commits: Arc<AtomicUsize>,
+    drains: bool,
+    drain_calls: AtomicUsize,
+    commit_calls: Arc<AtomicUsize>,
+    get_calls: AtomicUsize,
+    ack_calls: AtomicUsize,
     /// The `hold_for` each drain was given.
     holds: Mutex<Vec<Duration>>,
 }
@@ -165,15 +178,13 @@ struct Unanswering {
 struct Hold {
     inner: Arc<InMemoryTransport>,
     envelopes: Vec<Envelope>,
-    commits: Arc<AtomicUsize>,
+    commit_calls: Arc<AtomicUsize>,
 }
 
 #[async_trait]
 impl DrainHold for Hold {
     async fn commit(self: Box<Self>) -> Result<(), TransportError> {
-        if self.commits.fetch_add(1, Ordering::SeqCst) == 0 {
-            std::future::pending::<()>().await;
-        }
+        silent_once(&self.commit_calls).await;
         self.inner.ack_batch(&self.envelopes).await
     }
 }
@@ -187,9 +198,7 @@ impl Drain for Unanswering {
         held: &tokio::sync::Notify,
     ) -> Result<Drained, TransportError> {
         self.holds.lock().unwrap().push(hold_for);
-        if self.drains.fetch_add(1, Ordering::SeqCst) == 0 {
-            std::future::pending::<()>().await;
-        }
+        silent_once(&self.drain_calls).await;
         let envelopes = self.inner.get(max).await?;
         if !envelopes.is_empty() {
             held.notify_one();
@@ -197,7 +206,7 @@ impl Drain for Unanswering {
         let hold = Hold {
             inner: self.inner.clone(),
             envelopes: envelopes.clone(),
-            commits: self.commits.clone(),
+            commit_calls: self.commit_calls.clone(),
         };
         Ok(Drained::new(envelopes, Box::new(hold)))
     }
@@ -209,10 +218,15 @@ impl Transport for Unanswering {
         self.inner.send(e).await
     }
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        silent_once(&self.get_calls).await;
         self.inner.get(max).await
     }
     async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
         self.inner.ack(e).await
+    }
+    async fn ack_batch(&self, es: &[Envelope]) -> Result<(), TransportError> {
+        silent_once(&self.ack_calls).await;
+        self.inner.ack_batch(es).await
     }
     async fn reject(&self, e: &Envelope) -> Result<(), TransportError> {
         self.inner.reject(e).await
@@ -221,42 +235,72 @@ impl Transport for Unanswering {
         self.inner.capabilities()
     }
     fn as_drain(&self) -> Option<&dyn Drain> {
-        Some(self)
+        self.drains.then_some(self as &dyn Drain)
     }
 }
 
-/// A relay cut off from its source does not wait on it forever: a drain or a commit with no
-/// answer is given up after four hold limits (the bound each drain asks the source to end its
-/// hold by), the drain tried again, the commit's batch left to come back; the relay goes on.
-#[tokio::test(start_paused = true)]
-async fn a_source_that_stops_answering_does_not_stall_the_relay() {
-    let source = queue_with(6).await;
-    let from = Arc::new(Unanswering {
-        inner: source.clone(),
-        drains: AtomicUsize::new(0),
-        commits: Arc::new(AtomicUsize::new(0)),
-        holds: Mutex::new(Vec::new()),
-    });
+/// Relays six jobs from `from` (over `source`) in batches of two with a hold limit of 100 ms;
+/// fails if the relay is still waiting after a minute (of the paused clock).
+async fn relay_six_unanswered(
+    from: Arc<Unanswering>,
+) -> (courier_core::relay::RelayStats, Vec<u32>) {
     let to = Arc::new(InMemoryTransport::new());
-    let hold_limit = Duration::from_millis(100);
-    let relay = Relay::new("outbox", from.clone(), "to", to.clone())
-        .options(options(2).limit(Some(6)).hold_limit(hold_limit));
+    let relay = Relay::new("outbox", from, "to", to.clone()).options(
+        options(2)
+            .limit(Some(6))
+            .hold_limit(Duration::from_millis(100)),
+    );
     let stats = tokio::time::timeout(Duration::from_secs(60), relay.run(CancellationToken::new()))
         .await
         .expect("the relay waited on a source that does not answer")
         .unwrap();
-    assert_eq!(
-        jobs(&to.sent()),
-        [0, 1, 2, 3, 4, 5],
-        "everything sent, in order"
-    );
+    (stats, jobs(&to.sent()))
+}
+
+/// A relay cut off from its draining source does not wait on it forever: a drain or a commit
+/// with no answer is given up after four hold limits (the bound each drain asks the source to
+/// end its hold by), the drain tried again, the commit's batch left to come back; the relay
+/// goes on.
+#[tokio::test(start_paused = true)]
+async fn a_draining_source_that_stops_answering_does_not_stall_the_relay() {
+    let source = queue_with(6).await;
+    let from = Arc::new(Unanswering {
+        inner: source.clone(),
+        drains: true,
+        ..Unanswering::default()
+    });
+    let (stats, sent) = relay_six_unanswered(from.clone()).await;
+    assert_eq!(sent, [0, 1, 2, 3, 4, 5], "everything sent, in order");
     // The first batch's commit never answered: not counted, its rows left to the source.
     assert_eq!((stats.relayed, stats.batches), (4, 2));
     assert_eq!(source.acked().len(), 4);
     let holds = from.holds.lock().unwrap().clone();
     assert!(holds.len() >= 4, "{holds:?}");
     assert!(
-        holds.iter().all(|&h| h == hold_limit * 4),
+        holds.iter().all(|&h| h == Duration::from_millis(400)),
         "each drain asks for four hold limits at most: {holds:?}"
+    );
+}
+
+/// The same from a source read with `get` and `ack_batch`: the fetch and the ack that never
+/// answer are tried again after four hold limits; every job is relayed and acked once.
+#[tokio::test(start_paused = true)]
+async fn a_claimed_source_that_stops_answering_does_not_stall_the_relay() {
+    let source = queue_with(6).await;
+    let from = Arc::new(Unanswering {
+        inner: source.clone(),
+        ..Unanswering::default()
+    });
+    let (stats, sent) = relay_six_unanswered(from.clone()).await;
+    assert_eq!(sent, [0, 1, 2, 3, 4, 5], "everything sent once, in order");
+    assert_eq!((stats.relayed, stats.batches), (6, 3));
+    assert_eq!(source.acked().len(), 6);
+    assert!(
+        from.get_calls.load(Ordering::SeqCst) >= 2,
+        "the fetch was tried again"
+    );
+    assert!(
+        from.ack_calls.load(Ordering::SeqCst) >= 4,
+        "the ack was tried again"
     );
 }
