@@ -255,7 +255,7 @@ pub(crate) struct RelayArgs {
     /// destination refuses it; then the batch goes back to the outbox, unlocked, and is resent
     /// from memory until the destination is back. Four times this, the server ends a drain's
     /// transaction left idle (a relay cut off from it), and the relay gives up on any call to
-    /// the outbox that gets no answer (and tries again)
+    /// the outbox that gets no answer (after a minute at least, and tries again)
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) hold_limit: std::time::Duration,
 }

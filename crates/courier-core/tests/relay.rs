@@ -240,7 +240,7 @@ impl Transport for Unanswering {
 }
 
 /// Relays six jobs from `from` (over `source`) in batches of two with a hold limit of 100 ms;
-/// fails if the relay is still waiting after a minute (of the paused clock).
+/// fails if the relay is still waiting after ten minutes (of the paused clock).
 async fn relay_six_unanswered(
     from: Arc<Unanswering>,
 ) -> (courier_core::relay::RelayStats, Vec<u32>) {
@@ -250,17 +250,28 @@ async fn relay_six_unanswered(
             .limit(Some(6))
             .hold_limit(Duration::from_millis(100)),
     );
-    let stats = tokio::time::timeout(Duration::from_secs(60), relay.run(CancellationToken::new()))
-        .await
-        .expect("the relay waited on a source that does not answer")
-        .unwrap();
+    let started = tokio::time::Instant::now();
+    let stats = tokio::time::timeout(
+        Duration::from_secs(600),
+        relay.run(CancellationToken::new()),
+    )
+    .await
+    .expect("the relay waited on a source that does not answer")
+    .unwrap();
+    // Two calls went unanswered, one after the other, each given up after a minute (four hold
+    // limits are less: the shortest bound on a call to the source).
+    let waited = started.elapsed();
+    assert!(
+        (Duration::from_secs(120)..Duration::from_secs(125)).contains(&waited),
+        "{waited:?}"
+    );
     (stats, jobs(&to.sent()))
 }
 
 /// A relay cut off from its draining source does not wait on it forever: a drain or a commit
-/// with no answer is given up after four hold limits (the bound each drain asks the source to
-/// end its hold by), the drain tried again, the commit's batch left to come back; the relay
-/// goes on.
+/// with no answer is given up after four hold limits, a minute at least (each drain asks the
+/// source to end its hold after four hold limits), the drain tried again, the commit's batch
+/// left to come back; the relay goes on.
 #[tokio::test(start_paused = true)]
 async fn a_draining_source_that_stops_answering_does_not_stall_the_relay() {
     let source = queue_with(6).await;
@@ -283,7 +294,7 @@ async fn a_draining_source_that_stops_answering_does_not_stall_the_relay() {
 }
 
 /// The same from a source read with `get` and `ack_batch`: the fetch and the ack that never
-/// answer are tried again after four hold limits; every job is relayed and acked once.
+/// answer are tried again after a minute; every job is relayed and acked once.
 #[tokio::test(start_paused = true)]
 async fn a_claimed_source_that_stops_answering_does_not_stall_the_relay() {
     let source = queue_with(6).await;
