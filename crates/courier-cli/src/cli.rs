@@ -253,9 +253,9 @@ pub(crate) struct RelayArgs {
     pub(crate) limit: Option<u64>,
     /// From a PostgreSQL outbox: the longest a batch's transaction stays open while the
     /// destination refuses it; then the batch goes back to the outbox, unlocked, and is resent
-    /// from memory until the destination is back. Four times this, the server ends a drain's
-    /// transaction left idle (a relay cut off from it), and the relay gives up on any call to
-    /// the outbox that gets no answer (after a minute at least, and tries again)
+    /// from memory until the destination is back. After four times this (a minute at least),
+    /// the server ends a drain's transaction left idle (a relay cut off from it), and the relay
+    /// gives up on a call to the outbox that got no answer (and tries again)
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub(crate) hold_limit: std::time::Duration,
 }

@@ -93,10 +93,10 @@ use crate::{
 /// one confirmed and one committing).
 const DRAINS_AHEAD: usize = 2;
 
-/// The shortest time the relay waits on a call to its source before giving it up as
-/// unanswered (see [`RelayOptions::hold_limit`]), whatever the hold limit: longer than any
-/// source's poll window.
-const MIN_CALL_BOUND: Duration = Duration::from_secs(60);
+/// The shortest [`Relay::hold_bound`], whatever the hold limit: longer than any source's poll
+/// window (a fetch waits it for its first message), and than a few sends and commits of
+/// batches drained ahead.
+const MIN_HOLD_BOUND: Duration = Duration::from_secs(60);
 
 /// Resolves once `newest` holds its rows (never without one).
 async fn held(newest: Option<&Notify>) {
@@ -126,10 +126,10 @@ pub struct RelayOptions {
     /// out by resending the batch from memory, holding nothing, then deletes its rows by id.
     ///
     /// It also bounds how long a relay cut off from its source keeps the rows it holds: each
-    /// drain asks the source to end its hold once idle for four times this (a batch drained
-    /// ahead waits behind the sends before it, each at most this long), and the relay gives up
-    /// waiting on any call to its source (drain, commit, fetch, ack) after as long (a minute at
-    /// least, beyond any poll window). So after a
+    /// drain asks the source to end its hold once idle for four times this, a minute at least
+    /// (a batch drained ahead waits behind the sends before it, each at most this long), and
+    /// the relay gives up waiting on any call to its source (drain, commit, fetch, ack) after
+    /// as long. So after a
     /// network partition between the relay and PostgreSQL, its batches are back in the outbox
     /// for another relay within two minutes at the default, and a relay whose connection went
     /// silent tries a new one after as long, not when TCP gives up.
@@ -585,21 +585,23 @@ impl Relay {
         }
     }
 
-    /// The longest a drained batch may stay held (see [`RelayOptions::hold_limit`]): behind the
-    /// sends of the batches drained before it and its own, each bounded by the hold limit,
-    /// and once more as slack.
+    /// The longest a drained batch may stay held, and a call to the source go unanswered (see
+    /// [`RelayOptions::hold_limit`]): behind the sends of the batches drained before it and its
+    /// own, each bounded by the hold limit, and once more as slack; [`MIN_HOLD_BOUND`] at
+    /// least.
     fn hold_bound(&self) -> Duration {
-        self.options.hold_limit.saturating_mul(
-            u32::try_from(DRAINS_AHEAD)
-                .unwrap_or(u32::MAX)
-                .saturating_add(2),
-        )
+        self.options
+            .hold_limit
+            .saturating_mul(
+                u32::try_from(DRAINS_AHEAD)
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(2),
+            )
+            .max(MIN_HOLD_BOUND)
     }
 
     /// Runs a call to the source (a drain, a commit, a fetch, an ack), giving up after
-    /// [`hold_bound`](Self::hold_bound), or [`MIN_CALL_BOUND`] if longer (a fetch may wait the
-    /// source's poll window for its first message, however short the hold limit): a
-    /// connection that answers nothing (a network partition, a connection black-holed by a
+    /// [`hold_bound`](Self::hold_bound): a connection that answers nothing (a network partition, a connection black-holed by a
     /// failover) would otherwise keep the relay waiting until TCP gives up (many minutes); a
     /// drained batch's hold ends on the source's side by then anyway. The timeout is
     /// transient: the call is tried again (acking twice is harmless), a commit's batch comes
@@ -609,7 +611,7 @@ impl Relay {
         doing: &'static str,
         call: impl std::future::Future<Output = Result<T, TransportError>>,
     ) -> Result<T, TransportError> {
-        let limit = self.hold_bound().max(MIN_CALL_BOUND);
+        let limit = self.hold_bound();
         tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
             Err(
                 TransportError::new(crate::TransportErrorKind::Timeout, self.from_name.clone())

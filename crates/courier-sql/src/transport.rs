@@ -371,42 +371,6 @@ impl SqlTransport {
         }
     }
 
-    /// [`Drain::drain`]: like [`get_after`](Self::get_after), with the drain statements.
-    async fn drain_within_window(
-        &self,
-        max: usize,
-        hold_for: Duration,
-        held: &tokio::sync::Notify,
-    ) -> Result<Drained, TransportError> {
-        if max == 0 {
-            return Ok(Drained::empty());
-        }
-        let mut window = self.poll_window();
-        loop {
-            window.changes.borrow_and_update();
-            let (rows, hold) = self
-                .attempt("draining messages", || async {
-                    self.backend
-                        .drain(&self.name, max, hold_for, held)
-                        .await
-                        .unwrap_or_else(|| {
-                            Err(sqlx::Error::Configuration(
-                                "draining needs PostgreSQL".into(),
-                            ))
-                        })
-                })
-                .await?;
-            if !rows.is_empty() {
-                return Ok(Drained::new(self.decode_all(rows).collect(), hold));
-            }
-            // Nothing held: dropping the hold rolls its empty transaction back.
-            drop(hold);
-            if !self.wait_for_more(&mut window).await? {
-                return Ok(Drained::empty());
-            }
-        }
-    }
-
     /// The poll window of one `get` (or drain), starting now.
     fn poll_window(&self) -> PollWindow {
         self.backend.start_listener(&self.wake);
@@ -769,7 +733,34 @@ impl Drain for SqlTransport {
         hold_for: Duration,
         held: &tokio::sync::Notify,
     ) -> Result<Drained, TransportError> {
-        self.drain_within_window(max, hold_for, held).await
+        // Like `get_after`, with the drain statements.
+        if max == 0 {
+            return Ok(Drained::empty());
+        }
+        let mut window = self.poll_window();
+        loop {
+            window.changes.borrow_and_update();
+            let (rows, hold) = self
+                .attempt("draining messages", || async {
+                    self.backend
+                        .drain(&self.name, max, hold_for, held)
+                        .await
+                        .unwrap_or_else(|| {
+                            Err(sqlx::Error::Configuration(
+                                "draining needs PostgreSQL".into(),
+                            ))
+                        })
+                })
+                .await?;
+            if !rows.is_empty() {
+                return Ok(Drained::new(self.decode_all(rows).collect(), hold));
+            }
+            // Nothing held: dropping the hold rolls its empty transaction back.
+            drop(hold);
+            if !self.wait_for_more(&mut window).await? {
+                return Ok(Drained::empty());
+            }
+        }
     }
 }
 
