@@ -69,7 +69,7 @@ impl AmqpTransport {
         let priority = options.queues.iter().any(crate::QueueOptions::has_priority);
         let mut capabilities = Capabilities::none()
             .with_delay(Some(MAX_DELAY))
-            .with_blocking_get()
+            .with_get_wait(options.poll_window)
             .with_redelivery();
         // Prefetch 0 is no bound at all.
         capabilities = match options.prefetch {

@@ -93,10 +93,11 @@ use crate::{
 /// one confirmed and one committing).
 const DRAINS_AHEAD: usize = 2;
 
-/// The shortest [`Relay::hold_bound`], whatever the hold limit: longer than any source's poll
+/// The shortest [`Relay::hold_bound`], whatever the hold limit
+/// ([`NO_ANSWER_AFTER`](crate::NO_ANSWER_AFTER), a minute): longer than any source's poll
 /// window (a fetch waits it for its first message), and than a few sends and commits of
 /// batches drained ahead.
-const MIN_HOLD_BOUND: Duration = Duration::from_secs(60);
+const MIN_HOLD_BOUND: Duration = crate::transport::NO_ANSWER_AFTER;
 
 /// Resolves once `newest` holds its rows (never without one).
 async fn held(newest: Option<&Notify>) {
@@ -129,10 +130,11 @@ pub struct RelayOptions {
     /// drain asks the source to end its hold once idle for four times this, a minute at least
     /// (a batch drained ahead waits behind the sends before it, each at most this long), and
     /// the relay gives up waiting on any call to its source (drain, commit, fetch, ack) after
-    /// as long. So after a
-    /// network partition between the relay and PostgreSQL, its batches are back in the outbox
-    /// for another relay within two minutes at the default, and a relay whose connection went
-    /// silent tries a new one after as long, not when TCP gives up.
+    /// as long. So after a network partition between the relay and PostgreSQL, its batches
+    /// are back in the outbox for another relay within two minutes at the default, and a relay
+    /// whose connection went silent tries a new one after as long, not when TCP gives up. On
+    /// a source read with `get` (SQLite, MySQL), each attempt to send a batch is given up at
+    /// this limit and tried again, the batch kept alive first.
     pub hold_limit: Duration,
     pause: Option<(RelayPoint, PathBuf)>,
 }
@@ -611,16 +613,8 @@ impl Relay {
         doing: &'static str,
         call: impl std::future::Future<Output = Result<T, TransportError>>,
     ) -> Result<T, TransportError> {
-        let limit = self.hold_bound();
-        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
-            Err(
-                TransportError::new(crate::TransportErrorKind::Timeout, self.from_name.clone())
-                    .with_context(format!(
-                        "{doing}: no answer within {} ms",
-                        limit.as_millis()
-                    )),
-            )
-        })
+        crate::transport::answered_within(Some(self.hold_bound()), &self.from_name, doing, call)
+            .await
     }
 
     /// How many messages to fetch next: none once shut down or at the limit.
@@ -634,8 +628,8 @@ impl Relay {
     }
 
     /// Sends a fetched batch to the destination, retrying transient failures (with the batch
-    /// kept alive at the source when `keepalive`: a claimed batch; a drained one is held by
-    /// its transaction); returns whether it took a retry.
+    /// kept alive at the source when `keepalive`: a claimed batch, each attempt bounded by the
+    /// hold limit; a drained one is held by its transaction); returns whether it took a retry.
     async fn send(
         &self,
         batch: &[Envelope],
@@ -667,14 +661,22 @@ impl Relay {
                 let mut task = crate::worker::AbortOnDrop(tokio::spawn(async move {
                     to.send_batch(sending).await.map(drop)
                 }));
-                match (&mut task.0).await {
-                    Ok(sent) => sent,
-                    Err(e) => Err(TransportError::new(
-                        crate::TransportErrorKind::Protocol,
-                        self.to_name.clone(),
-                    )
-                    .with_context(format!("the send task failed: {e}"))),
-                }
+                let joined = async {
+                    match (&mut task.0).await {
+                        Ok(sent) => sent,
+                        Err(e) => Err(TransportError::new(
+                            crate::TransportErrorKind::Protocol,
+                            self.to_name.clone(),
+                        )
+                        .with_context(format!("the send task failed: {e}"))),
+                    }
+                };
+                // A claimed batch's attempt that the destination leaves unanswered (a
+                // connection black-holed by a failover) is given up at the hold limit and
+                // tried again, the batch kept alive first; a drained batch's whole send is
+                // bounded by the hold limit already.
+                let limit = keepalive.then_some(self.options.hold_limit);
+                crate::transport::answered_within(limit, &self.to_name, "sending", joined).await
             }
         })
         .await?;

@@ -6,15 +6,15 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{CountAcks, Job, queue_with};
+use common::{CountAcks, Job, Unanswering, queue_with};
 use courier_core::relay::{Relay, RelayOptions};
 use courier_core::{
-    Backoff, CancellationToken, Capabilities, Drain, DrainHold, Drained, Envelope,
-    InMemoryTransport, Transport, TransportError, async_trait,
+    Backoff, CancellationToken, Capabilities, Envelope, InMemoryTransport, Transport,
+    TransportError, async_trait,
 };
 
 /// A destination that checks, at each `send_batch`, that the source acked only what was
@@ -151,92 +151,39 @@ async fn a_stop_sends_and_acks_the_batch_fetched_ahead() {
     assert_eq!(left, [4, 5, 6, 7, 8], "nothing left claimed");
 }
 
-/// The first call counted by `calls` never returns (a server that stopped answering on that
-/// connection); later ones go on.
-async fn silent_once(calls: &AtomicUsize) {
-    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// A source whose server stops answering (a network partition, a connection black-holed by a
-/// failover): its first drain, commit, fetch and ack never return. Later ones take from, and
-/// ack on, an in-memory queue. It drains (as PostgreSQL) when `drains`, else it is read with
-/// `get` and `ack_batch` (as the other stores).
-#[derive(Debug, Default)]
-struct Unanswering {
-    inner: Arc<InMemoryTransport>,
-    drains: bool,
-    drain_calls: AtomicUsize,
-    commit_calls: Arc<AtomicUsize>,
-    get_calls: AtomicUsize,
-    ack_calls: AtomicUsize,
-    /// The `hold_for` each drain was given.
-    holds: Mutex<Vec<Duration>>,
-}
-
-struct Hold {
-    inner: Arc<InMemoryTransport>,
-    envelopes: Vec<Envelope>,
-    commit_calls: Arc<AtomicUsize>,
-}
-
-#[async_trait]
-impl DrainHold for Hold {
-    async fn commit(self: Box<Self>) -> Result<(), TransportError> {
-        silent_once(&self.commit_calls).await;
-        self.inner.ack_batch(&self.envelopes).await
-    }
-}
-
-#[async_trait]
-impl Drain for Unanswering {
-    async fn drain(
-        &self,
-        max: usize,
-        hold_for: Duration,
-        held: &tokio::sync::Notify,
-    ) -> Result<Drained, TransportError> {
-        self.holds.lock().unwrap().push(hold_for);
-        silent_once(&self.drain_calls).await;
-        let envelopes = self.inner.get(max).await?;
-        if !envelopes.is_empty() {
-            held.notify_one();
-        }
-        let hold = Hold {
-            inner: self.inner.clone(),
-            envelopes: envelopes.clone(),
-            commit_calls: self.commit_calls.clone(),
-        };
-        Ok(Drained::new(envelopes, Box::new(hold)))
-    }
-}
-
-#[async_trait]
-impl Transport for Unanswering {
-    async fn send(&self, e: Envelope) -> Result<Envelope, TransportError> {
-        self.inner.send(e).await
-    }
-    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
-        silent_once(&self.get_calls).await;
-        self.inner.get(max).await
-    }
-    async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
-        self.inner.ack(e).await
-    }
-    async fn ack_batch(&self, es: &[Envelope]) -> Result<(), TransportError> {
-        silent_once(&self.ack_calls).await;
-        self.inner.ack_batch(es).await
-    }
-    async fn reject(&self, e: &Envelope) -> Result<(), TransportError> {
-        self.inner.reject(e).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn as_drain(&self) -> Option<&dyn Drain> {
-        self.drains.then_some(self as &dyn Drain)
-    }
+/// A destination that stops answering while a claimed batch is sent to it (a connection
+/// black-holed by a failover) does not stall the relay: the attempt is given up at the hold
+/// limit, the batch kept alive at the source and sent again; every job arrives once, in order.
+#[tokio::test(start_paused = true)]
+async fn a_destination_that_stops_answering_does_not_stall_the_relay() {
+    let source = queue_with(6).await;
+    let to = Arc::new(Unanswering::default());
+    let relay = Relay::new("outbox", source.clone(), "to", to.clone())
+        .options(options(2).limit(Some(6)).hold_limit(Duration::from_secs(5)));
+    let started = tokio::time::Instant::now();
+    let stats = tokio::time::timeout(
+        Duration::from_secs(600),
+        relay.run(CancellationToken::new()),
+    )
+    .await
+    .expect("the relay waited on a destination that does not answer")
+    .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        (Duration::from_secs(5)..Duration::from_secs(6)).contains(&waited),
+        "one hold limit lost: {waited:?}"
+    );
+    assert_eq!(
+        jobs(&to.inner.sent()),
+        [0, 1, 2, 3, 4, 5],
+        "once each, in order"
+    );
+    assert_eq!((stats.relayed, stats.batches), (6, 3));
+    assert!(
+        to.send_calls.load(Ordering::SeqCst) >= 4,
+        "the send was tried again"
+    );
+    assert_eq!(source.acked().len(), 6);
 }
 
 /// Relays six jobs from `from` (over `source`) in batches of two with a hold limit of 100 ms;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{CountAcks, Job, queue_with};
+use common::{CountAcks, Job, Unanswering, queue_with};
 use courier_core::{
     CancellationToken, Capabilities, Envelope, HandlerError, InMemoryTransport, MessageBus,
     StopReason, Transport, TransportError, Worker, WorkerStats, async_trait,
@@ -369,4 +369,51 @@ async fn after_a_long_outage_the_worker_is_back_within_two_seconds() {
         back <= Duration::from_secs(2),
         "the messages were handled {back:?} after the transport came back"
     );
+}
+
+/// A worker whose server stops answering on a connection (a failover or a NAT's idle timeout
+/// black-holed it: no error, no answer, until TCP gives up many minutes later) is not stuck
+/// behind it: its first fetch and its first ack never answer, and each is given up after a
+/// minute past the fetch's own wait; the fetch is tried again, the batch whose ack was given up
+/// comes back after the redelivery window and is handled and acked again. Nothing is lost.
+#[tokio::test(start_paused = true)]
+async fn a_fetch_or_an_ack_that_never_answers_is_given_up_after_a_minute() {
+    let q = queue_with(6).await;
+    let t = Arc::new(Unanswering {
+        inner: q.clone(),
+        ..Unanswering::default()
+    });
+    let (bus, done) = slow_bus(Duration::ZERO);
+    let worker = Worker::builder(bus)
+        .receiver("async", t.clone())
+        .fetch_size(2)
+        .limit(8)
+        .build();
+    let started = Instant::now();
+    let stats = tokio::time::timeout(
+        Duration::from_secs(600),
+        worker.run(CancellationToken::new()),
+    )
+    .await
+    .expect("the worker waited on a server that does not answer")
+    .unwrap();
+    let took = started.elapsed();
+    // A minute for the fetch, a minute for the ack, then the redelivery window (30 s, less
+    // the time since the batch was last kept alive).
+    assert!(
+        (Duration::from_secs(120)..Duration::from_secs(155)).contains(&took),
+        "{took:?}"
+    );
+    assert!(t.get_calls.load(Ordering::SeqCst) >= 2, "fetched again");
+    assert!(t.ack_calls.load(Ordering::SeqCst) >= 2, "acked again");
+    assert_eq!(
+        (stats.handled, done.load(Ordering::SeqCst)),
+        (8, 8),
+        "six jobs, two of them twice: {stats:?}"
+    );
+    assert_eq!(stats.left_for_redelivery, 2, "{stats:?}");
+    let mut acked = acked_jobs(&q);
+    acked.dedup();
+    assert_eq!(acked, [0, 1, 2, 3, 4, 5], "every job acked");
+    assert!(q.get(10).await.unwrap().is_empty(), "nothing left");
 }

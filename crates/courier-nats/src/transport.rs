@@ -84,7 +84,7 @@ impl NatsTransport {
         };
         let capabilities = Capabilities::none()
             .with_delay(None)
-            .with_blocking_get()
+            .with_get_wait(options.poll_window)
             .with_redeliver_after(options.ack_wait);
         Ok(Self {
             deliveries: Deliveries::new(options.ack_wait),

@@ -677,7 +677,7 @@ impl Transport for RedisTransport {
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
             .with_delay(None)
-            .with_blocking_get()
+            .with_get_wait(self.options.poll_window)
             .with_redeliver_after(self.options.redeliver_timeout)
     }
 }

@@ -703,7 +703,7 @@ impl Transport for SqlTransport {
         let caps = Capabilities::none()
             .with_delay(None)
             .with_priority()
-            .with_blocking_get()
+            .with_get_wait(self.options.poll_window)
             .with_redeliver_after(self.options.redeliver_timeout);
         // PostgreSQL deletes and claims in one statement: the acks of one batch ride on the
         // claim of the next. Elsewhere it takes a transaction of its own, which measured

@@ -66,6 +66,33 @@ pub use workers_memory::{InMemoryWorkerRegistry, shared_worker_registry};
 
 use crate::{DelayStamp, Envelope, RedeliveryStamp, TransportError, TransportErrorKind};
 
+/// How long a call to a transport (an ack, a keepalive, a fetch beyond its own poll window)
+/// may go unanswered before the worker or the relay gives it up as a transient
+/// [`TransportErrorKind::Timeout`] and tries again: a minute. A connection that a failover, a
+/// NAT's idle timeout or a network partition black-holed answers nothing, and TCP gives up on
+/// it only after its retransmissions (about 15 minutes on Linux's defaults).
+pub const NO_ANSWER_AFTER: Duration = Duration::from_secs(60);
+
+/// Runs `call` (`doing` something on `transport`), giving it up after `limit` (when there is
+/// one) with a [`TransportErrorKind::Timeout`] that says so.
+pub(crate) async fn answered_within<T>(
+    limit: Option<Duration>,
+    transport: &str,
+    doing: &str,
+    call: impl Future<Output = Result<T, TransportError>>,
+) -> Result<T, TransportError> {
+    let Some(limit) = limit else {
+        return call.await;
+    };
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(
+            TransportError::new(TransportErrorKind::Timeout, transport.to_owned()).with_context(
+                format!("{doing}: no answer within {} ms", limit.as_millis()),
+            ),
+        )
+    })
+}
+
 /// What a transport can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -78,6 +105,12 @@ pub struct Capabilities {
     pub priority: bool,
     /// `get` blocks until a message arrives (up to its poll window) instead of returning at once.
     pub blocking_get: bool,
+    /// How long a blocking `get` waits for a first message before it returns empty (its poll
+    /// window), when known. The worker gives up a `get` that has not answered within this and
+    /// [`NO_ANSWER_AFTER`] (a connection black-holed by a failover or a NAT answers nothing
+    /// until TCP gives up, many minutes later); a transport whose `get` blocks for an unknown
+    /// time (`blocking_get` without this) is waited on as long as it takes.
+    pub get_wait: Option<Duration>,
     /// Messages received and never acknowledged come back after a redelivery window.
     pub redelivery: bool,
     /// The redelivery window, when the transport has one: a received message not acked, and not
@@ -107,6 +140,7 @@ impl Capabilities {
             max_delay: None,
             priority: false,
             blocking_get: false,
+            get_wait: None,
             redelivery: false,
             redeliver_after: None,
             bounded_unacked: false,
@@ -135,6 +169,26 @@ impl Capabilities {
     pub const fn with_blocking_get(mut self) -> Self {
         self.blocking_get = true;
         self
+    }
+
+    /// Sets [`Capabilities::blocking_get`] with its poll window, [`Capabilities::get_wait`].
+    #[must_use]
+    pub const fn with_get_wait(mut self, window: Duration) -> Self {
+        self.blocking_get = true;
+        self.get_wait = Some(window);
+        self
+    }
+
+    /// How long a `get` (or an [`ack_and_get`](Transport::ack_and_get)) of this transport may
+    /// go unanswered before a caller gives it up: its [`get_wait`](Self::get_wait) and
+    /// [`NO_ANSWER_AFTER`]; `None` when it blocks for an unknown time.
+    #[must_use]
+    pub fn get_bound(&self) -> Option<Duration> {
+        match (self.blocking_get, self.get_wait) {
+            (false, _) => Some(NO_ANSWER_AFTER),
+            (true, Some(wait)) => Some(wait.saturating_add(NO_ANSWER_AFTER)),
+            (true, None) => None,
+        }
     }
 
     /// Sets [`Capabilities::redelivery`].
@@ -441,4 +495,25 @@ pub fn retry_count(envelope: &Envelope) -> u32 {
     envelope
         .last::<RedeliveryStamp>()
         .map_or(0, |s| s.retry_count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_get_is_given_up_a_minute_past_its_own_wait() {
+        assert_eq!(Capabilities::none().get_bound(), Some(NO_ANSWER_AFTER));
+        assert_eq!(
+            Capabilities::none()
+                .with_get_wait(Duration::from_secs(5))
+                .get_bound(),
+            Some(Duration::from_secs(65))
+        );
+        assert_eq!(
+            Capabilities::none().with_blocking_get().get_bound(),
+            None,
+            "a get that blocks for an unknown time is not cut"
+        );
+    }
 }

@@ -13,6 +13,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
 
 use super::{Listener, WorkerEvent};
+use crate::transport::{NO_ANSWER_AFTER, answered_within};
 use crate::{Envelope, Transport};
 
 /// Every envelope the worker holds (fetched and not yet settled), started or not, by key.
@@ -172,7 +173,11 @@ pub(super) fn spawn_acker(
             #[allow(clippy::cast_precision_loss)]
             batch_size.record(batch.len() as f64);
             let span = settle_span("ack", &name, &*transport, batch.len());
-            if let Err(e) = transport.ack_batch(&batch).instrument(span).await {
+            // A server that stopped answering would hold every later ack behind this one
+            // (and the worker's messages with them, kept alive): given up after a minute, the
+            // batch is left for redelivery.
+            let call = transport.ack_batch(&batch).instrument(span);
+            if let Err(e) = answered_within(Some(NO_ANSWER_AFTER), &name, "acking", call).await {
                 tracing::warn!(messaging.destination.name = %name, error = %crate::error_chain(&e), count = batch.len(), "ack failed; the messages will be redelivered");
                 let event = WorkerEvent::TransportError {
                     transport: name.clone(),

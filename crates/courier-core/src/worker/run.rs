@@ -4,7 +4,11 @@
 //! timer together, and awaits nothing else: acks are flushed by a task per receiver, every held
 //! message is kept alive by a keepalive task, and unstarted messages are released on tasks of
 //! their own. So a server that stalls delays only the I/O that waits on it; handlers (and the
-//! run heartbeats inside them), keepalives and the grace timer go on.
+//! run heartbeats inside them), keepalives and the grace timer go on. A call that a server
+//! leaves unanswered altogether (a connection black-holed by a failover or a NAT) is given up
+//! a minute past its own wait ([`NO_ANSWER_AFTER`],
+//! [`Capabilities::get_bound`](crate::Capabilities::get_bound)), so the worker is not stuck
+//! until TCP gives up on the connection (about 15 minutes).
 //!
 //! The next batch is fetched while the current one is handled, at most one batch ahead: a fetch
 //! of `fetch_size` starts once half of the current batch has started. A worker therefore holds
@@ -26,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::io::{self, AbortOnDrop, AckStats, Acker, Held};
 use super::process::{Done, Outcome};
 use super::{StopReason, Worker, WorkerError, WorkerEvent, WorkerStats};
+use crate::transport::{NO_ANSWER_AFTER, answered_within};
 use crate::{Envelope, TransportError};
 
 /// The wait after a failed `get`: 100 ms doubling up to 2 s. Short, since transports that
@@ -452,22 +457,31 @@ impl Worker {
         want: usize,
         carried: Carried,
     ) -> impl Future<Output = Fetched> + Send + 'static {
-        let transports: Vec<_> = self.receivers.iter().map(|r| r.transport.clone()).collect();
+        let transports: Vec<_> = self
+            .receivers
+            .iter()
+            .map(|r| (r.name.clone(), r.transport.clone()))
+            .collect();
         async move {
             let mut errors = Vec::new();
             let mut unacked = Vec::new();
-            for (i, transport) in transports.iter().enumerate() {
+            for (i, (name, transport)) in transports.iter().enumerate() {
+                // A server that stopped answering on this connection is given up once the
+                // get's own wait and a minute passed, and asked again (on another connection,
+                // where the transport pools them).
+                let bound = transport.capabilities().get_bound();
                 let got = match (i, &carried) {
                     (0, Some((held, acks))) => {
                         let envelopes: Vec<Envelope> =
                             acks.iter().map(|(_, e)| e.clone()).collect();
-                        let got = transport.ack_and_get(&envelopes, want).await;
+                        let call = transport.ack_and_get(&envelopes, want);
+                        let got = answered_within(bound, name, "acking and fetching", call).await;
                         if got.is_ok() {
                             held.release_keys(acks.iter().map(|(k, _)| *k));
                         }
                         got
                     }
-                    _ => transport.get(want).await,
+                    _ => answered_within(bound, name, "fetching", transport.get(want)).await,
                 };
                 if got.is_err()
                     && i == 0
@@ -517,7 +531,9 @@ impl Worker {
             let mut ack_failed = 0;
             for (name, transport, pending) in acks {
                 let (keys, envelopes): (Vec<u64>, Vec<Envelope>) = pending.into_iter().unzip();
-                if let Err(e) = transport.ack_batch(&envelopes).await {
+                let call = transport.ack_batch(&envelopes);
+                if let Err(e) = answered_within(Some(NO_ANSWER_AFTER), &name, "acking", call).await
+                {
                     tracing::warn!(messaging.destination.name = %name, error = %crate::error_chain(&e), count = envelopes.len(), "ack failed; the messages will be redelivered");
                     ack_failed += envelopes.len() as u64;
                 }

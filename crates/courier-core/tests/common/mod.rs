@@ -1,11 +1,13 @@
 //! What the worker tests share: a job message and an in-memory queue holding some.
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use courier_core::{
-    Capabilities, Envelope, InMemoryTransport, Message, Transport, TransportError, async_trait,
+    Capabilities, Drain, DrainHold, Drained, Envelope, InMemoryTransport, Message, Transport,
+    TransportError, async_trait,
 };
 use serde::{Deserialize, Serialize};
 
@@ -147,5 +149,103 @@ impl Transport for CountAcks {
             caps = caps.with_ack_with_get();
         }
         caps
+    }
+}
+
+/// The first call counted by `calls` never returns (a server that stopped answering on that
+/// connection); later ones go on.
+pub async fn silent_once(calls: &AtomicUsize) {
+    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A source (or a destination) whose server stops answering (a network partition, a
+/// connection black-holed by a failover): its first drain, commit, fetch, ack and batch send
+/// never return. Later ones take from, and
+/// ack on, an in-memory queue. It drains (as PostgreSQL) when `drains`, else it is read with
+/// `get` and `ack_batch` (as the other stores).
+#[derive(Debug, Default)]
+pub struct Unanswering {
+    pub inner: Arc<InMemoryTransport>,
+    pub drains: bool,
+    pub drain_calls: AtomicUsize,
+    pub commit_calls: Arc<AtomicUsize>,
+    pub get_calls: AtomicUsize,
+    pub ack_calls: AtomicUsize,
+    /// `send_batch` calls (as a destination: the first never answers either).
+    pub send_calls: AtomicUsize,
+    /// The `hold_for` each drain was given.
+    pub holds: Mutex<Vec<Duration>>,
+}
+
+struct Hold {
+    inner: Arc<InMemoryTransport>,
+    envelopes: Vec<Envelope>,
+    commit_calls: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl DrainHold for Hold {
+    async fn commit(self: Box<Self>) -> Result<(), TransportError> {
+        silent_once(&self.commit_calls).await;
+        self.inner.ack_batch(&self.envelopes).await
+    }
+}
+
+#[async_trait]
+impl Drain for Unanswering {
+    async fn drain(
+        &self,
+        max: usize,
+        hold_for: Duration,
+        held: &tokio::sync::Notify,
+    ) -> Result<Drained, TransportError> {
+        self.holds.lock().unwrap().push(hold_for);
+        silent_once(&self.drain_calls).await;
+        let envelopes = self.inner.get(max).await?;
+        if !envelopes.is_empty() {
+            held.notify_one();
+        }
+        let hold = Hold {
+            inner: self.inner.clone(),
+            envelopes: envelopes.clone(),
+            commit_calls: self.commit_calls.clone(),
+        };
+        Ok(Drained::new(envelopes, Box::new(hold)))
+    }
+}
+
+#[async_trait]
+impl Transport for Unanswering {
+    async fn send(&self, e: Envelope) -> Result<Envelope, TransportError> {
+        self.inner.send(e).await
+    }
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        silent_once(&self.get_calls).await;
+        self.inner.get(max).await
+    }
+    async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.ack(e).await
+    }
+    async fn ack_batch(&self, es: &[Envelope]) -> Result<(), TransportError> {
+        silent_once(&self.ack_calls).await;
+        self.inner.ack_batch(es).await
+    }
+    async fn keepalive(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.keepalive(e).await
+    }
+    async fn send_batch(&self, es: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
+        silent_once(&self.send_calls).await;
+        self.inner.send_batch(es).await
+    }
+    async fn reject(&self, e: &Envelope) -> Result<(), TransportError> {
+        self.inner.reject(e).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn as_drain(&self) -> Option<&dyn Drain> {
+        self.drains.then_some(self as &dyn Drain)
     }
 }
