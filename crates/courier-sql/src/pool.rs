@@ -43,6 +43,74 @@ impl SqlDatabase for sqlx::MySql {
     }
 }
 
+/// When a statement was last abandoned mid-flight, in nanoseconds since [`EPOCH`] (0: never).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+static ABANDONED_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// How long after an abandonment a connection opened before it is closed when it comes back to
+/// its pool rather than reused.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const ABANDONED_RELEASE_WINDOW: Duration = Duration::from_secs(1);
+
+/// A statement under way: dropped before [`Statement::done`] (its caller gave up on a server
+/// that stopped answering: the worker's and the relay's bounds, a shutdown), it marks the
+/// moment, and the server pools (PostgreSQL, MySQL) stop trusting the connections they had
+/// then. A connection black-holed by a failover or a NAT answers nothing, and neither does any
+/// other on the same dead path: without this, the next statement would take another of those
+/// from the pool and hang as long again, once per pooled connection. From the mark on, a
+/// connection that sat idle since before it is discarded when next acquired (its replacement
+/// opens on the path that works now), and one opened before it that comes back within a
+/// second (the abandoned one, whose return would otherwise wait on a ping that never
+/// answers, holding its slot) is closed. At most one reconnect per pooled connection; healthy
+/// connections pay it too, once.
+pub(crate) struct Statement(bool);
+
+impl Statement {
+    pub(crate) fn start() -> Self {
+        Self(false)
+    }
+
+    /// It finished (with or without an error): nothing to mark.
+    pub(crate) fn done(mut self) {
+        self.0 = true;
+    }
+}
+
+impl Drop for Statement {
+    fn drop(&mut self) {
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        if !self.0 {
+            let at = EPOCH.get_or_init(std::time::Instant::now).elapsed();
+            let nanos = u64::try_from(at.as_nanos()).unwrap_or(u64::MAX).max(1);
+            ABANDONED_AT.fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// How long ago a statement was last abandoned (`None`: never).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn abandoned_ago() -> Option<Duration> {
+    let at = ABANDONED_AT.load(std::sync::atomic::Ordering::Relaxed);
+    let epoch = EPOCH.get()?;
+    (at > 0).then(|| epoch.elapsed().saturating_sub(Duration::from_nanos(at)))
+}
+
+/// Whether an idle connection being acquired went idle before the last abandonment.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn idle_since_abandoned(meta: &sqlx::pool::PoolConnectionMetadata) -> bool {
+    abandoned_ago().is_some_and(|ago| meta.idle_for > ago)
+}
+
+/// Whether a connection coming back to its pool was opened before an abandonment of the last
+/// second.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn back_from_abandoned(meta: &sqlx::pool::PoolConnectionMetadata) -> bool {
+    abandoned_ago().is_some_and(|ago| ago < ABANDONED_RELEASE_WINDOW && meta.age > ago)
+}
+
 /// How a pool is sized and how long it waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolSettings {
@@ -178,6 +246,9 @@ pub async fn postgres_pool(
         .max_connections(s.max_connections.unwrap_or(10))
         .min_connections(s.min_connections)
         .acquire_timeout(s.acquire_timeout)
+        // Connections on a path that stopped answering are replaced (see `Statement`).
+        .before_acquire(|_, meta| Box::pin(async move { Ok(!idle_since_abandoned(&meta)) }))
+        .after_release(|_, meta| Box::pin(async move { Ok(!back_from_abandoned(&meta)) }))
         .connect_with(connect.clone())
         .await?;
     Ok((pool, connect))
@@ -214,6 +285,9 @@ pub async fn mysql_pool(
         .max_connections(s.max_connections.unwrap_or(10))
         .min_connections(s.min_connections)
         .acquire_timeout(s.acquire_timeout)
+        // Connections on a path that stopped answering are replaced (see `Statement`).
+        .before_acquire(|_, meta| Box::pin(async move { Ok(!idle_since_abandoned(&meta)) }))
+        .after_release(|_, meta| Box::pin(async move { Ok(!back_from_abandoned(&meta)) }))
         .after_connect(move |conn, _meta| {
             let known = known.clone();
             Box::pin(async move {

@@ -89,9 +89,10 @@ struct Held {
 impl DrainHold for Held {
     async fn commit(self: Box<Self>) -> Result<(), TransportError> {
         let Self { name, tx } = *self;
-        tx.commit()
-            .await
-            .map_err(|e| transport_error(&name, "committing a drained batch", e))
+        let statement = crate::pool::Statement::start();
+        let committed = tx.commit().await;
+        statement.done();
+        committed.map_err(|e| transport_error(&name, "committing a drained batch", e))
     }
 }
 

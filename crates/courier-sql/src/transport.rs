@@ -215,7 +215,10 @@ impl SqlTransport {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        match retry_transient(context, op).await {
+        let statement = crate::pool::Statement::start();
+        let result = retry_transient(context, op).await;
+        statement.done();
+        match result {
             Ok(value) => Ok(value),
             Err(e) => Err(self.error(context, self.backend.explain(e).await)),
         }
