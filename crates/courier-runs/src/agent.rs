@@ -222,7 +222,9 @@ impl RunContext {
     ///
     /// A worker run probes and renews in one statement: the renew's guard (`running` and
     /// claimed by this worker) refuses a cancelled run too, and only a refused renew reads the
-    /// run to tell a cancellation from a lost lease. Two statements per step, not three.
+    /// run to tell a cancellation from a lost lease. Two statements per step, not three. A
+    /// renew the store leaves unanswered for a whole lease is a lost lease too (the lease ran
+    /// out while it waited).
     ///
     /// # Errors
     /// [`StepError`]: propagate it with `?`.
@@ -232,7 +234,21 @@ impl RunContext {
             observer.on_step(self.run.id, &step);
         }
         let refused = match &self.owner {
-            Some(owner) => !self.store.renew(self.run.id, owner, self.lease).await?,
+            Some(owner) => {
+                let renew = self.store.renew(self.run.id, owner, self.lease);
+                match tokio::time::timeout(self.lease, renew).await {
+                    Ok(renewed) => !renewed?,
+                    Err(_) => {
+                        // No answer within a whole lease (a connection black-holed by a
+                        // failover): the lease ran out meanwhile, and the reaper may have given
+                        // the run to another worker. Stop as for a lost lease, persisting
+                        // nothing, rather than wait until TCP gives up on the connection.
+                        tracing::warn!(courier.run.id = %self.run.id, lease = ?self.lease, "the heartbeat went unanswered for a whole lease: the lease is over, the run is left to the reaper");
+                        self.token.cancel();
+                        return Err(StepError::LeaseLost);
+                    }
+                }
+            }
             None => false,
         };
         if refused || self.owner.is_none() {

@@ -686,36 +686,60 @@ async fn handler_never_fails_for_a_run_outcome_and_duplicates_are_harmless() {
     );
 }
 
-/// A store where a heartbeat lands right after the reaper's SELECT.
+/// A memory store where, when `heartbeat_after_select`, a heartbeat lands right after the
+/// reaper's SELECT, and when `silent_renews`, a renew never answers (a connection black-holed
+/// by a failover).
 #[derive(Debug)]
-struct HeartbeatAfterSelect(MemoryRunStore);
+struct Tweaked {
+    inner: MemoryRunStore,
+    heartbeat_after_select: bool,
+    silent_renews: bool,
+}
+
+impl Tweaked {
+    fn heartbeat_after_select(inner: MemoryRunStore) -> Self {
+        Self {
+            inner,
+            heartbeat_after_select: true,
+            silent_renews: false,
+        }
+    }
+
+    fn silent_renews(inner: MemoryRunStore) -> Self {
+        Self {
+            inner,
+            heartbeat_after_select: false,
+            silent_renews: true,
+        }
+    }
+}
 
 #[courier_runs::async_trait]
-impl RunStore for HeartbeatAfterSelect {
+impl RunStore for Tweaked {
     async fn setup(&self) -> Result<(), StoreError> {
-        self.0.setup().await
+        self.inner.setup().await
     }
     async fn now_ms(&self) -> Result<i64, StoreError> {
-        self.0.now_ms().await
+        self.inner.now_ms().await
     }
     async fn insert_queued(&self, run: &NewRun) -> Result<Run, StoreError> {
-        self.0.insert_queued(run).await
+        self.inner.insert_queued(run).await
     }
     async fn insert_queued_unique(
         &self,
         run: &NewRun,
         unique: &courier_runs::UniqueKey,
     ) -> Result<courier_runs::Inserted, StoreError> {
-        self.0.insert_queued_unique(run, unique).await
+        self.inner.insert_queued_unique(run, unique).await
     }
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError> {
-        self.0.insert_interactive(run).await
+        self.inner.insert_interactive(run).await
     }
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
-        self.0.find(id).await
+        self.inner.find(id).await
     }
     async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError> {
-        self.0.list(status, limit).await
+        self.inner.list(status, limit).await
     }
     async fn claim(
         &self,
@@ -723,10 +747,13 @@ impl RunStore for HeartbeatAfterSelect {
         worker: &str,
         lease: Duration,
     ) -> Result<Option<Run>, StoreError> {
-        self.0.claim(id, worker, lease).await
+        self.inner.claim(id, worker, lease).await
     }
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
-        self.0.renew(id, worker, lease).await
+        if self.silent_renews {
+            std::future::pending::<()>().await;
+        }
+        self.inner.renew(id, worker, lease).await
     }
     async fn requeue_owned(
         &self,
@@ -734,23 +761,23 @@ impl RunStore for HeartbeatAfterSelect {
         worker: &str,
         due_in: Duration,
     ) -> Result<bool, StoreError> {
-        self.0.requeue_owned(id, worker, due_in).await
+        self.inner.requeue_owned(id, worker, due_in).await
     }
     async fn select_overdue(&self, after: Duration, limit: usize) -> Result<Vec<Run>, StoreError> {
-        self.0.select_overdue(after, limit).await
+        self.inner.select_overdue(after, limit).await
     }
     async fn redispatch_overdue(&self, id: Uuid, after: Duration) -> Result<bool, StoreError> {
-        self.0.redispatch_overdue(id, after).await
+        self.inner.redispatch_overdue(id, after).await
     }
     async fn redispatch_queued(&self, id: Uuid) -> Result<bool, StoreError> {
-        self.0.redispatch_queued(id).await
+        self.inner.redispatch_queued(id).await
     }
     async fn select_stale(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
-        let runs = self.0.select_stale(limit).await?;
-        for run in &runs {
+        let runs = self.inner.select_stale(limit).await?;
+        for run in runs.iter().filter(|_| self.heartbeat_after_select) {
             let owner = run.claimed_by.as_deref().unwrap_or_default();
             assert!(
-                self.0
+                self.inner
                     .renew(run.id, owner, Duration::from_secs(900))
                     .await?
             );
@@ -758,14 +785,14 @@ impl RunStore for HeartbeatAfterSelect {
         Ok(runs)
     }
     async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError> {
-        self.0.requeue_stale(id).await
+        self.inner.requeue_stale(id).await
     }
     async fn dead_letter_stale(
         &self,
         id: Uuid,
         reason: TerminationReason,
     ) -> Result<bool, StoreError> {
-        self.0.dead_letter_stale(id, reason).await
+        self.inner.dead_letter_stale(id, reason).await
     }
     async fn settle(
         &self,
@@ -773,16 +800,16 @@ impl RunStore for HeartbeatAfterSelect {
         owner: Option<&str>,
         s: &Settlement,
     ) -> Result<bool, StoreError> {
-        self.0.settle(id, owner, s).await
+        self.inner.settle(id, owner, s).await
     }
     async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
-        self.0.fail_queued(id, reason).await
+        self.inner.fail_queued(id, reason).await
     }
     async fn resume(&self, id: Uuid, from: RunStatus) -> Result<bool, StoreError> {
-        self.0.resume(id, from).await
+        self.inner.resume(id, from).await
     }
     async fn cancel(&self, id: Uuid) -> Result<bool, StoreError> {
-        self.0.cancel(id).await
+        self.inner.cancel(id).await
     }
     async fn set_pending_effect(
         &self,
@@ -790,7 +817,7 @@ impl RunStore for HeartbeatAfterSelect {
         owner: Option<&str>,
         effect: Option<&str>,
     ) -> Result<bool, StoreError> {
-        self.0.set_pending_effect(id, owner, effect).await
+        self.inner.set_pending_effect(id, owner, effect).await
     }
     async fn append_event(
         &self,
@@ -798,17 +825,17 @@ impl RunStore for HeartbeatAfterSelect {
         kind: &str,
         payload: &serde_json::Value,
     ) -> Result<i64, StoreError> {
-        self.0.append_event(id, kind, payload).await
+        self.inner.append_event(id, kind, payload).await
     }
     async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
-        self.0.events(id).await
+        self.inner.events(id).await
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn reaper_counts_a_run_whose_heartbeat_won_as_skipped() {
     let memory = MemoryRunStore::new();
-    let store = Arc::new(HeartbeatAfterSelect(memory.clone()));
+    let store = Arc::new(Tweaked::heartbeat_after_select(memory.clone()));
     let (rt, _bus, queue) = queued_runtime(store.clone(), A, RuntimeOptions::default());
     let run = NewRun {
         id: Uuid::new_v4(),
@@ -985,4 +1012,54 @@ async fn a_transport_outage_after_a_stale_requeue_leaves_the_run_queued() {
         (now.status, now.termination_reason),
         (RunStatus::Queued, None)
     );
+}
+
+/// A heartbeat the store never answers (a connection black-holed by a failover) does not hold
+/// the run's worker forever: after a whole lease the lease is over, so the run stops as for a
+/// lost lease, persisting and settling nothing, and the reaper gives it to a worker again.
+#[tokio::test(start_paused = true)]
+async fn a_heartbeat_unanswered_for_a_whole_lease_stops_the_run_as_a_lost_lease() {
+    let memory = MemoryRunStore::new();
+    let store = Arc::new(Tweaked::silent_renews(memory.clone()));
+    let lease = Duration::from_secs(30);
+    let options = RuntimeOptions {
+        lease,
+        lease_check_every: None,
+        ..RuntimeOptions::default()
+    };
+    let (rt, _bus, queue) = queued_runtime(store, A, options);
+    let id = rt
+        .enqueue("scripted", json!({"steps": [{"output": 1}, {"output": 2}]}))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(600), rt.run_queued(id))
+        .await
+        .expect("the worker waited on a heartbeat that never answers")
+        .unwrap();
+    assert_eq!(outcome, Outcome::LeaseLost);
+    let waited = started.elapsed();
+    assert!(
+        (lease..lease + Duration::from_secs(1)).contains(&waited),
+        "{waited:?}"
+    );
+    assert!(
+        memory.events(id).await.unwrap().is_empty(),
+        "nothing persisted"
+    );
+    let now = row(&memory, id).await;
+    assert_eq!(
+        (now.status, now.claimed_by.as_deref()),
+        (RunStatus::Running, Some(A)),
+        "nothing settled: the row is the reaper's"
+    );
+    // The memory store keeps the wall clock, not the paused one: its lease ends by hand.
+    memory.rewrite(id, |r| r.lease_expires = 1);
+    let report = rt.reaper().reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(
+        report.to_string(),
+        "Reaped 1 stale run(s): 1 requeued, 0 dead-lettered, 0 skipped."
+    );
+    assert_eq!(row(&memory, id).await.status, RunStatus::Queued);
+    assert_eq!(dispatched(&queue).last(), Some(&(id, None)));
 }

@@ -128,7 +128,7 @@ pub use pool::postgres_pool;
 pub use pool::sqlite_pool;
 #[cfg(feature = "mysql")]
 pub use pool::{ConnectionIds, mysql_pool};
-pub use pool::{PoolSettings, SqlDatabase};
+pub use pool::{InFlight, PoolSettings, SqlDatabase};
 pub use schedules::schedules_table;
 pub use transport::SqlTransport;
 pub use workers::workers_table;

@@ -55,8 +55,9 @@ static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 const ABANDONED_RELEASE_WINDOW: Duration = Duration::from_secs(1);
 
-/// A statement under way: dropped before [`Statement::done`] (its caller gave up on a server
-/// that stopped answering: the worker's and the relay's bounds, a shutdown), it marks the
+/// A statement in flight: dropped before [`InFlight::done`] (its caller gave up on a server
+/// that stopped answering: the worker's and the relay's bounds, a run's heartbeat, a
+/// shutdown), it marks the
 /// moment, and the server pools (PostgreSQL, MySQL) stop trusting the connections they had
 /// then. A connection black-holed by a failover or a NAT answers nothing, and neither does any
 /// other on the same dead path: without this, the next statement would take another of those
@@ -66,20 +67,35 @@ const ABANDONED_RELEASE_WINDOW: Duration = Duration::from_secs(1);
 /// second (the abandoned one, whose return would otherwise wait on a ping that never
 /// answers, holding its slot) is closed. At most one reconnect per pooled connection; healthy
 /// connections pay it too, once.
-pub(crate) struct Statement(bool);
+///
+/// `SqlTransport` wraps each of its statements in one; code running its own statements on a
+/// pool from [`postgres_pool`] or [`mysql_pool`] that it may give up on does the same:
+///
+/// ```
+/// # async fn renew(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
+/// let in_flight = courier_sql::InFlight::start();
+/// let done = sqlx::query("SELECT 1").execute(pool).await;
+/// in_flight.done();
+/// done?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropped before `done`, it marks the statement abandoned"]
+#[derive(Debug)]
+pub struct InFlight(bool);
 
-impl Statement {
-    pub(crate) fn start() -> Self {
+impl InFlight {
+    /// A statement starts.
+    pub fn start() -> Self {
         Self(false)
     }
 
     /// It finished (with or without an error): nothing to mark.
-    pub(crate) fn done(mut self) {
+    pub fn done(mut self) {
         self.0 = true;
     }
 }
 
-impl Drop for Statement {
+impl Drop for InFlight {
     fn drop(&mut self) {
         #[cfg(any(feature = "postgres", feature = "mysql"))]
         if !self.0 {
@@ -246,7 +262,7 @@ pub async fn postgres_pool(
         .max_connections(s.max_connections.unwrap_or(10))
         .min_connections(s.min_connections)
         .acquire_timeout(s.acquire_timeout)
-        // Connections on a path that stopped answering are replaced (see `Statement`).
+        // Connections on a path that stopped answering are replaced (see `InFlight`).
         .before_acquire(|_, meta| Box::pin(async move { Ok(!idle_since_abandoned(&meta)) }))
         .after_release(|_, meta| Box::pin(async move { Ok(!back_from_abandoned(&meta)) }))
         .connect_with(connect.clone())
@@ -285,7 +301,7 @@ pub async fn mysql_pool(
         .max_connections(s.max_connections.unwrap_or(10))
         .min_connections(s.min_connections)
         .acquire_timeout(s.acquire_timeout)
-        // Connections on a path that stopped answering are replaced (see `Statement`).
+        // Connections on a path that stopped answering are replaced (see `InFlight`).
         .before_acquire(|_, meta| Box::pin(async move { Ok(!idle_since_abandoned(&meta)) }))
         .after_release(|_, meta| Box::pin(async move { Ok(!back_from_abandoned(&meta)) }))
         .after_connect(move |conn, _meta| {

@@ -89,7 +89,7 @@ struct Held {
 impl DrainHold for Held {
     async fn commit(self: Box<Self>) -> Result<(), TransportError> {
         let Self { name, tx } = *self;
-        let statement = crate::pool::Statement::start();
+        let statement = crate::pool::InFlight::start();
         let committed = tx.commit().await;
         statement.done();
         committed.map_err(|e| transport_error(&name, "committing a drained batch", e))

@@ -215,7 +215,7 @@ impl SqlTransport {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        let statement = crate::pool::Statement::start();
+        let statement = crate::pool::InFlight::start();
         let result = retry_transient(context, op).await;
         statement.done();
         match result {

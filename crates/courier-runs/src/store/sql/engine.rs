@@ -366,7 +366,12 @@ where
             .bind(lease_ms(lease))
             .bind(DB::id(id))
             .bind(worker);
-        self.matched("renew", q.execute(&self.pool).await)
+        // Given up after a lease (`RunContext::checkpoint`): the pool then replaces the
+        // connections on the silent path.
+        let in_flight = courier_sql::InFlight::start();
+        let renewed = q.execute(&self.pool).await;
+        in_flight.done();
+        self.matched("renew", renewed)
     }
 
     async fn requeue_owned(
