@@ -249,3 +249,16 @@ impl Transport for Unanswering {
         self.drains.then_some(self as &dyn Drain)
     }
 }
+
+/// Runs `work` on the paused clock; panics with `stalled` if it still waits after ten minutes.
+/// Returns its output and how long it took.
+pub async fn within_ten_minutes<T>(
+    stalled: &str,
+    work: impl std::future::Future<Output = T>,
+) -> (T, Duration) {
+    let started = tokio::time::Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(600), work)
+        .await
+        .unwrap_or_else(|_| panic!("{stalled}"));
+    (out, started.elapsed())
+}
