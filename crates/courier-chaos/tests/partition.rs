@@ -2,9 +2,10 @@
 //! against private servers on a bridge. Host A is executing two durable runs and holds plain
 //! messages un-acked when its link goes down. Then: A's leases expire, B's reaper requeues the
 //! runs and B completes them; A's messages are redelivered to B (the SQL redeliver timeout, Redis
-//! XAUTOCLAIM); when the link comes back A finds its leases lost and stops without settling or
-//! writing a step (the fence), and nothing is settled twice. Last, `workers` on B lists both
-//! workers and `stop-workers` on B stops both (the worker registry). Needs root (`ip netns`).
+//! XAUTOCLAIM); A finds its leases lost (its heartbeats unanswered for a lease) and stops
+//! without settling or writing a step (the fence), and nothing is settled twice. Last,
+//! `workers` on B lists both workers and `stop-workers` on B stops both (the worker registry).
+//! Needs root (`ip netns`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -333,8 +334,9 @@ async fn scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyhow::Re
         settled.insert(id, (run, store.events(id).await?));
     }
 
-    // The link comes back: A's hung heartbeats return refused, A stops both runs. A step A writes
-    // meanwhile breaks the fence and fails at once.
+    // A stops both runs: its heartbeats, hung on the cut link, are given up after a lease (or,
+    // had the link come back sooner, refused). The link comes back; a step A writes meanwhile
+    // breaks the fence and fails at once.
     hosts.restore(0)?;
     let lost = until(
         "A reports both leases lost",

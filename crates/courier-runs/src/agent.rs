@@ -243,7 +243,7 @@ impl RunContext {
                         // failover): the lease ran out meanwhile, and the reaper may have given
                         // the run to another worker. Stop as for a lost lease, persisting
                         // nothing, rather than wait until TCP gives up on the connection.
-                        tracing::warn!(courier.run.id = %self.run.id, lease = ?self.lease, "the heartbeat went unanswered for a whole lease: the lease is over, the run is left to the reaper");
+                        tracing::warn!(courier.run.id = %self.run.id, lease = ?self.lease, "lease lost: the heartbeat went unanswered for a whole lease; the run is left to the reaper");
                         self.token.cancel();
                         return Err(StepError::LeaseLost);
                     }
