@@ -223,8 +223,8 @@ impl RunContext {
     /// A worker run probes and renews in one statement: the renew's guard (`running` and
     /// claimed by this worker) refuses a cancelled run too, and only a refused renew reads the
     /// run to tell a cancellation from a lost lease. Two statements per step, not three. A
-    /// renew the store leaves unanswered for a whole lease is a lost lease too (the lease ran
-    /// out while it waited).
+    /// store call of a worker run's boundary left unanswered for a whole lease is a lost lease
+    /// too (the lease ran out while it waited).
     ///
     /// # Errors
     /// [`StepError`]: propagate it with `?`.
@@ -236,27 +236,18 @@ impl RunContext {
         let refused = match &self.owner {
             Some(owner) => {
                 let renew = self.store.renew(self.run.id, owner, self.lease);
-                match tokio::time::timeout(self.lease, renew).await {
-                    Ok(renewed) => !renewed?,
-                    Err(_) => {
-                        // No answer within a whole lease (a connection black-holed by a
-                        // failover): the lease ran out meanwhile, and the reaper may have given
-                        // the run to another worker. Stop as for a lost lease, persisting
-                        // nothing, rather than wait until TCP gives up on the connection.
-                        tracing::warn!(courier.run.id = %self.run.id, lease = ?self.lease, "lease lost: the heartbeat went unanswered for a whole lease; the run is left to the reaper");
-                        self.token.cancel();
-                        return Err(StepError::LeaseLost);
-                    }
-                }
+                !self.within_lease("renewing the lease", renew).await?
             }
             None => false,
         };
         if refused || self.owner.is_none() {
-            let status = self.store.find(self.run.id).await?.map(|r| r.status);
-            if status == Some(RunStatus::Cancelled) {
-                self.store
-                    .append_event(self.run.id, &step.kind, &step.payload)
-                    .await?;
+            let find = self.store.find(self.run.id);
+            let status = self.within_lease("reading the run", find).await?;
+            if status.map(|r| r.status) == Some(RunStatus::Cancelled) {
+                let append = self
+                    .store
+                    .append_event(self.run.id, &step.kind, &step.payload);
+                self.within_lease("persisting the step", append).await?;
                 self.token.cancel();
                 return Err(StepError::Cancelled);
             }
@@ -269,10 +260,34 @@ impl RunContext {
             self.token.cancel();
             return Err(StepError::LeaseLost);
         }
-        Ok(self
+        let append = self
             .store
-            .append_event(self.run.id, &step.kind, &step.payload)
-            .await?)
+            .append_event(self.run.id, &step.kind, &step.payload);
+        self.within_lease("persisting the step", append).await
+    }
+
+    /// A store call of the step boundary. For a worker run it is given up after a whole lease:
+    /// no answer by then (a connection black-holed by a failover) means the lease ran out
+    /// meanwhile and the reaper may have given the run to another worker, so the run stops as
+    /// for a lost lease (whatever the call did, the next owner goes on from the persisted
+    /// steps) rather than wait until TCP gives up on the connection. An interactive run (no
+    /// lease) waits.
+    async fn within_lease<T>(
+        &self,
+        doing: &'static str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StepError> {
+        if self.owner.is_none() {
+            return Ok(call.await?);
+        }
+        match tokio::time::timeout(self.lease, call).await {
+            Ok(done) => Ok(done?),
+            Err(_) => {
+                tracing::warn!(courier.run.id = %self.run.id, lease = ?self.lease, doing, "lease lost: the store left the step boundary unanswered for a whole lease; the run is left to the reaper");
+                self.token.cancel();
+                Err(StepError::LeaseLost)
+            }
+        }
     }
 
     /// Marks a non-idempotent effect as in flight (the write fence): a failure or a stale

@@ -687,31 +687,14 @@ async fn handler_never_fails_for_a_run_outcome_and_duplicates_are_harmless() {
 }
 
 /// A memory store where, when `heartbeat_after_select`, a heartbeat lands right after the
-/// reaper's SELECT, and when `silent_renews`, a renew never answers (a connection black-holed
-/// by a failover).
-#[derive(Debug)]
+/// reaper's SELECT, and when `silent_renews` (`silent_appends`), a renew (a step's append)
+/// never answers (a connection black-holed by a failover).
+#[derive(Debug, Default)]
 struct Tweaked {
     inner: MemoryRunStore,
     heartbeat_after_select: bool,
     silent_renews: bool,
-}
-
-impl Tweaked {
-    fn heartbeat_after_select(inner: MemoryRunStore) -> Self {
-        Self {
-            inner,
-            heartbeat_after_select: true,
-            silent_renews: false,
-        }
-    }
-
-    fn silent_renews(inner: MemoryRunStore) -> Self {
-        Self {
-            inner,
-            heartbeat_after_select: false,
-            silent_renews: true,
-        }
-    }
+    silent_appends: bool,
 }
 
 #[courier_runs::async_trait]
@@ -825,6 +808,9 @@ impl RunStore for Tweaked {
         kind: &str,
         payload: &serde_json::Value,
     ) -> Result<i64, StoreError> {
+        if self.silent_appends {
+            std::future::pending::<()>().await;
+        }
         self.inner.append_event(id, kind, payload).await
     }
     async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
@@ -835,7 +821,11 @@ impl RunStore for Tweaked {
 #[tokio::test(start_paused = true)]
 async fn reaper_counts_a_run_whose_heartbeat_won_as_skipped() {
     let memory = MemoryRunStore::new();
-    let store = Arc::new(Tweaked::heartbeat_after_select(memory.clone()));
+    let store = Arc::new(Tweaked {
+        inner: memory.clone(),
+        heartbeat_after_select: true,
+        ..Tweaked::default()
+    });
     let (rt, _bus, queue) = queued_runtime(store.clone(), A, RuntimeOptions::default());
     let run = NewRun {
         id: Uuid::new_v4(),
@@ -1019,8 +1009,31 @@ async fn a_transport_outage_after_a_stale_requeue_leaves_the_run_queued() {
 /// lost lease, persisting and settling nothing, and the reaper gives it to a worker again.
 #[tokio::test(start_paused = true)]
 async fn a_heartbeat_unanswered_for_a_whole_lease_stops_the_run_as_a_lost_lease() {
+    stops_after_a_lease(|inner| Tweaked {
+        inner,
+        silent_renews: true,
+        ..Tweaked::default()
+    })
+    .await;
+}
+
+/// The same when the lease was renewed but the step's append is what never answers.
+#[tokio::test(start_paused = true)]
+async fn a_step_unanswered_for_a_whole_lease_stops_the_run_as_a_lost_lease() {
+    stops_after_a_lease(|inner| Tweaked {
+        inner,
+        silent_appends: true,
+        ..Tweaked::default()
+    })
+    .await;
+}
+
+/// Runs a two-step run over the store `tweak` makes of a memory store, with a lease of 30 s:
+/// it stops as a lost lease after one lease, nothing persisted or settled, then the reaper
+/// requeues it.
+async fn stops_after_a_lease(tweak: impl FnOnce(MemoryRunStore) -> Tweaked) {
     let memory = MemoryRunStore::new();
-    let store = Arc::new(Tweaked::silent_renews(memory.clone()));
+    let store = Arc::new(tweak(memory.clone()));
     let lease = Duration::from_secs(30);
     let options = RuntimeOptions {
         lease,
@@ -1035,7 +1048,7 @@ async fn a_heartbeat_unanswered_for_a_whole_lease_stops_the_run_as_a_lost_lease(
     let started = Instant::now();
     let outcome = tokio::time::timeout(Duration::from_secs(600), rt.run_queued(id))
         .await
-        .expect("the worker waited on a heartbeat that never answers")
+        .expect("the worker waited on a store that never answers")
         .unwrap();
     assert_eq!(outcome, Outcome::LeaseLost);
     let waited = started.elapsed();

@@ -307,11 +307,14 @@ where
     }
 
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
-        sqlx::query_as(&self.q.find)
+        // A step boundary gives it up after a lease (see `renew`).
+        let in_flight = courier_sql::InFlight::start();
+        let found = sqlx::query_as(&self.q.find)
             .bind(DB::id(id))
             .fetch_optional(&self.pool)
-            .await
-            .map_err(rows_error("find run"))
+            .await;
+        in_flight.done();
+        found.map_err(rows_error("find run"))
     }
 
     async fn list(&self, status: Option<RunStatus>, n: usize) -> Result<Vec<Run>, StoreError> {
@@ -367,7 +370,7 @@ where
             .bind(DB::id(id))
             .bind(worker);
         // Given up after a lease (`RunContext::checkpoint`): the pool then replaces the
-        // connections on the silent path.
+        // connections on the silent path (`courier_sql::InFlight`).
         let in_flight = courier_sql::InFlight::start();
         let renewed = q.execute(&self.pool).await;
         in_flight.done();
@@ -509,11 +512,14 @@ where
                 .bind(kind)
                 .bind(payload.clone())
                 .bind(DB::id(id));
+            // A step boundary gives it up after a lease (see `renew`).
+            let in_flight = courier_sql::InFlight::start();
             let done = if self.insert_returning {
                 q.fetch_one(&self.pool).await.map(Some)
             } else {
                 q.execute(&self.pool).await.map(|_| None)
             };
+            in_flight.done();
             let max_seq = || async {
                 let (seq,): (i64,) = sqlx::query_as(&self.q.max_seq)
                     .bind(DB::id(id))
