@@ -266,24 +266,18 @@ impl RunContext {
         self.within_lease("persisting the step", append).await
     }
 
-    /// A store call of the step boundary. For a worker run it is given up after a whole lease:
-    /// no answer by then (a connection black-holed by a failover) means the lease ran out
-    /// meanwhile and the reaper may have given the run to another worker, so the run stops as
-    /// for a lost lease (whatever the call did, the next owner goes on from the persisted
-    /// steps) rather than wait until TCP gives up on the connection. An interactive run (no
-    /// lease) waits.
+    /// A store call of the step boundary, [`within_lease`] for a worker run: unanswered for a
+    /// whole lease, the run stops as for a lost lease (whatever the call did, the next owner
+    /// goes on from the persisted steps). An interactive run (no lease) waits.
     async fn within_lease<T>(
         &self,
         doing: &'static str,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StepError> {
-        if self.owner.is_none() {
-            return Ok(call.await?);
-        }
-        match tokio::time::timeout(self.lease, call).await {
-            Ok(done) => Ok(done?),
-            Err(_) => {
-                tracing::warn!(courier.run.id = %self.run.id, lease = ?self.lease, doing, "lease lost: the store left the step boundary unanswered for a whole lease; the run is left to the reaper");
+        let lease = self.owner.is_some().then_some(self.lease);
+        match within_lease(lease, self.run.id, doing, call).await? {
+            Some(done) => Ok(done),
+            None => {
                 self.token.cancel();
                 Err(StepError::LeaseLost)
             }
@@ -309,15 +303,37 @@ impl RunContext {
     }
 
     async fn set_effect(&mut self, effect: Option<&str>) -> Result<(), StepError> {
-        if self
+        let mark = self
             .store
-            .set_pending_effect(self.run.id, self.owner.as_deref(), effect)
-            .await?
-        {
+            .set_pending_effect(self.run.id, self.owner.as_deref(), effect);
+        if self.within_lease("marking an effect", mark).await? {
             Ok(())
         } else {
             self.token.cancel();
             Err(StepError::LeaseLost)
+        }
+    }
+}
+
+/// Runs a store call of a worker run (`lease` is its lease; `None` for an interactive run,
+/// which waits), giving it up after the lease: no answer by then (a connection black-holed by
+/// a failover) means the lease ran out meanwhile and the reaper may have given the run to
+/// another worker, so the caller stops as for a lost lease rather than wait until TCP gives up
+/// on the connection. `None` when it was given up.
+pub(crate) async fn within_lease<T>(
+    lease: Option<Duration>,
+    run_id: Uuid,
+    doing: &'static str,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<Option<T>, StoreError> {
+    let Some(lease) = lease else {
+        return call.await.map(Some);
+    };
+    match tokio::time::timeout(lease, call).await {
+        Ok(done) => done.map(Some),
+        Err(_) => {
+            tracing::warn!(courier.run.id = %run_id, lease = ?lease, doing, "lease lost: the store left a call unanswered for a whole lease; the run is left to the reaper");
+            Ok(None)
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use uuid::Uuid;
 
+use crate::agent::within_lease;
 use crate::runtime::{RunError, Runtime};
 use crate::{FailureClass, Outcome, Settlement, TerminationReason};
 
@@ -34,7 +35,13 @@ pub(crate) async fn recover(
         let (s, o) = dead(TerminationReason::NotRetryable);
         return runtime.settle(run_id, Some(me), s, o).await;
     }
-    let Some(run) = inner.store.find(run_id).await? else {
+    // Each call unanswered for a whole lease is a lost lease (`within_lease`).
+    let lease = Some(inner.options.lease);
+    let find = inner.store.find(run_id);
+    let Some(run) = within_lease(lease, run_id, "reading the run", find)
+        .await?
+        .flatten()
+    else {
         return Ok(Outcome::LeaseLost);
     };
     if run.pending_effect.is_some() {
@@ -46,7 +53,8 @@ pub(crate) async fn recover(
         return runtime.settle(run_id, Some(me), s, o).await;
     }
     let delay = inner.options.backoff.delay(run.requeue_count);
-    if !inner.store.requeue_owned(run_id, me, delay).await? {
+    let requeue = inner.store.requeue_owned(run_id, me, delay);
+    if within_lease(lease, run_id, "requeueing", requeue).await? != Some(true) {
         return Ok(Outcome::LeaseLost);
     }
     metrics::counter!(courier_core::metrics::RUN_REQUEUES, "class" => class.as_str()).increment(1);

@@ -9,7 +9,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::agent::{Agent, AgentError, AgentOutcome, RunContext, RunObserver, StepError};
+use crate::agent::{
+    Agent, AgentError, AgentOutcome, RunContext, RunObserver, StepError, within_lease,
+};
 use crate::watch::{Lost, StepClock, watch_lease, watch_steps};
 use crate::{
     Backoff, Enqueued, Inserted, NewRun, Outcome, Reaper, Run, RunAgent, RunAgentHandler,
@@ -734,7 +736,8 @@ impl Runtime {
     }
 
     /// Settles with the owner guard; a refused settle means the first outcome stands (cancelled)
-    /// or another worker owns the run (lease lost).
+    /// or another worker owns the run (lease lost). A worker run's settle left unanswered for a
+    /// whole lease is a lost lease too ([`within_lease`]).
     pub(crate) async fn settle(
         &self,
         run_id: Uuid,
@@ -742,11 +745,16 @@ impl Runtime {
         settlement: Settlement,
         outcome: Outcome,
     ) -> Result<Outcome, RunError> {
-        if self.inner.store.settle(run_id, owner, &settlement).await? {
-            return Ok(outcome);
+        let lease = owner.map(|_| self.inner.options.lease);
+        let settle = self.inner.store.settle(run_id, owner, &settlement);
+        match within_lease(lease, run_id, "settling", settle).await? {
+            Some(true) => return Ok(outcome),
+            Some(false) => {}
+            None => return Ok(Outcome::LeaseLost),
         }
-        let now = self.inner.store.find(run_id).await?;
-        Ok(match now.map(|r| r.status) {
+        let find = self.inner.store.find(run_id);
+        let now = within_lease(lease, run_id, "reading the run", find).await?;
+        Ok(match now.flatten().map(|r| r.status) {
             Some(RunStatus::Cancelled) => Outcome::Cancelled,
             _ => Outcome::LeaseLost,
         })

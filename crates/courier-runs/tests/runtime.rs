@@ -687,14 +687,15 @@ async fn handler_never_fails_for_a_run_outcome_and_duplicates_are_harmless() {
 }
 
 /// A memory store where, when `heartbeat_after_select`, a heartbeat lands right after the
-/// reaper's SELECT, and when `silent_renews` (`silent_appends`), a renew (a step's append)
-/// never answers (a connection black-holed by a failover).
+/// reaper's SELECT, and when `silent_renews` (`silent_appends`, `silent_settles`), a renew (a
+/// step's append, a settle) never answers (a connection black-holed by a failover).
 #[derive(Debug, Default)]
 struct Tweaked {
     inner: MemoryRunStore,
     heartbeat_after_select: bool,
     silent_renews: bool,
     silent_appends: bool,
+    silent_settles: bool,
 }
 
 #[courier_runs::async_trait]
@@ -783,6 +784,9 @@ impl RunStore for Tweaked {
         owner: Option<&str>,
         s: &Settlement,
     ) -> Result<bool, StoreError> {
+        if self.silent_settles {
+            std::future::pending::<()>().await;
+        }
         self.inner.settle(id, owner, s).await
     }
     async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
@@ -1009,29 +1013,50 @@ async fn a_transport_outage_after_a_stale_requeue_leaves_the_run_queued() {
 /// lost lease, persisting and settling nothing, and the reaper gives it to a worker again.
 #[tokio::test(start_paused = true)]
 async fn a_heartbeat_unanswered_for_a_whole_lease_stops_the_run_as_a_lost_lease() {
-    stops_after_a_lease(|inner| Tweaked {
-        inner,
-        silent_renews: true,
-        ..Tweaked::default()
-    })
+    stops_after_a_lease(
+        |inner| Tweaked {
+            inner,
+            silent_renews: true,
+            ..Tweaked::default()
+        },
+        0,
+    )
     .await;
 }
 
 /// The same when the lease was renewed but the step's append is what never answers.
 #[tokio::test(start_paused = true)]
 async fn a_step_unanswered_for_a_whole_lease_stops_the_run_as_a_lost_lease() {
-    stops_after_a_lease(|inner| Tweaked {
-        inner,
-        silent_appends: true,
-        ..Tweaked::default()
-    })
+    stops_after_a_lease(
+        |inner| Tweaked {
+            inner,
+            silent_appends: true,
+            ..Tweaked::default()
+        },
+        0,
+    )
+    .await;
+}
+
+/// The same when the steps went through and the settle is what never answers: the persisted
+/// step (the first; the second is the run's output) stays for the next owner.
+#[tokio::test(start_paused = true)]
+async fn a_settle_unanswered_for_a_whole_lease_leaves_the_run_to_the_reaper() {
+    stops_after_a_lease(
+        |inner| Tweaked {
+            inner,
+            silent_settles: true,
+            ..Tweaked::default()
+        },
+        1,
+    )
     .await;
 }
 
 /// Runs a two-step run over the store `tweak` makes of a memory store, with a lease of 30 s:
-/// it stops as a lost lease after one lease, nothing persisted or settled, then the reaper
-/// requeues it.
-async fn stops_after_a_lease(tweak: impl FnOnce(MemoryRunStore) -> Tweaked) {
+/// it stops as a lost lease after one lease with `persisted` steps persisted and nothing
+/// settled, then the reaper requeues it.
+async fn stops_after_a_lease(tweak: impl FnOnce(MemoryRunStore) -> Tweaked, persisted: usize) {
     let memory = MemoryRunStore::new();
     let store = Arc::new(tweak(memory.clone()));
     let lease = Duration::from_secs(30);
@@ -1056,10 +1081,7 @@ async fn stops_after_a_lease(tweak: impl FnOnce(MemoryRunStore) -> Tweaked) {
         (lease..lease + Duration::from_secs(1)).contains(&waited),
         "{waited:?}"
     );
-    assert!(
-        memory.events(id).await.unwrap().is_empty(),
-        "nothing persisted"
-    );
+    assert_eq!(memory.events(id).await.unwrap().len(), persisted);
     let now = row(&memory, id).await;
     assert_eq!(
         (now.status, now.claimed_by.as_deref()),

@@ -307,14 +307,10 @@ where
     }
 
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
-        // A step boundary gives it up after a lease (see `renew`).
-        let in_flight = courier_sql::InFlight::start();
-        let found = sqlx::query_as(&self.q.find)
-            .bind(DB::id(id))
-            .fetch_optional(&self.pool)
-            .await;
-        in_flight.done();
-        found.map_err(rows_error("find run"))
+        let q = sqlx::query_as(&self.q.find).bind(DB::id(id));
+        in_flight(q.fetch_optional(&self.pool))
+            .await
+            .map_err(rows_error("find run"))
     }
 
     async fn list(&self, status: Option<RunStatus>, n: usize) -> Result<Vec<Run>, StoreError> {
@@ -369,12 +365,7 @@ where
             .bind(lease_ms(lease))
             .bind(DB::id(id))
             .bind(worker);
-        // Given up after a lease (`RunContext::checkpoint`): the pool then replaces the
-        // connections on the silent path (`courier_sql::InFlight`).
-        let in_flight = courier_sql::InFlight::start();
-        let renewed = q.execute(&self.pool).await;
-        in_flight.done();
-        self.matched("renew", renewed)
+        self.matched("renew", in_flight(q.execute(&self.pool)).await)
     }
 
     async fn requeue_owned(
@@ -387,7 +378,7 @@ where
             .bind(lease_ms(due_in))
             .bind(DB::id(id))
             .bind(worker);
-        self.matched("requeue", q.execute(&self.pool).await)
+        self.matched("requeue", in_flight(q.execute(&self.pool)).await)
     }
 
     async fn select_overdue(&self, after: Duration, n: usize) -> Result<Vec<Run>, StoreError> {
@@ -456,7 +447,7 @@ where
         if let Some(owner) = owner {
             q = q.bind(owner);
         }
-        self.matched("settle", q.execute(&self.pool).await)
+        self.matched("settle", in_flight(q.execute(&self.pool)).await)
     }
 
     async fn fail_queued(&self, id: Uuid, reason: TerminationReason) -> Result<bool, StoreError> {
@@ -493,7 +484,7 @@ where
         if let Some(owner) = owner {
             q = q.bind(owner);
         }
-        self.matched("pending effect", q.execute(&self.pool).await)
+        self.matched("pending effect", in_flight(q.execute(&self.pool)).await)
     }
 
     async fn append_event(
@@ -512,14 +503,11 @@ where
                 .bind(kind)
                 .bind(payload.clone())
                 .bind(DB::id(id));
-            // A step boundary gives it up after a lease (see `renew`).
-            let in_flight = courier_sql::InFlight::start();
             let done = if self.insert_returning {
-                q.fetch_one(&self.pool).await.map(Some)
+                in_flight(q.fetch_one(&self.pool)).await.map(Some)
             } else {
-                q.execute(&self.pool).await.map(|_| None)
+                in_flight(q.execute(&self.pool)).await.map(|_| None)
             };
-            in_flight.done();
             let max_seq = || async {
                 let (seq,): (i64,) = sqlx::query_as(&self.q.max_seq)
                     .bind(DB::id(id))
@@ -717,4 +705,14 @@ where
     fn insert_returning(&self) -> bool {
         self.insert_returning
     }
+}
+
+/// Runs a statement a worker run may give up on (a call unanswered for a whole lease, see
+/// `agent::within_lease`), as a [`courier_sql::InFlight`]: given up, the pool replaces the
+/// connections of the silent path.
+async fn in_flight<T>(statement: impl std::future::Future<Output = T>) -> T {
+    let in_flight = courier_sql::InFlight::start();
+    let done = statement.await;
+    in_flight.done();
+    done
 }
