@@ -294,6 +294,37 @@ async fn handle_64(t: &Arc<CountAcks>) -> WorkerStats {
 }
 
 /// The jobs `q` saw acked, in order of their numbers (repeats kept).
+/// One message at a time under load (each fetch a round trip, the handler instant, so the next
+/// fetch is always under way when a message is done): the acks of several fetches go out in one
+/// `ack_batch`, up to 16 or the linger, not one statement per message. All acked, once.
+#[tokio::test(start_paused = true)]
+async fn one_at_a_time_the_acks_of_several_fetches_go_together() {
+    for (linger, most_batches) in [(None, 16), (Some(Duration::from_secs(1)), 4)] {
+        let q = queue_with(64).await;
+        let t = CountAcks::slow_gets(q.clone(), Duration::from_millis(1));
+        let (bus, done) = slow_bus(Duration::ZERO);
+        let mut worker = Worker::builder(bus)
+            .receiver("async", t.clone())
+            .fetch_size(1)
+            .limit(64);
+        if let Some(linger) = linger {
+            worker = worker.ack_linger(linger);
+        }
+        let stats = worker.build().run(CancellationToken::new()).await.unwrap();
+        assert_eq!((stats.handled, done.load(Ordering::SeqCst)), (64, 64));
+        assert_eq!(
+            acked_jobs(&q),
+            (0..64).collect::<Vec<_>>(),
+            "each acked once"
+        );
+        let batches = t.ack_batches();
+        assert!(
+            (4..=most_batches).contains(&batches),
+            "64 acks in {batches} ack_batch calls (linger {linger:?}): at most 16 each, gathered"
+        );
+    }
+}
+
 fn acked_jobs(q: &InMemoryTransport) -> Vec<u32> {
     let mut acked: Vec<u32> = q
         .acked()
@@ -374,8 +405,9 @@ async fn after_a_long_outage_the_worker_is_back_within_two_seconds() {
 /// A worker whose server stops answering on a connection (a failover or a NAT's idle timeout
 /// black-holed it: no error, no answer, until TCP gives up many minutes later) is not stuck
 /// behind it: its first fetch and its first ack never answer, and each is given up after a
-/// minute past the fetch's own wait; the fetch is tried again, the batch whose ack was given up
-/// comes back after the redelivery window and is handled and acked again. Nothing is lost.
+/// minute past the fetch's own wait; the fetch is tried again, the acks whose flush was given up
+/// (all six jobs': batches this small gather their acks while the next fetch is under way) come
+/// back after the redelivery window and are handled and acked again. Nothing is lost.
 #[tokio::test(start_paused = true)]
 async fn a_fetch_or_an_ack_that_never_answers_is_given_up_after_a_minute() {
     let q = queue_with(6).await;
@@ -387,7 +419,7 @@ async fn a_fetch_or_an_ack_that_never_answers_is_given_up_after_a_minute() {
     let worker = Worker::builder(bus)
         .receiver("async", t.clone())
         .fetch_size(2)
-        .limit(8)
+        .limit(12)
         .build();
     let (stats, took) = within_ten_minutes(
         "the worker waited on a server that does not answer",
@@ -405,10 +437,10 @@ async fn a_fetch_or_an_ack_that_never_answers_is_given_up_after_a_minute() {
     assert!(t.ack_calls.load(Ordering::SeqCst) >= 2, "acked again");
     assert_eq!(
         (stats.handled, done.load(Ordering::SeqCst)),
-        (8, 8),
-        "six jobs, two of them twice: {stats:?}"
+        (12, 12),
+        "six jobs, each twice: {stats:?}"
     );
-    assert_eq!(stats.left_for_redelivery, 2, "{stats:?}");
+    assert_eq!(stats.left_for_redelivery, 6, "{stats:?}");
     let mut acked = acked_jobs(&q);
     acked.dedup();
     assert_eq!(acked, [0, 1, 2, 3, 4, 5], "every job acked");

@@ -43,6 +43,11 @@ const ERROR_BACKOFF: crate::Backoff =
 /// unstarted messages, whatever the servers do.
 const SHUTDOWN_SLACK: Duration = Duration::from_secs(1);
 
+/// How many acks may gather across small batches while the next fetch is under way (up to
+/// the linger) before they are flushed: at a fetch size of 1, one ack statement per this many
+/// messages instead of one each.
+const MIN_ACK_GATHER: usize = 16;
+
 /// The shortest keepalive interval derived from a transport's redelivery window.
 const MIN_KEEPALIVE: Duration = Duration::from_millis(50);
 
@@ -224,7 +229,7 @@ impl Worker {
         let max_acks = match ack_chunk {
             Some(chunk) => chunk,
             None if ack_with_get => self.options.fetch_size.max(1) * 2,
-            None => self.options.fetch_size.max(1),
+            None => self.options.fetch_size.max(MIN_ACK_GATHER),
         };
         let mut queue: VecDeque<(usize, u64, Envelope)> = VecDeque::new();
         let mut inflight: FuturesUnordered<Handling<'_>> = FuturesUnordered::new();
@@ -379,8 +384,15 @@ impl Worker {
                         if fetching.is_some() && beside.ackers[0].pending() == 0 {
                             lingering = false;
                         }
-                    } else if queue.is_empty() && inflight.is_empty() && ack_chunk.is_none() {
-                        // The batch is done: flush its acks now rather than after the linger.
+                    } else if queue.is_empty()
+                        && inflight.is_empty()
+                        && ack_chunk.is_none()
+                        && (fetching.is_none() || beside.ackers[r].pending() >= max_acks)
+                    {
+                        // The batch is done and nothing else is under way: flush its acks now
+                        // rather than after the linger. While the next fetch is, small batches'
+                        // acks gather (up to `max_acks` or the linger): one ack statement for
+                        // several fetches, not one each.
                         beside.ackers.iter_mut().for_each(Acker::flush);
                         lingering = false;
                     } else if beside.ackers[r].pending() >= max_acks {

@@ -45,6 +45,8 @@ pub struct CountAcks {
     /// Acks that went in them.
     pub carried: AtomicUsize,
     pub fail_ack_gets: AtomicUsize,
+    /// How long each `get` takes (a round trip to the server).
+    pub get_takes: Duration,
 }
 
 impl CountAcks {
@@ -58,7 +60,17 @@ impl CountAcks {
             ack_gets: AtomicUsize::new(0),
             carried: AtomicUsize::new(0),
             fail_ack_gets: AtomicUsize::new(0),
+            get_takes: Duration::ZERO,
         })
+    }
+
+    /// A transport whose every `get` takes `takes`, as a server's round trip does.
+    pub fn slow_gets(inner: Arc<InMemoryTransport>, takes: Duration) -> Arc<Self> {
+        let mut t = Self::new(inner, false);
+        if let Some(t) = Arc::get_mut(&mut t) {
+            t.get_takes = takes;
+        }
+        t
     }
 
     /// A transport that acks in its gets, failing the first `failures` that carry acks.
@@ -81,6 +93,7 @@ impl CountAcks {
             ack_gets: AtomicUsize::new(0),
             carried: AtomicUsize::new(0),
             fail_ack_gets: AtomicUsize::new(failures),
+            get_takes: Duration::ZERO,
         })
     }
 
@@ -103,6 +116,9 @@ impl Transport for CountAcks {
         } else {
             max
         };
+        if !self.get_takes.is_zero() {
+            tokio::time::sleep(self.get_takes).await;
+        }
         self.inner.get(max).await
     }
     async fn ack(&self, e: &Envelope) -> Result<(), TransportError> {
