@@ -294,14 +294,20 @@ async fn handle_64(t: &Arc<CountAcks>) -> WorkerStats {
 }
 
 /// The jobs `q` saw acked, in order of their numbers (repeats kept).
-/// One message at a time under load (each fetch a round trip, the handler instant, so the next
-/// fetch is always under way when a message is done): the acks of several fetches go out in one
-/// `ack_batch`, up to 16 or the linger, not one statement per message. All acked, once.
+/// One message at a time under a backlog (each fetch a quick round trip, the handler instant, so
+/// the next fetch is always under way when a message is done): the acks of several fetches go
+/// out in one `ack_batch`, up to 16 or the linger, not one statement per message. Where each
+/// fetch waits for its message (an idle worker's), each ack goes at once. All acked, once.
 #[tokio::test(start_paused = true)]
-async fn one_at_a_time_the_acks_of_several_fetches_go_together() {
-    for (linger, most_batches) in [(None, 16), (Some(Duration::from_secs(1)), 4)] {
+async fn one_at_a_time_the_acks_of_several_fetches_go_together_under_a_backlog() {
+    let (quick, waiting) = (Duration::from_millis(1), Duration::from_millis(10));
+    for (get_takes, linger, batches_in) in [
+        (quick, None, 4..=16),
+        (quick, Some(Duration::from_secs(1)), 4..=4),
+        (waiting, None, 64..=64),
+    ] {
         let q = queue_with(64).await;
-        let t = CountAcks::slow_gets(q.clone(), Duration::from_millis(1));
+        let t = CountAcks::slow_gets(q.clone(), get_takes);
         let (bus, done) = slow_bus(Duration::ZERO);
         let mut worker = Worker::builder(bus)
             .receiver("async", t.clone())
@@ -319,8 +325,9 @@ async fn one_at_a_time_the_acks_of_several_fetches_go_together() {
         );
         let batches = t.ack_batches();
         assert!(
-            (4..=most_batches).contains(&batches),
-            "64 acks in {batches} ack_batch calls (linger {linger:?}): at most 16 each, gathered"
+            batches_in.contains(&batches),
+            "64 acks in {batches} ack_batch calls (gets taking {get_takes:?}, linger {linger:?}), \
+             expected {batches_in:?}: at most 16 each, gathered only under a backlog"
         );
     }
 }

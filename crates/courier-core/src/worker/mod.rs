@@ -3,8 +3,8 @@
 //! Per message: add [`ReceivedStamp`](crate::ReceivedStamp) -> dispatch on the bus named by its
 //! [`BusNameStamp`](crate::BusNameStamp) -> ack on success. Acks of one fetched batch are flushed
 //! together with [`Transport::ack_batch`] when the batch is done or after a short linger (batches
-//! of fewer than 16 gather their acks across fetches while the next fetch is under way, up to 16
-//! or the linger), so a crash between handling and the flush means redelivery, never loss. On failure the worker adds
+//! of fewer than 16 gather their acks across fetches while the next fetch is under way and the
+//! last found a backlog, up to 16 or the linger), so a crash between handling and the flush means redelivery, never loss. On failure the worker adds
 //! an [`ErrorDetailsStamp`](crate::ErrorDetailsStamp) and asks the receiver's
 //! [`RetryStrategy`]: retry (with [`RedeliveryStamp`](crate::RedeliveryStamp) and a delay, through
 //! [`Transport::retry`]) or move to the failure transport (with
@@ -285,9 +285,10 @@ impl WorkerBuilder {
     }
 
     /// How long a successful message may wait for its batch's ack flush (default 5 ms). A batch
-    /// of fewer than 16 messages done while the next fetch is under way (`fetch_size(1)` under
-    /// load) keeps its acks gathering with the next batches' until 16 are due or this has
-    /// passed: one ack statement for many fetches.
+    /// of fewer than 16 messages done while the next fetch is under way, the last one having
+    /// come back within a millisecond (`fetch_size(1)` under a backlog), keeps its acks
+    /// gathering with the next batches' until 16 are due or this has passed: one ack statement
+    /// for many fetches.
     #[must_use]
     pub fn ack_linger(mut self, linger: Duration) -> Self {
         self.worker.options.ack_linger = linger;

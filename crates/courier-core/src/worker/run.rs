@@ -48,6 +48,11 @@ const SHUTDOWN_SLACK: Duration = Duration::from_secs(1);
 /// messages instead of one each.
 const MIN_ACK_GATHER: usize = 16;
 
+/// A fetch that brought messages back within this found them waiting: a backlog, under which
+/// small batches gather their acks. An idle worker's fetch waits for its message longer, and
+/// its acks go at once (gathering would save nothing there, only hold the ack back).
+const BACKLOG_FETCH: Duration = Duration::from_millis(1);
+
 /// The shortest keepalive interval derived from a transport's redelivery window.
 const MIN_KEEPALIVE: Duration = Duration::from_millis(50);
 
@@ -235,6 +240,9 @@ impl Worker {
         let mut inflight: FuturesUnordered<Handling<'_>> = FuturesUnordered::new();
         // The next fetch: see [`Fetch`].
         let mut fetching: Option<Fetch> = None;
+        // When the fetch under way started, and whether the last one found a backlog.
+        let mut fetch_started = Instant::now();
+        let mut backlog = false;
         // When the next fetch may start (after an idle round or a failed get).
         let mut next_fetch: Option<Instant> = None;
         let mut stopped_at: Option<Instant> = None;
@@ -325,6 +333,7 @@ impl Worker {
                     // even where the broker pushes: reconnecting is real I/O, not a local take,
                     // and runs beside the loop like any other transport's fetch.
                     let pushed = all_pushed && state.error_backoff.failures() == 0;
+                    fetch_started = Instant::now();
                     fetching = Some(if pushed || (inflight.is_empty() && queue.is_empty()) {
                         // Nothing to overlap with (or nothing but a local take: `all_pushed`):
                         // poll it here, no task and no cross-thread wake-up (what one-at-a-time
@@ -387,12 +396,14 @@ impl Worker {
                     } else if queue.is_empty()
                         && inflight.is_empty()
                         && ack_chunk.is_none()
-                        && (fetching.is_none() || beside.ackers[r].pending() >= max_acks)
+                        && (fetching.is_none()
+                            || !backlog
+                            || beside.ackers[r].pending() >= max_acks)
                     {
                         // The batch is done and nothing else is under way: flush its acks now
-                        // rather than after the linger. While the next fetch is, small batches'
-                        // acks gather (up to `max_acks` or the linger): one ack statement for
-                        // several fetches, not one each.
+                        // rather than after the linger. While the next fetch is, under a backlog
+                        // (see `BACKLOG_FETCH`), small batches' acks gather (up to `max_acks` or
+                        // the linger): one ack statement for several fetches, not one each.
                         beside.ackers.iter_mut().for_each(Acker::flush);
                         lingering = false;
                     } else if beside.ackers[r].pending() >= max_acks {
@@ -410,7 +421,9 @@ impl Worker {
                 }
                 fetched = join_fetch(fetching.as_mut()), if fetching.is_some() => {
                     fetching = None;
+                    let queued = queue.len();
                     let delay = self.fetched(beside, fetched, &mut queue, all_block, state);
+                    backlog = queue.len() > queued && fetch_started.elapsed() <= BACKLOG_FETCH;
                     if let Some(delay) = delay {
                         let at = Instant::now() + delay;
                         next_fetch = Some(at);
