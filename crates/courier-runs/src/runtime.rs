@@ -440,8 +440,21 @@ impl Runtime {
     async fn run_queued_inner(&self, run_id: Uuid) -> Result<Outcome, RunError> {
         let store = &self.inner.store;
         let me = self.inner.worker.as_str();
-        // The claim returns the run it claimed: no second read.
-        let Some(run) = store.claim(run_id, me, self.inner.options.lease).await? else {
+        // The claim returns the run it claimed: no second read. One the store never answers (a
+        // connection a failover black-holed) is given up after a lease, like every call made
+        // under one: the error has the `RunAgent` message retried. A claim that did land left
+        // the run `running` under a lease that ran out meanwhile, for the reaper (or the retry).
+        let lease = self.inner.options.lease;
+        let claimed = tokio::time::timeout(lease, store.claim(run_id, me, lease))
+            .await
+            .map_err(|_| {
+                tracing::warn!(lease = ?lease, "the store left a claim unanswered for a whole lease; the message is retried");
+                StoreError::Database {
+                    context: "claiming a run",
+                    source: format!("no answer within the lease ({lease:?})").into(),
+                }
+            })??;
+        let Some(run) = claimed else {
             tracing::debug!("claim lost: not claimed");
             return Ok(Outcome::NotClaimed);
         };

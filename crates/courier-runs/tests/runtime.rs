@@ -688,7 +688,8 @@ async fn handler_never_fails_for_a_run_outcome_and_duplicates_are_harmless() {
 
 /// A memory store where, when `heartbeat_after_select`, a heartbeat lands right after the
 /// reaper's SELECT, and when `silent_renews` (`silent_appends`, `silent_settles`), a renew (a
-/// step's append, a settle) never answers (a connection black-holed by a failover).
+/// step's append, a settle) never answers (a connection black-holed by a failover); with
+/// `silent_claims`, a claim lands and its answer never comes back.
 #[derive(Debug, Default)]
 struct Tweaked {
     inner: MemoryRunStore,
@@ -696,6 +697,7 @@ struct Tweaked {
     silent_renews: bool,
     silent_appends: bool,
     silent_settles: bool,
+    silent_claims: bool,
 }
 
 #[courier_runs::async_trait]
@@ -731,7 +733,11 @@ impl RunStore for Tweaked {
         worker: &str,
         lease: Duration,
     ) -> Result<Option<Run>, StoreError> {
-        self.inner.claim(id, worker, lease).await
+        let claimed = self.inner.claim(id, worker, lease).await;
+        if self.silent_claims {
+            std::future::pending::<()>().await;
+        }
+        claimed
     }
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
         if self.silent_renews {
@@ -1020,6 +1026,7 @@ async fn a_heartbeat_unanswered_for_a_whole_lease_stops_the_run_as_a_lost_lease(
             ..Tweaked::default()
         },
         0,
+        lease_lost,
     )
     .await;
 }
@@ -1034,6 +1041,7 @@ async fn a_step_unanswered_for_a_whole_lease_stops_the_run_as_a_lost_lease() {
             ..Tweaked::default()
         },
         0,
+        lease_lost,
     )
     .await;
 }
@@ -1049,14 +1057,46 @@ async fn a_settle_unanswered_for_a_whole_lease_leaves_the_run_to_the_reaper() {
             ..Tweaked::default()
         },
         1,
+        lease_lost,
     )
     .await;
 }
 
+/// A claim the store never answers, though it landed (the run is `running`, owned by A), is
+/// given up after a lease as a store error, so the `RunAgent` message is retried; the run, its
+/// lease run out, goes back to the queue through the reaper. Nothing runs meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_claim_unanswered_for_a_whole_lease_is_given_up_and_the_run_left_to_the_reaper() {
+    stops_after_a_lease(
+        |inner| Tweaked {
+            inner,
+            silent_claims: true,
+            ..Tweaked::default()
+        },
+        0,
+        |outcome| {
+            let e = outcome.expect_err("a claim given up is an error: the message is retried");
+            assert!(
+                matches!(e, RunError::Store(_)) && e.to_string().contains("claiming a run"),
+                "{e}"
+            );
+        },
+    )
+    .await;
+}
+
+fn lease_lost(outcome: Result<Outcome, RunError>) {
+    assert_eq!(outcome.unwrap(), Outcome::LeaseLost);
+}
+
 /// Runs a two-step run over the store `tweak` makes of a memory store, with a lease of 30 s:
-/// it stops as a lost lease after one lease with `persisted` steps persisted and nothing
+/// it stops after one lease (`stopped` checks how) with `persisted` steps persisted and nothing
 /// settled, then the reaper requeues it.
-async fn stops_after_a_lease(tweak: impl FnOnce(MemoryRunStore) -> Tweaked, persisted: usize) {
+async fn stops_after_a_lease(
+    tweak: impl FnOnce(MemoryRunStore) -> Tweaked,
+    persisted: usize,
+    stopped: impl FnOnce(Result<Outcome, RunError>),
+) {
     let memory = MemoryRunStore::new();
     let store = Arc::new(tweak(memory.clone()));
     let lease = Duration::from_secs(30);
@@ -1073,9 +1113,8 @@ async fn stops_after_a_lease(tweak: impl FnOnce(MemoryRunStore) -> Tweaked, pers
     let started = Instant::now();
     let outcome = tokio::time::timeout(Duration::from_secs(600), rt.run_queued(id))
         .await
-        .expect("the worker waited on a store that never answers")
-        .unwrap();
-    assert_eq!(outcome, Outcome::LeaseLost);
+        .expect("the worker waited on a store that never answers");
+    stopped(outcome);
     let waited = started.elapsed();
     assert!(
         (lease..lease + Duration::from_secs(1)).contains(&waited),

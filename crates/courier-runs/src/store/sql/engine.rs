@@ -341,11 +341,11 @@ where
     ) -> Result<Option<Run>, StoreError> {
         if DB::DIALECT != Dialect::Mysql {
             // UPDATE ... RETURNING: a row back is the guard matched.
-            return sqlx::query_as(&self.q.claim)
+            let q = sqlx::query_as(&self.q.claim)
                 .bind(worker)
                 .bind(lease_ms(lease))
-                .bind(DB::id(id))
-                .fetch_optional(&self.pool)
+                .bind(DB::id(id));
+            return in_flight(q.fetch_optional(&self.pool))
                 .await
                 .map_err(rows_error("claim"));
         }
@@ -354,7 +354,7 @@ where
             .bind(worker)
             .bind(lease_ms(lease))
             .bind(DB::id(id));
-        if !self.matched("claim", q.execute(&self.pool).await)? {
+        if !self.matched("claim", in_flight(q.execute(&self.pool)).await)? {
             return Ok(None);
         }
         self.find(id).await
@@ -708,7 +708,7 @@ where
 }
 
 /// Runs a statement a worker run may give up on (a call unanswered for a whole lease, see
-/// `agent::within_lease`), as a [`courier_sql::InFlight`]: given up, the pool replaces the
+/// `agent::within_lease` and the claim in `Runtime::run_queued`), as a [`courier_sql::InFlight`]: given up, the pool replaces the
 /// connections of the silent path.
 async fn in_flight<T>(statement: impl std::future::Future<Output = T>) -> T {
     let in_flight = courier_sql::InFlight::start();
