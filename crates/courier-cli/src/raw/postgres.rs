@@ -239,3 +239,119 @@ pub(crate) async fn drain_rate(
         Duration::from_secs_f64(server_ms / 1000.0),
     ))
 }
+
+/// A relay's work done by the raw drivers in the naive loop, beside Courier's relay from a
+/// PostgreSQL outbox to Redis: in one transaction whose commit does not wait for the disk (as
+/// the relay's drains), take `batch` rows (`DELETE ... RETURNING` of the rows locked `FOR
+/// UPDATE SKIP LOCKED`, in the outbox's order), `XADD` each in one pipeline (its replies are
+/// the confirmations), then commit; again until the outbox is empty. Nothing overlaps.
+#[cfg(feature = "redis")]
+pub(crate) struct RawRelay {
+    raw: Raw,
+    redis: redis::aio::MultiplexedConnection,
+    stream: String,
+    take: String,
+    messages: u64,
+}
+
+#[cfg(feature = "redis")]
+impl RawRelay {
+    /// Fills an outbox queue of its own on `from` with `messages` bodies (untimed), then
+    /// `VACUUM ANALYZE`s the table, and opens a connection to `to` for a stream of its own.
+    pub(crate) async fn fill(from: &Dsn, to: &Dsn, messages: u64, body: &str) -> CliResult<Self> {
+        let redis_err = |e: redis::RedisError| CliError::runtime(format!("raw relay: {e}"));
+        let raw = Raw::connect(from, None).await?;
+        let t = from.option("table_name").unwrap_or("courier_messages");
+        let bodies: Vec<String> = (0..500).map(|_| body.to_owned()).collect();
+        let mut stored = 0;
+        while stored < messages {
+            let n = usize::try_from((messages - stored).min(500)).unwrap_or(500);
+            raw.send(&bodies[..n]).await?;
+            stored += n as u64;
+        }
+        sqlx::query(&format!("VACUUM ANALYZE {t}"))
+            .execute(&raw.pool)
+            .await
+            .map_err(err)?;
+        let client = redis::Client::open(to.expose_without_query()).map_err(redis_err)?;
+        let redis = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(redis_err)?;
+        Ok(Self {
+            take: format!(
+                "DELETE FROM {t} WHERE id = ANY(ARRAY(\
+                 SELECT id FROM {t} WHERE queue_name = $1 AND available_at <= {NOW} \
+                 AND (delivered_at IS NULL OR delivered_at < {NOW} - 3600000) \
+                 ORDER BY priority DESC, available_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+                 RETURNING id, body, headers"
+            ),
+            raw,
+            redis,
+            stream: format!("courier_raw_relay_{}", fastrand::u32(..)),
+            messages,
+        })
+    }
+
+    /// Relays the whole outbox, `batch` rows at a time (the part to time).
+    pub(crate) async fn run(&mut self, batch: usize) -> CliResult {
+        let redis_err = |e: redis::RedisError| CliError::runtime(format!("raw relay: {e}"));
+        let mut left = self.messages;
+        while left > 0 {
+            let mut tx = self
+                .raw
+                .pool
+                .begin_with("BEGIN; SET LOCAL synchronous_commit TO OFF")
+                .await
+                .map_err(err)?;
+            let rows = sqlx::query(&self.take)
+                .bind(&self.raw.queue)
+                .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err)?;
+            if rows.is_empty() {
+                return Err(CliError::runtime(format!(
+                    "raw relay: the outbox ran out with {left} messages still to relay"
+                )));
+            }
+            let mut taken = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let id: i64 = row.try_get("id").map_err(err)?;
+                let body: String = row.try_get("body").map_err(err)?;
+                let headers: String = row.try_get("headers").map_err(err)?;
+                taken.push((id, body, headers));
+            }
+            taken.sort_unstable_by_key(|(id, _, _)| *id);
+            let mut pipe = redis::pipe();
+            for (id, body, headers) in &taken {
+                pipe.cmd("XADD")
+                    .arg(&self.stream)
+                    .arg("*")
+                    .arg("id")
+                    .arg(*id)
+                    .arg("body")
+                    .arg(body)
+                    .arg("headers")
+                    .arg(headers);
+            }
+            let confirmed: Vec<String> =
+                pipe.query_async(&mut self.redis).await.map_err(redis_err)?;
+            if confirmed.len() != taken.len() {
+                return Err(CliError::runtime("raw relay: an XADD went unconfirmed"));
+            }
+            tx.commit().await.map_err(err)?;
+            left = left.saturating_sub(taken.len() as u64);
+        }
+        Ok(())
+    }
+
+    /// Removes the stream it filled.
+    pub(crate) async fn cleanup(mut self) {
+        let _: Result<(), _> = redis::cmd("DEL")
+            .arg(&self.stream)
+            .query_async(&mut self.redis)
+            .await;
+        self.raw.pool.close().await;
+    }
+}

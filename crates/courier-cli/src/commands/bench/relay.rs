@@ -7,7 +7,9 @@
 //! outbox's own ceiling, what no destination can raise; on PostgreSQL, then the server's own
 //! share of that ceiling: the execution time of the relay's drain (its lock and its delete, as
 //! one statement) over the same rows
-//! (`EXPLAIN ANALYZE`, no round trip, no commit). Medians over `--rounds`.
+//! (`EXPLAIN ANALYZE`, no round trip, no commit); and from PostgreSQL to Redis, the raw drivers
+//! doing the relay's work in the naive loop (sqlx and redis-rs: take a batch, `XADD` it in one
+//! pipeline, commit; `raw::postgres::RawRelay`). Medians over `--rounds`.
 //!
 //! Beside each rate, the machine-wide CPU time each phase spent per message (client and
 //! servers alike, see [`super::cpu`]) and Courier's own share of it (the rest is the
@@ -118,8 +120,12 @@ async fn rounds(
             from_dsn, to_dsn, args.size
         );
     }
-    let (mut direct, mut relayed, mut alone) =
-        (Phase::default(), Phase::default(), Phase::default());
+    let (mut direct, mut relayed, mut alone, mut raw) = (
+        Phase::default(),
+        Phase::default(),
+        Phase::default(),
+        Phase::default(),
+    );
     let mut floor = Vec::new();
     let memory: Arc<dyn Transport> = Arc::new(InMemoryTransport::new());
     for _ in 0..rounds {
@@ -137,9 +143,12 @@ async fn rounds(
         if let Some(rate) = raw_drain(from_dsn, messages, batch, &body).await? {
             floor.push(rate);
         }
+        raw_relay(from_dsn, to_dsn, messages, batch, &body, &mut raw).await?;
     }
-    let (cpu_direct, cpu_relayed, cpu_alone) = (direct.cpu(), relayed.cpu(), alone.cpu());
+    let (cpu_direct, cpu_relayed, cpu_alone, cpu_raw) =
+        (direct.cpu(), relayed.cpu(), alone.cpu(), raw.cpu());
     let (direct, relayed, alone) = (direct.rate(), relayed.rate(), alone.rate());
+    let raw = (!raw.rates.is_empty()).then(|| raw.rate());
     let ratio = relayed / direct;
     let floor = (!floor.is_empty()).then(|| median(&mut floor));
     if cli.format == Format::Json {
@@ -153,9 +162,10 @@ async fn rounds(
             "messages": messages, "size": args.size, "batch_size": batch, "rounds": rounds,
             "direct_send_per_s": direct, "relay_per_s": relayed, "ratio": ratio,
             "outbox_alone_per_s": alone, "drain_execution_per_s": floor,
+            "raw_relay_per_s": raw,
             "cpu": {
                 "direct_send": cpu(cpu_direct), "relay": cpu(cpu_relayed),
-                "outbox_alone": cpu(cpu_alone),
+                "outbox_alone": cpu(cpu_alone), "raw_relay": cpu(cpu_raw),
             },
         }))
     } else {
@@ -178,6 +188,14 @@ async fn rounds(
             alone / direct,
             cpu(cpu_alone)
         );
+        if let Some(raw) = raw {
+            println!(
+                "raw relay (sqlx + redis): {raw:>8.0} msg/s  (the drivers doing the relay's work in the naive loop: {:.2}x the destination; Courier's relay {:.2}x this){}",
+                raw / direct,
+                relayed / raw,
+                cpu(cpu_raw)
+            );
+        }
         if let Some(floor) = floor {
             println!(
                 "drain statements alone: {floor:>10.0} msg/s  (the server's execution time of the relay's lock and DELETE ... RETURNING as one statement, no round trip, no commit: {:.2}x the destination)",
@@ -199,6 +217,32 @@ async fn raw_drain(dsn: &Dsn, messages: u64, batch: usize, body: &str) -> CliRes
             .map(Some),
         _ => Ok(None),
     }
+}
+
+/// From a PostgreSQL outbox to Redis, the raw drivers doing the relay's work in the naive loop
+/// (see `raw::postgres::RawRelay`): fills an outbox of its own (untimed), then times relaying
+/// it, into `phase`. Nothing for other pairs.
+async fn raw_relay(
+    from: &Dsn,
+    to: &Dsn,
+    messages: u64,
+    batch: usize,
+    body: &str,
+    phase: &mut Phase,
+) -> CliResult {
+    let _ = (messages, batch, body, &phase);
+    #[cfg(all(feature = "postgres", feature = "redis"))]
+    if matches!(from.scheme(), "postgres" | "postgresql") && matches!(to.scheme(), "redis") {
+        let mut raw = crate::raw::postgres::RawRelay::fill(from, to, messages, body).await?;
+        let (started, cpu) = (Instant::now(), CpuClock::now());
+        let relayed = raw.run(batch).await;
+        phase.push(messages, started.elapsed(), cpu.and_then(|c| c.spent()));
+        raw.cleanup().await;
+        relayed?;
+    }
+    #[cfg(not(all(feature = "postgres", feature = "redis")))]
+    let _ = (from, to);
+    Ok(())
 }
 
 /// Fills the outbox (untimed), then times one relay forwarding all of it to `to`, into `phase`.
