@@ -238,8 +238,9 @@ fn bench_runs_on_postgres_counts_statements_per_run() {
     not(feature = "postgres"),
     allow(dead_code, reason = "used by the service test")
 )]
-/// `bench --relay` as JSON: the destination's own send, the relay, the outbox's ceiling and (on
-/// PostgreSQL) the drain statements' execution time.
+/// `bench --relay` as JSON: the destination's own send, the relay, the outbox's ceiling, (on
+/// PostgreSQL) the drain statements' execution time and (from PostgreSQL to Redis) the raw
+/// drivers relaying the same way.
 fn relay_beside_direct_send(from: &str, to: &str) -> Value {
     let env = Env::empty();
     let out = env
@@ -277,6 +278,11 @@ fn relay_beside_direct_send(from: &str, to: &str) -> Value {
         assert!(positive(&out["drain_execution_per_s"]), "{out}");
     } else {
         assert!(out["drain_execution_per_s"].is_null(), "{out}");
+    }
+    if from.starts_with("postgres") && to.starts_with("redis") {
+        assert!(positive(&out["raw_relay_per_s"]), "{out}");
+    } else {
+        assert!(out["raw_relay_per_s"].is_null(), "{out}");
     }
     // Each phase's machine-wide CPU cost and Courier's share (Linux's /proc; 300 messages
     // may take no tick).
