@@ -39,12 +39,16 @@ impl Forwarder {
                 let frozen = frozen.clone();
                 let tunnel = tokio::spawn(async move {
                     if let Ok(mut server) = TcpStream::connect(&target).await {
+                        // The freeze is looked at first: polled the other way round, a
+                        // statement written just after `freeze` could still be forwarded (and
+                        // run) before the freeze is seen, only its answer held back.
                         tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                            biased;
                             () = frozen.notified() => {
                                 // Both sockets stay open, and nothing crosses any more.
                                 std::future::pending::<()>().await;
                             }
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
                         }
                     }
                 });

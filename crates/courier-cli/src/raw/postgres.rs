@@ -72,6 +72,27 @@ impl Raw {
     }
 }
 
+impl Raw {
+    /// A queue of its own on `dsn` holding `messages` bodies, then the table `VACUUM ANALYZE`d:
+    /// as a relay's planner sees it at best, analyzed, without earlier dead rows.
+    async fn filled(dsn: &Dsn, messages: u64, body: &str) -> CliResult<Self> {
+        let raw = Self::connect(dsn, None).await?;
+        let t = dsn.option("table_name").unwrap_or("courier_messages");
+        let bodies: Vec<String> = (0..500).map(|_| body.to_owned()).collect();
+        let mut stored = 0;
+        while stored < messages {
+            let n = usize::try_from((messages - stored).min(500)).unwrap_or(500);
+            raw.send(&bodies[..n]).await?;
+            stored += n as u64;
+        }
+        sqlx::query(&format!("VACUUM ANALYZE {t}"))
+            .execute(&raw.pool)
+            .await
+            .map_err(err)?;
+        Ok(raw)
+    }
+}
+
 #[courier_core::async_trait]
 impl Driver for Raw {
     async fn send(&self, bodies: &[String]) -> CliResult {
@@ -180,21 +201,9 @@ pub(crate) async fn drain_rate(
     batch: usize,
     body: &str,
 ) -> CliResult<f64> {
-    let raw = Raw::connect(dsn, None).await?;
+    let raw = Raw::filled(dsn, messages, body).await?;
     let t = dsn.option("table_name").unwrap_or("courier_messages");
-    let bodies: Vec<String> = (0..500).map(|_| body.to_owned()).collect();
-    let mut stored = 0;
-    while stored < messages {
-        let n = usize::try_from((messages - stored).min(500)).unwrap_or(500);
-        raw.send(&bodies[..n]).await?;
-        stored += n as u64;
-    }
     let mut conn = raw.pool.acquire().await.map_err(err)?;
-    // The table as a relay's planner sees it at best: analyzed, without earlier dead rows.
-    sqlx::query(&format!("VACUUM ANALYZE {t}"))
-        .execute(&mut *conn)
-        .await
-        .map_err(err)?;
     // The queue is ours (`bench_raw_<number>`) and the limit a number: written into the text,
     // so the statement needs no parameters under EXPLAIN.
     let drain = format!(
@@ -260,19 +269,8 @@ impl RawRelay {
     /// `VACUUM ANALYZE`s the table, and opens a connection to `to` for a stream of its own.
     pub(crate) async fn fill(from: &Dsn, to: &Dsn, messages: u64, body: &str) -> CliResult<Self> {
         let redis_err = |e: redis::RedisError| CliError::runtime(format!("raw relay: {e}"));
-        let raw = Raw::connect(from, None).await?;
+        let raw = Raw::filled(from, messages, body).await?;
         let t = from.option("table_name").unwrap_or("courier_messages");
-        let bodies: Vec<String> = (0..500).map(|_| body.to_owned()).collect();
-        let mut stored = 0;
-        while stored < messages {
-            let n = usize::try_from((messages - stored).min(500)).unwrap_or(500);
-            raw.send(&bodies[..n]).await?;
-            stored += n as u64;
-        }
-        sqlx::query(&format!("VACUUM ANALYZE {t}"))
-            .execute(&raw.pool)
-            .await
-            .map_err(err)?;
         let client = redis::Client::open(to.expose_without_query()).map_err(redis_err)?;
         let redis = client
             .get_multiplexed_async_connection()
