@@ -88,14 +88,15 @@ impl Setup {
     }
 }
 
-async fn setup(destination: &str) -> Setup {
+/// `outbox_options`: DSN options of the outbox (`&cursor=true`: a cursor outbox).
+async fn setup(destination: &str, outbox_options: &str) -> Setup {
     let dir = std::env::temp_dir().join(unique_name("courier_outbox_crash"));
     std::fs::create_dir_all(&dir).unwrap();
     let outbox_table = unique_name("outbox_t");
     let effects = unique_name("outbox_effects");
     let inbox = unique_name("outbox_inbox");
     let outbox_dsn = format!(
-        "{}?table_name={outbox_table}&queue_name=outbox&redeliver_timeout=2s",
+        "{}?table_name={outbox_table}&queue_name=outbox&redeliver_timeout=2s{outbox_options}",
         postgres_url()
     );
     let config = dir.join("courier.toml");
@@ -148,8 +149,8 @@ async fn setup(destination: &str) -> Setup {
     }
 }
 
-async fn every_committed_order_is_handled_exactly_once(destination: String) {
-    let s = setup(&destination).await;
+async fn every_committed_order_is_handled_exactly_once(destination: String, outbox_options: &str) {
+    let s = setup(&destination, outbox_options).await;
     let relay = [
         "relay",
         "--from",
@@ -224,10 +225,29 @@ async fn every_committed_order_is_handled_exactly_once(destination: String) {
 #[ignore = "needs PostgreSQL and Redis: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_REDIS_URL"]
 async fn postgres_outbox_to_redis_survives_relay_and_consumer_kills() {
     let stream = unique_name("outbox_stream");
-    every_committed_order_is_handled_exactly_once(format!(
-        "{}?stream={stream}&redeliver_timeout=2s&claim_interval=200ms",
-        redis_url()
-    ))
+    every_committed_order_is_handled_exactly_once(
+        format!(
+            "{}?stream={stream}&redeliver_timeout=2s&claim_interval=200ms",
+            redis_url()
+        ),
+        "",
+    )
+    .await;
+}
+
+/// The same with a cursor outbox (`cursor=true`): the relay reads by a cursor, and the killed
+/// relay's cursor is free at once for the next (a lock of its session, which dies with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Redis: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_REDIS_URL"]
+async fn postgres_cursor_outbox_to_redis_survives_relay_and_consumer_kills() {
+    let stream = unique_name("outbox_stream");
+    every_committed_order_is_handled_exactly_once(
+        format!(
+            "{}?stream={stream}&redeliver_timeout=2s&claim_interval=200ms",
+            redis_url()
+        ),
+        "&cursor=true",
+    )
     .await;
 }
 
@@ -235,10 +255,10 @@ async fn postgres_outbox_to_redis_survives_relay_and_consumer_kills() {
 #[ignore = "needs PostgreSQL and RabbitMQ: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_AMQP_URL"]
 async fn postgres_outbox_to_rabbitmq_survives_relay_and_consumer_kills() {
     let queue = unique_name("outbox_queue");
-    every_committed_order_is_handled_exactly_once(format!(
-        "{}?exchange={queue}&queues={queue}",
-        amqp_url()
-    ))
+    every_committed_order_is_handled_exactly_once(
+        format!("{}?exchange={queue}&queues={queue}", amqp_url()),
+        "",
+    )
     .await;
 }
 
@@ -246,9 +266,9 @@ async fn postgres_outbox_to_rabbitmq_survives_relay_and_consumer_kills() {
 #[ignore = "needs PostgreSQL and NATS: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_NATS_URL"]
 async fn postgres_outbox_to_nats_survives_relay_and_consumer_kills() {
     let stream = unique_name("outbox_stream");
-    every_committed_order_is_handled_exactly_once(format!(
-        "{}?stream={stream}&ack_wait=2s",
-        nats_url()
-    ))
+    every_committed_order_is_handled_exactly_once(
+        format!("{}?stream={stream}&ack_wait=2s", nats_url()),
+        "",
+    )
     .await;
 }

@@ -34,6 +34,14 @@
 //! nobody, vacuum free to run), resends the refused batch from memory until the destination
 //! takes it, deletes its rows by id, and drains on from there, in order.
 //!
+//! A source read by a cursor ([`Transport::as_cursor`]: SQL on PostgreSQL with `cursor=true`)
+//! is read a third way, the cheapest: the relay takes the source's cursor (one relay at a
+//! time; another waits until it lets go, at once when it dies), reads each batch past it
+//! without writing anything, and once the destination confirmed a batch moves the cursor past
+//! it, which deletes its rows as one range. The stages overlap as for `get`: while batch `k` is
+//! sent, the cursor moves past `k - 1` and `k + 1` is read. What is left of a message's delay
+//! travels on as its [`DelayStamp`], for the destination to serve.
+//!
 //! A crash after a confirmation and before the ack sends the batch again once the source's
 //! redelivery window passes, or at once from a draining source (at least once; an inbox on the
 //! consumer side makes it exactly once). Envelopes travel with
@@ -84,8 +92,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    Backoff, DelayStamp, DeliveryTagStamp, Drain, Drained, Envelope, ReceivedStamp, SentStamp,
-    Transport, TransportError, TransportMessageIdStamp,
+    Backoff, CursorPosition, CursorSource, DelayStamp, DeliveryTagStamp, Drain, Drained, Envelope,
+    ReceivedStamp, SentStamp, Transport, TransportError, TransportMessageIdStamp,
 };
 
 /// From a draining source, the batches drained ahead of the one being sent, at most (each
@@ -98,6 +106,9 @@ const DRAINS_AHEAD: usize = 2;
 /// window (a fetch waits it for its first message), and than a few sends and commits of
 /// batches drained ahead.
 const MIN_HOLD_BOUND: Duration = crate::transport::NO_ANSWER_AFTER;
+
+/// How often a relay waiting for a cursor another holds tries to take it.
+const CURSOR_RETAKE: Duration = Duration::from_secs(2);
 
 /// Resolves once `newest` holds its rows (never without one).
 async fn held(newest: Option<&Notify>) {
@@ -290,7 +301,7 @@ impl Relay {
         if batch.is_empty() {
             return Ok(0);
         }
-        self.to.send_batch(outgoing(&batch)).await?;
+        self.to.send_batch(outgoing(&batch, false)).await?;
         self.pause(RelayPoint::AfterConfirm).await;
         self.from.ack_batch(&batch).await?;
         self.done(batch.len());
@@ -312,6 +323,9 @@ impl Relay {
     /// (delivered again after its redelivery window), so the relay stops there rather than
     /// skip them.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<RelayStats, TransportError> {
+        if let Some(cursor) = self.from.as_cursor() {
+            return self.run_cursor(cursor, &shutdown).await;
+        }
         if let Some(drain) = self.from.as_drain() {
             return self.run_drained(drain, &shutdown).await;
         }
@@ -330,7 +344,7 @@ impl Relay {
                 next_lag = Instant::now() + self.options.lag_every;
             }
             let (sent, next) = tokio::join!(
-                self.send(&sending, true, &shutdown),
+                self.send(&sending, true, false, &shutdown),
                 self.ack_and_fetch(&acking, want, &shutdown),
             );
             let next = next?;
@@ -353,6 +367,179 @@ impl Relay {
             }
             left = left.saturating_sub(next.len() as u64);
             acking = std::mem::replace(&mut sending, next);
+        }
+    }
+
+    /// [`run`](Self::run) on a source read by a cursor ([`CursorSource`]: SQL on PostgreSQL
+    /// with `cursor=true`). Takes the source's cursor (waiting while another relay holds it),
+    /// then pipelines like [`run`](Self::run): while batch `k` is sent, the cursor moves past
+    /// batch `k - 1` (confirmed; the source removes its messages) and batch `k + 1` is read;
+    /// the lease is renewed meanwhile. A relay whose lease broke (its session to the source
+    /// ended) takes the cursor again and goes on from where it stands, sending again what it
+    /// had sent past it (at least once).
+    async fn run_cursor(
+        &self,
+        source: &dyn CursorSource,
+        shutdown: &CancellationToken,
+    ) -> Result<RelayStats, TransportError> {
+        let owner = crate::worker::default_worker_id();
+        let mut stats = RelayStats::default();
+        let mut left = self.options.limit.unwrap_or(u64::MAX);
+        let mut waits = self.options.backoff.attempts();
+        loop {
+            if self.wanted(left, shutdown) == 0 {
+                return Ok(stats);
+            }
+            let Some(lease) = self.take_cursor(source, &owner, shutdown).await? else {
+                return Ok(stats);
+            };
+            let before = stats.relayed;
+            let lost = match self
+                .cursor_pipeline(source, lease, shutdown, &mut left, &mut stats)
+                .await?
+            {
+                None => return Ok(stats),
+                Some(lost) => lost,
+            };
+            if stats.relayed > before {
+                waits.succeeded();
+            }
+            if shutdown.is_cancelled() {
+                return Err(lost);
+            }
+            self.wait("holding the cursor", &lost, &mut waits, shutdown)
+                .await;
+        }
+    }
+
+    /// Takes the cursor of `source`, waiting while another relay holds it; `None` once shut
+    /// down meanwhile.
+    async fn take_cursor(
+        &self,
+        source: &dyn CursorSource,
+        owner: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Box<dyn crate::CursorLease>>, TransportError> {
+        let lease = self.hold_bound();
+        let mut told = false;
+        loop {
+            let taken = self
+                .retrying("taking the cursor", shutdown, |_| {
+                    self.bounded("taking the cursor", source.acquire(owner, lease))
+                })
+                .await;
+            match taken {
+                Ok(Some(held)) => {
+                    if told {
+                        tracing::info!(from = %self.from_name, to = %self.to_name, "relay: took the outbox's cursor");
+                    }
+                    return Ok(Some(held));
+                }
+                Ok(None) => {}
+                Err(e) if e.is_transient() && shutdown.is_cancelled() => return Ok(None),
+                Err(e) => return Err(e),
+            }
+            if !told {
+                told = true;
+                tracing::info!(from = %self.from_name, to = %self.to_name,
+                    "relay: another relay holds the outbox's cursor; waiting until it lets go");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(CURSOR_RETAKE.min(lease)) => {}
+                () = shutdown.cancelled() => return Ok(None),
+            }
+        }
+    }
+
+    /// The stages of [`run_cursor`](Self::run_cursor) under `lease`, until every message
+    /// asked for is relayed or shut down (`None`), or the lease failed (the error: the cursor
+    /// is taken again).
+    async fn cursor_pipeline(
+        &self,
+        source: &dyn CursorSource,
+        mut lease: Box<dyn crate::CursorLease>,
+        shutdown: &CancellationToken,
+        left: &mut u64,
+        stats: &mut RelayStats,
+    ) -> Result<Option<TransportError>, TransportError> {
+        let renew_every = self.hold_bound() / 4;
+        let mut next_lag = Instant::now();
+        // Batch k (read, sent this step) with the position just after it, and batch k - 1
+        // (confirmed: the cursor moves past it this step).
+        let (mut sending, mut sent_to) = (Vec::new(), lease.position());
+        let mut confirmed: Option<(usize, CursorPosition)> = None;
+        loop {
+            let want = self.wanted(*left, shutdown);
+            if want == 0 && sending.is_empty() && confirmed.is_none() {
+                return Ok(None);
+            }
+            if Instant::now() >= next_lag {
+                self.sample_lag().await;
+                next_lag = Instant::now() + self.options.lag_every;
+            }
+            let stage_done = Notify::new();
+            let (moved, (sent, next)) = tokio::join!(
+                async {
+                    // The move first, then renewals until the rest of the stage is done (a
+                    // send may wait out a destination outage): the lease never lapses while
+                    // this relay is alive and can reach the source.
+                    if let Some((_, to)) = confirmed {
+                        self.bounded("moving the cursor", lease.advance(to)).await?;
+                    }
+                    loop {
+                        tokio::select! {
+                            () = stage_done.notified() => return Ok::<_, TransportError>(()),
+                            () = tokio::time::sleep(renew_every) => {
+                                self.bounded("renewing the cursor's lease", lease.renew()).await?;
+                            }
+                        }
+                    }
+                },
+                async {
+                    let done = tokio::join!(self.send(&sending, false, true, shutdown), async {
+                        if want == 0 {
+                            return Ok((Vec::new(), sent_to));
+                        }
+                        self.retrying("reading", shutdown, |_| {
+                            self.bounded("reading", source.read(sent_to, want))
+                        })
+                        .await
+                        .or_else(|e| {
+                            if e.is_transient() && shutdown.is_cancelled() {
+                                Ok((Vec::new(), sent_to))
+                            } else {
+                                Err(e)
+                            }
+                        })
+                    },);
+                    stage_done.notify_one();
+                    done
+                },
+            );
+            if let Err(e) = moved {
+                if !e.is_transient() {
+                    return Err(e);
+                }
+                // The lease broke: what was sent since the last move is sent again from where
+                // the cursor stands, by this relay once it holds it again, or by another.
+                tracing::warn!(from = %self.from_name, to = %self.to_name, error = %crate::error_chain(&e),
+                    "relay: the outbox's cursor lease failed; taking the cursor again");
+                let unmoved = confirmed.map_or(0, |(n, _)| n) + sending.len();
+                *left = left.saturating_add(unmoved as u64);
+                return Ok(Some(e));
+            }
+            if let Some((n, _)) = confirmed.take() {
+                self.count(Some(n), stats);
+                self.pause(RelayPoint::AfterDelete).await;
+            }
+            sent?;
+            if !sending.is_empty() {
+                self.pause(RelayPoint::AfterConfirm).await;
+                confirmed = Some((sending.len(), sent_to));
+            }
+            let (next, to) = next?;
+            *left = left.saturating_sub(next.len() as u64);
+            (sending, sent_to) = (next, to);
         }
     }
 
@@ -449,7 +636,7 @@ impl Relay {
                     let envelopes = &batch.envelopes;
                     let sent = tokio::time::timeout(
                         self.options.hold_limit,
-                        self.send(envelopes, false, shutdown),
+                        self.send(envelopes, false, false, shutdown),
                     )
                     .await
                     .map_or(Ok(false), |sent| sent.map(|_| true));
@@ -559,7 +746,7 @@ impl Relay {
         tracing::warn!(from = %self.from_name, to = %self.to_name, messages = envelopes.len(),
             hold_limit_ms = u64::try_from(self.options.hold_limit.as_millis()).unwrap_or(u64::MAX),
             "relay: the destination is still refusing; the held batch went back to the source, and is resent from memory until the destination takes it");
-        self.send(&envelopes, false, shutdown).await?;
+        self.send(&envelopes, false, false, shutdown).await?;
         self.retrying("deleting a resent batch", shutdown, |_| {
             self.from.ack_batch(&envelopes)
         })
@@ -630,10 +817,13 @@ impl Relay {
     /// Sends a fetched batch to the destination, retrying transient failures (with the batch
     /// kept alive at the source when `keepalive`: a claimed batch, each attempt bounded by the
     /// hold limit; a drained one is held by its transaction); returns whether it took a retry.
+    /// `keep_delay`: the batch's [`DelayStamp`]s are what is left of each delay (a cursor
+    /// source's), for the destination to serve; otherwise the source served them.
     async fn send(
         &self,
         batch: &[Envelope],
         keepalive: bool,
+        keep_delay: bool,
         shutdown: &CancellationToken,
     ) -> Result<bool, TransportError> {
         if batch.is_empty() {
@@ -643,7 +833,7 @@ impl Relay {
         self.retrying("sending", shutdown, |again| {
             retried |= again;
             // Copied for each attempt (the destination takes its batch by value).
-            let sending = outgoing(batch);
+            let sending = outgoing(batch, keep_delay);
             async move {
                 if again
                     && keepalive
@@ -810,17 +1000,22 @@ impl Relay {
 }
 
 /// The envelopes to send for a fetched batch: every stamp but those of the source delivery and
-/// the served delay.
-fn outgoing(batch: &[Envelope]) -> Vec<Envelope> {
+/// the served delay (`keep_delay`: the delay left, from a cursor source, is kept).
+fn outgoing(batch: &[Envelope], keep_delay: bool) -> Vec<Envelope> {
     batch
         .iter()
         .map(|e| {
-            e.clone()
+            let e = e
+                .clone()
                 .without_all::<ReceivedStamp>()
                 .without_all::<TransportMessageIdStamp>()
                 .without_all::<DeliveryTagStamp>()
-                .without_all::<SentStamp>()
-                .without_all::<DelayStamp>()
+                .without_all::<SentStamp>();
+            if keep_delay {
+                e
+            } else {
+                e.without_all::<DelayStamp>()
+            }
         })
         .collect()
 }

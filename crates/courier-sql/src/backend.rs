@@ -115,6 +115,40 @@ impl Wake {
     }
 }
 
+/// A cursor outbox's statements (PostgreSQL with `cursor=true`, see
+/// [`courier_core::CursorSource`]). Positions are (writing transaction id, row id).
+#[async_trait]
+pub(crate) trait CursorRows: Send + Sync + Debug {
+    /// Gives the queue's rows written without a transaction id one (the current
+    /// transaction's, after every position read so far); returns how many.
+    async fn adopt(&self) -> Result<u64, sqlx::Error>;
+    /// Opens a session of its own, ended by the server once it sits silent `lease`, and takes
+    /// the queue's cursor there for `owner`: the session and the cursor's position; `None`
+    /// while another session holds it.
+    async fn acquire(
+        &self,
+        owner: &str,
+        lease: std::time::Duration,
+    ) -> Result<Option<(Box<dyn CursorSession>, (i64, i64))>, sqlx::Error>;
+    /// Up to `max` rows after `after` whose writing transaction is older than every running
+    /// one, in order, each with its transaction id and the milliseconds left of its delay.
+    async fn read(
+        &self,
+        after: (i64, i64),
+        max: usize,
+    ) -> Result<Vec<(StoredRow, i64, i64)>, sqlx::Error>;
+}
+
+/// The session holding a cursor outbox's cursor (see [`CursorRows::acquire`]); dropping it
+/// closes the session, and the cursor is free.
+#[async_trait]
+pub(crate) trait CursorSession: Send {
+    /// Moves the cursor to `to`, deleting the rows it passes.
+    async fn advance(&mut self, to: (i64, i64)) -> Result<(), sqlx::Error>;
+    /// One round trip, so that the server does not end the session as silent.
+    async fn renew(&mut self) -> Result<(), sqlx::Error>;
+}
+
 /// The message table on one database. Every method is one statement or one short transaction;
 /// the caller retries transient errors.
 #[async_trait]
@@ -157,6 +191,10 @@ pub(crate) trait Backend: Send + Sync + Debug {
         _hold_for: std::time::Duration,
         _held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
+        None
+    }
+    /// The cursor outbox statements (PostgreSQL with `cursor=true`); elsewhere `None`.
+    fn cursor(&self) -> Option<&dyn CursorRows> {
         None
     }
     /// Milliseconds from the database's now until the next row becomes claimable (`<= 0`: one

@@ -7,12 +7,13 @@ use std::time::Duration;
 use courier_core::{Backoff, Jitter, TransportError, TransportErrorKind};
 
 /// Database error codes worth retrying: PostgreSQL SQLSTATEs (serialization failure, deadlock,
-/// lock not available, admin shutdown / terminated backend, connection exceptions), MySQL /
+/// lock not available, admin shutdown / terminated backend, a session ended as idle, connection
+/// exceptions), MySQL /
 /// MariaDB SQLSTATEs (`40001` deadlock, `08S01` link failure, `70100` connection killed), and
 /// SQLite extended result codes (`SQLITE_BUSY*`, `SQLITE_LOCKED*`).
 const TRANSIENT_CODES: &[&str] = &[
     "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "08000", "08001", "08003", "08004",
-    "08006", "08S01", "70100", "HYT00", "5", "6", "261", "262", "517", "773",
+    "08006", "08S01", "70100", "HYT00", "5", "6", "261", "262", "517", "773", "57P05", "25P03",
 ];
 
 /// MySQL / MariaDB error numbers worth retrying (their SQLSTATE is the generic `HY000`):

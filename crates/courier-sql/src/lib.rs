@@ -50,6 +50,10 @@
 //! ([`RateLimiter`](courier_core::RateLimiter), for `rate_limit` on a transport):
 //! `<table>_limits` ([`limits_table`], migration `0008`, recorded there too), one row per queue
 //! taken from by one upsert on the database clock.
+//! On PostgreSQL, a queue opened with `cursor=true` is a cursor outbox ([`SqlOptions::cursor`],
+//! migration `0009`): its rows record the transaction that wrote them (`relay_tx`, in a partial
+//! index that other queues' rows stay out of), and `<table>_cursors` holds each such queue's
+//! cursor and the lease of the relay reading it.
 //!
 //! # Behaviour
 //!

@@ -72,6 +72,12 @@ pub(crate) trait MessageDialect: SqlDatabase {
         None
     }
 
+    /// The cursor outbox statements, where the dialect and options have them (PostgreSQL with
+    /// `cursor=true`).
+    fn cursor(_m: &Messages<Self>) -> Option<&dyn crate::backend::CursorRows> {
+        None
+    }
+
     /// Runs `head` (a `DELETE FROM t` or `UPDATE t SET ...`) for these deliveries in one
     /// statement of the dialect's own (PostgreSQL: arrays); `None`: the caller uses the portable
     /// grouped predicate.
@@ -519,6 +525,10 @@ where
         held: &tokio::sync::Notify,
     ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
         DB::drain(self, name, max, hold_for, held).await
+    }
+
+    fn cursor(&self) -> Option<&dyn crate::backend::CursorRows> {
+        DB::cursor(self)
     }
 
     async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error> {

@@ -57,16 +57,26 @@ pub struct Migrations {
 /// The message table's migrations (placeholder `{messages}`).
 pub static MESSAGES: Migrations = Migrations {
     main: "{messages}",
-    list: &[Migration {
-        version: 1,
-        description: "courier messages",
-        sqlite: include_str!("../migrations/sqlite/0001_courier_messages.sql"),
-        postgres: include_str!("../migrations/postgres/0001_courier_messages.sql"),
-        mysql: Some(include_str!(
-            "../migrations/mysql/0001_courier_messages.sql"
-        )),
-        present_when: None,
-    }],
+    list: &[
+        Migration {
+            version: 1,
+            description: "courier messages",
+            sqlite: include_str!("../migrations/sqlite/0001_courier_messages.sql"),
+            postgres: include_str!("../migrations/postgres/0001_courier_messages.sql"),
+            mysql: Some(include_str!(
+                "../migrations/mysql/0001_courier_messages.sql"
+            )),
+            present_when: None,
+        },
+        Migration {
+            version: 9,
+            description: "courier messages cursor",
+            sqlite: "",
+            postgres: include_str!("../migrations/postgres/0009_courier_messages_cursor.sql"),
+            mysql: None,
+            present_when: None,
+        },
+    ],
 };
 
 /// The worker registry's migrations (placeholder `{workers}`), beside each message table.

@@ -12,7 +12,8 @@ use crate::dialect::{invalid_table_name, is_valid_identifier};
 /// From a DSN query: `table_name`, `queue_name`, `redeliver_timeout`, `auto_setup`,
 /// `poll_window`, `max_connections`, `min_connections`, `acquire_timeout`, `worker_stale_after`
 /// (the worker registry's), `serializer` (`json`, the default, or `msgpack`: see
-/// [`Serializer`](courier_core::Serializer)), and on SQLite `busy_timeout`. Durations are
+/// [`Serializer`](courier_core::Serializer)), on PostgreSQL `cursor` (a cursor outbox, see
+/// [`SqlOptions::cursor`]), and on SQLite `busy_timeout`. Durations are
 /// humantime strings (`250ms`, `30s`, `1h`).
 ///
 /// ```
@@ -43,6 +44,7 @@ pub struct SqlOptions {
     pub(crate) busy_timeout: Duration,
     pub(crate) worker_stale_after: Duration,
     pub(crate) serializer: courier_core::Serializer,
+    pub(crate) cursor: bool,
 }
 
 impl Default for SqlOptions {
@@ -59,6 +61,7 @@ impl Default for SqlOptions {
             busy_timeout: Duration::from_secs(10),
             worker_stale_after: courier_core::DEFAULT_WORKER_STALE_AFTER,
             serializer: courier_core::Serializer::Json,
+            cursor: false,
         }
     }
 }
@@ -79,6 +82,7 @@ pub(crate) const COURIER_OPTIONS: &[&str] = &[
     "busy_timeout",
     "worker_stale_after",
     "serializer",
+    "cursor",
 ];
 
 impl From<&SqlOptions> for PoolSettings {
@@ -148,6 +152,9 @@ impl SqlOptions {
         if let Some(s) = dsn.parse_option::<courier_core::Serializer>("serializer")? {
             o.serializer = s;
         }
+        if let Some(b) = dsn.parse_option::<bool>("cursor")? {
+            o.cursor = b;
+        }
         Ok(o)
     }
 
@@ -178,6 +185,28 @@ impl SqlOptions {
     pub fn redeliver_timeout(mut self, timeout: Duration) -> Self {
         self.redeliver_timeout = timeout;
         self
+    }
+
+    /// Makes the queue a cursor outbox (default `false`; PostgreSQL only): each row records the
+    /// transaction that wrote it, and a [`Relay`](courier_core::relay::Relay) reads the queue
+    /// by a cursor ([`CursorSource`](courier_core::CursorSource)): a plain read of each row and
+    /// a range delete per batch, instead of locking and deleting row by row. The relay forwards
+    /// in the order of the writing transactions (priorities are not honoured) and hands the
+    /// destination what is left of a message's delay. Every writer of the queue and its relay
+    /// use the same setting; rows written without it are adopted when a transport with it
+    /// connects. A cursor outbox is for one relay at a time (others wait on its lease), not
+    /// for workers: a worker consuming it beside the relay would handle what the relay also
+    /// forwards.
+    #[must_use]
+    pub fn cursor(mut self, on: bool) -> Self {
+        self.cursor = on;
+        self
+    }
+
+    /// Whether the queue is a cursor outbox (see [`SqlOptions::cursor`]).
+    #[must_use]
+    pub fn is_cursor(&self) -> bool {
+        self.cursor
     }
 
     /// Sets whether the transport creates its table on connect (default `true`).

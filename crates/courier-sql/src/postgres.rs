@@ -29,31 +29,120 @@ pub(crate) struct PgState {
     pairs: String,
     /// The common case: every delivery of one claim shares its delivery id.
     same_delivery: String,
+    /// A cursor outbox's statements (`cursor=true`).
+    cursor: Option<CursorSql>,
 }
 
-impl Drop for PgState {
-    fn drop(&mut self) {
-        if let Some(task) = self
-            .listener
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            task.abort();
+/// The statements of a cursor outbox (see [`courier_core::CursorSource`]): rows are ordered by
+/// `(relay_tx, id)`, the writing transaction's id then the row's.
+#[derive(Debug)]
+struct CursorSql {
+    adopt: String,
+    /// Takes the cursor's lock in the holder's session (binds: table, queue): a lock of the
+    /// session, so it ends with the session, at once when the holder's process dies.
+    lock: &'static str,
+    take: String,
+    read: String,
+    advance: Arc<str>,
+}
+
+impl CursorSql {
+    fn new(t: &str) -> Self {
+        let c = format!("{t}_cursors");
+        let r = |sql: String| Dialect::Postgres.render(&sql);
+        Self {
+            // The current transaction's id is newer than any a cursor has passed (those were
+            // all older than the oldest transaction running when they were read).
+            adopt: r(format!(
+                "UPDATE {t} SET relay_tx = pg_current_xact_id()::text::bigint \
+                 WHERE queue_name = $1 AND relay_tx IS NULL"
+            )),
+            lock: "SELECT pg_try_advisory_lock(hashtext($1), hashtext($2))",
+            take: r(format!(
+                "INSERT INTO {c} (queue_name, tx, id, owner, moved_at) \
+                 VALUES ($1, 0, 0, $2, {{now}}) \
+                 ON CONFLICT (queue_name) DO UPDATE SET owner = EXCLUDED.owner \
+                 RETURNING tx, id"
+            )),
+            // Only rows of transactions older than every one still running: none can appear
+            // before them any more, so the cursor never passes a row committed late.
+            read: r(format!(
+                "SELECT id, body, headers, priority, available_at, relay_tx, \
+                 available_at - {{now}} AS delay_left FROM {t} \
+                 WHERE queue_name = $1 AND relay_tx IS NOT NULL AND (relay_tx, id) > ($2, $3) \
+                 AND relay_tx < pg_snapshot_xmin(pg_current_snapshot())::text::bigint \
+                 ORDER BY relay_tx, id LIMIT $4"
+            )),
+            // The rows between the old position and the new go with the move, in one
+            // statement (the CTEs share one snapshot: `old` is the position before the move).
+            advance: Arc::from(r(format!(
+                "WITH old AS (SELECT tx, id FROM {c} WHERE queue_name = $1), \
+                 moved AS (UPDATE {c} SET tx = $2, id = $3, moved_at = {{now}} \
+                 WHERE queue_name = $1 RETURNING 1), \
+                 gone AS (DELETE FROM {t} m USING old WHERE m.queue_name = $1 \
+                 AND m.relay_tx IS NOT NULL AND (m.relay_tx, m.id) > (old.tx, old.id) \
+                 AND (m.relay_tx, m.id) <= ($2, $3)) \
+                 SELECT count(*) FROM moved"
+            ))),
         }
+    }
+}
+
+/// The session that holds a cursor outbox's cursor.
+struct PgCursorSession {
+    conn: PgConnection,
+    queue: String,
+    advance: Arc<str>,
+}
+
+#[async_trait]
+impl crate::backend::CursorSession for PgCursorSession {
+    async fn advance(&mut self, to: (i64, i64)) -> Result<(), sqlx::Error> {
+        use sqlx::Connection as _;
+        // Losing this commit in a server crash moves the cursor back with its deletes: the
+        // destination gets those messages again (at least once), so it need not wait for the
+        // disk.
+        let mut tx = self
+            .conn
+            .begin_with("BEGIN; SET LOCAL synchronous_commit TO OFF")
+            .await?;
+        let moved: i64 = sqlx::query_scalar(&self.advance)
+            .bind(&self.queue)
+            .bind(to.0)
+            .bind(to.1)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        if moved == 0 {
+            // The row is made when the cursor is taken and never deleted by Courier.
+            return Err(sqlx::Error::RowNotFound);
+        }
+        Ok(())
+    }
+
+    async fn renew(&mut self) -> Result<(), sqlx::Error> {
+        use sqlx::Connection as _;
+        self.conn.ping().await
     }
 }
 
 pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Postgres>, sqlx::Error> {
     let (pool, connect) = postgres_pool(url, &PoolSettings::from(o)).await?;
     let t = &o.table_name;
+    // A cursor outbox's rows record the transaction that wrote them.
+    let (tx_column, tx_value) = if o.cursor {
+        (", relay_tx", ", pg_current_xact_id()::text::bigint")
+    } else {
+        ("", "")
+    };
     let state = PgState {
+        cursor: o.cursor.then(|| CursorSql::new(t)),
         connect: Hidden(connect),
         listener: Mutex::new(None),
         insert: Dialect::Postgres.render(&format!(
             "WITH ins AS (\
-             INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at) \
-             SELECT $1, x.body, x.headers, x.priority, {{now}}, {{now}} + x.delay \
+             INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at{tx_column}) \
+             SELECT $1, x.body, x.headers, x.priority, {{now}}, {{now}} + x.delay{tx_value} \
              FROM UNNEST($2::TEXT[], $3::TEXT[], $4::INT2[], $5::INT8[]) WITH ORDINALITY \
              AS x(body, headers, priority, delay, ord) ORDER BY x.ord RETURNING id), \
              wake AS (SELECT pg_notify($6, $1)) \
@@ -137,8 +226,99 @@ async fn listen(pool: PgPool, channel: String, queue: String, wake: Arc<Wake>) {
 }
 
 #[async_trait]
+impl crate::backend::CursorRows for Messages<Postgres> {
+    async fn adopt(&self) -> Result<u64, sqlx::Error> {
+        let Some(sql) = &self.state.cursor else {
+            return Ok(0);
+        };
+        let done = sqlx::query(&sql.adopt)
+            .bind(&self.queue)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn acquire(
+        &self,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<(Box<dyn crate::backend::CursorSession>, (i64, i64))>, sqlx::Error> {
+        use sqlx::Connection as _;
+        let Some(sql) = &self.state.cursor else {
+            return Ok(None);
+        };
+        let mut conn = PgConnection::connect_with(&self.state.connect.0).await?;
+        // A holder cut off from the server (a partition, a frozen host) cannot close its
+        // session, and the server would wait for TCP to give up (hours): it ends the session
+        // itself once it sits silent a lease, and the cursor is free for another relay.
+        let ms = lease.as_millis().clamp(1, i32::MAX as u128);
+        let in_tx = format!("SET idle_in_transaction_session_timeout = {ms}");
+        sqlx::Executor::execute(&mut conn, sqlx::raw_sql(&in_tx)).await?;
+        let idle = format!("SET idle_session_timeout = {ms}");
+        if let Err(e) = sqlx::Executor::execute(&mut conn, sqlx::raw_sql(&idle)).await {
+            // Before PostgreSQL 14: a silent holder keeps the cursor until TCP gives up.
+            tracing::debug!(error = %e, "idle_session_timeout not set on the cursor's session");
+        }
+        let locked: bool = sqlx::query_scalar(sql.lock)
+            .bind(&self.table)
+            .bind(&self.queue)
+            .fetch_one(&mut conn)
+            .await?;
+        if !locked {
+            let _ = conn.close().await;
+            return Ok(None);
+        }
+        let at: (i64, i64) = sqlx::query_as(&sql.take)
+            .bind(&self.queue)
+            .bind(owner)
+            .fetch_one(&mut conn)
+            .await?;
+        let session = PgCursorSession {
+            conn,
+            queue: self.queue.clone(),
+            advance: Arc::clone(&sql.advance),
+        };
+        Ok(Some((Box::new(session), at)))
+    }
+
+    async fn read(
+        &self,
+        after: (i64, i64),
+        max: usize,
+    ) -> Result<Vec<(StoredRow, i64, i64)>, sqlx::Error> {
+        use sqlx::{FromRow as _, Row as _};
+        let Some(sql) = &self.state.cursor else {
+            return Ok(Vec::new());
+        };
+        let rows = sqlx::query(&sql.read)
+            .bind(&self.queue)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    StoredRow::from_row(row)?,
+                    row.try_get("relay_tx")?,
+                    row.try_get::<Option<i64>, _>("delay_left")?.unwrap_or(0),
+                ))
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
 impl MessageDialect for Postgres {
     type State = PgState;
+
+    fn cursor(m: &Messages<Self>) -> Option<&dyn crate::backend::CursorRows> {
+        m.state
+            .cursor
+            .is_some()
+            .then_some(m as &dyn crate::backend::CursorRows)
+    }
 
     async fn insert(
         m: &Messages<Self>,

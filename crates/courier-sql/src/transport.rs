@@ -4,9 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_core::{
-    Backoff, Capabilities, Deduplicate, DelayStamp, DeliveryTagStamp, Drain, Drained, Dsn,
-    Envelope, Listable, MessageCount, MessageRegistry, PriorityStamp, Queues, Setup, Transport,
-    TransportError, TransportErrorKind, TransportMessageIdStamp, WorkerRegistry, async_trait,
+    Backoff, Capabilities, CursorLease, CursorPosition, CursorSource, Deduplicate, DelayStamp,
+    DeliveryTagStamp, Drain, Drained, Dsn, Envelope, Listable, MessageCount, MessageRegistry,
+    PriorityStamp, Queues, Setup, Transport, TransportError, TransportErrorKind,
+    TransportMessageIdStamp, WorkerRegistry, async_trait,
 };
 use tokio::time::Instant;
 
@@ -95,6 +96,11 @@ impl SqlTransport {
         registry: Arc<MessageRegistry>,
     ) -> Result<Self, TransportError> {
         let name = name.into();
+        if options.cursor && !matches!(Dialect::from_scheme(dsn.scheme()), Ok(Dialect::Postgres)) {
+            return Err(TransportError::new(TransportErrorKind::Config, name).with_context(
+                "cursor=true needs PostgreSQL (a cursor outbox orders rows by the id of the transaction that wrote them); on SQLite and MySQL / MariaDB the relay claims or takes rows instead",
+            ));
+        }
         let backend = crate::connect::backend(&name, dsn, &options).await?;
         let location = courier_core::redact(dsn.expose_without_query());
         let workers = backend.workers(&name, &location, options.worker_stale_after);
@@ -116,6 +122,16 @@ impl SqlTransport {
         };
         if transport.options.auto_setup {
             transport.migrate().await?;
+        }
+        if let Some(cursor) = transport.backend.cursor() {
+            // Rows of the queue written before it became a cursor outbox.
+            let adopted = transport
+                .attempt("adopting rows into the cursor outbox", || cursor.adopt())
+                .await?;
+            if adopted > 0 {
+                tracing::info!(transport = %transport.name, rows = adopted,
+                    "rows written before the queue became a cursor outbox now follow the cursor");
+            }
         }
         Ok(transport)
     }
@@ -698,6 +714,10 @@ impl Transport for SqlTransport {
         .then_some(self as &dyn Drain)
     }
 
+    fn as_cursor(&self) -> Option<&dyn CursorSource> {
+        self.backend.cursor().map(|_| self as &dyn CursorSource)
+    }
+
     fn as_rate_limiter(&self) -> Option<&dyn courier_core::RateLimiter> {
         Some(&*self.limits)
     }
@@ -765,6 +785,123 @@ impl Drain for SqlTransport {
             }
         }
     }
+}
+
+#[async_trait]
+impl CursorSource for SqlTransport {
+    async fn acquire(
+        &self,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Box<dyn CursorLease>>, TransportError> {
+        let Some(cursor) = self.backend.cursor() else {
+            return Err(not_a_cursor(&self.name));
+        };
+        let taken = self
+            .attempt("taking the outbox cursor", || cursor.acquire(owner, lease))
+            .await?;
+        Ok(taken.map(|(session, (major, minor))| {
+            Box::new(SqlCursorLease {
+                name: self.name.clone(),
+                session,
+                position: CursorPosition { major, minor },
+            }) as Box<dyn CursorLease>
+        }))
+    }
+
+    async fn read(
+        &self,
+        after: CursorPosition,
+        max: usize,
+    ) -> Result<(Vec<Envelope>, CursorPosition), TransportError> {
+        let Some(cursor) = self.backend.cursor() else {
+            return Err(not_a_cursor(&self.name));
+        };
+        if max == 0 {
+            return Ok((Vec::new(), after));
+        }
+        let mut window = self.poll_window();
+        loop {
+            window.changes.borrow_and_update();
+            let rows = self
+                .attempt("reading the outbox", || {
+                    cursor.read((after.major, after.minor), max)
+                })
+                .await?;
+            if let Some((last, tx, _)) = rows.last() {
+                let to = CursorPosition {
+                    major: *tx,
+                    minor: last.id,
+                };
+                let (rows, delays): (Vec<StoredRow>, Vec<i64>) =
+                    rows.into_iter().map(|(row, _, left)| (row, left)).unzip();
+                let envelopes = self
+                    .decode_all(rows)
+                    .zip(delays)
+                    .map(|(envelope, left)| {
+                        // What is left of the delay goes on to the destination; a delay that
+                        // ran out is served.
+                        let envelope = envelope.without_all::<DelayStamp>();
+                        match u64::try_from(left) {
+                            Ok(ms) if ms > 0 => {
+                                envelope.with(DelayStamp(Duration::from_millis(ms)))
+                            }
+                            _ => envelope,
+                        }
+                    })
+                    .collect();
+                return Ok((envelopes, to));
+            }
+            // Nothing past the cursor yet, or only rows of transactions newer than one still
+            // running: wait for a wake-up (a NOTIFY on insert) or the next idle step.
+            let now = Instant::now();
+            if now >= window.deadline {
+                return Ok((Vec::new(), after));
+            }
+            let step = window.idle.failed().min(window.deadline - now);
+            tokio::select! {
+                () = tokio::time::sleep(step) => {}
+                _ = window.changes.changed() => {}
+            }
+        }
+    }
+}
+
+/// A cursor outbox's cursor, held by the session of [`CursorSource::acquire`]. Its calls are
+/// not retried: an error may mean the session ended, and with it the lease.
+struct SqlCursorLease {
+    name: String,
+    session: Box<dyn crate::backend::CursorSession>,
+    position: CursorPosition,
+}
+
+#[async_trait]
+impl CursorLease for SqlCursorLease {
+    fn position(&self) -> CursorPosition {
+        self.position
+    }
+
+    async fn advance(&mut self, to: CursorPosition) -> Result<(), TransportError> {
+        self.session
+            .advance((to.major, to.minor))
+            .await
+            .map_err(|e| transport_error(&self.name, "moving the outbox cursor", e))?;
+        self.position = to;
+        Ok(())
+    }
+
+    async fn renew(&mut self) -> Result<(), TransportError> {
+        self.session
+            .renew()
+            .await
+            .map_err(|e| transport_error(&self.name, "renewing the outbox cursor's session", e))
+    }
+}
+
+/// The error of a cursor call on a queue that is not a cursor outbox.
+fn not_a_cursor(name: &str) -> TransportError {
+    TransportError::new(TransportErrorKind::Unsupported, name.to_owned())
+        .with_context("not a cursor outbox (cursor=true on PostgreSQL)")
 }
 
 #[async_trait]

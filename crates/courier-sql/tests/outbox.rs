@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use courier_core::relay::{Relay, RelayOptions};
 use courier_core::{
-    BusError, BusNameStamp, CancellationToken, Envelope, HandlerError, InMemoryTransport,
-    MessageBus, MessageIdStamp, ReceivedStamp, TraceContextStamp, Transport,
-    TransportMessageIdStamp,
+    BusError, BusNameStamp, CancellationToken, CursorPosition, CursorSource, DelayStamp, Envelope,
+    HandlerError, InMemoryTransport, MessageBus, MessageIdStamp, ReceivedStamp, TraceContextStamp,
+    Transport, TransportMessageIdStamp,
 };
 use courier_sql::{Inbox, InboxOptions, SqlDatabase, SqlTransport, dispatch_in};
 use courier_test::TestMessage;
@@ -577,10 +577,17 @@ async fn a_long_destination_outage_holds_no_outbox_rows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
 async fn overlapping_drains_keep_the_outbox_order() {
+    relays_in_order_while_written("").await;
+}
+
+/// Relays 2,000 messages from a PostgreSQL outbox made with `options` in batches of 50, to a
+/// destination slow enough that reads wait ahead of it: 1,000 written before the relay starts,
+/// the rest while it runs. Every message arrives once, in order, and the outbox ends empty.
+#[cfg(feature = "postgres")]
+async fn relays_in_order_while_written(options: &str) {
     let h = common::postgres().await;
-    let (t, table) = h.make("").await;
-    let first = messages(0..1_000);
-    t.send_batch(first).await.unwrap();
+    let (t, table) = h.make(options).await;
+    t.send_batch(messages(0..1_000)).await.unwrap();
     let dest = Arc::new(Outage {
         down: false.into(),
         refused: AtomicUsize::new(0),
@@ -591,8 +598,7 @@ async fn overlapping_drains_keep_the_outbox_order() {
         .options(RelayOptions::default().batch_size(50).limit(Some(2_000)));
     let running = tokio::spawn(async move { relay.run(CancellationToken::new()).await });
     for start in (1_000..2_000_u64).step_by(100) {
-        let more = messages(start..start + 100);
-        t.send_batch(more).await.unwrap();
+        t.send_batch(messages(start..start + 100)).await.unwrap();
     }
     relayed_in_order(running, &dest, 2_000, &h, &table).await;
 }
@@ -626,4 +632,209 @@ async fn relayed_in_order(
         "every message once, in the outbox's order"
     );
     assert_eq!(h.admin.count(table).await, 0, "the outbox is empty");
+}
+
+/// A cursor outbox (`cursor=true`) relayed while a writer keeps adding to it: every message
+/// once, in order, and the outbox empty behind the relay (each move of the cursor deletes the
+/// rows it passed).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn a_cursor_outbox_relays_in_order_and_empties_behind_itself() {
+    let h = common::postgres().await;
+    let (t, _) = h.make("&cursor=true").await;
+    assert!(t.as_cursor().is_some(), "cursor=true reads by a cursor");
+    assert!(
+        h.make("").await.0.as_cursor().is_none(),
+        "a plain queue has no cursor"
+    );
+    relays_in_order_while_written("&cursor=true").await;
+}
+
+/// Takes `cursor` for `owner`, waiting (10 s at most) while another holder lets go.
+#[cfg(feature = "postgres")]
+async fn take(
+    cursor: &dyn CursorSource,
+    owner: &str,
+    lease: Duration,
+) -> Box<dyn courier_core::CursorLease> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(held) = cursor.acquire(owner, lease).await.unwrap() {
+            return held;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cursor stayed held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reads from `cursor` after `after` until it returns something (10 s at most: a transaction
+/// of another test may hold the horizon back for a moment).
+#[cfg(feature = "postgres")]
+async fn read_some(
+    cursor: &dyn CursorSource,
+    after: CursorPosition,
+) -> (Vec<Envelope>, CursorPosition) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (got, at) = cursor.read(after, 100).await.unwrap();
+        if !got.is_empty() {
+            return (got, at);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing to read after {after:?}"
+        );
+    }
+}
+
+/// The cursor never passes a row that commits late: a message committed by a transaction that
+/// began after one still open waits until that one ends, then both come in the order of their
+/// transactions; a rolled-back transaction's message never comes.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn a_cursor_never_passes_a_row_committed_late() {
+    let h = common::postgres().await;
+    let (t, _table) = h.make("&cursor=true").await;
+    let common::Admin::Postgres(pool) = &h.admin else {
+        unreachable!()
+    };
+    let bus = MessageBus::builder()
+        .transport("outbox", t.clone())
+        .route("courier.test", ["outbox"])
+        .message::<TestMessage>()
+        .build();
+    let mut early = pool.begin().await.unwrap();
+    dispatch_in(&bus, &mut early, TestMessage::new(0))
+        .await
+        .unwrap();
+    t.send(Envelope::new(TestMessage::new(1))).await.unwrap();
+    let mut rolled = pool.begin().await.unwrap();
+    dispatch_in(&bus, &mut rolled, TestMessage::new(9))
+        .await
+        .unwrap();
+    rolled.rollback().await.unwrap();
+
+    let cursor = t.as_cursor().unwrap();
+    let start = CursorPosition::default();
+    let (none, at) = cursor.read(start, 10).await.unwrap();
+    assert!(
+        none.is_empty(),
+        "message 1 is committed, but waits behind the transaction still open before it"
+    );
+    assert_eq!(at, start);
+    early.commit().await.unwrap();
+    let (got, at) = read_some(cursor, start).await;
+    assert_eq!(seqs(&got), [0, 1], "in the order of their transactions");
+    let (none, after) = cursor.read(at, 10).await.unwrap();
+    assert!(none.is_empty(), "nothing past the last: {:?}", seqs(&none));
+    assert_eq!(after, at);
+    let (again, _) = cursor.read(start, 10).await.unwrap();
+    assert_eq!(seqs(&again), [0, 1], "reading moves nothing");
+}
+
+/// One holder at a time: a second waits while the first holds the cursor and takes it, where
+/// it stands, once the first lets go (dropped: its session closes, as when its process dies).
+/// Moving the cursor deletes the rows it passed; a holder that stays silent past its lease
+/// loses it to the server, and its next move fails.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn a_cursor_has_one_holder_and_moves_for_good() {
+    let h = common::postgres().await;
+    let (t, table) = h.make("&cursor=true").await;
+    t.send_batch(messages(0..5)).await.unwrap();
+    let cursor = t.as_cursor().unwrap();
+    let lease = Duration::from_secs(60);
+
+    let mut one = cursor.acquire("one", lease).await.unwrap().expect("free");
+    assert_eq!(one.position(), CursorPosition::default());
+    assert!(
+        cursor.acquire("two", lease).await.unwrap().is_none(),
+        "held by one"
+    );
+    let (first, at) = read_some(cursor, one.position()).await;
+    assert_eq!(seqs(&first), [0, 1, 2, 3, 4]);
+    let (three, at3) = cursor.read(one.position(), 3).await.unwrap();
+    assert_eq!(seqs(&three), [0, 1, 2]);
+    assert!(at3 < at);
+    one.advance(at3).await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 2, "the rows passed are gone");
+    one.renew().await.unwrap();
+    drop(one);
+
+    let two = take(cursor, "two", lease).await;
+    assert_eq!(two.position(), at3, "two goes on where one stopped");
+    let (rest, _) = read_some(cursor, two.position()).await;
+    assert_eq!(seqs(&rest), [3, 4]);
+    drop(two);
+
+    // Silent past its lease: the server ends the holder's session, and the cursor is free.
+    let short = Duration::from_millis(500);
+    let mut silent = take(cursor, "silent", short).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let three = cursor.acquire("three", lease).await.unwrap();
+    assert!(
+        three.is_some(),
+        "a silent holder's cursor is free past its lease"
+    );
+    let lost = silent.advance(at).await.unwrap_err();
+    assert!(lost.is_transient(), "{lost}");
+    assert_eq!(h.admin.count(&table).await, 2, "a lost lease moves nothing");
+}
+
+/// A cursor outbox hands the destination what is left of a delay; rows written before the
+/// queue became a cursor outbox are adopted when a transport with `cursor=true` connects.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn a_cursor_outbox_keeps_what_is_left_of_a_delay_and_adopts_older_rows() {
+    let h = common::postgres().await;
+    let (plain, table) = h.make("").await;
+    plain.send_batch(messages(0..2)).await.unwrap();
+    let t = h.reuse_with(&table, "&cursor=true").await;
+    t.send(Envelope::new(TestMessage::new(2)).with(DelayStamp(Duration::from_secs(30))))
+        .await
+        .unwrap();
+    t.send(Envelope::new(TestMessage::new(3)).with(DelayStamp(Duration::from_millis(1))))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cursor = t.as_cursor().unwrap();
+    let (got, _) = read_some(cursor, CursorPosition::default()).await;
+    assert_eq!(seqs(&got), [0, 1, 2, 3], "the older rows first");
+    let left = got[2].last::<DelayStamp>().expect("a delay left").0;
+    assert!(
+        left > Duration::from_secs(25) && left <= Duration::from_secs(30),
+        "{left:?}"
+    );
+    assert!(
+        got[3].last::<DelayStamp>().is_none(),
+        "a served delay is gone"
+    );
+    assert!(got[0].last::<DelayStamp>().is_none());
+}
+
+/// `cursor=true` is PostgreSQL's: elsewhere the transport refuses to connect, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_outbox_needs_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    let dsn = courier_core::Dsn::parse(&format!(
+        "sqlite://{}?cursor=true",
+        dir.path().join("c.db").display()
+    ))
+    .unwrap();
+    let err = SqlTransport::connect("outbox", &dsn, courier_test::registry())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), courier_core::TransportErrorKind::Config);
+    assert!(
+        err.to_string().contains("cursor=true needs PostgreSQL"),
+        "{err}"
+    );
+    assert_eq!(err.transport(), "outbox");
 }

@@ -37,6 +37,7 @@ macro_rules! forward_views {
 }
 use forward_views;
 
+mod cursor;
 mod dedup;
 mod drain;
 mod factory;
@@ -54,6 +55,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use cursor::{CursorLease, CursorPosition, CursorSource};
 pub use dedup::{Deduplicate, MemoryDeduplicator};
 pub use drain::{Drain, DrainHold, Drained};
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
@@ -405,6 +407,12 @@ pub trait Transport: Send + Sync + Debug {
     /// PostgreSQL), which a relay reads its source with where it can. Gates (pause, rate
     /// limit) do not pass it on, so a gated source is read through `get`, which they govern.
     fn as_drain(&self) -> Option<&dyn Drain> {
+        None
+    }
+
+    /// Reading by a cursor ([`CursorSource`]: SQL on PostgreSQL with `cursor=true`), which a
+    /// relay prefers to [`as_drain`](Self::as_drain) and `get` where the source offers it.
+    fn as_cursor(&self) -> Option<&dyn CursorSource> {
         None
     }
 

@@ -314,6 +314,7 @@ impl Drop for SqlHarness {
                         workers,
                         format!("{table}_dedup"),
                         format!("{table}_dedup_migrations"),
+                        format!("{table}_cursors"),
                         courier_sql::schedules_table(&table),
                         courier_sql::paused_table(&table),
                     ] {
