@@ -379,6 +379,12 @@ impl SqlTransport {
         if max == 0 {
             return Ok(Vec::new());
         }
+        if self.options.cursor {
+            // A claim would take rows from under the cursor: the relay would skip them, and
+            // the claimed ones would never be relayed.
+            return Err(TransportError::new(TransportErrorKind::Unsupported, self.name.clone())
+                .with_context("a cursor outbox (cursor=true) is read by `courier relay`, not by workers: consume the relay's destination, or open the queue without cursor=true"));
+        }
         let mut window = self.poll_window();
         loop {
             window.changes.borrow_and_update();

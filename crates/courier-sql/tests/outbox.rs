@@ -649,6 +649,10 @@ async fn a_cursor_outbox_relays_in_order_and_empties_behind_itself() {
         "a plain queue has no cursor"
     );
     relays_in_order_while_written("&cursor=true").await;
+    // Workers would take rows from under the cursor: a cursor outbox refuses them, saying why.
+    let err = t.get(10).await.unwrap_err();
+    assert_eq!(err.kind(), courier_core::TransportErrorKind::Unsupported);
+    assert!(err.to_string().contains("courier relay"), "{err}");
 }
 
 /// Takes `cursor` for `owner`, waiting (10 s at most) while another holder lets go.
