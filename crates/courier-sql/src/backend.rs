@@ -143,8 +143,9 @@ pub(crate) trait CursorRows: Send + Sync + Debug {
 /// closes the session, and the cursor is free.
 #[async_trait]
 pub(crate) trait CursorSession: Send {
-    /// Moves the cursor to `to`, deleting the rows it passes.
-    async fn advance(&mut self, to: (i64, i64)) -> Result<(), sqlx::Error>;
+    /// Moves the cursor from `from` (where this session holds it) to `to`, deleting the rows
+    /// it passes; `RowNotFound` if the cursor is not at `from` (moved by hand meanwhile).
+    async fn advance(&mut self, from: (i64, i64), to: (i64, i64)) -> Result<(), sqlx::Error>;
     /// One round trip, so that the server does not end the session as silent.
     async fn renew(&mut self) -> Result<(), sqlx::Error>;
 }

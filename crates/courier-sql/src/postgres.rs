@@ -73,15 +73,16 @@ impl CursorSql {
                  AND relay_tx < pg_snapshot_xmin(pg_current_snapshot())::text::bigint \
                  ORDER BY relay_tx, id LIMIT $4"
             )),
-            // The rows between the old position and the new go with the move, in one
-            // statement (the CTEs share one snapshot: `old` is the position before the move).
+            // The rows between the old position ($4, $5) and the new ($2, $3) go with the
+            // move, in one statement, and only if the cursor stood at the old position. The
+            // range is given as values, not joined from the cursor's row: the planner then
+            // walks the index over the batch instead of scanning the whole backlog per move.
             advance: Arc::from(r(format!(
-                "WITH old AS (SELECT tx, id FROM {c} WHERE queue_name = $1), \
-                 moved AS (UPDATE {c} SET tx = $2, id = $3, moved_at = {{now}} \
-                 WHERE queue_name = $1 RETURNING 1), \
-                 gone AS (DELETE FROM {t} m USING old WHERE m.queue_name = $1 \
-                 AND m.relay_tx IS NOT NULL AND (m.relay_tx, m.id) > (old.tx, old.id) \
-                 AND (m.relay_tx, m.id) <= ($2, $3)) \
+                "WITH moved AS (UPDATE {c} SET tx = $2, id = $3, moved_at = {{now}} \
+                 WHERE queue_name = $1 AND tx = $4 AND id = $5 RETURNING 1), \
+                 gone AS (DELETE FROM {t} m WHERE m.queue_name = $1 \
+                 AND m.relay_tx IS NOT NULL AND (m.relay_tx, m.id) > ($4, $5) \
+                 AND (m.relay_tx, m.id) <= ($2, $3) AND EXISTS (SELECT 1 FROM moved)) \
                  SELECT count(*) FROM moved"
             ))),
         }
@@ -97,7 +98,7 @@ struct PgCursorSession {
 
 #[async_trait]
 impl crate::backend::CursorSession for PgCursorSession {
-    async fn advance(&mut self, to: (i64, i64)) -> Result<(), sqlx::Error> {
+    async fn advance(&mut self, from: (i64, i64), to: (i64, i64)) -> Result<(), sqlx::Error> {
         use sqlx::Connection as _;
         // Losing this commit in a server crash moves the cursor back with its deletes: the
         // destination gets those messages again (at least once), so it need not wait for the
@@ -110,11 +111,14 @@ impl crate::backend::CursorSession for PgCursorSession {
             .bind(&self.queue)
             .bind(to.0)
             .bind(to.1)
+            .bind(from.0)
+            .bind(from.1)
             .fetch_one(&mut *tx)
             .await?;
         tx.commit().await?;
         if moved == 0 {
-            // The row is made when the cursor is taken and never deleted by Courier.
+            // Only this session moves the cursor while it holds the lock: someone reset or
+            // deleted its row by hand.
             return Err(sqlx::Error::RowNotFound);
         }
         Ok(())
@@ -252,8 +256,14 @@ impl crate::backend::CursorRows for Messages<Postgres> {
         // session, and the server would wait for TCP to give up (hours): it ends the session
         // itself once it sits silent a lease, and the cursor is free for another relay.
         let ms = lease.as_millis().clamp(1, i32::MAX as u128);
-        let in_tx = format!("SET idle_in_transaction_session_timeout = {ms}");
-        sqlx::Executor::execute(&mut conn, sqlx::raw_sql(&in_tx)).await?;
+        // The session only moves the cursor: each move deletes one batch's range of the
+        // index, planned with its values (a generic plan guesses a range too wide for the
+        // index and scans the whole backlog), never a sequential scan of it.
+        let settings = format!(
+            "SET idle_in_transaction_session_timeout = {ms}; \
+             SET plan_cache_mode = force_custom_plan; SET enable_seqscan = off"
+        );
+        sqlx::Executor::execute(&mut conn, sqlx::raw_sql(&settings)).await?;
         let idle = format!("SET idle_session_timeout = {ms}");
         if let Err(e) = sqlx::Executor::execute(&mut conn, sqlx::raw_sql(&idle)).await {
             // Before PostgreSQL 14: a silent holder keeps the cursor until TCP gives up.

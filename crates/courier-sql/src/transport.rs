@@ -888,10 +888,23 @@ impl CursorLease for SqlCursorLease {
     }
 
     async fn advance(&mut self, to: CursorPosition) -> Result<(), TransportError> {
+        let from = (self.position.major, self.position.minor);
         self.session
-            .advance((to.major, to.minor))
+            .advance(from, (to.major, to.minor))
             .await
-            .map_err(|e| transport_error(&self.name, "moving the outbox cursor", e))?;
+            .map_err(|e| match e {
+                // Transient: the relay takes the cursor again and goes on from where it
+                // stands now.
+                sqlx::Error::RowNotFound => TransportError::new(
+                    TransportErrorKind::Connection,
+                    self.name.clone(),
+                )
+                .with_context(format!(
+                    "the outbox cursor is no longer at {}.{} where this relay left it (reset by hand?): taking it again",
+                    from.0, from.1
+                )),
+                e => transport_error(&self.name, "moving the outbox cursor", e),
+            })?;
         self.position = to;
         Ok(())
     }

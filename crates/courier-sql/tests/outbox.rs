@@ -789,6 +789,26 @@ async fn a_cursor_has_one_holder_and_moves_for_good() {
     let lost = silent.advance(at).await.unwrap_err();
     assert!(lost.is_transient(), "{lost}");
     assert_eq!(h.admin.count(&table).await, 2, "a lost lease moves nothing");
+    let mut three = three.expect("taken");
+    assert_eq!(three.position(), at3);
+
+    // A cursor moved by hand under its holder (an operator replaying from the start): the
+    // holder's next move fails, transient (the relay takes the cursor again, where it now
+    // stands), and deletes nothing.
+    let common::Admin::Postgres(pool) = &h.admin else {
+        unreachable!()
+    };
+    sqlx::query(&format!("UPDATE {table}_cursors SET tx = 0, id = 0"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let moved = three.advance(at).await.unwrap_err();
+    assert!(moved.is_transient(), "{moved}");
+    assert!(moved.to_string().contains("no longer at"), "{moved}");
+    assert_eq!(h.admin.count(&table).await, 2, "nothing deleted");
+    drop(three);
+    let four = take(cursor, "four", lease).await;
+    assert_eq!(four.position(), CursorPosition::default());
 }
 
 /// A cursor outbox hands the destination what is left of a delay; rows written before the

@@ -316,7 +316,9 @@ impl Drop for SqlHarness {
                         format!("{table}_dedup_migrations"),
                         format!("{table}_cursors"),
                         courier_sql::schedules_table(&table),
+                        format!("{}_migrations", courier_sql::schedules_table(&table)),
                         courier_sql::paused_table(&table),
+                        courier_sql::limits_table(&table),
                     ] {
                         admin.exec(&format!("DROP TABLE IF EXISTS {t}"), &[]).await;
                     }
