@@ -139,6 +139,19 @@ async fn outbox_rows(pool: &sqlx::PgPool) -> Option<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the PostgreSQL and Redis server binaries: run via scripts/test"]
 async fn the_relay_rides_out_its_outbox_and_destination_servers_restarting() {
+    rides_out_restarts("").await;
+}
+
+/// The same through a cursor outbox (`cursor=true`): the relay's lease dies with the outbox's
+/// server; it takes the cursor again once the server is back and goes on from where it stood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the PostgreSQL and Redis server binaries: run via scripts/test"]
+async fn a_cursor_relay_rides_out_its_outbox_and_destination_servers_restarting() {
+    rides_out_restarts("&cursor=true").await;
+}
+
+/// The scenario above, on an outbox opened with extra DSN options (`&k=v...`).
+async fn rides_out_restarts(outbox_options: &str) {
     let missing: Vec<String> = [Kind::Postgres, Kind::Redis]
         .into_iter()
         .flat_map(missing_binaries)
@@ -157,7 +170,10 @@ async fn the_relay_rides_out_its_outbox_and_destination_servers_restarting() {
     let mut redis = Server::start(Kind::Redis, &dir.join("redis"))
         .await
         .unwrap();
-    let outbox_dsn = format!("{}?table_name=relay_outbox&queue_name=outbox", pg.dsn());
+    let outbox_dsn = format!(
+        "{}?table_name=relay_outbox&queue_name=outbox{outbox_options}",
+        pg.dsn()
+    );
     let dest_dsn = format!("{}?stream=relay_dest", redis.dsn());
     let config = dir.join("courier.toml");
     std::fs::write(
@@ -197,7 +213,8 @@ async fn the_relay_rides_out_its_outbox_and_destination_servers_restarting() {
 
     flows_past(&dest, &mut arrived, 0, "before any outage", &mut relay).await;
     // The outbox's server dies mid-relay: held drains die with their connections, their rows
-    // come back when it restarts.
+    // come back when it restarts; a cursor's lease dies with its session, and the cursor
+    // stands where its last committed move left it.
     let after = "after the outbox's server restarted";
     restart(&mut pg, &dest, &mut arrived, after, &mut relay).await;
     // Then the destination's: sends fail until it is back (its AOF keeps what it confirmed).
@@ -241,7 +258,7 @@ async fn the_relay_rides_out_its_outbox_and_destination_servers_restarting() {
         "orders nobody wrote arrived: {unknown:?}"
     );
     println!(
-        "relay through two server restarts: {} orders committed ({} uncertain), {} arrived, {} of them again (at least once)",
+        "relay{outbox_options} through two server restarts: {} orders committed ({} uncertain), {} arrived, {} of them again (at least once)",
         produced.committed.len(),
         produced.uncertain.len(),
         have.len(),

@@ -51,7 +51,13 @@ pub struct SqlTransport {
     limits: Box<dyn courier_core::RateLimiter>,
     /// Migrations applied since it connected and not yet reported by `setup_report`.
     applied: std::sync::Mutex<Vec<String>>,
+    /// A cursor outbox's: when rows written without `cursor=true` were last looked for.
+    strays_checked: std::sync::Mutex<Instant>,
 }
+
+/// How often a busy cursor outbox's reads look for rows written without `cursor=true` (an idle
+/// one looks once per empty poll window).
+const STRAYS_EVERY: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for SqlTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -119,6 +125,7 @@ impl SqlTransport {
             backend,
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
+            strays_checked: std::sync::Mutex::new(Instant::now()),
         };
         if transport.options.auto_setup {
             transport.migrate().await?;
@@ -834,6 +841,9 @@ impl CursorSource for SqlTransport {
                     cursor.read((after.major, after.minor), max)
                 })
                 .await?;
+            if !rows.is_empty() && self.strays_due() {
+                self.adopt_strays(cursor).await;
+            }
             if let Some((last, tx, _)) = rows.last() {
                 let to = CursorPosition {
                     major: *tx,
@@ -862,6 +872,7 @@ impl CursorSource for SqlTransport {
             // running: wait for a wake-up (a NOTIFY on insert) or the next idle step.
             let now = Instant::now();
             if now >= window.deadline {
+                self.adopt_strays(cursor).await;
                 return Ok((Vec::new(), after));
             }
             let step = window.idle.failed().min(window.deadline - now);
@@ -869,6 +880,34 @@ impl CursorSource for SqlTransport {
                 () = tokio::time::sleep(step) => {}
                 _ = window.changes.changed() => {}
             }
+        }
+    }
+}
+
+impl SqlTransport {
+    /// Whether a busy cursor outbox's read should look for strays ([`STRAYS_EVERY`]).
+    fn strays_due(&self) -> bool {
+        self.strays_checked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .elapsed()
+            >= STRAYS_EVERY
+    }
+
+    /// Once a cursor outbox's read found nothing for a whole poll window: adopts rows that
+    /// reached the queue without a transaction id (written by a producer whose DSN lacks
+    /// `cursor=true`), which the cursor would never read. Best effort: tried again next time.
+    async fn adopt_strays(&self, cursor: &dyn crate::backend::CursorRows) {
+        *self
+            .strays_checked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+        match cursor.adopt().await {
+            Ok(0) => {}
+            Ok(rows) => tracing::warn!(transport = %self.name, rows,
+                "rows reached the cursor outbox without a transaction id (does a producer's DSN lack cursor=true?); they follow the cursor now"),
+            Err(e) => tracing::debug!(transport = %self.name, error = %e,
+                "adopting rows written without cursor=true failed"),
         }
     }
 }
@@ -1172,6 +1211,7 @@ mod tests {
             limits: Box::new(courier_core::MemoryRateLimiter::new()),
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
+            strays_checked: std::sync::Mutex::new(Instant::now()),
         };
         let wake = transport.wake.clone();
         let notify = async {

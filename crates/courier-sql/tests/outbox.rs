@@ -812,11 +812,12 @@ async fn a_cursor_has_one_holder_and_moves_for_good() {
 }
 
 /// A cursor outbox hands the destination what is left of a delay; rows written before the
-/// queue became a cursor outbox are adopted when a transport with `cursor=true` connects.
+/// queue became a cursor outbox are adopted when a transport with `cursor=true` connects, and
+/// rows written since without it once the relay's read finds nothing else.
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
-async fn a_cursor_outbox_keeps_what_is_left_of_a_delay_and_adopts_older_rows() {
+async fn a_cursor_outbox_keeps_what_is_left_of_a_delay_and_adopts_rows_written_without_it() {
     let h = common::postgres().await;
     let (plain, table) = h.make("").await;
     plain.send_batch(messages(0..2)).await.unwrap();
@@ -829,7 +830,7 @@ async fn a_cursor_outbox_keeps_what_is_left_of_a_delay_and_adopts_older_rows() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let cursor = t.as_cursor().unwrap();
-    let (got, _) = read_some(cursor, CursorPosition::default()).await;
+    let (got, at) = read_some(cursor, CursorPosition::default()).await;
     assert_eq!(seqs(&got), [0, 1, 2, 3], "the older rows first");
     let left = got[2].last::<DelayStamp>().expect("a delay left").0;
     assert!(
@@ -841,6 +842,16 @@ async fn a_cursor_outbox_keeps_what_is_left_of_a_delay_and_adopts_older_rows() {
         "a served delay is gone"
     );
     assert!(got[0].last::<DelayStamp>().is_none());
+
+    // A producer whose DSN lacks cursor=true keeps writing rows without a transaction id: the
+    // relay's read adopts them once it finds nothing else for a poll window.
+    plain.send_batch(messages(4..6)).await.unwrap();
+    let (strays, _) = read_some(cursor, at).await;
+    assert_eq!(
+        seqs(&strays),
+        [4, 5],
+        "rows written without cursor=true come too"
+    );
 }
 
 /// `cursor=true` is PostgreSQL's: elsewhere the transport refuses to connect, saying why.

@@ -170,17 +170,37 @@ pub(super) async fn listen(
 /// `VACUUM`s the benchmark's table, so each side of a paired round starts on a table without the
 /// dead rows of the one before (a claim scans past them until autovacuum comes). Best effort.
 pub(crate) async fn vacuum(dsn: &Dsn) {
-    let Ok(options) = PgConnectOptions::from_str(dsn.expose_without_query()) else {
-        return;
-    };
-    let table = dsn.option("table_name").unwrap_or("courier_messages");
-    if !courier_sql::is_valid_identifier(table) {
-        return;
-    }
-    if let Ok(mut conn) = sqlx::ConnectOptions::connect(&options).await {
+    if let Some((mut conn, table)) = housekeeping(dsn).await {
         let vacuum = format!("VACUUM {table}");
         if let Err(e) = sqlx::Executor::execute(&mut conn, vacuum.as_str()).await {
             tracing::debug!(error = %e, "benchmark VACUUM failed");
+        }
+        let _ = sqlx::Connection::close(conn).await;
+    }
+}
+
+/// A connection for the benchmark's housekeeping on `dsn`'s table, with the table's name
+/// (checked); `None` if either fails (housekeeping is best effort).
+async fn housekeeping(dsn: &Dsn) -> Option<(sqlx::PgConnection, &str)> {
+    let options = PgConnectOptions::from_str(dsn.expose_without_query()).ok()?;
+    let table = dsn.option("table_name").unwrap_or("courier_messages");
+    if !courier_sql::is_valid_identifier(table) {
+        return None;
+    }
+    let conn = sqlx::ConnectOptions::connect(&options).await.ok()?;
+    Some((conn, table))
+}
+
+/// Deletes the cursor of the benchmark's own cursor outbox (`cursor=true`), which the relay
+/// leaves behind in `<table>_cursors` (its rows are gone). Best effort.
+pub(crate) async fn forget_cursor(dsn: &Dsn) {
+    let Some(queue) = dsn.option("queue_name") else {
+        return;
+    };
+    if let Some((mut conn, table)) = housekeeping(dsn).await {
+        let forget = format!("DELETE FROM {table}_cursors WHERE queue_name = $1");
+        if let Err(e) = sqlx::query(&forget).bind(queue).execute(&mut conn).await {
+            tracing::debug!(error = %e, "benchmark: deleting the cursor failed");
         }
         let _ = sqlx::Connection::close(conn).await;
     }

@@ -53,6 +53,13 @@ pub(crate) async fn measure(
     );
     let result = rounds(app, cli, args, &from_dsn, &to_dsn, messages).await;
     remove_isolated(&to_dsn, &to).await;
+    #[cfg(feature = "postgres")]
+    if matches!(from_dsn.scheme(), "postgres" | "postgresql")
+        && outbox.option("queue_name").is_none()
+        && from_dsn.parse_option::<bool>("cursor").ok().flatten() == Some(true)
+    {
+        crate::raw::postgres::forget_cursor(&from_dsn).await;
+    }
     result
 }
 
