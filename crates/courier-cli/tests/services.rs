@@ -75,3 +75,44 @@ fn an_amqp_failure_transport_cannot_be_listed_and_says_so() {
         .to_owned();
     assert!(err.contains("cannot list"), "{err}");
 }
+
+/// A cursor outbox is read by `courier relay` alone: `courier consume` refuses it by name,
+/// saying what reads it, and leaves it out when consuming every transport.
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+fn consume_refuses_a_cursor_outbox_and_leaves_it_out_of_every_transport() {
+    let env = Env::empty();
+    let dsn = service_url("COURIER_TEST_POSTGRES_URL");
+    let queue = common::unique("cli_cursor");
+    env.write(
+        "cursor.toml",
+        &format!(
+            "[transports.outbox]\ndsn = \"{dsn}?queue_name={queue}&cursor=true\"\n\
+             [transports.async]\ndsn = \"in-memory://\"\n"
+        ),
+    );
+    let err = env
+        .run(&[
+            "--config",
+            "cursor.toml",
+            "consume",
+            "outbox",
+            "--limit",
+            "1",
+        ])
+        .fails(2)
+        .to_owned();
+    assert!(
+        err.contains("outbox") && err.contains("courier relay --from outbox"),
+        "{err}"
+    );
+    // Every transport: the in-memory one alone (no failed claim on the outbox), until its
+    // time limit.
+    let all = env.run(&["--config", "cursor.toml", "consume", "--time-limit", "1s"]);
+    all.ok();
+    assert!(
+        all.stderr.contains("every transport but outbox") && !all.stderr.contains("unsupported"),
+        "{all:?}"
+    );
+}

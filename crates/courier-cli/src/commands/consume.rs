@@ -73,7 +73,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     // A receiver with a `rate_limit` fetches only what its bucket grants; each pausable one
     // fetches nothing while `courier pause` says so.
     let mut gated = Vec::new();
-    for (name, t) in receivers(&transports, args).await? {
+    let (receivers, relayed) = receivers(&transports, args).await?;
+    for (name, t) in receivers {
         let t = match ctx
             .config
             .transports
@@ -158,7 +159,12 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     let worker = builder.build();
 
     if !ctx.quiet && !ctx.json() {
-        let names = if args.transports.is_empty() {
+        let names = if args.transports.is_empty() && !relayed.is_empty() {
+            format!(
+                "every transport but {} (cursor outboxes: `courier relay` reads them)",
+                relayed.join(", ")
+            )
+        } else if args.transports.is_empty() {
             "every transport".to_owned()
         } else {
             args.transports.join(", ")
@@ -219,13 +225,14 @@ fn check_choice(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     Ok(())
 }
 
-/// The receivers in priority order: the named transports (else all but failure transports and
-/// `--exclude-receivers`), each split into its `--queues` when given.
+/// The receivers in priority order: the named transports (else all but failure transports,
+/// cursor outboxes and `--exclude-receivers`), each split into its `--queues` when given; and
+/// the cursor outboxes left out.
 async fn receivers(
     transports: &courier_core::config::Transports,
     args: &ConsumeArgs,
-) -> CliResult<Vec<(String, Arc<dyn courier_core::Transport>)>> {
-    let mut out = Vec::new();
+) -> CliResult<(Vec<(String, Arc<dyn courier_core::Transport>)>, Vec<String>)> {
+    let (mut out, mut relayed) = (Vec::new(), Vec::new());
     for name in transports.receiver_names(&args.transports) {
         if args.exclude_receivers.contains(&name) {
             continue;
@@ -233,6 +240,17 @@ async fn receivers(
         let Some(transport) = transports.get(&name) else {
             return Err(CliError::usage(format!("unknown transport `{name}`")));
         };
+        if transport.as_cursor().is_some() {
+            // Read by `courier relay` alone: a worker's claims would take rows from under the
+            // cursor. Left out of "every transport", refused by name.
+            if args.transports.is_empty() {
+                relayed.push(name);
+                continue;
+            }
+            return Err(CliError::usage(format!(
+                "transport `{name}` is a cursor outbox (cursor=true): `courier relay --from {name} --to ...` reads it; consume the relay's destination instead"
+            )));
+        }
         if args.queues.is_empty() {
             out.push((name, transport.clone()));
             continue;
@@ -246,7 +264,7 @@ async fn receivers(
             out.push((name.clone(), queues.queue(queue).await?));
         }
     }
-    Ok(out)
+    Ok((out, relayed))
 }
 
 /// A task beside the worker (signals, stop file, progress line, reaper), named for its errors.
