@@ -52,16 +52,24 @@ impl CursorSql {
         let r = |sql: String| Dialect::Postgres.render(&sql);
         Self {
             // The current transaction's id is newer than any a cursor has passed (those were
-            // all older than the oldest transaction running when they were read).
+            // all older than the oldest transaction running when they were read). Adopted: rows
+            // without an id (written without cursor=true), and rows whose id this cluster has
+            // not reached (restored from another cluster's dump: the cursor would wait for
+            // them for as many transactions).
             adopt: r(format!(
                 "UPDATE {t} SET relay_tx = pg_current_xact_id()::text::bigint \
-                 WHERE queue_name = $1 AND relay_tx IS NULL"
+                 WHERE queue_name = $1 AND (relay_tx IS NULL \
+                 OR relay_tx > pg_current_xact_id()::text::bigint)"
             )),
             lock: "SELECT pg_try_advisory_lock(hashtext($1), hashtext($2))",
+            // A cursor past this cluster's transaction ids (restored from another cluster's
+            // dump) starts again from the beginning: its rows were adopted on connecting.
             take: r(format!(
                 "INSERT INTO {c} (queue_name, tx, id, owner, moved_at) \
                  VALUES ($1, 0, 0, $2, {{now}}) \
-                 ON CONFLICT (queue_name) DO UPDATE SET owner = EXCLUDED.owner \
+                 ON CONFLICT (queue_name) DO UPDATE SET owner = EXCLUDED.owner, \
+                 tx = CASE WHEN {c}.tx > pg_current_xact_id()::text::bigint THEN 0 ELSE {c}.tx END, \
+                 id = CASE WHEN {c}.tx > pg_current_xact_id()::text::bigint THEN 0 ELSE {c}.id END \
                  RETURNING tx, id"
             )),
             // Only rows of transactions older than every one still running: none can appear

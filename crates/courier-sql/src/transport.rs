@@ -137,7 +137,7 @@ impl SqlTransport {
                 .await?;
             if adopted > 0 {
                 tracing::info!(transport = %transport.name, rows = adopted,
-                    "rows written before the queue became a cursor outbox now follow the cursor");
+                    "rows written before the queue became a cursor outbox (or restored from another cluster) now follow the cursor");
             }
         }
         Ok(transport)

@@ -854,6 +854,36 @@ async fn a_cursor_outbox_keeps_what_is_left_of_a_delay_and_adopts_rows_written_w
     );
 }
 
+/// A cursor outbox restored from another cluster's dump into a fresh one: its rows and cursor
+/// carry transaction ids this cluster has not reached. A relay connecting adopts the rows and
+/// starts the cursor again, instead of waiting for as many transactions.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
+async fn a_cursor_outbox_restored_from_another_cluster_is_relayed() {
+    let h = common::postgres().await;
+    let (t, table) = h.make("&cursor=true").await;
+    t.send_batch(messages(0..3)).await.unwrap();
+    let common::Admin::Postgres(pool) = &h.admin else {
+        unreachable!()
+    };
+    for statement in [
+        format!("UPDATE {table} SET relay_tx = relay_tx + 1000000000"),
+        format!(
+            "INSERT INTO {table}_cursors (queue_name, tx, id, owner, moved_at) \
+             SELECT DISTINCT queue_name, 999999999, 0, 'old', 0 FROM {table}"
+        ),
+    ] {
+        sqlx::query(&statement).execute(pool).await.unwrap();
+    }
+    let restored = h.reuse_with(&table, "&cursor=true").await;
+    let cursor = restored.as_cursor().unwrap();
+    let held = take(cursor, "new", Duration::from_secs(60)).await;
+    assert_eq!(held.position(), CursorPosition::default(), "starts again");
+    let (got, _) = read_some(cursor, held.position()).await;
+    assert_eq!(seqs(&got), [0, 1, 2]);
+}
+
 /// `cursor=true` is PostgreSQL's: elsewhere the transport refuses to connect, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_outbox_needs_postgres() {
