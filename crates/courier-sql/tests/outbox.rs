@@ -252,9 +252,7 @@ async fn sqlite_dispatch_in_sends_only_what_commits() {
 #[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
 async fn postgres_dispatch_in_sends_only_what_commits() {
     let h = common::postgres().await;
-    let common::Admin::Postgres(pool) = &h.admin else {
-        unreachable!()
-    };
+    let pool = h.admin.postgres();
     let pool = pool.clone();
     only_committed_messages_are_sent(pool, h).await;
 }
@@ -286,9 +284,7 @@ async fn sqlite_inbox_claims_commit_with_the_transaction() {
 #[ignore = "needs PostgreSQL: set COURIER_TEST_POSTGRES_URL"]
 async fn postgres_inbox_claims_commit_with_the_transaction() {
     let h = common::postgres().await;
-    let common::Admin::Postgres(pool) = &h.admin else {
-        unreachable!()
-    };
+    let pool = h.admin.postgres();
     inbox_claims_commit_with_the_transaction(pool.clone()).await;
 }
 
@@ -704,9 +700,7 @@ async fn read_some(
 async fn a_cursor_never_passes_a_row_committed_late() {
     let h = common::postgres().await;
     let (t, _table) = h.make("&cursor=true").await;
-    let common::Admin::Postgres(pool) = &h.admin else {
-        unreachable!()
-    };
+    let pool = h.admin.postgres();
     let bus = MessageBus::builder()
         .transport("outbox", t.clone())
         .route("courier.test", ["outbox"])
@@ -795,9 +789,7 @@ async fn a_cursor_has_one_holder_and_moves_for_good() {
     // A cursor moved by hand under its holder (an operator replaying from the start): the
     // holder's next move fails, transient (the relay takes the cursor again, where it now
     // stands), and deletes nothing.
-    let common::Admin::Postgres(pool) = &h.admin else {
-        unreachable!()
-    };
+    let pool = h.admin.postgres();
     sqlx::query(&format!("UPDATE {table}_cursors SET tx = 0, id = 0"))
         .execute(pool)
         .await
@@ -864,9 +856,7 @@ async fn a_cursor_outbox_restored_from_another_cluster_is_relayed() {
     let h = common::postgres().await;
     let (t, table) = h.make("&cursor=true").await;
     t.send_batch(messages(0..3)).await.unwrap();
-    let common::Admin::Postgres(pool) = &h.admin else {
-        unreachable!()
-    };
+    let pool = h.admin.postgres();
     for statement in [
         format!("UPDATE {table} SET relay_tx = relay_tx + 1000000000"),
         format!(

@@ -22,6 +22,17 @@ pub(crate) enum Admin {
 }
 
 impl Admin {
+    /// The PostgreSQL pool of a PostgreSQL harness.
+    #[cfg(feature = "postgres")]
+    #[allow(dead_code, reason = "not every test file uses it")]
+    pub(crate) fn postgres(&self) -> &sqlx::PgPool {
+        match self {
+            Self::Postgres(pool) => pool,
+            #[allow(unreachable_patterns, reason = "one database per feature set")]
+            _ => panic!("not a PostgreSQL harness"),
+        }
+    }
+
     /// Epoch ms from the database clock, as SQL.
     pub(crate) fn now(&self) -> &'static str {
         match self {
