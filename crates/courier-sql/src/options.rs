@@ -194,9 +194,9 @@ impl SqlOptions {
     /// in the order of the writing transactions (priorities are not honoured) and hands the
     /// destination what is left of a message's delay. Every writer of the queue and its relay
     /// use the same setting; rows written without it are adopted when a transport with it
-    /// connects. A cursor outbox is for one relay at a time (others wait on its lease), not
-    /// for workers: a worker consuming it beside the relay would handle what the relay also
-    /// forwards.
+    /// connects, and by the relay's reads (once one finds nothing for a poll window, and every
+    /// minute), with a warning. A cursor outbox is for one relay at a time (others wait on its
+    /// lease), not for workers: its `get` fails, saying so.
     #[must_use]
     pub fn cursor(mut self, on: bool) -> Self {
         self.cursor = on;
