@@ -33,6 +33,19 @@ pub(crate) struct PgState {
     cursor: Option<CursorSql>,
 }
 
+impl Drop for PgState {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .listener
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
 /// The statements of a cursor outbox (see [`courier_core::CursorSource`]): rows are ordered by
 /// `(relay_tx, id)`, the writing transaction's id then the row's.
 #[derive(Debug)]

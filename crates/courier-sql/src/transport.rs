@@ -720,11 +720,12 @@ impl Transport for SqlTransport {
     }
 
     fn as_drain(&self) -> Option<&dyn Drain> {
-        matches!(
+        // A cursor outbox's rows are the cursor's to delete.
+        (matches!(
             Dialect::from_scheme(self.dsn.scheme()),
             Ok(Dialect::Postgres)
-        )
-        .then_some(self as &dyn Drain)
+        ) && !self.options.cursor)
+            .then_some(self as &dyn Drain)
     }
 
     fn as_cursor(&self) -> Option<&dyn CursorSource> {

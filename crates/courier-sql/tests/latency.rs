@@ -74,3 +74,43 @@ async fn an_idle_postgres_consumer_is_woken_by_notify_within_50ms_p50() {
         "p50 {p50:?} is not under 50 ms"
     );
 }
+
+/// A dropped transport's `LISTEN` session ends with it: its listener task does not outlive it
+/// holding a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+async fn a_dropped_postgres_transport_stops_listening() {
+    let h = common::postgres().await;
+    // The harness's transport makes the tables (and drops them at the end); this one is ours.
+    let (_, table) = h.make("").await;
+    let dsn = courier_core::Dsn::parse(&format!("{}?table_name={table}&poll_window=200ms", h.base))
+        .unwrap();
+    let t = courier_sql::SqlTransport::connect("listen", &dsn, courier_test::registry())
+        .await
+        .unwrap();
+    let pool = h.admin.postgres();
+    let listening = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%' AND query LIKE '%' || $1 || '%'",
+        )
+        .bind(&table)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while listening().await == 0 {
+        // The first get starts the listener.
+        let _ = t.get(1).await.unwrap();
+        assert!(Instant::now() < deadline, "the listener never came up");
+    }
+    drop(t);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while listening().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the LISTEN session outlived its transport"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -640,6 +640,7 @@ async fn a_cursor_outbox_relays_in_order_and_empties_behind_itself() {
     let h = common::postgres().await;
     let (t, _) = h.make("&cursor=true").await;
     assert!(t.as_cursor().is_some(), "cursor=true reads by a cursor");
+    assert!(t.as_drain().is_none(), "and only by it");
     assert!(
         h.make("").await.0.as_cursor().is_none(),
         "a plain queue has no cursor"
