@@ -92,6 +92,130 @@ pub enum StepError {
     /// The store failed.
     #[error("run store failed at a step boundary")]
     Store(#[from] StoreError),
+    /// A step's closure failed (the error is classified like the agent's own).
+    #[error("step {index} `{name}` failed")]
+    Failed {
+        /// The step's index.
+        index: i64,
+        /// The step's name.
+        name: String,
+        /// What failed.
+        #[source]
+        error: Box<AgentError>,
+    },
+    /// The step failed on an earlier execution with a terminal error, journaled: replayed.
+    #[error("step {index} `{name}` failed earlier ({class}): {message}")]
+    FailedEarlier {
+        /// The step's index.
+        index: i64,
+        /// The step's name.
+        name: String,
+        /// The failure class journaled.
+        class: FailureClass,
+        /// The error journaled.
+        message: String,
+    },
+    /// A resumed run asked, at a journaled position, for another step than the journal holds
+    /// (the agent's code or its input changed): class `nondeterminism`, never retried.
+    #[error(
+        "nondeterminism at step {index}: the journal holds `{journaled}`, the agent asked for `{requested}`"
+    )]
+    Nondeterminism {
+        /// The position.
+        index: i64,
+        /// The name journaled there.
+        journaled: String,
+        /// The name the agent asked for.
+        requested: String,
+    },
+    /// A step's result is larger than the journal accepts (`runs.max_step_result`): class
+    /// `result_too_large`, never retried.
+    #[error("step {index} `{name}` returned {size} bytes of JSON, over the limit of {limit}")]
+    ResultTooLarge {
+        /// The step's index.
+        index: i64,
+        /// The step's name.
+        name: String,
+        /// Its serialised size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A journaled step cannot be read back (bad JSON, or a result of another shape): class
+    /// `corrupt_journal`, never retried.
+    #[error("step {index} `{name}` has a corrupt journal row: {detail}")]
+    CorruptJournal {
+        /// The step's index (0 when the journal could not be read at all).
+        index: i64,
+        /// The step's name.
+        name: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The run spent a limit of its budget: it ends `failed` / `budget_exhausted`.
+    #[error("budget exhausted before step {index}: {what} used {used} of {limit}")]
+    BudgetExhausted {
+        /// The step that did not run.
+        index: i64,
+        /// Which limit (`tokens_out`, `wall_time_ms`...).
+        what: &'static str,
+        /// What was used.
+        used: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A guarded step began on an earlier execution and never recorded a result, and its policy
+    /// is [`OnAmbiguous::Fail`](crate::OnAmbiguous::Fail): class `ambiguous_effect`.
+    #[error(
+        "step {index} `{name}` is guarded and began without recording a result: its effect may or may not have happened"
+    )]
+    AmbiguousEffect {
+        /// The step's index.
+        index: i64,
+        /// The step's name.
+        name: String,
+    },
+    /// A guarded step with [`OnAmbiguous::Park`](crate::OnAmbiguous::Park) found its intent
+    /// without a result: the run is parked `waiting_for_approval`, naming the step.
+    #[error(
+        "step {index} `{name}` is parked for an operator: its effect may or may not have happened"
+    )]
+    Parked {
+        /// The step's index.
+        index: i64,
+        /// The step's name.
+        name: String,
+    },
+    /// The run entered a durable wait: the execution ends and frees its worker. Propagate it
+    /// with `?`.
+    #[error("the run is waiting (durable wait)")]
+    Suspended {
+        /// The wait's signal was already there when the run was parked: it was woken at once
+        /// and must be dispatched again.
+        woken: bool,
+    },
+}
+
+impl StepError {
+    /// The failure class a step error settles the run with (None: not a failure of the run:
+    /// lease lost, cancelled, suspended, parked, or a store failure).
+    #[must_use]
+    pub fn class(&self) -> Option<FailureClass> {
+        match self {
+            Self::Failed { error, .. } => error.class(),
+            Self::FailedEarlier { class, .. } => Some(*class),
+            Self::Nondeterminism { .. } => Some(FailureClass::Nondeterminism),
+            Self::ResultTooLarge { .. } => Some(FailureClass::ResultTooLarge),
+            Self::CorruptJournal { .. } => Some(FailureClass::CorruptJournal),
+            Self::BudgetExhausted { .. } => Some(FailureClass::BudgetExhausted),
+            Self::AmbiguousEffect { .. } => Some(FailureClass::AmbiguousEffect),
+            Self::LeaseLost
+            | Self::Cancelled
+            | Self::Store(_)
+            | Self::Parked { .. }
+            | Self::Suspended { .. } => None,
+        }
+    }
 }
 
 /// An agent failed.
@@ -123,11 +247,12 @@ impl AgentError {
         Self::Other(error.into())
     }
 
-    /// The failure class (None for step errors, which are not failures).
+    /// The failure class (None for step errors that are not failures: lease lost, cancelled,
+    /// suspended, parked, store failures).
     #[must_use]
     pub fn class(&self) -> Option<FailureClass> {
         match self {
-            Self::Step(_) => None,
+            Self::Step(step) => step.class(),
             Self::Provider(p) => Some(p.class()),
             Self::StepTimeout { .. } => Some(FailureClass::Connection),
             Self::Other(_) => Some(FailureClass::Unknown),
@@ -156,6 +281,8 @@ pub struct RunContext {
     pub(crate) approved: bool,
     /// The input given to resume a run that was waiting for it.
     pub(crate) provided: Option<serde_json::Value>,
+    /// The step journal and the budget (see `journal.rs`).
+    pub(crate) journal: crate::journal::Journal,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -269,7 +396,7 @@ impl RunContext {
     /// A store call of the step boundary, [`within_lease`] for a worker run: unanswered for a
     /// whole lease, the run stops as for a lost lease (whatever the call did, the next owner
     /// goes on from the persisted steps). An interactive run (no lease) waits.
-    async fn within_lease<T>(
+    pub(crate) async fn within_lease<T>(
         &self,
         doing: &'static str,
         call: impl std::future::Future<Output = Result<T, StoreError>>,

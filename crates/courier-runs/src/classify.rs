@@ -29,11 +29,22 @@ pub enum FailureClass {
     Configuration,
     /// Anything else.
     Unknown,
+    /// A resumed run asked for a different step than its journal holds at that position.
+    Nondeterminism,
+    /// A guarded step began and never recorded a result, and its policy is to fail.
+    AmbiguousEffect,
+    /// The run spent one of its budget's limits.
+    BudgetExhausted,
+    /// A step's result is larger than the journal accepts.
+    ResultTooLarge,
+    /// A journaled step's row cannot be read back (edited by hand, or written by an
+    /// incompatible version).
+    CorruptJournal,
 }
 
 impl FailureClass {
     /// Every class.
-    pub const ALL: [FailureClass; 8] = [
+    pub const ALL: [FailureClass; 13] = [
         Self::CircuitOpen,
         Self::Connection,
         Self::Auth,
@@ -42,6 +53,11 @@ impl FailureClass {
         Self::ClientError,
         Self::Configuration,
         Self::Unknown,
+        Self::Nondeterminism,
+        Self::AmbiguousEffect,
+        Self::BudgetExhausted,
+        Self::ResultTooLarge,
+        Self::CorruptJournal,
     ];
 
     /// The stored name.
@@ -56,6 +72,11 @@ impl FailureClass {
             Self::ClientError => "client_error",
             Self::Configuration => "configuration",
             Self::Unknown => "unknown",
+            Self::Nondeterminism => "nondeterminism",
+            Self::AmbiguousEffect => "ambiguous_effect",
+            Self::BudgetExhausted => "budget_exhausted",
+            Self::ResultTooLarge => "result_too_large",
+            Self::CorruptJournal => "corrupt_journal",
         }
     }
 
@@ -64,7 +85,15 @@ impl FailureClass {
     pub fn is_retryable(self) -> bool {
         match self {
             Self::Connection | Self::RateLimit | Self::ServerError | Self::CircuitOpen => true,
-            Self::Auth | Self::ClientError | Self::Configuration | Self::Unknown => false,
+            Self::Auth
+            | Self::ClientError
+            | Self::Configuration
+            | Self::Unknown
+            | Self::Nondeterminism
+            | Self::AmbiguousEffect
+            | Self::BudgetExhausted
+            | Self::ResultTooLarge
+            | Self::CorruptJournal => false,
         }
     }
 }

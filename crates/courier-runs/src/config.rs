@@ -220,6 +220,7 @@ impl RunsConfig {
             lease_check_every: Some((self.lease / 4).min(crate::runtime::CANCEL_CHECK_EVERY)),
             step_timeout: self.step_timeout,
             redispatch_after: Some(self.redispatch_after()),
+            max_step_result: crate::journal::DEFAULT_MAX_STEP_RESULT,
         }
     }
 

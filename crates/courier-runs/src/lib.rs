@@ -68,12 +68,14 @@ mod classify;
 mod config;
 mod handler;
 mod identity;
+mod journal;
 mod message;
 mod reaper;
 mod recovery;
 mod runtime;
 mod scripted;
 mod status;
+mod step;
 mod store;
 mod watch;
 
@@ -83,11 +85,18 @@ pub use config::{BackoffConfig, MIN_LEASE, MIN_REDISPATCH_AFTER, RunsConfig, Run
 pub use courier_core::{Backoff, Jitter};
 pub use handler::RunAgentHandler;
 pub use identity::{new_worker_identity, worker_identity};
+pub use journal::DEFAULT_MAX_STEP_RESULT;
 pub use message::RunAgent;
 pub use reaper::{DEFAULT_REDISPATCH_AFTER, ManualRequeue, ReapOptions, ReapReport, Reaper};
-pub use runtime::{CANCEL_CHECK_EVERY, RunError, Runtime, RuntimeBuilder, RuntimeOptions};
+pub use runtime::{
+    CANCEL_CHECK_EVERY, RunError, Runtime, RuntimeBuilder, RuntimeOptions, SignalSent,
+};
 pub use scripted::ScriptedAgent;
 pub use status::{Outcome, RunStatus, TerminationReason, UnknownName};
+pub use step::{
+    Budget, Effect, JournalMode, OnAmbiguous, Resolution, Signal, StepRecord, StepScope,
+    StepStatus, StepWrite, Usage,
+};
 pub use store::{
     Dialect, Enqueued, Inserted, InvalidCursor, InvalidUnique, MemoryRunStore, NewRun, PageFrom,
     Run, RunCursor, RunEvent, RunPageQuery, RunStore, Settlement, SqlRunStore, SqlRunStoreOptions,

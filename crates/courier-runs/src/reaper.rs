@@ -29,6 +29,9 @@ pub struct ReapReport {
     /// Queued runs overdue past [`Reaper::redispatch_after`] whose `RunAgent` was dispatched
     /// again (their message was presumably lost). Not counted in `selected`.
     pub redispatched: usize,
+    /// Runs in a durable wait whose due time passed (a sleep's end, a signal's timeout), woken
+    /// and dispatched. Not counted in `selected`.
+    pub woken: usize,
 }
 
 impl fmt::Display for ReapReport {
@@ -40,6 +43,9 @@ impl fmt::Display for ReapReport {
         )?;
         if self.redispatched > 0 {
             write!(f, ", {} re-dispatched", self.redispatched)?;
+        }
+        if self.woken > 0 {
+            write!(f, ", {} woken from a durable wait", self.woken)?;
         }
         f.write_str(".")
     }
@@ -160,6 +166,7 @@ impl Reaper {
         };
         let mut report = self.reap_stale(options).await?;
         report.redispatched = owed + self.redispatch_overdue(options).await?;
+        report.woken = self.wake_due(options).await?;
         if !options.dry_run {
             use courier_core::metrics as m;
             metrics::counter!(m::REAPER_REQUEUED).increment(report.requeued as u64);
@@ -204,6 +211,32 @@ impl Reaper {
             }
         }
         Ok(redispatched)
+    }
+
+    /// Wakes the runs whose durable wait is due (one guarded UPDATE each, so two reapers never
+    /// both dispatch) and dispatches them; a failed dispatch leaves the run queued, for the
+    /// overdue pass.
+    async fn wake_due(&self, options: ReapOptions) -> Result<usize, RunError> {
+        let due = self.store.select_due_waits(options.limit).await?;
+        if options.dry_run {
+            return Ok(due.len());
+        }
+        let mut woken = 0;
+        for run in due {
+            if !self.store.wake(run.id, None).await? {
+                continue;
+            }
+            match dispatch_run(&self.bus, run.id, None).await {
+                Ok(()) => woken += 1,
+                Err(e) => {
+                    if e.is_transient_dispatch() {
+                        self.owe(run.id);
+                    }
+                    tracing::warn!(courier.run.id = %run.id, error = %e, "dispatch of a woken run failed; it stays queued");
+                }
+            }
+        }
+        Ok(woken)
     }
 
     async fn redispatch_overdue(&self, options: ReapOptions) -> Result<usize, RunError> {

@@ -50,6 +50,9 @@ pub struct RuntimeOptions {
     /// How long past its due time a queued run waits before the reaper dispatches it again
     /// (None: the lease).
     pub redispatch_after: Option<Duration>,
+    /// The largest result a step may journal, in bytes of JSON (default 1 MiB): a larger one
+    /// fails the run with class `result_too_large`.
+    pub max_step_result: usize,
 }
 
 impl Default for RuntimeOptions {
@@ -61,6 +64,7 @@ impl Default for RuntimeOptions {
             lease_check_every: Some(CANCEL_CHECK_EVERY),
             step_timeout: None,
             redispatch_after: None,
+            max_step_result: crate::journal::DEFAULT_MAX_STEP_RESULT,
         }
     }
 }
@@ -90,6 +94,16 @@ pub enum RunError {
     /// No agent of that name is registered.
     #[error("unknown agent `{0}`")]
     UnknownAgent(String),
+    /// The run waits for another signal than the one sent (nothing was recorded).
+    #[error("run {run_id} is not waiting for signal `{name}`{}", match waiting_for { Some(w) => format!(" (it waits for `{w}`)"), None => String::new() })]
+    UnknownSignal {
+        /// The run.
+        run_id: Uuid,
+        /// The signal sent.
+        name: String,
+        /// The signal it waits for.
+        waiting_for: Option<String>,
+    },
     /// The run does not exist.
     #[error("run {0} not found")]
     NotFound(Uuid),
@@ -351,11 +365,33 @@ impl Runtime {
     /// # Errors
     /// Store failure, [`RunError::Dispatch`], [`RunError::NotRegistered`].
     pub async fn enqueue(&self, agent: &str, input: serde_json::Value) -> Result<Uuid, RunError> {
-        let run = NewRun {
-            id: Uuid::new_v4(),
-            agent: agent.to_owned(),
-            input,
-        };
+        self.submit(NewRun::new(agent, input)).await
+    }
+
+    /// Inserts the `queued` run `run` (its id, agent, input and [`Budget`](crate::Budget)) and
+    /// dispatches `RunAgent` for it, as [`Runtime::enqueue`] does.
+    ///
+    /// ```
+    /// use courier_core::MessageBus;
+    /// use courier_runs::{Budget, MemoryRunStore, NewRun, Runtime, ScriptedAgent};
+    /// use std::sync::Arc;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let runtime = Runtime::builder(Arc::new(MemoryRunStore::new())).agent("scripted", ScriptedAgent).build();
+    /// let bus = runtime
+    ///     .register(MessageBus::builder().sync_transport("sync").route("courier.run_agent", ["sync"]))
+    ///     .build();
+    /// let mut run = NewRun::new("scripted", serde_json::json!({"steps": [{"output": "done"}]}));
+    /// run.budget = Some(Budget::new().tokens_out(1_000));
+    /// let id = runtime.submit(run).await?;
+    /// assert_eq!(runtime.store().find(id).await?.unwrap().budget, Some(Budget::new().tokens_out(1_000)));
+    /// # drop(bus);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Runtime::enqueue`].
+    pub async fn submit(&self, run: NewRun) -> Result<Uuid, RunError> {
         self.inner.store.insert_queued(&run).await?;
         self.dispatch_new(run.id).await?;
         Ok(run.id)
@@ -393,11 +429,7 @@ impl Runtime {
         input: serde_json::Value,
         unique: UniqueKey,
     ) -> Result<Enqueued, RunError> {
-        let run = NewRun {
-            id: Uuid::new_v4(),
-            agent: agent.to_owned(),
-            input,
-        };
+        let run = NewRun::new(agent, input);
         match self.inner.store.insert_queued_unique(&run, &unique).await? {
             Inserted::Duplicate(holder) => {
                 tracing::debug!(courier.run.id = %holder, courier.run.unique_key = unique.key(), "duplicate run not enqueued");
@@ -504,11 +536,7 @@ impl Runtime {
         let run = self
             .inner
             .store
-            .insert_interactive(&NewRun {
-                id: Uuid::new_v4(),
-                agent: agent.to_owned(),
-                input,
-            })
+            .insert_interactive(&NewRun::new(agent, input))
             .await?;
         let id = run.id;
         Ok((id, self.interactive(handler, run, Resume::default()).await?))
@@ -610,6 +638,119 @@ impl Runtime {
         self.interactive(agent, run, resume).await
     }
 
+    /// Sends the signal `name` to a run: journaled with the run (its data, who sent it, when) and
+    /// delivered once, to the first [`RunContext::wait_for_signal`](crate::RunContext::wait_for_signal)
+    /// for that name that has not consumed one. A run waiting for it is queued and dispatched at
+    /// once; a run still running or queued finds it when it reaches the wait.
+    ///
+    /// # Errors
+    /// [`RunError::NotFound`]; [`RunError::UnknownSignal`] when the run waits for another
+    /// signal (nothing is recorded); [`RunError::WrongStatus`] for a finished run; store and
+    /// dispatch failures (a woken run whose dispatch failed stays queued for the reaper).
+    pub async fn signal(
+        &self,
+        run_id: Uuid,
+        name: &str,
+        data: serde_json::Value,
+        by: Option<&str>,
+    ) -> Result<SignalSent, RunError> {
+        let store = &self.inner.store;
+        let run = store
+            .find(run_id)
+            .await?
+            .ok_or(RunError::NotFound(run_id))?;
+        if run.status.is_terminal() {
+            return Err(RunError::WrongStatus {
+                run_id,
+                status: run.status,
+                expected: RunStatus::Waiting,
+            });
+        }
+        if run.status == RunStatus::Waiting && run.wait_signal.as_deref() != Some(name) {
+            return Err(RunError::UnknownSignal {
+                run_id,
+                name: name.to_owned(),
+                waiting_for: run.wait_signal,
+            });
+        }
+        let payload = serde_json::json!({ "name": name, "data": data, "by": by });
+        let seq = store
+            .append_event(run_id, crate::step::SIGNAL_EVENT, &payload)
+            .await?;
+        tracing::info!(courier.run.id = %run_id, signal = name, seq, "signal recorded");
+        if store.wake(run_id, Some(name)).await? {
+            self.dispatch(run_id, None).await?;
+            return Ok(SignalSent::Woken);
+        }
+        Ok(SignalSent::Buffered)
+    }
+
+    /// Resolves a guarded step a run parked on (`waiting_for_approval`, the step named in its
+    /// `pending_effect`): run it again with the same key, skip it with a result, or fail the run.
+    /// A retried or skipped step's run is queued and dispatched.
+    ///
+    /// # Errors
+    /// [`RunError::NotFound`]; [`RunError::WrongStatus`] when the run is not parked on a step;
+    /// store and dispatch failures.
+    pub async fn resolve_step(
+        &self,
+        run_id: Uuid,
+        resolution: crate::Resolution,
+    ) -> Result<Outcome, RunError> {
+        let store = &self.inner.store;
+        let run = store
+            .find(run_id)
+            .await?
+            .ok_or(RunError::NotFound(run_id))?;
+        let parked = store
+            .steps(run_id)
+            .await?
+            .into_iter()
+            .filter(|s| s.status == crate::StepStatus::Intent)
+            .max_by_key(|s| s.index);
+        let (Some(step), RunStatus::WaitingForApproval) = (parked, run.status) else {
+            return Err(RunError::WrongStatus {
+                run_id,
+                status: run.status,
+                expected: RunStatus::WaitingForApproval,
+            });
+        };
+        let (status, output) = match resolution {
+            crate::Resolution::Fail => {
+                let class = Some(crate::FailureClass::AmbiguousEffect);
+                let reason = TerminationReason::NotRetryable;
+                let owner = run.claimed_by.as_deref();
+                let settled = store
+                    .settle(run_id, owner, &Settlement::failed(reason, class))
+                    .await?;
+                if !settled {
+                    return Err(RunError::WrongStatus {
+                        run_id,
+                        status: store.find(run_id).await?.map_or(run.status, |r| r.status),
+                        expected: RunStatus::WaitingForApproval,
+                    });
+                }
+                return Ok(Outcome::Failed { reason, class });
+            }
+            crate::Resolution::Retry => (crate::StepStatus::Retry, None),
+            crate::Resolution::Skip(value) => (crate::StepStatus::Done, Some(value)),
+        };
+        store
+            .resolve_step(run_id, step.index, status, output.as_ref())
+            .await?;
+        if !store.release_parked(run_id).await? {
+            return Err(RunError::WrongStatus {
+                run_id,
+                status: store.find(run_id).await?.map_or(run.status, |r| r.status),
+                expected: RunStatus::WaitingForApproval,
+            });
+        }
+        self.dispatch(run_id, None).await?;
+        Ok(Outcome::Requeued {
+            delay: Duration::ZERO,
+        })
+    }
+
     /// Cancels a run in any non-terminal status; returns false when it was already terminal.
     /// A running agent stops at its next step boundary.
     ///
@@ -647,6 +788,7 @@ impl Runtime {
         let run_id = run.id;
         let token = CancellationToken::new();
         let steps = StepClock::start();
+        let run_row = run.clone();
         let mut cx = RunContext {
             steps: steps.clone(),
             run,
@@ -657,6 +799,7 @@ impl Runtime {
             token: token.clone(),
             approved: resume.approved,
             provided: resume.input,
+            journal: crate::journal::Journal::new(&run_row, self.inner.options.max_step_result),
         };
         let watch = watch_lease(
             self.inner.store.clone(),
@@ -741,6 +884,33 @@ impl Runtime {
                 return Ok(Executed::Outcome(Outcome::Cancelled));
             }
             Err(AgentError::Step(StepError::Store(e))) => return Err(e.into()),
+            Err(AgentError::Step(StepError::Suspended { woken })) => {
+                if woken && let Err(e) = self.dispatch(run_id, None).await {
+                    tracing::warn!(courier.run.id = %run_id, error = %e, "dispatch of a run woken by its signal failed; the reaper dispatches it again");
+                }
+                return Ok(Executed::Outcome(Outcome::Waiting));
+            }
+            Err(AgentError::Step(StepError::Parked { index, name })) => {
+                tracing::warn!(courier.run.id = %run_id, step = index, name, "guarded step began without a result: run parked for an operator");
+                (
+                    Settlement {
+                        status: RunStatus::WaitingForApproval,
+                        reason: None,
+                        class: None,
+                        output: None,
+                    },
+                    Outcome::AwaitingApproval,
+                )
+            }
+            Err(AgentError::Step(e @ StepError::BudgetExhausted { .. })) => {
+                tracing::warn!(courier.run.id = %run_id, error = %e, "run stopped: budget exhausted");
+                let class = Some(crate::FailureClass::BudgetExhausted);
+                let reason = TerminationReason::BudgetExhausted;
+                (
+                    Settlement::failed(reason, class),
+                    Outcome::Failed { reason, class },
+                )
+            }
             Err(error) => return Ok(Executed::Failed(error)),
         };
         Ok(Executed::Outcome(
@@ -772,6 +942,16 @@ impl Runtime {
             _ => Outcome::LeaseLost,
         })
     }
+}
+
+/// What [`Runtime::signal`] did with a signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SignalSent {
+    /// The run waited for it: it was queued and dispatched.
+    Woken,
+    /// The run was not waiting yet: it finds the signal when it reaches its wait.
+    Buffered,
 }
 
 /// How an interactive execution resumes a waiting run.

@@ -21,7 +21,16 @@ use crate::{FailureClass, ProviderError};
 /// - `{"await_approval": true}`: stops `waiting_for_approval` unless this execution was approved;
 /// - `{"await_input": PROMPT}`: stops `waiting_for_input` (step `input_requested` with the prompt)
 ///   unless this execution was given input, which it records as step `input_received`;
-/// - `{"output": V}`: completes with V (steps after it are not played).
+/// - `{"output": V}`: completes with V (steps after it are not played);
+/// - `{"step": NAME, "effect": E, "ms": N, "tokens_out": T, "result": V}`: a durable step
+///   ([`RunContext::step`]): journaled once, replayed on every later execution. E is `pure`
+///   (default), `idempotent`, `guarded` (retry with the same key), `guarded_park` or
+///   `guarded_fail`; it works N ms, reports T completion tokens and returns V (default: its
+///   name);
+/// - `{"durable_sleep_ms": N}`: a durable sleep ([`RunContext::sleep`]): the worker is freed;
+/// - `{"wait_signal": NAME, "timeout_ms": N}`: a durable wait for a signal
+///   ([`RunContext::wait_for_signal`]); its data (or `"timeout"`) is checkpointed as step
+///   `signal`.
 ///
 /// With no `output` step the run completes with `null`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -41,7 +50,7 @@ fn failure(class: &str) -> Result<ProviderError, AgentError> {
         FailureClass::Configuration => {
             ProviderError::Configuration("scripted configuration failure".into())
         }
-        FailureClass::Unknown => ProviderError::Other("scripted unknown failure".into()),
+        other => ProviderError::Other(format!("scripted {other} failure")),
     })
 }
 
@@ -115,6 +124,20 @@ impl Agent for ScriptedAgent {
                         return Ok(AgentOutcome::AwaitingInput);
                     }
                 }
+            } else if let Some(name) = obj.get("step").and_then(Value::as_str) {
+                durable_step(cx, name, obj).await?;
+            } else if let Some(ms) = obj.get("durable_sleep_ms").and_then(Value::as_u64) {
+                cx.sleep(Duration::from_millis(ms)).await?;
+            } else if let Some(name) = obj.get("wait_signal").and_then(Value::as_str) {
+                let timeout = obj
+                    .get("timeout_ms")
+                    .and_then(Value::as_u64)
+                    .map(Duration::from_millis);
+                let got = match cx.wait_for_signal(name, timeout).await? {
+                    crate::Signal::Received { data, .. } => data,
+                    _ => json!("timeout"),
+                };
+                cx.checkpoint(Step::new("signal", got)).await?;
             } else if let Some(output) = obj.get("output") {
                 cx.checkpoint(Step::new("output", output.clone())).await?;
                 return Ok(AgentOutcome::Completed(output.clone()));
@@ -124,4 +147,42 @@ impl Agent for ScriptedAgent {
         }
         Ok(AgentOutcome::Completed(Value::Null))
     }
+}
+
+/// A scripted durable step (see [`ScriptedAgent`]).
+async fn durable_step(
+    cx: &mut RunContext,
+    name: &str,
+    obj: &serde_json::Map<String, Value>,
+) -> Result<(), AgentError> {
+    use crate::{Effect, OnAmbiguous, Usage};
+    let effect = match obj.get("effect").and_then(Value::as_str).unwrap_or("pure") {
+        "pure" => Effect::Pure,
+        "idempotent" => Effect::Idempotent,
+        "guarded" => Effect::Guarded(OnAmbiguous::Retry),
+        "guarded_park" => Effect::Guarded(OnAmbiguous::Park),
+        "guarded_fail" => Effect::Guarded(OnAmbiguous::Fail),
+        other => {
+            return Err(AgentError::Provider(ProviderError::Configuration(format!(
+                "scripted: unknown effect `{other}`"
+            ))));
+        }
+    };
+    let ms = obj.get("ms").and_then(Value::as_u64).unwrap_or(0);
+    let tokens_out = obj.get("tokens_out").and_then(Value::as_u64).unwrap_or(0);
+    let result = obj.get("result").cloned().unwrap_or_else(|| json!(name));
+    let token = cx.cancellation().clone();
+    let _: Value = cx
+        .step(name, effect, |scope| async move {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                () = token.cancelled() => return Err(StepError::LeaseLost.into()),
+            }
+            if tokens_out > 0 {
+                scope.report(Usage::tokens(0, tokens_out));
+            }
+            Ok(result)
+        })
+        .await?;
+    Ok(())
 }

@@ -21,6 +21,9 @@ pub enum RunStatus {
     WaitingForApproval,
     /// Stopped until someone gives it input.
     WaitingForInput,
+    /// Parked by a durable wait (`RunContext::sleep`, `RunContext::wait_for_signal`) until its
+    /// due time or its signal: no lease, no worker holds it.
+    Waiting,
     /// Finished successfully (terminal).
     Completed,
     /// Finished with a failure; `failed` plus a termination reason is the dead letter (terminal).
@@ -31,11 +34,12 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// Every status, in lifecycle order.
-    pub const ALL: [RunStatus; 7] = [
+    pub const ALL: [RunStatus; 8] = [
         Self::Queued,
         Self::Running,
         Self::WaitingForApproval,
         Self::WaitingForInput,
+        Self::Waiting,
         Self::Completed,
         Self::Failed,
         Self::Cancelled,
@@ -49,6 +53,7 @@ impl RunStatus {
             Self::Running => "running",
             Self::WaitingForApproval => "waiting_for_approval",
             Self::WaitingForInput => "waiting_for_input",
+            Self::Waiting => "waiting",
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -59,9 +64,11 @@ impl RunStatus {
     #[must_use]
     pub fn is_terminal(self) -> bool {
         match self {
-            Self::Queued | Self::Running | Self::WaitingForApproval | Self::WaitingForInput => {
-                false
-            }
+            Self::Queued
+            | Self::Running
+            | Self::WaitingForApproval
+            | Self::WaitingForInput
+            | Self::Waiting => false,
             Self::Completed | Self::Failed | Self::Cancelled => true,
         }
     }
@@ -223,6 +230,9 @@ pub enum Outcome {
     LeaseLost,
     /// The claim was lost (the run was not `queued`): a non-event, nothing ran.
     NotClaimed,
+    /// The run is in a durable wait (`waiting`): no lease, no worker holds it until its due
+    /// time or its signal.
+    Waiting,
 }
 
 impl Outcome {
@@ -236,6 +246,7 @@ impl Outcome {
             Self::Cancelled => "cancelled",
             Self::Requeued { .. } => "requeued",
             Self::LeaseLost => "lease_lost",
+            Self::Waiting => "waiting",
             Self::NotClaimed => "not_claimed",
         }
     }

@@ -501,6 +501,7 @@ async fn dispatch_failure_after_a_requeue_settles_the_queued_row() {
         id: Uuid::new_v4(),
         agent: "scripted".into(),
         input: json!({"steps": [{"fail": "server_error"}]}),
+        budget: None,
     };
     store.insert_queued(&run).await.unwrap();
     let outcome = rt.run_queued(run.id).await.unwrap();
@@ -667,6 +668,7 @@ async fn handler_never_fails_for_a_run_outcome_and_duplicates_are_harmless() {
         id: Uuid::new_v4(),
         agent: "failing".into(),
         input: json!({}),
+        budget: None,
     };
     store.insert_queued(&run).await.unwrap();
     bus.dispatch(courier_runs::RunAgent { run_id: run.id })
@@ -826,6 +828,45 @@ impl RunStore for Tweaked {
     async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
         self.inner.events(id).await
     }
+    async fn steps(&self, id: Uuid) -> Result<Vec<courier_runs::StepRecord>, StoreError> {
+        self.inner.steps(id).await
+    }
+    async fn journal(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        lease: Duration,
+        write: &courier_runs::StepWrite,
+    ) -> Result<bool, StoreError> {
+        self.inner.journal(id, owner, lease, write).await
+    }
+    async fn suspend(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        until: i64,
+        signal: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.inner.suspend(id, owner, until, signal).await
+    }
+    async fn select_due_waits(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
+        self.inner.select_due_waits(limit).await
+    }
+    async fn wake(&self, id: Uuid, signal: Option<&str>) -> Result<bool, StoreError> {
+        self.inner.wake(id, signal).await
+    }
+    async fn release_parked(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.inner.release_parked(id).await
+    }
+    async fn resolve_step(
+        &self,
+        id: Uuid,
+        index: i64,
+        status: courier_runs::StepStatus,
+        output: Option<&serde_json::Value>,
+    ) -> Result<bool, StoreError> {
+        self.inner.resolve_step(id, index, status, output).await
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -841,6 +882,7 @@ async fn reaper_counts_a_run_whose_heartbeat_won_as_skipped() {
         id: Uuid::new_v4(),
         agent: "scripted".into(),
         input: json!({}),
+        budget: None,
     };
     memory.insert_queued(&run).await.unwrap();
     assert!(
@@ -904,6 +946,7 @@ async fn a_transport_outage_after_a_requeue_leaves_the_run_queued_for_the_reaper
         id: Uuid::new_v4(),
         agent: "scripted".into(),
         input: json!({"steps": [{"fail": "server_error"}]}),
+        budget: None,
     };
     store.insert_queued(&run).await.unwrap();
     let outcome = rt.run_queued(run.id).await.unwrap();
@@ -932,6 +975,7 @@ async fn a_dispatch_lost_to_an_outage_is_retried_on_the_next_pass() {
         id: Uuid::new_v4(),
         agent: "scripted".into(),
         input: json!({ "steps": steps }),
+        budget: None,
     };
     let (stale, overdue) = (insert(json!([])), insert(json!([])));
     store.insert_queued(&stale).await.unwrap();
@@ -991,6 +1035,7 @@ async fn a_transport_outage_after_a_stale_requeue_leaves_the_run_queued() {
         id: Uuid::new_v4(),
         agent: "scripted".into(),
         input: json!({"steps": []}),
+        budget: None,
     };
     store.insert_queued(&run).await.unwrap();
     assert!(

@@ -72,6 +72,7 @@ async fn claim_and_inserts_return_the_row_as_stored(fx: &Fixture) {
             id: Uuid::new_v4(),
             agent: "scripted".into(),
             input: serde_json::json!({"x": [1, 2]}),
+            budget: None,
         })
         .await
         .unwrap();
@@ -163,6 +164,7 @@ async fn stale_select_sees_only_expired_worker_leases(fx: &Fixture) {
         id: uuid::Uuid::new_v4(),
         agent: "scripted".into(),
         input: serde_json::json!({}),
+        budget: None,
     };
     let interactive = fx.store.insert_interactive(&interactive).await.unwrap();
     assert_eq!(

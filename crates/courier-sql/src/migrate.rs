@@ -204,6 +204,16 @@ pub static RUNS: Migrations = Migrations {
             )),
             present_when: None,
         },
+        Migration {
+            version: 10,
+            description: "courier runs steps",
+            sqlite: include_str!("../migrations/sqlite/0010_courier_runs_steps.sql"),
+            postgres: include_str!("../migrations/postgres/0010_courier_runs_steps.sql"),
+            mysql: Some(include_str!(
+                "../migrations/mysql/0010_courier_runs_steps.sql"
+            )),
+            present_when: None,
+        },
     ],
 };
 

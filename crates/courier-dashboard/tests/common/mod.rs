@@ -113,6 +113,7 @@ async fn new_run(store: &SqlRunStore, agent: &str, input: serde_json::Value) -> 
             id,
             agent: agent.into(),
             input,
+            budget: None,
         })
         .await
         .unwrap();

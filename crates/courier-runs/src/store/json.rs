@@ -34,6 +34,13 @@ impl Run {
             "updated_at": rfc3339_ms(self.updated_at),
             // When a queued run is due (the reaper re-dispatches it well past that); null otherwise.
             "due_at": (self.status == RunStatus::Queued).then(|| rfc3339_ms(self.due_at)),
+            // When a run in a durable wait wakes (its sleep, or its signal's timeout); null otherwise.
+            "wakes_at": (self.status == RunStatus::Waiting && self.due_at < crate::step::FOREVER)
+                .then(|| rfc3339_ms(self.due_at)),
+            "wait_signal": self.wait_signal,
+            "budget": self.budget,
+            "usage": self.usage,
+            "steps_replayed": self.steps_replayed,
         })
     }
 
@@ -87,6 +94,10 @@ mod tests {
             finished_at: None,
             updated_at: 1_000,
             due_at: 1_000,
+            budget: None,
+            usage: crate::Usage::default(),
+            steps_replayed: 0,
+            wait_signal: None,
         };
         let v = run.to_json_with_events(&[]);
         assert_eq!(v["created_at"], "1970-01-01T00:00:01.000Z");

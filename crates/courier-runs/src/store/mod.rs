@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::step::{Budget, StepRecord, StepStatus, StepWrite, Usage};
 use crate::{FailureClass, RunStatus, TerminationReason};
 
 pub use json::rfc3339_ms;
@@ -56,7 +57,16 @@ pub struct Run {
     pub updated_at: i64,
     /// When a queued run is due, epoch ms: when it was queued, plus the delay of a requeue with
     /// backoff. The reaper re-dispatches a run still queued long past it (its message was lost).
+    /// For a run in a durable wait: when the wait ends (its sleep, or its signal's timeout).
     pub due_at: i64,
+    /// The run's limits, if it was submitted with any.
+    pub budget: Option<Budget>,
+    /// What its journaled steps used, in total.
+    pub usage: Usage,
+    /// How many journaled steps its executions replayed instead of running.
+    pub steps_replayed: u64,
+    /// The signal a run in a durable wait waits for.
+    pub wait_signal: Option<String>,
 }
 
 /// One persisted step of a run.
@@ -83,6 +93,21 @@ pub struct NewRun {
     pub agent: String,
     /// The input.
     pub input: serde_json::Value,
+    /// Its limits (None: none), stored with the run.
+    pub budget: Option<Budget>,
+}
+
+impl NewRun {
+    /// A new run of `agent` with `input`, a fresh id and no budget.
+    #[must_use]
+    pub fn new(agent: impl Into<String>, input: serde_json::Value) -> Self {
+        Self {
+            id: Uuid::new_v4(),
+            agent: agent.into(),
+            input,
+            budget: None,
+        }
+    }
 }
 
 /// How a run ends (or pauses): the values [`RunStore::settle`] writes.
@@ -291,6 +316,47 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<i64, StoreError>;
     /// The events of a run, in seq order.
     async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError>;
+    /// The step journal of a run, in index order.
+    async fn steps(&self, id: Uuid) -> Result<Vec<StepRecord>, StoreError>;
+    /// Journals a step in the write that renews the lease: the renew guard (`id AND running AND
+    /// claimed_by <=> owner`) -> lease = now + lease, the write's usage and replays added to
+    /// the run, and the step row inserted ([`JournalMode::Insert`](crate::JournalMode)) or the
+    /// row holding its intent, retry or wait finished ([`JournalMode::Finish`](crate::JournalMode)).
+    /// One statement on PostgreSQL, one transaction elsewhere. `false`: the guard refused and
+    /// nothing was written.
+    async fn journal(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        lease: Duration,
+        write: &StepWrite,
+    ) -> Result<bool, StoreError>;
+    /// Parks a running run in a durable wait: the renew guard -> `waiting`, due at `until`
+    /// (epoch ms), waiting for `signal` if any, claim and lease cleared.
+    async fn suspend(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        until: i64,
+        signal: Option<&str>,
+    ) -> Result<bool, StoreError>;
+    /// Runs in a durable wait whose due time has passed, earliest first.
+    async fn select_due_waits(&self, limit: usize) -> Result<Vec<Run>, StoreError>;
+    /// Wakes a run in a durable wait: `id AND waiting AND` (its due time has passed, or, with
+    /// `signal`, it waits for that signal) -> `queued`, due now.
+    async fn wake(&self, id: Uuid, signal: Option<&str>) -> Result<bool, StoreError>;
+    /// Releases a run parked on a guarded step: `id AND waiting_for_approval` -> `queued`, due
+    /// now, pending effect cleared.
+    async fn release_parked(&self, id: Uuid) -> Result<bool, StoreError>;
+    /// Rewrites a journaled step that holds an intent (an operator resolving a parked step):
+    /// `run AND index AND status = intent` -> `status`, `output`.
+    async fn resolve_step(
+        &self,
+        id: Uuid,
+        index: i64,
+        status: StepStatus,
+        output: Option<&serde_json::Value>,
+    ) -> Result<bool, StoreError>;
 }
 
 const _: () = {

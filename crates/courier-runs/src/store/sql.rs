@@ -234,6 +234,7 @@ impl SqlRunStore {
         let runs = &self.options.runs_table;
         for t in [
             self.options.events_table.clone(),
+            format!("{runs}_steps"),
             runs.clone(),
             format!("{runs}_migrations"),
         ] {
@@ -376,5 +377,51 @@ impl RunStore for SqlRunStore {
 
     async fn events(&self, id: Uuid) -> Result<Vec<RunEvent>, StoreError> {
         self.engine.events(id).await
+    }
+
+    async fn steps(&self, id: Uuid) -> Result<Vec<crate::StepRecord>, StoreError> {
+        self.engine.steps(id).await
+    }
+
+    async fn journal(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        lease: Duration,
+        write: &crate::StepWrite,
+    ) -> Result<bool, StoreError> {
+        self.engine.journal(id, owner, lease, write).await
+    }
+
+    async fn suspend(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        until: i64,
+        signal: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.engine.suspend(id, owner, until, signal).await
+    }
+
+    async fn select_due_waits(&self, n: usize) -> Result<Vec<Run>, StoreError> {
+        self.engine.select_due_waits(n).await
+    }
+
+    async fn wake(&self, id: Uuid, signal: Option<&str>) -> Result<bool, StoreError> {
+        self.engine.wake(id, signal).await
+    }
+
+    async fn release_parked(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.engine.release_parked(id).await
+    }
+
+    async fn resolve_step(
+        &self,
+        id: Uuid,
+        index: i64,
+        status: crate::StepStatus,
+        output: Option<&serde_json::Value>,
+    ) -> Result<bool, StoreError> {
+        self.engine.resolve_step(id, index, status, output).await
     }
 }

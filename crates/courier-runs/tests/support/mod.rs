@@ -180,6 +180,7 @@ impl Fixture {
             id: Uuid::new_v4(),
             agent: agent.into(),
             input: serde_json::json!({"n": 1}),
+            budget: None,
         };
         self.store.insert_queued(&run).await.expect("insert")
     }

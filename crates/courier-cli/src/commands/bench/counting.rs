@@ -265,6 +265,52 @@ impl RunStore for CountingStore {
         self.bump("events");
         self.inner.events(id).await
     }
+    async fn steps(&self, id: Uuid) -> Result<Vec<courier_runs::StepRecord>, StoreError> {
+        self.bump("steps");
+        self.inner.steps(id).await
+    }
+    async fn journal(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        lease: Duration,
+        write: &courier_runs::StepWrite,
+    ) -> Result<bool, StoreError> {
+        self.bump("journal");
+        self.inner.journal(id, owner, lease, write).await
+    }
+    async fn suspend(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        until: i64,
+        signal: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.bump("suspend");
+        self.inner.suspend(id, owner, until, signal).await
+    }
+    async fn select_due_waits(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
+        self.bump("select_due_waits");
+        self.inner.select_due_waits(limit).await
+    }
+    async fn wake(&self, id: Uuid, signal: Option<&str>) -> Result<bool, StoreError> {
+        self.bump("wake");
+        self.inner.wake(id, signal).await
+    }
+    async fn release_parked(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.bump("release_parked");
+        self.inner.release_parked(id).await
+    }
+    async fn resolve_step(
+        &self,
+        id: Uuid,
+        index: i64,
+        status: courier_runs::StepStatus,
+        output: Option<&serde_json::Value>,
+    ) -> Result<bool, StoreError> {
+        self.bump("resolve_step");
+        self.inner.resolve_step(id, index, status, output).await
+    }
 }
 
 /// The transport operations counted, in the order of [`CountingTransport::calls`].

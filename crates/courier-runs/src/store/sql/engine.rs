@@ -10,6 +10,8 @@ use courier_sql::{Dialect, SqlDatabase};
 use sqlx::{Pool, Row as _};
 use uuid::Uuid;
 
+mod steps;
+
 use super::listing::PageQueries;
 use super::queries::Queries;
 use super::{Engine, SqlRunStoreOptions, db};
@@ -75,6 +77,7 @@ pub(super) struct Runs<DB: RunDialect> {
     events: String,
     q: Queries,
     pub(super) pages: PageQueries,
+    sq: steps::StepQueries,
     /// The database has `INSERT ... RETURNING`: an insert returns the new row (or sequence
     /// number) in the same statement.
     insert_returning: bool,
@@ -99,6 +102,7 @@ impl<DB: RunDialect> Runs<DB> {
                 insert_returning,
             ),
             pages: PageQueries::new(DB::DIALECT, &options.runs_table),
+            sq: steps::StepQueries::new(DB::DIALECT, &options.runs_table),
             insert_returning,
         }
     }
@@ -180,7 +184,37 @@ where
         finished_at: column(row, "finished_at")?,
         updated_at: column(row, "updated_at")?,
         due_at: column(row, "due_at")?,
+        budget: column::<_, Option<serde_json::Value>>(row, "budget")?
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("column `budget`: {e}")))?,
+        usage: crate::Usage {
+            tokens_in: counter(row, "used_tokens_in")?,
+            tokens_out: counter(row, "used_tokens_out")?,
+            cost_micros: counter(row, "used_cost")?,
+            tool_calls: counter(row, "used_tool_calls")?,
+            turns: counter(row, "used_turns")?,
+        },
+        steps_replayed: counter(row, "steps_replayed")?,
+        wait_signal: column(row, "wait_signal")?,
     })
+}
+
+/// A usage counter (a BIGINT that is never negative).
+fn counter<'r, R>(row: &'r R, col: &str) -> Result<u64, StoreError>
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database>,
+{
+    Ok(u64::try_from(column::<_, i64>(row, col)?).unwrap_or(0))
+}
+
+/// A run's budget as bound to its column.
+fn budget_json(run: &NewRun) -> Option<serde_json::Value> {
+    run.budget
+        .filter(|b| !b.is_unlimited())
+        .and_then(|b| serde_json::to_value(b).ok())
 }
 
 /// A decode failure inside `FromRow` back to the store's own error.
@@ -550,6 +584,52 @@ where
             })
             .collect()
     }
+
+    async fn steps(&self, id: Uuid) -> Result<Vec<crate::StepRecord>, StoreError> {
+        self.select_steps(id).await
+    }
+
+    async fn journal(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        lease: Duration,
+        write: &crate::StepWrite,
+    ) -> Result<bool, StoreError> {
+        self.journal_step(id, owner, lease, write).await
+    }
+
+    async fn suspend(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        until: i64,
+        signal: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.suspend_run(id, owner, until, signal).await
+    }
+
+    async fn select_due_waits(&self, n: usize) -> Result<Vec<Run>, StoreError> {
+        self.due_waits(n).await
+    }
+
+    async fn wake(&self, id: Uuid, signal: Option<&str>) -> Result<bool, StoreError> {
+        self.wake_run(id, signal).await
+    }
+
+    async fn release_parked(&self, id: Uuid) -> Result<bool, StoreError> {
+        self.release_parked_run(id).await
+    }
+
+    async fn resolve_step(
+        &self,
+        id: Uuid,
+        index: i64,
+        status: crate::StepStatus,
+        output: Option<&serde_json::Value>,
+    ) -> Result<bool, StoreError> {
+        self.resolve_parked_step(id, index, status, output).await
+    }
 }
 
 impl<DB> Runs<DB>
@@ -561,6 +641,7 @@ where
     for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<serde_json::Value>: sqlx::Encode<'q, DB>,
     for<'r> Run: sqlx::FromRow<'r, DB::Row>,
 {
     /// Inserts a run with one of the insert statements (binds: id, agent, input) and returns it:
@@ -571,6 +652,7 @@ where
                 .bind(DB::id(run.id))
                 .bind(run.agent.as_str())
                 .bind(run.input.clone())
+                .bind(budget_json(run))
                 .fetch_one(&self.pool)
                 .await
                 .map_err(rows_error("insert run"));
@@ -579,6 +661,7 @@ where
             .bind(DB::id(run.id))
             .bind(run.agent.as_str())
             .bind(run.input.clone())
+            .bind(budget_json(run))
             .execute(&self.pool)
             .await
             .map_err(db("insert run"))?;
@@ -593,6 +676,7 @@ where
                 .bind(DB::id(run.id))
                 .bind(run.agent.as_str())
                 .bind(run.input.clone())
+                .bind(budget_json(run))
                 .bind(unique.key())
                 .bind(lease_ms(unique.period()))
                 .fetch_optional(&self.pool)
@@ -603,6 +687,7 @@ where
             .bind(DB::id(run.id))
             .bind(run.agent.as_str())
             .bind(run.input.clone())
+            .bind(budget_json(run))
             .bind(unique.key())
             .bind(lease_ms(unique.period()))
             .execute(&self.pool)

@@ -4,8 +4,10 @@
 use courier_sql::Dialect;
 
 pub(super) const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
-    lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at, due_at";
-const NON_TERMINAL: &str = "('queued', 'running', 'waiting_for_approval', 'waiting_for_input')";
+    lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at, due_at, \
+    budget, used_tokens_in, used_tokens_out, used_cost, used_tool_calls, used_turns, steps_replayed, wait_signal";
+const NON_TERMINAL: &str =
+    "('queued', 'running', 'waiting_for_approval', 'waiting_for_input', 'waiting')";
 const STALE: &str = "status = 'running' AND lease_expires > 0 AND lease_expires < {now}";
 /// A queued run past its due time by more than the bound threshold (ms).
 const OVERDUE: &str = "status = 'queued' AND due_at < {now} - ?";
@@ -80,8 +82,8 @@ impl Queries {
         Self {
             now: render("SELECT {now}"),
             insert_queued: render(
-                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, updated_at, \
-                 due_at) VALUES (?, ?, 'queued', ?, 0, 0, {now}, {now}, {now}){returning_run}",
+                "INSERT INTO {runs} (id, agent, status, input, budget, lease_expires, requeue_count, created_at, \
+                 updated_at, due_at) VALUES (?, ?, 'queued', ?, ?, 0, 0, {now}, {now}, {now}){returning_run}",
             ),
             // An expired key is cleared, so that the unique index lets the next run take it.
             clear_unique: render(
@@ -90,9 +92,9 @@ impl Queries {
             // A key held already: no row (PostgreSQL, SQLite: ON CONFLICT on the unique index;
             // MySQL: INSERT IGNORE, the key fitting its column, so nothing else is ignored).
             insert_unique: render(&format!(
-                "INSERT {ignore}INTO {{runs}} (id, agent, status, input, lease_expires, requeue_count, created_at, \
-                 updated_at, due_at, unique_key, unique_until) \
-                 VALUES (?, ?, 'queued', ?, 0, 0, {{now}}, {{now}}, {{now}}, ?, {{now}} + ?){conflict}{{returning_run}}",
+                "INSERT {ignore}INTO {{runs}} (id, agent, status, input, budget, lease_expires, requeue_count, \
+                 created_at, updated_at, due_at, unique_key, unique_until) \
+                 VALUES (?, ?, 'queued', ?, ?, 0, 0, {{now}}, {{now}}, {{now}}, ?, {{now}} + ?){conflict}{{returning_run}}",
                 ignore = if dialect == Dialect::Mysql {
                     "IGNORE "
                 } else {
@@ -108,8 +110,8 @@ impl Queries {
                 "SELECT id FROM {runs} WHERE unique_key = ? AND unique_until > {now}",
             ),
             insert_interactive: render(
-                "INSERT INTO {runs} (id, agent, status, input, lease_expires, requeue_count, created_at, started_at, \
-                 updated_at) VALUES (?, ?, 'running', ?, 0, 0, {now}, {now}, {now}){returning_run}",
+                "INSERT INTO {runs} (id, agent, status, input, budget, lease_expires, requeue_count, created_at, \
+                 started_at, updated_at) VALUES (?, ?, 'running', ?, ?, 0, 0, {now}, {now}, {now}){returning_run}",
             ),
             find: render("SELECT {cols} FROM {runs} WHERE id = ?"),
             list_all: render("SELECT {cols} FROM {runs} ORDER BY created_at DESC, id DESC LIMIT ?"),

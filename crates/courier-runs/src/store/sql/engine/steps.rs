@@ -1,0 +1,376 @@
+//! The step journal and durable waits on SQL: a step's row is written in the statement that
+//! renews the run's lease (a data-modifying CTE on PostgreSQL; a transaction of the guarded
+//! renew and the row's write on SQLite and MySQL, the renew first so that a refused guard
+//! writes nothing).
+
+use std::time::Duration;
+
+use courier_sql::Dialect;
+use uuid::Uuid;
+
+use super::{RunDialect, Runs, column, db, in_flight, limit, rows_error};
+use crate::step::{JournalMode, StepRecord, StepStatus, StepWrite, Usage};
+use crate::store::{Run, StoreError, lease_ms};
+
+const STEP_COLUMNS: &str = "run_id, idx, name, effect, status, output, error, error_class, step_usage, \
+    duration_ms, attempts, created_at, finished_at";
+/// The statuses of a row a later write finishes.
+const UNFINISHED: &str = "('intent', 'retry', 'waiting')";
+
+/// The statements of the step journal and the durable waits, rendered for one dialect.
+#[derive(Debug)]
+pub(in crate::store::sql) struct StepQueries {
+    /// The guarded renew that adds usage and replays: owned (binds lease first) and interactive.
+    renew_owned: String,
+    renew_interactive: String,
+    insert_step: String,
+    finish_step: String,
+    /// PostgreSQL: the renew and the row's write in one statement, per (owned?, mode).
+    cte: Option<[String; 4]>,
+    steps: String,
+    suspend_owned: String,
+    suspend_interactive: String,
+    select_due_waits: String,
+    wake_due: String,
+    wake_signal: String,
+    release_parked: String,
+    resolve_step: String,
+}
+
+impl StepQueries {
+    pub(in crate::store::sql) fn new(dialect: Dialect, runs: &str) -> Self {
+        let render = |sql: &str| {
+            dialect.render(
+                &sql.replace("{steps}", &format!("{runs}_steps"))
+                    .replace("{runs}", runs)
+                    .replace("{step_cols}", STEP_COLUMNS)
+                    .replace("{unfinished}", UNFINISHED)
+                    .replace("{cols}", super::super::queries::COLUMNS),
+            )
+        };
+        let add = "used_tokens_in = used_tokens_in + ?, used_tokens_out = used_tokens_out + ?, \
+            used_cost = used_cost + ?, used_tool_calls = used_tool_calls + ?, used_turns = used_turns + ?, \
+            steps_replayed = steps_replayed + ?, updated_at = {now}";
+        let renew_owned = format!(
+            "UPDATE {{runs}} SET lease_expires = {{now}} + ?, {add} \
+             WHERE id = ? AND status = 'running' AND claimed_by = ?"
+        );
+        let renew_interactive = format!(
+            "UPDATE {{runs}} SET {add} WHERE id = ? AND status = 'running' AND claimed_by IS NULL"
+        );
+        let insert_values =
+            "?, ?, ?, ?, ?, ?, ?, ?, ?, 1, {now}, CASE WHEN ? = 1 THEN {now} ELSE NULL END";
+        let insert_step =
+            format!("INSERT INTO {{steps}} ({{step_cols}}) VALUES (?, {insert_values})");
+        let finish_set = "status = ?, output = ?, error = ?, error_class = ?, step_usage = ?, duration_ms = ?, \
+            attempts = {steps}.attempts + 1, finished_at = CASE WHEN ? = 1 THEN {now} ELSE NULL END";
+        let finish_step = format!(
+            "UPDATE {{steps}} SET {finish_set} WHERE run_id = ? AND idx = ? AND status IN {{unfinished}}"
+        );
+        let cte = (dialect == Dialect::Postgres).then(|| {
+            let with = |renew: &str| format!("WITH run AS ({renew} RETURNING id) ");
+            let insert = |renew: &str| {
+                render(&format!(
+                    "{}INSERT INTO {{steps}} ({{step_cols}}) SELECT run.id, {insert_values} FROM run RETURNING idx",
+                    with(renew)
+                ))
+            };
+            let finish = |renew: &str| {
+                render(&format!(
+                    "{}UPDATE {{steps}} SET {finish_set} FROM run WHERE {{steps}}.run_id = run.id \
+                     AND {{steps}}.run_id = ? AND {{steps}}.idx = ? AND {{steps}}.status IN {{unfinished}} \
+                     RETURNING {{steps}}.idx",
+                    with(renew)
+                ))
+            };
+            [
+                insert(&renew_owned),
+                finish(&renew_owned),
+                insert(&renew_interactive),
+                finish(&renew_interactive),
+            ]
+        });
+        let suspend = "UPDATE {runs} SET status = 'waiting', claimed_by = NULL, lease_expires = 0, due_at = ?, \
+            wait_signal = ?, updated_at = {now} WHERE id = ? AND status = 'running' AND claimed_by";
+        let wake = "UPDATE {runs} SET status = 'queued', due_at = {now}, wait_signal = NULL, updated_at = {now} \
+            WHERE id = ? AND status = 'waiting' AND";
+        Self {
+            renew_owned: render(&renew_owned),
+            renew_interactive: render(&renew_interactive),
+            insert_step: render(&insert_step),
+            finish_step: render(&finish_step),
+            cte,
+            steps: render("SELECT {step_cols} FROM {steps} WHERE run_id = ? ORDER BY idx"),
+            suspend_owned: render(&format!("{suspend} = ?")),
+            suspend_interactive: render(&format!("{suspend} IS NULL")),
+            select_due_waits: render(
+                "SELECT {cols} FROM {runs} WHERE status = 'waiting' AND due_at <= {now} ORDER BY due_at LIMIT ?",
+            ),
+            wake_due: render(&format!("{wake} due_at <= {{now}}")),
+            wake_signal: render(&format!("{wake} wait_signal = ?")),
+            release_parked: render(
+                "UPDATE {runs} SET status = 'queued', due_at = {now}, claimed_by = NULL, lease_expires = 0, \
+                 pending_effect = NULL, updated_at = {now} WHERE id = ? AND status = 'waiting_for_approval'",
+            ),
+            resolve_step: render(
+                "UPDATE {steps} SET status = ?, output = ?, finished_at = CASE WHEN ? = 1 THEN {now} ELSE NULL END \
+                 WHERE run_id = ? AND idx = ? AND status = 'intent'",
+            ),
+        }
+    }
+}
+
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn is_finished(status: StepStatus) -> i64 {
+    i64::from(matches!(status, StepStatus::Done | StepStatus::Failed))
+}
+
+fn usage_json(usage: &Usage) -> Option<serde_json::Value> {
+    (!usage.is_zero()).then(|| serde_json::to_value(usage).unwrap_or_default())
+}
+
+/// Binds a query's renew: (lease when owned), the usage counters and replays, the id, (owner).
+macro_rules! bind_renew {
+    ($q:expr, $id:expr, $owner:expr, $lease:expr, $w:expr) => {{
+        let mut q = $q;
+        if $owner.is_some() {
+            q = q.bind(lease_ms($lease));
+        }
+        q = q
+            .bind(count($w.usage.tokens_in))
+            .bind(count($w.usage.tokens_out))
+            .bind(count($w.usage.cost_micros))
+            .bind(count($w.usage.tool_calls))
+            .bind(count($w.usage.turns))
+            .bind(count($w.replayed))
+            .bind(DB::id($id));
+        if let Some(owner) = $owner {
+            q = q.bind(owner);
+        }
+        q
+    }};
+}
+
+/// Binds a step row's write: insert (without the run id, which the caller binds first or the
+/// CTE supplies) or finish (with the run id and index last).
+macro_rules! bind_row {
+    ($q:expr, $id:expr, $w:expr) => {{
+        let q = $q;
+        match $w.mode {
+            JournalMode::Insert => q
+                .bind($w.index)
+                .bind($w.name.as_str())
+                .bind($w.effect)
+                .bind($w.status.as_str())
+                .bind($w.output.clone())
+                .bind($w.error.as_deref())
+                .bind($w.error_class.as_deref())
+                .bind(usage_json(&$w.usage))
+                .bind($w.duration_ms)
+                .bind(is_finished($w.status)),
+            JournalMode::Finish => q
+                .bind($w.status.as_str())
+                .bind($w.output.clone())
+                .bind($w.error.as_deref())
+                .bind($w.error_class.as_deref())
+                .bind(usage_json(&$w.usage))
+                .bind($w.duration_ms)
+                .bind(is_finished($w.status))
+                .bind(DB::id($id))
+                .bind($w.index),
+        }
+    }};
+}
+
+impl<DB> Runs<DB>
+where
+    DB: RunDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<&'q str>: sqlx::Encode<'q, DB>,
+    for<'q> Option<serde_json::Value>: sqlx::Encode<'q, DB>,
+    for<'r> Run: sqlx::FromRow<'r, DB::Row>,
+    for<'r> String: sqlx::Decode<'r, DB>,
+    for<'r> i64: sqlx::Decode<'r, DB>,
+    for<'r> serde_json::Value: sqlx::Decode<'r, DB>,
+    for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
+{
+    pub(super) async fn journal_step(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        lease: Duration,
+        w: &StepWrite,
+    ) -> Result<bool, StoreError> {
+        if let Some(cte) = &self.sq.cte {
+            let which = match (owner.is_some(), w.mode) {
+                (true, JournalMode::Insert) => 0,
+                (true, JournalMode::Finish) => 1,
+                (false, JournalMode::Insert) => 2,
+                (false, JournalMode::Finish) => 3,
+            };
+            let q = bind_renew!(sqlx::query(&cte[which]), id, owner, lease, w);
+            let q = bind_row!(q, id, w);
+            let row = in_flight(q.fetch_optional(&self.pool))
+                .await
+                .map_err(|e| step_error(id, w, e))?;
+            return Ok(row.is_some());
+        }
+        let renew = if owner.is_some() {
+            &self.sq.renew_owned
+        } else {
+            &self.sq.renew_interactive
+        };
+        let write = async {
+            let mut tx = self.pool.begin().await?;
+            let q = bind_renew!(sqlx::query(renew), id, owner, lease, w);
+            if DB::rows_affected(&q.execute(&mut *tx).await?) == 0 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            let q = match w.mode {
+                JournalMode::Insert => sqlx::query(&self.sq.insert_step).bind(DB::id(id)),
+                JournalMode::Finish => sqlx::query(&self.sq.finish_step),
+            };
+            let done = bind_row!(q, id, w).execute(&mut *tx).await?;
+            if DB::rows_affected(&done) == 0 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            tx.commit().await?;
+            Ok(true)
+        };
+        in_flight(write).await.map_err(|e| step_error(id, w, e))
+    }
+
+    pub(super) async fn select_steps(&self, id: Uuid) -> Result<Vec<StepRecord>, StoreError> {
+        let rows = sqlx::query(&self.sq.steps)
+            .bind(DB::id(id))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(rows_error("read the step journal"))?;
+        rows.iter()
+            .map(|row| {
+                let index: i64 = column(row, "idx")?;
+                let bad = |what: &str, e: &dyn std::fmt::Display| {
+                    StoreError::Corrupt(format!("step {index} of run {id}: column `{what}`: {e}"))
+                };
+                let status: String = column(row, "status")?;
+                let usage: Option<serde_json::Value> =
+                    column(row, "step_usage").map_err(|e| bad("step_usage", &e))?;
+                Ok(StepRecord {
+                    run_id: id,
+                    index,
+                    name: column(row, "name")?,
+                    effect: column(row, "effect")?,
+                    status: StepStatus::parse(&status)
+                        .ok_or_else(|| bad("status", &format!("unknown status `{status}`")))?,
+                    output: column(row, "output").map_err(|e| bad("output", &e))?,
+                    error: column(row, "error")?,
+                    error_class: column(row, "error_class")?,
+                    usage: usage
+                        .map(serde_json::from_value)
+                        .transpose()
+                        .map_err(|e| bad("step_usage", &e))?
+                        .unwrap_or_default(),
+                    duration_ms: column(row, "duration_ms")?,
+                    attempts: column(row, "attempts")?,
+                    created_at: column(row, "created_at")?,
+                    finished_at: column(row, "finished_at")?,
+                })
+            })
+            .collect()
+    }
+
+    pub(super) async fn suspend_run(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        until: i64,
+        signal: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let sql = if owner.is_some() {
+            &self.sq.suspend_owned
+        } else {
+            &self.sq.suspend_interactive
+        };
+        let mut q = sqlx::query(sql).bind(until).bind(signal).bind(DB::id(id));
+        if let Some(owner) = owner {
+            q = q.bind(owner);
+        }
+        let done = in_flight(q.execute(&self.pool))
+            .await
+            .map_err(db("suspend run"))?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+
+    pub(super) async fn due_waits(&self, n: usize) -> Result<Vec<Run>, StoreError> {
+        sqlx::query_as(&self.sq.select_due_waits)
+            .bind(limit(n))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(rows_error("select due waits"))
+    }
+
+    pub(super) async fn wake_run(
+        &self,
+        id: Uuid,
+        signal: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let done = match signal {
+            None => sqlx::query(&self.sq.wake_due).bind(DB::id(id)),
+            Some(name) => sqlx::query(&self.sq.wake_signal)
+                .bind(DB::id(id))
+                .bind(name),
+        }
+        .execute(&self.pool)
+        .await
+        .map_err(db("wake run"))?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+
+    pub(super) async fn release_parked_run(&self, id: Uuid) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sq.release_parked)
+            .bind(DB::id(id))
+            .execute(&self.pool)
+            .await
+            .map_err(db("release parked run"))?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+
+    pub(super) async fn resolve_parked_step(
+        &self,
+        id: Uuid,
+        index: i64,
+        status: StepStatus,
+        output: Option<&serde_json::Value>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.sq.resolve_step)
+            .bind(status.as_str())
+            .bind(output.cloned())
+            .bind(is_finished(status))
+            .bind(DB::id(id))
+            .bind(index)
+            .execute(&self.pool)
+            .await
+            .map_err(db("resolve step"))?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+}
+
+/// A journal write's failure: a step index written twice is [`StoreError::DuplicateSequence`].
+fn step_error(id: Uuid, w: &StepWrite, e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::DuplicateSequence {
+            run_id: id,
+            seq: w.index,
+        },
+        e => db("journal a step")(e),
+    }
+}

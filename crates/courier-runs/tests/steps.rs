@@ -1,0 +1,691 @@
+//! Durable steps on every store: a finished step is replayed, never run again; guarded steps
+//! follow their policy; budgets survive a crash; durable waits free the worker; bad input (a
+//! changed agent, an oversized result, a corrupted journal row, an unknown signal) gets a class
+//! and a message, and nothing is stuck.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use courier_core::{InMemoryTransport, MessageBus};
+use courier_runs::{
+    Agent, AgentError, AgentOutcome, Budget, Effect, FailureClass, NewRun, OnAmbiguous, Outcome,
+    ReapOptions, Resolution, RunContext, RunError, RunStatus, Runtime, RuntimeOptions, Signal,
+    SignalSent, StepError, StepStatus, TerminationReason, Usage,
+};
+use serde_json::json;
+use support::Fixture;
+use uuid::Uuid;
+
+/// How often each (run, step) closure ran, and the keys it was given.
+#[derive(Debug, Default, Clone)]
+struct Effects {
+    runs: Arc<Mutex<HashMap<(Uuid, i64), u32>>>,
+    keys: Arc<Mutex<Vec<(i64, String)>>>,
+}
+
+impl Effects {
+    fn count(&self, id: Uuid, step: i64) -> u32 {
+        self.runs
+            .lock()
+            .unwrap()
+            .get(&(id, step))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn keys_of(&self, step: i64) -> Vec<String> {
+        self.keys
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(i, _)| *i == step)
+            .map(|(_, k)| k.clone())
+            .collect()
+    }
+}
+
+/// `steps` steps named `step<i>`; step `hang_at` never returns (a worker killed mid-step);
+/// step 6 has `effect6`; each reports `tokens_out` completion tokens and returns `i * 10`;
+/// step `rename_at` is named `renamed` instead; step `big_at` returns `big` bytes.
+#[derive(Clone)]
+struct Numbered {
+    effects: Effects,
+    steps: i64,
+    hang_at: Arc<AtomicI64>,
+    effect6: Effect,
+    tokens_out: u64,
+    rename_at: i64,
+    big_at: i64,
+}
+
+impl Numbered {
+    fn new(effects: &Effects) -> Self {
+        Self {
+            effects: effects.clone(),
+            steps: 10,
+            hang_at: Arc::new(AtomicI64::new(0)),
+            effect6: Effect::Pure,
+            tokens_out: 0,
+            rename_at: 0,
+            big_at: 0,
+        }
+    }
+}
+
+#[courier_runs::async_trait]
+impl Agent for Numbered {
+    async fn run(&self, cx: &mut RunContext) -> Result<AgentOutcome, AgentError> {
+        let id = cx.run().id;
+        let mut sum = 0;
+        for i in 1..=self.steps {
+            let effects = self.effects.clone();
+            let hang = self.hang_at.load(Ordering::SeqCst) == i;
+            let effect = if i == 6 { self.effect6 } else { Effect::Pure };
+            let name = if i == self.rename_at {
+                "renamed".to_owned()
+            } else {
+                format!("step{i}")
+            };
+            let (tokens_out, big) = (self.tokens_out, i == self.big_at);
+            let v: Out = cx
+                .step(&name, effect, |s| async move {
+                    *effects.runs.lock().unwrap().entry((id, i)).or_default() += 1;
+                    effects.keys.lock().unwrap().push((i, s.key().to_owned()));
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    s.report(Usage::tokens(0, tokens_out));
+                    let pad = if big {
+                        "x".repeat(2_000)
+                    } else {
+                        String::new()
+                    };
+                    Ok(Out { n: i * 10, pad })
+                })
+                .await?;
+            sum += v.n;
+        }
+        Ok(AgentOutcome::Completed(json!(sum)))
+    }
+}
+
+/// A step's result.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Out {
+    n: i64,
+    #[serde(default)]
+    pad: String,
+}
+
+/// A runtime of `worker` over the fixture's store running `agent` as "numbered"; its `RunAgent`
+/// messages are recorded in an in-memory queue, not run.
+fn runtime(
+    fx: &Fixture,
+    worker: &str,
+    agent: Numbered,
+    options: RuntimeOptions,
+) -> (Runtime, MessageBus, InMemoryTransport) {
+    let queue = InMemoryTransport::new();
+    let runtime = Runtime::builder(fx.store.clone())
+        .agent("numbered", agent)
+        .worker_identity(worker)
+        .options(options)
+        .build();
+    let bus = runtime
+        .register(
+            MessageBus::builder()
+                .transport("async", Arc::new(queue.clone()))
+                .route("courier.run_agent", ["async"]),
+        )
+        .build();
+    (runtime, bus, queue)
+}
+
+/// Runs `id` on `runtime` until its closure for step `step` has run `times` times, then drops
+/// the execution (the worker is killed mid-step), and lets its lease expire.
+async fn kill_in_step(
+    fx: &Fixture,
+    runtime: &Runtime,
+    effects: &Effects,
+    id: Uuid,
+    step: i64,
+    times: u32,
+) {
+    let rt = runtime.clone();
+    let task = tokio::spawn(async move { rt.run_queued(id).await });
+    while effects.count(id, step) < times {
+        assert!(
+            !task.is_finished(),
+            "the execution ended before step {step}: {:?}",
+            task.await
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task.abort();
+    let _ = task.await;
+    fx.set_lease(id, 1).await;
+}
+
+/// The reaper of `runtime` requeues the killed run.
+async fn reap(runtime: &Runtime) {
+    let report = runtime.reaper().reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(report.requeued, 1, "{report:?}");
+}
+
+fn options() -> RuntimeOptions {
+    RuntimeOptions {
+        lease: Duration::from_secs(30),
+        ..RuntimeOptions::default()
+    }
+}
+
+async fn crashed_run_replays_finished_steps(fx: &Fixture) {
+    let effects = Effects::default();
+    let first = Numbered::new(&effects);
+    first.hang_at.store(6, Ordering::SeqCst);
+    let (a, _bus_a, _q) = runtime(fx, "worker:a", first, options());
+    let (b, _bus_b, _q) = runtime(fx, "worker:b", Numbered::new(&effects), options());
+    let id = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    kill_in_step(fx, &a, &effects, id, 6, 1).await;
+    reap(&b).await;
+    let outcome = b.run_queued(id).await.unwrap();
+    assert_eq!(outcome, Outcome::Completed { output: json!(550) });
+    for step in 1..=10 {
+        let expected = if step == 6 { 2 } else { 1 };
+        assert_eq!(effects.count(id, step), expected, "step {step}");
+    }
+    let journal = fx.store.steps(id).await.unwrap();
+    assert_eq!(journal.len(), 10);
+    assert!(journal.iter().all(|s| s.status == StepStatus::Done));
+    assert_eq!(journal[5].output, Some(json!({"n": 60, "pad": ""})));
+    assert_eq!(journal[5].effect, "pure");
+    let run = fx.run(id).await;
+    assert_eq!(run.steps_replayed, 5, "steps 1-5 were replayed");
+}
+
+async fn guarded_retry_runs_again_with_the_same_key(fx: &Fixture) {
+    let effects = Effects::default();
+    let mut first = Numbered::new(&effects);
+    first.effect6 = Effect::Guarded(OnAmbiguous::Retry);
+    first.hang_at.store(6, Ordering::SeqCst);
+    let mut second = Numbered::new(&effects);
+    second.effect6 = Effect::Guarded(OnAmbiguous::Retry);
+    let (a, _bus_a, _q) = runtime(fx, "worker:a", first, options());
+    let (b, _bus_b, _q) = runtime(fx, "worker:b", second, options());
+    let id = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    kill_in_step(fx, &a, &effects, id, 6, 1).await;
+    let intent = fx.store.steps(id).await.unwrap();
+    assert_eq!(
+        intent.last().map(|s| s.status),
+        Some(StepStatus::Intent),
+        "the intent is journaled before the closure"
+    );
+    reap(&b).await;
+    assert_eq!(
+        b.run_queued(id).await.unwrap(),
+        Outcome::Completed { output: json!(550) }
+    );
+    assert_eq!(effects.count(id, 6), 2);
+    let keys = effects.keys_of(6);
+    assert_eq!(keys.len(), 2);
+    assert_eq!(
+        keys[0], keys[1],
+        "the same idempotency key on both attempts"
+    );
+    assert_eq!(keys[0], format!("{id}:6"));
+    let journal = fx.store.steps(id).await.unwrap();
+    assert_eq!(journal[5].effect, "guarded");
+    assert_eq!(journal[5].status, StepStatus::Done);
+}
+
+async fn guarded_park_parks_and_an_operator_skips(fx: &Fixture) {
+    let effects = Effects::default();
+    let mut first = Numbered::new(&effects);
+    first.effect6 = Effect::Guarded(OnAmbiguous::Park);
+    first.hang_at.store(6, Ordering::SeqCst);
+    let mut second = Numbered::new(&effects);
+    second.effect6 = Effect::Guarded(OnAmbiguous::Park);
+    let (a, _bus_a, _q) = runtime(fx, "worker:a", first, options());
+    let (b, _bus_b, queue) = runtime(fx, "worker:b", second, options());
+    let id = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    kill_in_step(fx, &a, &effects, id, 6, 1).await;
+    reap(&b).await;
+    assert_eq!(b.run_queued(id).await.unwrap(), Outcome::AwaitingApproval);
+    let run = fx.run(id).await;
+    assert_eq!(run.status, RunStatus::WaitingForApproval);
+    assert_eq!(run.pending_effect.as_deref(), Some("step 6: step6"));
+    assert_eq!(effects.count(id, 6), 1, "a parked step does not run again");
+    let before = queue.sent().len();
+    b.resolve_step(id, Resolution::Skip(json!({"n": 600})))
+        .await
+        .unwrap();
+    assert_eq!(
+        queue.sent().len(),
+        before + 1,
+        "the released run is dispatched"
+    );
+    assert_eq!(
+        b.run_queued(id).await.unwrap(),
+        Outcome::Completed {
+            output: json!(1090)
+        }
+    );
+    assert_eq!(effects.count(id, 6), 1, "a skipped step never ran again");
+    assert_eq!(effects.count(id, 7), 1);
+}
+
+async fn guarded_fail_dead_letters_ambiguous_effect(fx: &Fixture) {
+    let effects = Effects::default();
+    let mut first = Numbered::new(&effects);
+    first.effect6 = Effect::Guarded(OnAmbiguous::Fail);
+    first.hang_at.store(6, Ordering::SeqCst);
+    let mut second = Numbered::new(&effects);
+    second.effect6 = Effect::Guarded(OnAmbiguous::Fail);
+    let (a, _bus_a, _q) = runtime(fx, "worker:a", first, options());
+    let (b, _bus_b, _q) = runtime(fx, "worker:b", second, options());
+    let id = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    kill_in_step(fx, &a, &effects, id, 6, 1).await;
+    reap(&b).await;
+    let outcome = b.run_queued(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Failed {
+            reason: TerminationReason::NotRetryable,
+            class: Some(FailureClass::AmbiguousEffect)
+        }
+    );
+    assert_eq!(effects.count(id, 6), 1);
+    assert_eq!(
+        fx.run(id).await.error_class,
+        Some(FailureClass::AmbiguousEffect)
+    );
+}
+
+async fn budget_survives_a_crash(fx: &Fixture) {
+    let effects = Effects::default();
+    let mut first = Numbered::new(&effects);
+    first.tokens_out = 300;
+    first.hang_at.store(4, Ordering::SeqCst);
+    let mut second = Numbered::new(&effects);
+    second.tokens_out = 300;
+    let (a, _bus_a, _q) = runtime(fx, "worker:a", first, options());
+    let (b, _bus_b, _q) = runtime(fx, "worker:b", second, options());
+    let mut run = NewRun::new("numbered", json!({}));
+    run.budget = Some(Budget::new().tokens_out(1_000));
+    let id = a.submit(run).await.unwrap();
+    // Killed after step 3, in step 4: 900 tokens journaled.
+    kill_in_step(fx, &a, &effects, id, 4, 1).await;
+    assert_eq!(
+        fx.run(id).await.usage.tokens_out,
+        900,
+        "usage is journaled with each step"
+    );
+    reap(&b).await;
+    let outcome = b.run_queued(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Failed {
+            reason: TerminationReason::BudgetExhausted,
+            class: Some(FailureClass::BudgetExhausted)
+        }
+    );
+    assert_eq!(effects.count(id, 5), 0, "the 5th step never ran");
+    let run = fx.run(id).await;
+    assert_eq!(run.usage.tokens_out, 1_200);
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(
+        run.termination_reason,
+        Some(TerminationReason::BudgetExhausted)
+    );
+    assert_eq!(run.budget, Some(Budget::new().tokens_out(1_000)));
+}
+
+async fn nondeterminism_names_both_steps(fx: &Fixture) {
+    let effects = Effects::default();
+    let first = Numbered::new(&effects);
+    first.hang_at.store(4, Ordering::SeqCst);
+    let mut changed = Numbered::new(&effects);
+    changed.rename_at = 2;
+    let (a, _bus_a, _q) = runtime(fx, "worker:a", first, options());
+    let (b, _bus_b, _q) = runtime(fx, "worker:b", changed, options());
+    let id = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    kill_in_step(fx, &a, &effects, id, 4, 1).await;
+    reap(&b).await;
+    let outcome = b.run_queued(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Failed {
+            reason: TerminationReason::NotRetryable,
+            class: Some(FailureClass::Nondeterminism)
+        }
+    );
+    assert_eq!(effects.count(id, 2), 1, "the renamed step did not run");
+    let message = StepError::Nondeterminism {
+        index: 2,
+        journaled: "step2".into(),
+        requested: "renamed".into(),
+    }
+    .to_string();
+    assert!(
+        message.contains("`step2`") && message.contains("`renamed`"),
+        "{message}"
+    );
+}
+
+async fn oversized_result_fails_the_run(fx: &Fixture) {
+    let effects = Effects::default();
+    let mut agent = Numbered::new(&effects);
+    agent.big_at = 3;
+    let options = RuntimeOptions {
+        max_step_result: 1_024,
+        ..options()
+    };
+    let (a, _bus_a, _q) = runtime(fx, "worker:a", agent, options);
+    let id = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    let outcome = a.run_queued(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Failed {
+            reason: TerminationReason::NotRetryable,
+            class: Some(FailureClass::ResultTooLarge)
+        }
+    );
+    assert_eq!(
+        fx.store.steps(id).await.unwrap().len(),
+        2,
+        "the oversized result was not journaled"
+    );
+    assert_eq!(effects.count(id, 4), 0);
+}
+
+async fn corrupt_journal_row_dead_letters(fx: &Fixture) {
+    let Some(sql) = fx.sql() else {
+        panic!("this test runs on SQL stores, where a row can be corrupted by hand");
+    };
+    let effects = Effects::default();
+    let first = Numbered::new(&effects);
+    first.hang_at.store(4, Ordering::SeqCst);
+    let (a, _bus_a, _q) = runtime(fx, "worker:a", first, options());
+    let (b, _bus_b, _q) = runtime(fx, "worker:b", Numbered::new(&effects), options());
+    let id = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    kill_in_step(fx, &a, &effects, id, 4, 1).await;
+    // PostgreSQL keeps JSONB (bad JSON cannot be stored): a value of the wrong shape instead.
+    let bad = match sql.dialect() {
+        courier_runs::Dialect::Postgres => "'{\"not\": \"a number\"}'::jsonb",
+        _ => "'{not json'",
+    };
+    let steps = format!("{}_steps", sql.runs_table());
+    let id_value = match sql.dialect() {
+        courier_runs::Dialect::Postgres => format!("'{id}'::uuid"),
+        _ => format!("'{id}'"),
+    };
+    sql.execute(&format!(
+        "UPDATE {steps} SET output = {bad} WHERE run_id = {id_value} AND idx = 2"
+    ))
+    .await
+    .unwrap();
+    reap(&b).await;
+    let outcome = b.run_queued(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Failed {
+            reason: TerminationReason::NotRetryable,
+            class: Some(FailureClass::CorruptJournal)
+        }
+    );
+    assert_eq!(effects.count(id, 2), 1, "a corrupt step is not run again");
+    // Nothing else is stuck: another run completes.
+    let other = b.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    assert_eq!(
+        b.run_queued(other).await.unwrap(),
+        Outcome::Completed { output: json!(550) }
+    );
+}
+
+/// step1, a wait, step2: the wait is `sleep` (ms) or a signal `go` (with a timeout in ms).
+struct Waiting {
+    effects: Effects,
+    wait: &'static str,
+    ms: Option<u64>,
+}
+
+#[courier_runs::async_trait]
+impl Agent for Waiting {
+    async fn run(&self, cx: &mut RunContext) -> Result<AgentOutcome, AgentError> {
+        let id = cx.run().id;
+        let counted = |i: i64| {
+            let effects = self.effects.clone();
+            move |_| async move {
+                *effects.runs.lock().unwrap().entry((id, i)).or_default() += 1;
+                Ok(i)
+            }
+        };
+        cx.step("before", Effect::Pure, counted(1)).await?;
+        let got = if self.wait == "sleep" {
+            cx.sleep(Duration::from_millis(self.ms.unwrap_or(0)))
+                .await?;
+            json!("slept")
+        } else {
+            match cx
+                .wait_for_signal("go", self.ms.map(Duration::from_millis))
+                .await?
+            {
+                Signal::Received { data, by, .. } => json!({"data": data, "by": by}),
+                _ => json!("timeout"),
+            }
+        };
+        cx.step("after", Effect::Pure, counted(2)).await?;
+        Ok(AgentOutcome::Completed(got))
+    }
+}
+
+fn waiting_runtime(fx: &Fixture, agent: Waiting) -> (Runtime, MessageBus, InMemoryTransport) {
+    let queue = InMemoryTransport::new();
+    let runtime = Runtime::builder(fx.store.clone())
+        .agent("waiting", agent)
+        .worker_identity("worker:w")
+        .options(options())
+        .build();
+    let bus = runtime
+        .register(
+            MessageBus::builder()
+                .transport("async", Arc::new(queue.clone()))
+                .route("courier.run_agent", ["async"]),
+        )
+        .build();
+    (runtime, bus, queue)
+}
+
+async fn signal_wakes_a_waiting_run_once(fx: &Fixture) {
+    let effects = Effects::default();
+    let agent = Waiting {
+        effects: effects.clone(),
+        wait: "signal",
+        ms: None,
+    };
+    let (rt, _bus, queue) = waiting_runtime(fx, agent);
+    let id = rt.submit(NewRun::new("waiting", json!({}))).await.unwrap();
+    assert_eq!(rt.run_queued(id).await.unwrap(), Outcome::Waiting);
+    let run = fx.run(id).await;
+    assert_eq!(run.status, RunStatus::Waiting);
+    assert_eq!(run.wait_signal.as_deref(), Some("go"));
+    assert_eq!(
+        (run.claimed_by.as_deref(), run.lease_expires),
+        (None, 0),
+        "no worker holds a waiting run"
+    );
+    // An unknown signal is refused and records nothing.
+    let refused = rt.signal(id, "stop", json!(null), None).await;
+    assert!(
+        matches!(&refused, Err(RunError::UnknownSignal { waiting_for: Some(w), .. }) if w == "go"),
+        "{refused:?}"
+    );
+    assert!(refused.unwrap_err().to_string().contains("`stop`"));
+    let before = queue.sent().len();
+    let sent = rt
+        .signal(id, "go", json!({"ok": true}), Some("ops"))
+        .await
+        .unwrap();
+    assert_eq!(sent, SignalSent::Woken);
+    assert_eq!(
+        queue.sent().len(),
+        before + 1,
+        "the woken run is dispatched"
+    );
+    let outcome = rt.run_queued(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Completed {
+            output: json!({"data": {"ok": true}, "by": "ops"})
+        }
+    );
+    assert_eq!(effects.count(id, 1), 1, "the step before the wait ran once");
+    assert_eq!(effects.count(id, 2), 1);
+    let journal = fx.store.steps(id).await.unwrap();
+    assert_eq!(journal[1].name, "signal:go");
+    assert_eq!(
+        journal[1].output.as_ref().unwrap()["received"]["data"],
+        json!({"ok": true})
+    );
+    // A finished run takes no more signals.
+    assert!(matches!(
+        rt.signal(id, "go", json!(1), None).await,
+        Err(RunError::WrongStatus { .. })
+    ));
+}
+
+async fn sleep_and_timeout_are_woken_by_the_reaper(fx: &Fixture) {
+    for (wait, expected) in [("sleep", json!("slept")), ("signal", json!("timeout"))] {
+        let effects = Effects::default();
+        let agent = Waiting {
+            effects: effects.clone(),
+            wait,
+            ms: Some(300),
+        };
+        let (rt, _bus, _queue) = waiting_runtime(fx, agent);
+        let id = rt.submit(NewRun::new("waiting", json!({}))).await.unwrap();
+        assert_eq!(rt.run_queued(id).await.unwrap(), Outcome::Waiting, "{wait}");
+        let early = rt.reaper().reap(ReapOptions::default()).await.unwrap();
+        assert_eq!(early.woken, 0, "{wait}: not due yet");
+        assert_eq!(fx.run(id).await.status, RunStatus::Waiting);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let due = rt.reaper().reap(ReapOptions::default()).await.unwrap();
+        assert_eq!(due.woken, 1, "{wait}: {due:?}");
+        assert_eq!(fx.run(id).await.status, RunStatus::Queued);
+        assert_eq!(
+            rt.run_queued(id).await.unwrap(),
+            Outcome::Completed { output: expected },
+            "{wait}"
+        );
+        assert_eq!(effects.count(id, 1), 1, "{wait}");
+        assert_eq!(effects.count(id, 2), 1, "{wait}");
+    }
+}
+
+async fn a_signal_sent_before_the_wait_is_buffered(fx: &Fixture) {
+    let effects = Effects::default();
+    let agent = Waiting {
+        effects: effects.clone(),
+        wait: "signal",
+        ms: None,
+    };
+    let (rt, _bus, _queue) = waiting_runtime(fx, agent);
+    let id = rt.submit(NewRun::new("waiting", json!({}))).await.unwrap();
+    assert_eq!(
+        rt.signal(id, "go", json!(7), None).await.unwrap(),
+        SignalSent::Buffered
+    );
+    assert_eq!(
+        rt.run_queued(id).await.unwrap(),
+        Outcome::Completed {
+            output: json!({"data": 7, "by": null})
+        }
+    );
+}
+
+macro_rules! step_tests {
+    ($fixture:path, $attr:meta, [$($name:ident),* $(,)?]) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[$attr]
+            async fn $name() {
+                let fx = $fixture().await;
+                let test = tokio::time::timeout(Duration::from_secs(60), super::$name(&fx));
+                let result = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(test)).await;
+                fx.cleanup().await;
+                match result {
+                    Ok(done) => done.expect("test timed out"),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+        )*
+    };
+}
+
+macro_rules! all_step_tests {
+    ($fixture:path, $attr:meta) => {
+        step_tests!(
+            $fixture,
+            $attr,
+            [
+                crashed_run_replays_finished_steps,
+                guarded_retry_runs_again_with_the_same_key,
+                guarded_park_parks_and_an_operator_skips,
+                guarded_fail_dead_letters_ambiguous_effect,
+                budget_survives_a_crash,
+                nondeterminism_names_both_steps,
+                oversized_result_fails_the_run,
+                signal_wakes_a_waiting_run_once,
+                sleep_and_timeout_are_woken_by_the_reaper,
+                a_signal_sent_before_the_wait_is_buffered,
+            ]
+        );
+    };
+}
+
+async fn memory_fixture() -> Fixture {
+    support::memory()
+}
+
+mod memory {
+    use super::*;
+    all_step_tests!(memory_fixture, allow(unused));
+}
+
+mod sqlite {
+    use super::*;
+    all_step_tests!(support::sqlite, allow(unused));
+    step_tests!(
+        support::sqlite,
+        allow(unused),
+        [corrupt_journal_row_dead_letters]
+    );
+}
+
+mod postgres {
+    use super::*;
+    all_step_tests!(
+        support::postgres,
+        ignore = "needs PostgreSQL (scripts/services)"
+    );
+    step_tests!(
+        support::postgres,
+        ignore = "needs PostgreSQL (scripts/services)",
+        [corrupt_journal_row_dead_letters]
+    );
+}
+
+mod mysql {
+    use super::*;
+    all_step_tests!(support::mysql, ignore = "needs MariaDB (scripts/services)");
+    step_tests!(
+        support::mysql,
+        ignore = "needs MariaDB (scripts/services)",
+        [corrupt_journal_row_dead_letters]
+    );
+}

@@ -1,0 +1,31 @@
+-- A template: `{runs}` and `{events}` are the configured table names (applied once, recorded in
+-- `{runs}_migrations`).
+-- Durable steps: the run's budget (its limits as JSON, its usage as counters added by each
+-- step's guarded write), the signal a waiting run waits for, how many steps were replayed, and
+-- the step journal `{runs}_steps`: one row per step index, written in the statement that renews
+-- the lease. `status` is `intent` (a guarded step began, no result yet), `done` or `failed`.
+ALTER TABLE {runs}
+    ADD COLUMN budget JSONB NULL,
+    ADD COLUMN used_tokens_in BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN used_tokens_out BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN used_cost BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN used_tool_calls BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN used_turns BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN steps_replayed BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN wait_signal TEXT NULL;
+CREATE TABLE IF NOT EXISTS {runs}_steps (
+    run_id UUID NOT NULL,
+    idx BIGINT NOT NULL,
+    name TEXT NOT NULL,
+    effect TEXT NOT NULL,
+    status TEXT NOT NULL,
+    output JSONB NULL,
+    error TEXT NULL,
+    error_class TEXT NULL,
+    step_usage JSONB NULL,
+    duration_ms BIGINT NOT NULL DEFAULT 0,
+    attempts BIGINT NOT NULL DEFAULT 1,
+    created_at BIGINT NOT NULL,
+    finished_at BIGINT NULL,
+    PRIMARY KEY (run_id, idx)
+);
