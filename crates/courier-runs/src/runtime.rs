@@ -751,6 +751,26 @@ impl Runtime {
         })
     }
 
+    /// Forks a run: a new queued run of the same agent, input and budget whose steps before
+    /// `from_step` (1-based) replay the original's journal, so it runs again from that step
+    /// (like a time-travel debugger). The original is left as it is. Returns the new run's id.
+    ///
+    /// # Errors
+    /// [`RunError::NotFound`], store and dispatch failures.
+    pub async fn fork(&self, run_id: Uuid, from_step: i64) -> Result<Uuid, RunError> {
+        let store = &self.inner.store;
+        let run = store
+            .find(run_id)
+            .await?
+            .ok_or(RunError::NotFound(run_id))?;
+        let mut fork = NewRun::new(run.agent, run.input);
+        fork.budget = run.budget;
+        // The journal first: a fork that exists has its steps (rows without a run are inert).
+        let copied = store.copy_steps(run_id, fork.id, from_step.max(1)).await?;
+        tracing::info!(courier.run.id = %fork.id, forked_from = %run_id, from_step, copied, "run forked");
+        self.submit(fork).await
+    }
+
     /// Cancels a run in any non-terminal status; returns false when it was already terminal.
     /// A running agent stops at its next step boundary.
     ///

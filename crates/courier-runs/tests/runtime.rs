@@ -867,6 +867,9 @@ impl RunStore for Tweaked {
     ) -> Result<bool, StoreError> {
         self.inner.resolve_step(id, index, status, output).await
     }
+    async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
+        self.inner.copy_steps(from, to, before).await
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -615,7 +615,7 @@ macro_rules! step_tests {
             #[$attr]
             async fn $name() {
                 let fx = $fixture().await;
-                let test = tokio::time::timeout(Duration::from_secs(60), super::$name(&fx));
+                let test = tokio::time::timeout(Duration::from_secs(60), crate::$name(&fx));
                 let result = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(test)).await;
                 fx.cleanup().await;
                 match result {
@@ -688,4 +688,74 @@ mod mysql {
         ignore = "needs MariaDB (scripts/services)",
         [corrupt_journal_row_dead_letters]
     );
+}
+
+async fn fork_replays_the_steps_before_its_start(fx: &Fixture) {
+    let effects = Effects::default();
+    let (a, _bus_a, _q) = runtime(fx, "worker:a", Numbered::new(&effects), options());
+    let id = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    assert_eq!(
+        a.run_queued(id).await.unwrap(),
+        Outcome::Completed { output: json!(550) }
+    );
+    let fork = a.fork(id, 4).await.unwrap();
+    assert_ne!(fork, id);
+    assert_eq!(
+        fx.store.steps(fork).await.unwrap().len(),
+        3,
+        "steps 1-3 copied"
+    );
+    assert_eq!(
+        a.run_queued(fork).await.unwrap(),
+        Outcome::Completed { output: json!(550) }
+    );
+    for step in 1..=3 {
+        assert_eq!(
+            effects.count(fork, step),
+            0,
+            "step {step} of the fork was replayed"
+        );
+    }
+    for step in 4..=10 {
+        assert_eq!(effects.count(fork, step), 1, "step {step} of the fork ran");
+    }
+    assert_eq!(fx.run(fork).await.steps_replayed, 3);
+    assert_eq!(
+        fx.store.steps(id).await.unwrap().len(),
+        10,
+        "the original is untouched"
+    );
+}
+
+mod fork {
+    use super::*;
+    step_tests!(
+        memory_fixture,
+        allow(unused),
+        [fork_replays_the_steps_before_its_start]
+    );
+    mod sqlite {
+        use super::*;
+        step_tests!(
+            support::sqlite,
+            allow(unused),
+            [fork_replays_the_steps_before_its_start]
+        );
+    }
+    mod postgres {
+        use super::*;
+        step_tests!(
+            support::postgres,
+            ignore = "needs PostgreSQL (scripts/services)",
+            [fork_replays_the_steps_before_its_start]
+        );
+    }
+    mod mysql {
+        use super::*;
+        step_tests!(
+            support::mysql,
+            ignore = "needs MariaDB (scripts/services)",
+            [fork_replays_the_steps_before_its_start]
+        );
+    }
 }

@@ -591,6 +591,31 @@ impl RunStore for MemoryRunStore {
         ))
     }
 
+    async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
+        let now = self.clock();
+        let mut state = self.lock();
+        let copied: Vec<StepRecord> = state
+            .steps
+            .get(&from)
+            .map(|s| {
+                s.values()
+                    .filter(|r| r.index < before && r.status == StepStatus::Done)
+                    .map(|r| StepRecord {
+                        run_id: to,
+                        created_at: now,
+                        ..r.clone()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let n = copied.len() as u64;
+        let journal = state.steps.entry(to).or_default();
+        for row in copied {
+            journal.insert(row.index, row);
+        }
+        Ok(n)
+    }
+
     async fn resolve_step(
         &self,
         id: Uuid,

@@ -348,6 +348,10 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
     /// Releases a run parked on a guarded step: `id AND waiting_for_approval` -> `queued`, due
     /// now, pending effect cleared.
     async fn release_parked(&self, id: Uuid) -> Result<bool, StoreError>;
+    /// Copies the finished steps (`done`) of `from` before index `before` to the journal of
+    /// `to` (a fork: a run whose first steps replay another's), in one statement; returns how
+    /// many it copied.
+    async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError>;
     /// Rewrites a journaled step that holds an intent (an operator resolving a parked step):
     /// `run AND index AND status = intent` -> `status`, `output`.
     async fn resolve_step(

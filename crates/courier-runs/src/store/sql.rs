@@ -424,4 +424,8 @@ impl RunStore for SqlRunStore {
     ) -> Result<bool, StoreError> {
         self.engine.resolve_step(id, index, status, output).await
     }
+
+    async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
+        self.engine.copy_steps(from, to, before).await
+    }
 }

@@ -311,6 +311,10 @@ impl RunStore for CountingStore {
         self.bump("resolve_step");
         self.inner.resolve_step(id, index, status, output).await
     }
+    async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
+        self.bump("copy_steps");
+        self.inner.copy_steps(from, to, before).await
+    }
 }
 
 /// The transport operations counted, in the order of [`CountingTransport::calls`].

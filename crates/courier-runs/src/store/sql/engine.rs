@@ -630,6 +630,10 @@ where
     ) -> Result<bool, StoreError> {
         self.resolve_parked_step(id, index, status, output).await
     }
+
+    async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
+        self.copy_journal(from, to, before).await
+    }
 }
 
 impl<DB> Runs<DB>

@@ -35,6 +35,7 @@ pub(in crate::store::sql) struct StepQueries {
     wake_signal: String,
     release_parked: String,
     resolve_step: String,
+    copy_steps: String,
 }
 
 impl StepQueries {
@@ -111,6 +112,11 @@ impl StepQueries {
             release_parked: render(
                 "UPDATE {runs} SET status = 'queued', due_at = {now}, claimed_by = NULL, lease_expires = 0, \
                  pending_effect = NULL, updated_at = {now} WHERE id = ? AND status = 'waiting_for_approval'",
+            ),
+            copy_steps: render(
+                "INSERT INTO {steps} ({step_cols}) SELECT ?, idx, name, effect, status, output, error, error_class, \
+                 step_usage, duration_ms, attempts, {now}, finished_at FROM {steps} \
+                 WHERE run_id = ? AND idx < ? AND status = 'done'",
             ),
             resolve_step: render(
                 "UPDATE {steps} SET status = ?, output = ?, finished_at = CASE WHEN ? = 1 THEN {now} ELSE NULL END \
@@ -342,6 +348,22 @@ where
             .await
             .map_err(db("release parked run"))?;
         Ok(DB::rows_affected(&done) > 0)
+    }
+
+    pub(super) async fn copy_journal(
+        &self,
+        from: Uuid,
+        to: Uuid,
+        before: i64,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.sq.copy_steps)
+            .bind(DB::id(to))
+            .bind(DB::id(from))
+            .bind(before)
+            .execute(&self.pool)
+            .await
+            .map_err(db("copy steps"))?;
+        Ok(DB::rows_affected(&done))
     }
 
     pub(super) async fn resolve_parked_step(
