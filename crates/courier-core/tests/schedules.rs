@@ -147,3 +147,55 @@ async fn catch_up_is_bounded_after_a_long_downtime() {
         "the newest is the last due tick"
     );
 }
+
+/// Fails every fire while `down` is set, else records the tick.
+#[derive(Default, Clone)]
+struct Flaky {
+    ticks: Ticks,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    failures: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait]
+impl Fire for Flaky {
+    async fn fire(&self, schedule: &str, tick_ms: i64) -> Result<(), BoxError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            self.failures
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err("the transport is down".into());
+        }
+        self.ticks.fire(schedule, tick_ms).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tick_whose_fire_failed_is_fired_again_and_recorded_only_then() {
+    let store = Arc::new(InMemoryScheduleStore::new());
+    let flaky = Flaky::default();
+    let every = Trigger::every(Duration::from_secs(1)).unwrap();
+    let all = [
+        Scheduler::new(store.clone() as Arc<dyn ScheduleStore>, "w0")
+            .lease(Duration::from_secs(3))
+            .schedule(Schedule::new("tick", every, flaky.clone()).missed(Missed::CatchUp(10))),
+    ];
+    let clock = Clock(Instant::now());
+    drive(&clock, &all, |_, _| true, 3_000).await;
+    let before = store.state("tick").await.unwrap().unwrap().last_tick_ms;
+    // Down for 2.5 s: the ticks due meanwhile fail, and are not recorded as fired.
+    flaky.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    drive(&clock, &all, |_, _| true, 2_500).await;
+    assert!(
+        flaky.failures.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "fires failed while down"
+    );
+    let during = store.state("tick").await.unwrap().unwrap().last_tick_ms;
+    assert_eq!(during, before, "a failed tick is not recorded");
+    flaky.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    drive(&clock, &all, |_, _| true, 3_000).await;
+    let fired = flaky.ticks.sorted();
+    assert!(
+        fired.len() >= 7,
+        "every tick once the fire works: {fired:?}"
+    );
+    assert_consecutive(&fired);
+}

@@ -5,10 +5,14 @@
 //! The lease and the last fired tick live together in a [`ScheduleStore`] the workers share
 //! (a `<table>_schedules` row on SQL, one key per schedule on Redis,
 //! [`InMemoryScheduleStore`] in a process). A [`Scheduler`] claims (or renews) each schedule's
-//! lease every poll; the holder computes the ticks due since the last fired one and records
-//! each with [`ScheduleStore::advance`], which succeeds only while the lease is live and the
-//! stored tick is older, in one statement or script. Only then is the tick fired, so a tick
-//! fires at most once; a fire that fails is logged and not retried (at-most-once per tick).
+//! lease every poll; the holder computes the ticks due since the last fired one, fires each, and
+//! once it fired records it with [`ScheduleStore::advance`], which succeeds only while the lease
+//! is live and the stored tick is older, in one statement or script. A tick is thus fired at
+//! least once: a fire that fails is logged and fired again at the next poll, and a holder that
+//! dies (or loses its lease) between firing a tick and recording it leaves the tick to the next
+//! holder, which fires it again. A [`Fire`] that deduplicates on the schedule and tick (the
+//! `courier` command line sends each tick with a deduplication key and a message id derived from
+//! both) makes each tick take effect once.
 //!
 //! A worker killed while holding a lease stops renewing it; once it expires another worker takes
 //! it and owes the ticks since the last fired one, per [`Missed`]: `skip` fires the newest of

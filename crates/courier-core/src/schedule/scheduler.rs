@@ -17,6 +17,11 @@ const POLL: Duration = Duration::from_millis(200);
 const MAX_WALK: usize = 1_000_000;
 
 /// What a schedule does on a tick (send a message, submit a run).
+///
+/// A tick is fired at least once: the scheduler records it only after `fire` returned `Ok`, so
+/// a fire that failed, or whose worker died before recording it, is fired again (the same
+/// `schedule` and `tick_ms`). Make the effect idempotent on that pair (a deduplication key, a
+/// unique key) to get it exactly once.
 #[async_trait]
 pub trait Fire: Send + Sync {
     /// Fires the tick `tick_ms` (epoch ms) of `schedule`.
@@ -174,11 +179,11 @@ impl Scheduler {
         let grace = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         let mut fired = 0;
         for tick in due {
-            if !self.store.advance(name, &self.owner, tick).await? {
-                // The lease moved on, or another holder fired it.
-                break;
-            }
             if schedule.missed == Missed::Skip && now - tick >= grace {
+                if !self.store.advance(name, &self.owner, tick).await? {
+                    // The lease moved on, or another holder recorded it.
+                    break;
+                }
                 tracing::info!(
                     courier.schedule = name,
                     tick_ms = tick,
@@ -186,13 +191,24 @@ impl Scheduler {
                 );
                 continue;
             }
-            match schedule.fire.fire(name, tick).await {
-                Ok(()) => {
-                    fired += 1;
-                    tracing::debug!(courier.schedule = name, tick_ms = tick, "fired");
-                }
-                Err(e) => tracing::warn!(courier.schedule = name, tick_ms = tick,
-                    error = %crate::error_chain(&*e), "a scheduled fire failed (not retried)"),
+            // Fired first, recorded once it fired: a tick whose fire failed (or whose holder
+            // died before recording it) is fired again, by the next poll or the next holder.
+            if let Err(e) = schedule.fire.fire(name, tick).await {
+                tracing::warn!(courier.schedule = name, tick_ms = tick,
+                    error = %crate::error_chain(&*e),
+                    "a scheduled fire failed (retried at the next poll)");
+                break;
+            }
+            fired += 1;
+            tracing::debug!(courier.schedule = name, tick_ms = tick, "fired");
+            if !self.store.advance(name, &self.owner, tick).await? {
+                // The lease moved on while firing: the next holder fires the tick again.
+                tracing::info!(
+                    courier.schedule = name,
+                    tick_ms = tick,
+                    "lost the lease while firing a tick"
+                );
+                break;
             }
         }
         Ok(fired)
