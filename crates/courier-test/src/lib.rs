@@ -26,6 +26,7 @@
 //! courier_test::conformance_suite!(harness);
 //! ```
 
+pub mod cleanup;
 pub mod conformance;
 pub mod dedup;
 pub mod env;
@@ -34,6 +35,8 @@ pub mod signing;
 
 use std::sync::Arc;
 use std::time::Duration;
+
+pub use cleanup::Cleanup;
 
 use courier_core::{Encoded, Message, MessageRegistry, Transport, async_trait};
 use serde::{Deserialize, Serialize};
