@@ -105,22 +105,13 @@ fn target(base: &Dsn) -> String {
     )
 }
 
-async fn drop_table(table: &str) {
-    let pool = sqlx::PgPool::connect(&courier_test::env::postgres_url())
-        .await
-        .unwrap();
-    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 async fn a_database_lost_mid_run_is_named_within_the_acquire_timeout() {
     let base = Dsn::parse(&courier_test::env::postgres_url()).unwrap();
+    let cleanup = courier_test::Cleanup::new();
     let forwarder = Forwarder::start(target(&base)).await;
-    let table = courier_test::env::unique_name("outage");
+    let table = cleanup.postgres_table("outage");
     let dsn = through(&base, &forwarder)
         .with_option("table_name", table.as_str())
         .with_option("acquire_timeout", "2s")
@@ -143,17 +134,15 @@ async fn a_database_lost_mid_run_is_named_within_the_acquire_timeout() {
     assert!(err.is_transient(), "the worker retries it: {err:?}");
     let shown = format!("{err} {err:?}");
     assert!(shown.contains("refused"), "the cause is named: {shown}");
-
-    // Clean up on the server directly.
-    drop_table(&table).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 async fn once_a_statement_on_a_silent_path_is_given_up_the_next_runs_on_a_new_connection() {
     let base = Dsn::parse(&courier_test::env::postgres_url()).unwrap();
+    let cleanup = courier_test::Cleanup::new();
     let forwarder = Forwarder::start(target(&base)).await;
-    let table = courier_test::env::unique_name("silent");
+    let table = cleanup.postgres_table("silent");
     let dsn = through(&base, &forwarder)
         .with_option("table_name", table.as_str())
         .with_option("max_connections", "4");
@@ -194,5 +183,4 @@ async fn once_a_statement_on_a_silent_path_is_given_up_the_next_runs_on_a_new_co
     );
     drop(transport);
     forwarder.shut_down().await;
-    drop_table(&table).await;
 }

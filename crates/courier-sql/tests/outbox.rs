@@ -161,7 +161,7 @@ async fn a_relay_to_another_database_keeps_ids_stamps_and_order<DB>(
     }
 }
 
-async fn inbox_claims_commit_with_the_transaction<DB>(pool: sqlx::Pool<DB>)
+async fn inbox_claims_commit_with_the_transaction<DB>(pool: sqlx::Pool<DB>, h: &common::SqlHarness)
 where
     DB: SqlDatabase,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -170,7 +170,7 @@ where
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
 {
-    let table = courier_test::env::unique_name("courier_inbox");
+    let table = h.table("courier_inbox");
     let inbox = Inbox::new(
         pool.clone(),
         InboxOptions::new(&table)
@@ -276,7 +276,7 @@ async fn sqlite_inbox_claims_commit_with_the_transaction() {
     let common::Admin::Sqlite(pool) = &h.admin else {
         unreachable!()
     };
-    inbox_claims_commit_with_the_transaction(pool.clone()).await;
+    inbox_claims_commit_with_the_transaction(pool.clone(), &h).await;
 }
 
 #[cfg(feature = "postgres")]
@@ -285,7 +285,7 @@ async fn sqlite_inbox_claims_commit_with_the_transaction() {
 async fn postgres_inbox_claims_commit_with_the_transaction() {
     let h = common::postgres().await;
     let pool = h.admin.postgres();
-    inbox_claims_commit_with_the_transaction(pool.clone()).await;
+    inbox_claims_commit_with_the_transaction(pool.clone(), &h).await;
 }
 
 #[cfg(feature = "mysql")]
@@ -296,7 +296,7 @@ async fn mysql_inbox_claims_commit_with_the_transaction() {
     let common::Admin::MySql(pool) = &h.admin else {
         unreachable!()
     };
-    inbox_claims_commit_with_the_transaction(pool.clone()).await;
+    inbox_claims_commit_with_the_transaction(pool.clone(), &h).await;
 }
 
 #[cfg(all(feature = "sqlite", feature = "postgres"))]

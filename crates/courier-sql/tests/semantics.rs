@@ -213,7 +213,7 @@ async fn keepalive_batch_refreshes_every_live_delivery_in_one_call(h: &common::S
 /// A table created by the previous release (`0001` run by `.replace()`, no version table) is
 /// adopted: the migration is recorded, the messages in it survive, and setup is a no-op after.
 async fn a_table_from_the_previous_release_is_adopted_with_its_messages(h: &common::SqlHarness) {
-    let table = courier_test::env::unique_name("courier_old");
+    let table = h.table("courier_old");
     let dialect = match h.base.split(':').next() {
         Some("sqlite") => courier_sql::Dialect::Sqlite,
         Some("postgres") => courier_sql::Dialect::Postgres,

@@ -23,7 +23,7 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 async fn concurrent_setups_of_a_fresh_table_all_succeed(h: &common::SqlHarness) {
-    let table = courier_test::env::unique_name("courier_race");
+    let table = h.table("courier_race");
     let dsn = format!("{}?table_name={table}&poll_window=200ms{}", h.base, h.extra);
     let attempts = (0..SETUPS).map(|_| {
         let dsn = courier_core::Dsn::parse(&dsn).unwrap();
@@ -38,11 +38,6 @@ async fn concurrent_setups_of_a_fresh_table_all_succeed(h: &common::SqlHarness) 
         }
     });
     let results = join_all(attempts).await;
-    if h.dir.is_none() {
-        h.admin
-            .exec(&format!("DROP TABLE IF EXISTS {table}"), &[])
-            .await;
-    }
     let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(
         failed.is_empty(),

@@ -1,6 +1,6 @@
 //! A conformance [`Harness`] for the SQL transport on any dialect: one unique table per
 //! transport, deliveries expired by rewriting `delivered_at`, connections killed from a separate
-//! admin connection, tables dropped when the harness goes.
+//! admin connection, tables dropped (side tables included) when the harness goes, pass or fail.
 
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
@@ -125,12 +125,25 @@ pub(crate) struct SqlHarness {
     pub(crate) app: String,
     pub(crate) made: Mutex<Vec<(Arc<SqlTransport>, String)>>,
     pub(crate) dir: Option<tempfile::TempDir>,
+    /// Drops every table of the transports made (with their side tables) when the harness
+    /// goes, after the transports (fields drop in order).
+    pub(crate) cleanup: courier_test::Cleanup,
 }
 
 impl SqlHarness {
+    /// A unique table name `prefix_<random>`, dropped with every table beside it
+    /// (`prefix_<random>_...`) when the harness goes, pass or fail.
+    pub(crate) fn table(&self, prefix: &str) -> String {
+        let table = courier_test::env::unique_name(prefix);
+        if self.dir.is_none() {
+            self.cleanup.sql_tables(&self.base, &table);
+        }
+        table
+    }
+
     /// A transport on a fresh table with extra DSN options (`&k=v...`).
     pub(crate) async fn make(&self, options: &str) -> (Arc<SqlTransport>, String) {
-        let table = courier_test::env::unique_name("courier_t");
+        let table = self.table("courier_t");
         let dsn = format!(
             "{}?table_name={table}&poll_window=200ms{}{options}",
             self.base, self.extra
@@ -298,47 +311,6 @@ impl Harness for SqlHarness {
     }
 }
 
-impl Drop for SqlHarness {
-    fn drop(&mut self) {
-        let tables: Vec<String> = self
-            .made
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .map(|(_, t)| t)
-            .collect();
-        if self.dir.is_some() || tables.is_empty() {
-            return;
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let admin = &self.admin;
-        tokio::task::block_in_place(|| {
-            handle.block_on(async {
-                for table in tables {
-                    let workers = courier_sql::workers_table(&table);
-                    for t in [
-                        table.clone(),
-                        format!("{table}_migrations"),
-                        format!("{workers}_migrations"),
-                        workers,
-                        format!("{table}_dedup"),
-                        format!("{table}_dedup_migrations"),
-                        format!("{table}_cursors"),
-                        courier_sql::schedules_table(&table),
-                        format!("{}_migrations", courier_sql::schedules_table(&table)),
-                        courier_sql::paused_table(&table),
-                        courier_sql::limits_table(&table),
-                    ] {
-                        admin.exec(&format!("DROP TABLE IF EXISTS {t}"), &[]).await;
-                    }
-                }
-            });
-        });
-    }
-}
-
 /// A harness on a SQLite file in a fresh temp dir.
 #[cfg(feature = "sqlite")]
 pub(crate) async fn sqlite() -> SqlHarness {
@@ -362,6 +334,7 @@ pub(crate) async fn sqlite() -> SqlHarness {
         app: String::new(),
         made: Mutex::default(),
         dir: Some(dir),
+        cleanup: courier_test::Cleanup::new(),
     }
 }
 
@@ -390,6 +363,7 @@ pub(crate) async fn postgres() -> SqlHarness {
         app,
         made: Mutex::default(),
         dir: None,
+        cleanup: courier_test::Cleanup::new(),
     }
 }
 
@@ -417,5 +391,6 @@ pub(crate) async fn mysql() -> SqlHarness {
         app: String::new(),
         made: Mutex::default(),
         dir: None,
+        cleanup: courier_test::Cleanup::new(),
     }
 }
