@@ -3,7 +3,7 @@
 -- Durable steps: the run's budget (its limits as JSON, its usage as counters added by each
 -- step's guarded write), the signal a waiting run waits for, how many steps were replayed, and
 -- the step journal `{runs}_steps`: one row per step index, written in the transaction that
--- renews the lease. `status` is `intent` (a guarded step began, no result yet), `done` or `failed`.
+-- renews the lease, and an index to prune finished runs by age. `status` is `intent` (a guarded step began, no result yet), `done` or `failed`.
 -- One ALTER: MySQL DDL does not roll back.
 ALTER TABLE {runs} ADD COLUMN budget LONGTEXT NULL,
     ADD COLUMN used_tokens_in BIGINT NOT NULL DEFAULT 0,
@@ -12,7 +12,8 @@ ALTER TABLE {runs} ADD COLUMN budget LONGTEXT NULL,
     ADD COLUMN used_tool_calls BIGINT NOT NULL DEFAULT 0,
     ADD COLUMN used_turns BIGINT NOT NULL DEFAULT 0,
     ADD COLUMN steps_replayed BIGINT NOT NULL DEFAULT 0,
-    ADD COLUMN wait_signal VARCHAR(191) NULL;
+    ADD COLUMN wait_signal VARCHAR(191) NULL,
+    ADD INDEX {runs}_finished_idx (status, finished_at);
 CREATE TABLE IF NOT EXISTS {runs}_steps (
     run_id VARCHAR(36) NOT NULL,
     idx BIGINT NOT NULL,

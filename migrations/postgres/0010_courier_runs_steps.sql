@@ -3,7 +3,7 @@
 -- Durable steps: the run's budget (its limits as JSON, its usage as counters added by each
 -- step's guarded write), the signal a waiting run waits for, how many steps were replayed, and
 -- the step journal `{runs}_steps`: one row per step index, written in the statement that renews
--- the lease. `status` is `intent` (a guarded step began, no result yet), `done` or `failed`.
+-- the lease, and an index to prune finished runs by age. `status` is `intent` (a guarded step began, no result yet), `done` or `failed`.
 ALTER TABLE {runs}
     ADD COLUMN budget JSONB NULL,
     ADD COLUMN used_tokens_in BIGINT NOT NULL DEFAULT 0,
@@ -29,3 +29,4 @@ CREATE TABLE IF NOT EXISTS {runs}_steps (
     finished_at BIGINT NULL,
     PRIMARY KEY (run_id, idx)
 );
+CREATE INDEX {runs}_finished_idx ON {runs} (status, finished_at);

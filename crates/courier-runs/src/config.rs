@@ -46,6 +46,13 @@ pub struct RunsConfig {
     /// longer. None: no limit.
     #[serde(with = "human_opt")]
     pub step_timeout: Option<Duration>,
+    /// How long finished runs (completed, failed, cancelled) are kept: the reaper deletes
+    /// those finished longer ago, with their events and steps, at most `reap_limit` per pass.
+    /// None (default): kept forever (`courier runs prune` deletes them on demand).
+    #[serde(with = "human_opt")]
+    pub retention: Option<Duration>,
+    /// The largest result a durable step may journal, in bytes of JSON (default 1 MiB).
+    pub max_step_result: usize,
 }
 
 /// `backoff = { base, cap, jitter }`.
@@ -84,6 +91,8 @@ impl Default for RunsConfig {
             reap_every: None,
             redispatch_after: None,
             step_timeout: None,
+            retention: None,
+            max_step_result: crate::journal::DEFAULT_MAX_STEP_RESULT,
         }
     }
 }
@@ -201,6 +210,15 @@ impl RunsConfig {
         if self.reap_limit == 0 {
             return err("runs.reap_limit", "must be at least 1".into());
         }
+        if self.retention == Some(Duration::ZERO) {
+            return err(
+                "runs.retention",
+                "must be longer than 0 (leave it out to keep finished runs)".into(),
+            );
+        }
+        if self.max_step_result == 0 {
+            return err("runs.max_step_result", "must be at least 1 byte".into());
+        }
         Ok(())
     }
 
@@ -220,7 +238,8 @@ impl RunsConfig {
             lease_check_every: Some((self.lease / 4).min(crate::runtime::CANCEL_CHECK_EVERY)),
             step_timeout: self.step_timeout,
             redispatch_after: Some(self.redispatch_after()),
-            max_step_result: crate::journal::DEFAULT_MAX_STEP_RESULT,
+            max_step_result: self.max_step_result,
+            retention: self.retention,
         }
     }
 

@@ -87,7 +87,9 @@ pub use handler::RunAgentHandler;
 pub use identity::{new_worker_identity, worker_identity};
 pub use journal::DEFAULT_MAX_STEP_RESULT;
 pub use message::RunAgent;
-pub use reaper::{DEFAULT_REDISPATCH_AFTER, ManualRequeue, ReapOptions, ReapReport, Reaper};
+pub use reaper::{
+    DEFAULT_REDISPATCH_AFTER, ManualRequeue, PRUNABLE, ReapOptions, ReapReport, Reaper,
+};
 pub use runtime::{
     CANCEL_CHECK_EVERY, RunError, Runtime, RuntimeBuilder, RuntimeOptions, SignalSent,
 };

@@ -32,6 +32,8 @@ pub struct ReapReport {
     /// Runs in a durable wait whose due time passed (a sleep's end, a signal's timeout), woken
     /// and dispatched. Not counted in `selected`.
     pub woken: usize,
+    /// Finished runs older than the retention, deleted with their events and steps.
+    pub pruned: u64,
 }
 
 impl fmt::Display for ReapReport {
@@ -46,6 +48,9 @@ impl fmt::Display for ReapReport {
         }
         if self.woken > 0 {
             write!(f, ", {} woken from a durable wait", self.woken)?;
+        }
+        if self.pruned > 0 {
+            write!(f, ", {} finished run(s) pruned", self.pruned)?;
         }
         f.write_str(".")
     }
@@ -101,7 +106,15 @@ pub struct Reaper {
     max_requeues: u32,
     redispatch_after: Duration,
     owed: Owed,
+    retention: Option<Duration>,
 }
+
+/// The statuses a retention prunes: every terminal one.
+pub const PRUNABLE: [RunStatus; 3] = [
+    RunStatus::Completed,
+    RunStatus::Failed,
+    RunStatus::Cancelled,
+];
 
 /// Runs queued by a reaper whose dispatch failed transiently, to dispatch on the next pass.
 pub(crate) type Owed = Arc<Mutex<Vec<Uuid>>>;
@@ -134,7 +147,17 @@ impl Reaper {
             max_requeues,
             redispatch_after: DEFAULT_REDISPATCH_AFTER,
             owed,
+            retention: None,
         }
+    }
+
+    /// Deletes, at each pass, up to the pass's limit of finished runs (completed, failed,
+    /// cancelled) that finished more than `retention` ago, with their events and steps (None:
+    /// none; `runs.retention`).
+    #[must_use]
+    pub fn retention(mut self, retention: Option<Duration>) -> Self {
+        self.retention = retention;
+        self
     }
 
     /// How long past its due time a queued run waits before it is dispatched again (default
@@ -167,6 +190,12 @@ impl Reaper {
         let mut report = self.reap_stale(options).await?;
         report.redispatched = owed + self.redispatch_overdue(options).await?;
         report.woken = self.wake_due(options).await?;
+        if let (Some(retention), false) = (self.retention, options.dry_run) {
+            report.pruned = self
+                .store
+                .prune(retention, &PRUNABLE, options.limit)
+                .await?;
+        }
         if !options.dry_run {
             use courier_core::metrics as m;
             metrics::counter!(m::REAPER_REQUEUED).increment(report.requeued as u64);

@@ -53,6 +53,9 @@ pub struct RuntimeOptions {
     /// The largest result a step may journal, in bytes of JSON (default 1 MiB): a larger one
     /// fails the run with class `result_too_large`.
     pub max_step_result: usize,
+    /// How long finished runs are kept before the reaper deletes them, with their events and
+    /// steps (None, the default: forever).
+    pub retention: Option<Duration>,
 }
 
 impl Default for RuntimeOptions {
@@ -65,6 +68,7 @@ impl Default for RuntimeOptions {
             step_timeout: None,
             redispatch_after: None,
             max_step_result: crate::journal::DEFAULT_MAX_STEP_RESULT,
+            retention: None,
         }
     }
 }
@@ -349,6 +353,7 @@ impl Runtime {
             self.inner.owed.clone(),
         )
         .redispatch_after(options.redispatch_after.unwrap_or(options.lease))
+        .retention(options.retention)
     }
 
     pub(crate) async fn dispatch(

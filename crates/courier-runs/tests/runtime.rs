@@ -870,6 +870,14 @@ impl RunStore for Tweaked {
     async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
         self.inner.copy_steps(from, to, before).await
     }
+    async fn prune(
+        &self,
+        older_than: Duration,
+        statuses: &[RunStatus],
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.prune(older_than, statuses, limit).await
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -727,6 +727,104 @@ async fn fork_replays_the_steps_before_its_start(fx: &Fixture) {
     );
 }
 
+async fn prune_deletes_old_finished_runs_with_their_steps(fx: &Fixture) {
+    let effects = Effects::default();
+    let mut agent = Numbered::new(&effects);
+    agent.steps = 2;
+    let mut options = options();
+    options.retention = Some(Duration::from_secs(30 * 86_400));
+    let (a, _bus, _q) = runtime(fx, "worker:a", agent, options);
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let id = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+        assert!(matches!(
+            a.run_queued(id).await.unwrap(),
+            Outcome::Completed { .. }
+        ));
+        fx.store.append_event(id, "note", &json!(1)).await.unwrap();
+        ids.push(id);
+    }
+    let cancelled = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    assert!(a.cancel(cancelled).await.unwrap());
+    let queued = a.submit(NewRun::new("numbered", json!({}))).await.unwrap();
+    // Three old completed runs, one recent; an old cancelled one; a queued one.
+    for id in &ids[..3] {
+        fx.set_finished_at(*id, 1_000).await;
+    }
+    fx.set_finished_at(cancelled, 1_000).await;
+    let month = Duration::from_secs(30 * 86_400);
+    let only_completed = [RunStatus::Completed];
+    assert_eq!(
+        fx.store.prune(month, &only_completed, 2).await.unwrap(),
+        2,
+        "bounded by the limit"
+    );
+    assert_eq!(fx.store.prune(month, &only_completed, 2).await.unwrap(), 1);
+    assert_eq!(fx.store.prune(month, &only_completed, 2).await.unwrap(), 0);
+    for id in &ids[..3] {
+        assert!(fx.store.find(*id).await.unwrap().is_none());
+        assert!(
+            fx.store.steps(*id).await.unwrap().is_empty(),
+            "steps go with their run"
+        );
+        assert!(
+            fx.store.events(*id).await.unwrap().is_empty(),
+            "events go with their run"
+        );
+    }
+    assert!(
+        fx.store.find(ids[3]).await.unwrap().is_some(),
+        "a recent run is kept"
+    );
+    assert_eq!(fx.store.steps(ids[3]).await.unwrap().len(), 2);
+    assert!(
+        fx.store.find(cancelled).await.unwrap().is_some(),
+        "a status not asked for is kept"
+    );
+    assert_eq!(fx.run(queued).await.status, RunStatus::Queued);
+    // The reaper applies `runs.retention` to every terminal status.
+    let report = a.reaper().reap(ReapOptions::default()).await.unwrap();
+    assert_eq!(report.pruned, 1, "{report:?}");
+    assert!(fx.store.find(cancelled).await.unwrap().is_none());
+    assert!(
+        fx.store.find(queued).await.unwrap().is_some(),
+        "a queued run is never pruned"
+    );
+}
+
+mod prune {
+    use super::*;
+    step_tests!(
+        crate::memory_fixture,
+        allow(unused),
+        [prune_deletes_old_finished_runs_with_their_steps]
+    );
+    mod sqlite {
+        use super::*;
+        step_tests!(
+            support::sqlite,
+            allow(unused),
+            [prune_deletes_old_finished_runs_with_their_steps]
+        );
+    }
+    mod postgres {
+        use super::*;
+        step_tests!(
+            support::postgres,
+            ignore = "needs PostgreSQL (scripts/services)",
+            [prune_deletes_old_finished_runs_with_their_steps]
+        );
+    }
+    mod mysql {
+        use super::*;
+        step_tests!(
+            support::mysql,
+            ignore = "needs MariaDB (scripts/services)",
+            [prune_deletes_old_finished_runs_with_their_steps]
+        );
+    }
+}
+
 mod fork {
     use super::*;
     step_tests!(

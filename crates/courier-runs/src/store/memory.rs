@@ -591,6 +591,30 @@ impl RunStore for MemoryRunStore {
         ))
     }
 
+    async fn prune(
+        &self,
+        older_than: Duration,
+        statuses: &[RunStatus],
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let before = self.clock() - lease_ms(older_than);
+        let mut state = self.lock();
+        let mut old: Vec<(i64, Uuid)> = state
+            .runs
+            .values()
+            .filter(|r| statuses.contains(&r.status) && r.finished_at.is_some_and(|f| f < before))
+            .map(|r| (r.finished_at.unwrap_or_default(), r.id))
+            .collect();
+        old.sort_unstable();
+        old.truncate(limit);
+        for (_, id) in &old {
+            state.runs.remove(id);
+            state.events.remove(id);
+            state.steps.remove(id);
+        }
+        Ok(old.len() as u64)
+    }
+
     async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
         let now = self.clock();
         let mut state = self.lock();

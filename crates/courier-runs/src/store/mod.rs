@@ -352,6 +352,15 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
     /// `to` (a fork: a run whose first steps replay another's), in one statement; returns how
     /// many it copied.
     async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError>;
+    /// Deletes up to `limit` runs in one of `statuses` (terminal ones) that finished more than
+    /// `older_than` ago, oldest first, with their events and steps, in one transaction; returns
+    /// how many runs it deleted. Call it again while it returns `limit`.
+    async fn prune(
+        &self,
+        older_than: Duration,
+        statuses: &[RunStatus],
+        limit: usize,
+    ) -> Result<u64, StoreError>;
     /// Rewrites a journaled step that holds an intent (an operator resolving a parked step):
     /// `run AND index AND status = intent` -> `status`, `output`.
     async fn resolve_step(

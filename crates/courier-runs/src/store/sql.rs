@@ -428,4 +428,13 @@ impl RunStore for SqlRunStore {
     async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
         self.engine.copy_steps(from, to, before).await
     }
+
+    async fn prune(
+        &self,
+        older_than: Duration,
+        statuses: &[RunStatus],
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.engine.prune(older_than, statuses, limit).await
+    }
 }

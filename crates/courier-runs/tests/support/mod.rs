@@ -118,6 +118,20 @@ impl Fixture {
     }
 
     /// Rewrites `created_at`.
+    /// Rewrites `finished_at`.
+    pub async fn set_finished_at(&self, id: Uuid, finished_at: i64) {
+        match &self.backend {
+            Backend::Memory(m) => assert!(m.rewrite(id, |r| r.finished_at = Some(finished_at))),
+            Backend::Sql(s) => {
+                let sql = format!(
+                    "UPDATE {} SET finished_at = {finished_at} WHERE id = '{id}'",
+                    s.runs_table()
+                );
+                s.execute(&sql).await.expect("rewrite finished_at");
+            }
+        }
+    }
+
     pub async fn set_created_at(&self, id: Uuid, created_at: i64) {
         match &self.backend {
             Backend::Memory(m) => assert!(m.rewrite(id, |r| r.created_at = created_at)),

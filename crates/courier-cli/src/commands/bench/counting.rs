@@ -315,6 +315,15 @@ impl RunStore for CountingStore {
         self.bump("copy_steps");
         self.inner.copy_steps(from, to, before).await
     }
+    async fn prune(
+        &self,
+        older_than: Duration,
+        statuses: &[RunStatus],
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.bump("prune");
+        self.inner.prune(older_than, statuses, limit).await
+    }
 }
 
 /// The transport operations counted, in the order of [`CountingTransport::calls`].

@@ -634,6 +634,15 @@ where
     async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
         self.copy_journal(from, to, before).await
     }
+
+    async fn prune(
+        &self,
+        older_than: Duration,
+        statuses: &[RunStatus],
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.prune_runs(older_than, statuses, limit).await
+    }
 }
 
 impl<DB> Runs<DB>

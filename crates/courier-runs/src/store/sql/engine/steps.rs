@@ -9,8 +9,12 @@ use courier_sql::Dialect;
 use uuid::Uuid;
 
 use super::{RunDialect, Runs, column, db, in_flight, limit, rows_error};
+use crate::RunStatus;
 use crate::step::{JournalMode, StepRecord, StepStatus, StepWrite, Usage};
 use crate::store::{Run, StoreError, lease_ms};
+
+/// The most runs one prune deletes (its statements bind one id per run).
+pub(crate) const MAX_PRUNE_BATCH: usize = 500;
 
 const STEP_COLUMNS: &str = "run_id, idx, name, effect, status, output, error, error_class, step_usage, \
     duration_ms, attempts, created_at, finished_at";
@@ -348,6 +352,74 @@ where
             .await
             .map_err(db("release parked run"))?;
         Ok(DB::rows_affected(&done) > 0)
+    }
+
+    pub(super) async fn prune_runs(
+        &self,
+        older_than: Duration,
+        statuses: &[RunStatus],
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let statuses: Vec<&str> = statuses
+            .iter()
+            .filter(|s| s.is_terminal())
+            .map(|s| s.as_str())
+            .collect();
+        let limit = limit.clamp(1, MAX_PRUNE_BATCH);
+        if statuses.is_empty() {
+            return Ok(0);
+        }
+        // Status names are the enum's own constants, never outside input.
+        let list = statuses
+            .iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let runs = self.runs.as_str();
+        let dialect = DB::DIALECT;
+        let select = dialect.render(&format!(
+            "SELECT id FROM {runs} WHERE status IN ({list}) AND finished_at < {{now}} - ? \
+             ORDER BY finished_at LIMIT ?"
+        ));
+        let rows = sqlx::query(&select)
+            .bind(lease_ms(older_than))
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("select runs to prune"))?;
+        let ids = rows
+            .iter()
+            .map(|row| column::<_, DB::Id>(row, "id").map(DB::uuid))
+            .collect::<Result<Vec<Uuid>, _>>()?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let marks = vec!["?"; ids.len()].join(", ");
+        let delete = |table: &str, col: &str, guard: &str| {
+            dialect.render(&format!(
+                "DELETE FROM {table} WHERE {col} IN ({marks}){guard}"
+            ))
+        };
+        let guard = format!(" AND status IN ({list})");
+        let statements = [
+            delete(&self.events, "run_id", ""),
+            delete(&format!("{runs}_steps"), "run_id", ""),
+            delete(runs, "id", &guard),
+        ];
+        let prune = async {
+            let mut tx = self.pool.begin().await?;
+            let mut deleted = 0;
+            for sql in &statements {
+                let mut q = sqlx::query(sql);
+                for id in &ids {
+                    q = q.bind(DB::id(*id));
+                }
+                deleted = DB::rows_affected(&q.execute(&mut *tx).await?);
+            }
+            tx.commit().await?;
+            Ok::<u64, sqlx::Error>(deleted)
+        };
+        prune.await.map_err(db("prune runs"))
     }
 
     pub(super) async fn copy_journal(
