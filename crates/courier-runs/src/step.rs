@@ -323,7 +323,8 @@ pub struct StepRecord {
     pub usage: Usage,
     /// How long its closure ran, ms (the last attempt).
     pub duration_ms: i64,
-    /// How many times its closure ran to a journaled end (1, or more after a retried intent).
+    /// How many journaled ends it had: 1 once done (0 while an intent or a wait is pending; more
+    /// when an operator retried a finished step's intent).
     pub attempts: i64,
     /// When it was first journaled, epoch ms.
     pub created_at: i64,

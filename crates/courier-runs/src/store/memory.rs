@@ -485,7 +485,7 @@ impl RunStore for MemoryRunStore {
                         error_class: write.error_class.clone(),
                         usage: write.usage,
                         duration_ms: write.duration_ms,
-                        attempts: 1,
+                        attempts: i64::from(finished(write.status, now).is_some()),
                         created_at: now,
                         finished_at: finished(write.status, now),
                     },

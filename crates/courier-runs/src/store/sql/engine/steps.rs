@@ -64,7 +64,7 @@ impl StepQueries {
             "UPDATE {{runs}} SET {add} WHERE id = ? AND status = 'running' AND claimed_by IS NULL"
         );
         let insert_values =
-            "?, ?, ?, ?, ?, ?, ?, ?, ?, 1, {now}, CASE WHEN ? = 1 THEN {now} ELSE NULL END";
+            "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now}, CASE WHEN ? = 1 THEN {now} ELSE NULL END";
         let insert_step =
             format!("INSERT INTO {{steps}} ({{step_cols}}) VALUES (?, {insert_values})");
         let finish_set = "status = ?, output = ?, error = ?, error_class = ?, step_usage = ?, duration_ms = ?, \
@@ -180,6 +180,7 @@ macro_rules! bind_row {
                 .bind($w.error_class.as_deref())
                 .bind(usage_json(&$w.usage))
                 .bind($w.duration_ms)
+                .bind(is_finished($w.status))
                 .bind(is_finished($w.status)),
             JournalMode::Finish => q
                 .bind($w.status.as_str())
