@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use courier_core::relay::{RelayOptions, RelayPoint};
 use courier_core::{Envelope, Handler, HandlerError, HandlerResultExt, Message, async_trait};
 use courier_sql::{Inbox, InboxOptions};
 use serde::{Deserialize, Serialize};
@@ -109,5 +110,57 @@ impl Handler<OutboxOrder> for OutboxHandler {
             std::future::pending::<()>().await;
         }
         Ok(())
+    }
+}
+
+/// Where the crash tests stop a relay (the `outbox-worker` binary's fault point; the `courier`
+/// binary has none): at [`RelayPoint`] `point` of its first batch it writes its process id to
+/// `file`, then waits forever, to be killed there.
+#[derive(Debug, Clone)]
+pub struct RelayPause {
+    point: RelayPoint,
+    file: std::path::PathBuf,
+}
+
+impl RelayPause {
+    /// From `OUTBOX_RELAY_PAUSE` (`after_confirm` or `after_delete`) and
+    /// `OUTBOX_RELAY_PAUSE_FILE`; `None` when the first is not set.
+    ///
+    /// # Errors
+    /// An unknown point, or no file to write.
+    pub fn from_env() -> anyhow::Result<Option<Self>> {
+        let Ok(point) = std::env::var("OUTBOX_RELAY_PAUSE") else {
+            return Ok(None);
+        };
+        let point = point
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("OUTBOX_RELAY_PAUSE: {e}"))?;
+        let file = std::env::var_os("OUTBOX_RELAY_PAUSE_FILE")
+            .ok_or_else(|| anyhow::anyhow!("OUTBOX_RELAY_PAUSE needs OUTBOX_RELAY_PAUSE_FILE"))?;
+        Ok(Some(Self {
+            point,
+            file: file.into(),
+        }))
+    }
+
+    /// `options` with the pause installed as their
+    /// [`on_point`](RelayOptions::on_point) probe.
+    #[must_use]
+    pub fn apply(&self, options: RelayOptions) -> RelayOptions {
+        let pause = self.clone();
+        let reached = std::sync::Arc::new(AtomicBool::new(false));
+        options.on_point(move |at| {
+            let stop = at == pause.point && !reached.swap(true, Ordering::SeqCst);
+            let file = pause.file.clone();
+            async move {
+                if !stop {
+                    return;
+                }
+                if let Err(e) = std::fs::write(&file, std::process::id().to_string()) {
+                    eprintln!("outbox-worker: cannot write {}: {e}", file.display());
+                }
+                std::future::pending::<()>().await;
+            }
+        })
     }
 }

@@ -39,7 +39,7 @@ impl Setup {
             .env("OUTBOX_DB", postgres_url())
             .env("OUTBOX_EFFECTS", &self.effects)
             .env("OUTBOX_INBOX", &self.inbox)
-            .env_remove("COURIER_RELAY_PAUSE")
+            .env_remove("OUTBOX_RELAY_PAUSE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(true);
@@ -163,8 +163,8 @@ async fn every_committed_order_is_handled_exactly_once(destination: String, outb
     // 1. Killed between the destination's confirmation and the outbox delete.
     s.kill_at(
         &relay,
-        "COURIER_RELAY_PAUSE_FILE",
-        &[("COURIER_RELAY_PAUSE", "after_confirm")],
+        "OUTBOX_RELAY_PAUSE_FILE",
+        &[("OUTBOX_RELAY_PAUSE", "after_confirm")],
         "relay1.pause",
     )
     .await;
@@ -172,8 +172,8 @@ async fn every_committed_order_is_handled_exactly_once(destination: String, outb
     // 2. Killed between the delete and the next batch.
     s.kill_at(
         &relay,
-        "COURIER_RELAY_PAUSE_FILE",
-        &[("COURIER_RELAY_PAUSE", "after_delete")],
+        "OUTBOX_RELAY_PAUSE_FILE",
+        &[("OUTBOX_RELAY_PAUSE", "after_delete")],
         "relay2.pause",
     )
     .await;

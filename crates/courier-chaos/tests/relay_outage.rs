@@ -200,7 +200,7 @@ async fn rides_out_restarts(outbox_options: &str) {
         .env("OUTBOX_DB", pg.dsn())
         .env("OUTBOX_EFFECTS", "unused_effects")
         .env("OUTBOX_INBOX", "unused_inbox")
-        .env_remove("COURIER_RELAY_PAUSE")
+        .env_remove("OUTBOX_RELAY_PAUSE")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .kill_on_drop(true)

@@ -123,6 +123,21 @@ impl App {
         self
     }
 
+    /// Adds a customisation of the relay's options, applied whenever `courier relay` builds
+    /// them from its flags (e.g. a fault-injection probe,
+    /// [`RelayOptions::on_point`](courier_core::relay::RelayOptions::on_point), in a crash
+    /// test's own binary).
+    pub fn configure_relay(
+        mut self,
+        f: impl Fn(courier_core::relay::RelayOptions) -> courier_core::relay::RelayOptions
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.wiring.relay_hooks.push(Arc::new(f));
+        self
+    }
+
     /// Registers an agent that `runs submit NAME` and the run worker can execute.
     #[cfg(feature = "runs")]
     pub fn agent(mut self, name: &str, agent: impl courier_runs::Agent + 'static) -> Self {

@@ -11,10 +11,17 @@ use courier_core::{MessageBusBuilder, MessageRegistry, Middleware, TransportRegi
 /// A bus customisation: a handler registration, middleware, routes.
 pub(crate) type BusHook = Arc<dyn Fn(MessageBusBuilder) -> MessageBusBuilder + Send + Sync>;
 
+/// A customisation of the options `courier relay` builds from its flags.
+pub(crate) type RelayHook = Arc<
+    dyn Fn(courier_core::relay::RelayOptions) -> courier_core::relay::RelayOptions + Send + Sync,
+>;
+
 /// An application's handlers, messages, transports and agents.
 pub(crate) struct Wiring {
     /// Applied, in order, to every bus the CLI builds.
     pub(crate) bus_hooks: Vec<BusHook>,
+    /// Applied, in order, to the options of `courier relay`.
+    pub(crate) relay_hooks: Vec<RelayHook>,
     /// The messages of the application (handled or only decoded).
     pub(crate) registry: MessageRegistry,
     /// The transport factories, by DSN scheme.
@@ -51,6 +58,7 @@ impl Wiring {
         factories.register(Arc::new(courier_nats::NatsTransportFactory));
         Self {
             bus_hooks: Vec::new(),
+            relay_hooks: Vec::new(),
             registry: MessageRegistry::new(),
             factories,
             middleware: BTreeMap::new(),

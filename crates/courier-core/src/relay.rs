@@ -80,7 +80,8 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,7 +148,20 @@ pub struct RelayOptions {
     /// a source read with `get` (SQLite, MySQL), each attempt to send a batch is given up at
     /// this limit and tried again, the batch kept alive first.
     pub hold_limit: Duration,
-    pause: Option<(RelayPoint, PathBuf)>,
+    probe: Option<Probe>,
+}
+
+/// What [`RelayOptions::on_point`] installs.
+type ProbeFn = dyn Fn(RelayPoint) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+
+/// A [`RelayOptions::on_point`] callback (shown as `Probe` in `Debug`).
+#[derive(Clone)]
+struct Probe(Arc<ProbeFn>);
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Probe")
+    }
 }
 
 impl Default for RelayOptions {
@@ -158,7 +172,7 @@ impl Default for RelayOptions {
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             limit: None,
             hold_limit: Duration::from_secs(30),
-            pause: None,
+            probe: None,
         }
     }
 }
@@ -199,18 +213,24 @@ impl RelayOptions {
         self
     }
 
-    /// Testing hook, not a stable API: at `point` of the first batch, create `file` and stop
-    /// forever, so that a crash test can kill the process exactly there.
-    #[doc(hidden)]
+    /// A fault-injection point for crash tests: the relay calls `probe` at each
+    /// [`RelayPoint`] of every batch and awaits what it returns before going on, so a probe
+    /// that never resolves holds the relay exactly there, to be killed. Nothing else in
+    /// Courier installs one (the `courier` binary has none; the crash tests' own binary does,
+    /// through `courier_cli::App::configure_relay`).
     #[must_use]
-    pub fn pause_at(mut self, point: RelayPoint, file: impl Into<PathBuf>) -> Self {
-        self.pause = Some((point, file.into()));
+    pub fn on_point<F, Fut>(mut self, probe: F) -> Self
+    where
+        F: Fn(RelayPoint) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.probe = Some(Probe(Arc::new(move |point| Box::pin(probe(point)))));
         self
     }
 }
 
-/// Testing hook, not a stable API: where [`RelayOptions::pause_at`] stops a relay.
-#[doc(hidden)]
+/// The points of a batch where a [`RelayOptions::on_point`] probe is called. What is
+/// described is the state of the first batch when a probe holds the relay there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RelayPoint {
@@ -302,10 +322,10 @@ impl Relay {
             return Ok(0);
         }
         self.to.send_batch(outgoing(&batch, false)).await?;
-        self.pause(RelayPoint::AfterConfirm).await;
+        self.probe(RelayPoint::AfterConfirm).await;
         self.from.ack_batch(&batch).await?;
         self.done(batch.len());
-        self.pause(RelayPoint::AfterDelete).await;
+        self.probe(RelayPoint::AfterDelete).await;
         Ok(batch.len())
     }
 
@@ -350,11 +370,11 @@ impl Relay {
             let next = next?;
             if !acking.is_empty() {
                 self.count(Some(acking.len()), &mut stats);
-                self.pause(RelayPoint::AfterDelete).await;
+                self.probe(RelayPoint::AfterDelete).await;
             }
             let retried = sent?;
             if !sending.is_empty() {
-                self.pause(RelayPoint::AfterConfirm).await;
+                self.probe(RelayPoint::AfterConfirm).await;
             }
             if retried && !next.is_empty() {
                 // The send took retries: refresh the batch fetched meanwhile before its turn.
@@ -530,11 +550,11 @@ impl Relay {
             }
             if let Some((n, _)) = confirmed.take() {
                 self.count(Some(n), stats);
-                self.pause(RelayPoint::AfterDelete).await;
+                self.probe(RelayPoint::AfterDelete).await;
             }
             sent?;
             if !sending.is_empty() {
-                self.pause(RelayPoint::AfterConfirm).await;
+                self.probe(RelayPoint::AfterConfirm).await;
                 confirmed = Some((sending.len(), sent_to));
             }
             let (next, to) = next?;
@@ -641,7 +661,7 @@ impl Relay {
                     .await
                     .map_or(Ok(false), |sent| sent.map(|_| true));
                     if matches!(sent, Ok(true)) {
-                        self.pause(RelayPoint::AfterConfirm).await;
+                        self.probe(RelayPoint::AfterConfirm).await;
                     }
                     (batch, sent)
                 }));
@@ -674,7 +694,7 @@ impl Relay {
                 Some((batch, sent)) = OptionFuture::from(sending.as_mut()), if sending.is_some() => {
                     sending = None;
                     match sent {
-                        Ok(true) if committing.is_none() => committing = Some(self.commit_then_pause(batch)),
+                        Ok(true) if committing.is_none() => committing = Some(self.commit_then_probe(batch)),
                         Ok(true) => confirmed = Some(batch),
                         Ok(false) => {
                             // The batches drained ahead go back to the source, in order.
@@ -690,20 +710,20 @@ impl Relay {
                     }
                 }
                 Some(committed) = OptionFuture::from(committing.as_mut()), if committing.is_some() => {
-                    committing = confirmed.take().map(|batch| self.commit_then_pause(batch));
+                    committing = confirmed.take().map(|batch| self.commit_then_probe(batch));
                     self.count(committed, stats);
                 }
             }
         }
     }
 
-    /// Commits a confirmed drained batch (see [`commit`](Self::commit)), then stops there for
-    /// good if the crash tests asked ([`RelayPoint::AfterDelete`]).
-    fn commit_then_pause(&self, batch: Drained) -> BoxFuture<'_, Option<usize>> {
+    /// Commits a confirmed drained batch (see [`commit`](Self::commit)), then calls the probe,
+    /// if any, at [`RelayPoint::AfterDelete`].
+    fn commit_then_probe(&self, batch: Drained) -> BoxFuture<'_, Option<usize>> {
         Box::pin(async move {
             let committed = self.commit(batch).await;
             if committed.is_some() {
-                self.pause(RelayPoint::AfterDelete).await;
+                self.probe(RelayPoint::AfterDelete).await;
             }
             committed
         })
@@ -985,17 +1005,11 @@ impl Relay {
         }
     }
 
-    async fn pause(&self, at: RelayPoint) {
-        let Some((point, file)) = &self.options.pause else {
-            return;
-        };
-        if *point != at {
-            return;
+    /// Calls the [`RelayOptions::on_point`] probe, if any, at `point` and waits for it.
+    async fn probe(&self, point: RelayPoint) {
+        if let Some(Probe(probe)) = &self.options.probe {
+            probe(point).await;
         }
-        if let Err(e) = std::fs::write(file, std::process::id().to_string()) {
-            tracing::warn!(error = %e, "relay: cannot write the pause file");
-        }
-        std::future::pending::<()>().await;
     }
 }
 
@@ -1057,5 +1071,45 @@ mod tests {
         assert_eq!(order, [0, 1, 2, 3, 4]);
         assert!(sent.iter().all(|e| e.has::<PriorityStamp>()));
         assert_eq!(from.acked().len(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_probe_is_awaited_at_each_point_of_each_batch() {
+        let from = InMemoryTransport::new();
+        let to = InMemoryTransport::new();
+        for n in 0..4 {
+            from.send(Envelope::new(Item { n }))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        // Each call: the point, messages acked at the source, messages at the destination.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (source, dest, log) = (from.clone(), to.clone(), seen.clone());
+        let options = RelayOptions::default().batch_size(2).on_point(move |at| {
+            let (source, dest, log) = (source.clone(), dest.clone(), log.clone());
+            async move {
+                // Awaited: the relay goes on only once the probe is done.
+                tokio::task::yield_now().await;
+                let state = (at, source.acked().len(), dest.sent().len());
+                log.lock().unwrap_or_else(|e| e.into_inner()).push(state);
+            }
+        });
+        let relay = Relay::new("outbox", Arc::new(from), "to", Arc::new(to)).options(options);
+        for _ in 0..2 {
+            assert_eq!(
+                relay.relay_batch().await.unwrap_or_else(|e| panic!("{e}")),
+                2
+            );
+        }
+        use RelayPoint::{AfterConfirm, AfterDelete};
+        assert_eq!(
+            *seen.lock().unwrap_or_else(|e| e.into_inner()),
+            [
+                (AfterConfirm, 0, 2),
+                (AfterDelete, 2, 2),
+                (AfterConfirm, 2, 4),
+                (AfterDelete, 4, 4)
+            ]
+        );
     }
 }

@@ -5,18 +5,13 @@
 use std::sync::Arc;
 
 use courier_core::CancellationToken;
-use courier_core::relay::{Relay, RelayOptions, RelayPoint};
+use courier_core::relay::{Relay, RelayOptions};
 
 use crate::cli::RelayArgs;
 use crate::commands::consume::Signals;
 use crate::connect;
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult};
-
-/// Testing hook (crash tests): stop forever at this point of the first batch...
-const PAUSE_ENV: &str = "COURIER_RELAY_PAUSE";
-/// ...after writing the process id to this file.
-const PAUSE_FILE_ENV: &str = "COURIER_RELAY_PAUSE_FILE";
 
 pub(crate) async fn run(ctx: &Ctx<'_>, args: &RelayArgs) -> CliResult {
     let names = [args.from.clone(), args.to.clone()];
@@ -30,13 +25,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &RelayArgs) -> CliResult {
         .batch_size(usize::from(args.batch_size))
         .limit(args.limit)
         .hold_limit(args.hold_limit);
-    if let Ok(point) = std::env::var(PAUSE_ENV) {
-        let point: RelayPoint = point
-            .parse()
-            .map_err(|e: String| CliError::usage(format!("{PAUSE_ENV}: {e}")))?;
-        let file = std::env::var_os(PAUSE_FILE_ENV)
-            .ok_or_else(|| CliError::usage(format!("{PAUSE_ENV} needs {PAUSE_FILE_ENV}")))?;
-        options = options.pause_at(point, file);
+    for hook in &ctx.app.relay_hooks {
+        options = hook(options);
     }
     let shutdown = CancellationToken::new();
     let watcher = tokio::spawn(stop_on_signal(shutdown.clone(), ctx.quiet));
