@@ -68,17 +68,38 @@ impl Cleanup {
         Self::default()
     }
 
+    /// Adds `item`, unless the same tables or keys are registered already.
     fn push(&self, item: Item) {
-        self.items
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(item);
+        let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = items.iter().any(|known| match (known, &item) {
+            #[cfg(feature = "sql")]
+            (
+                Item::SqlTables { url, prefix },
+                Item::SqlTables {
+                    url: new_url,
+                    prefix: new_prefix,
+                },
+            ) => url == new_url && prefix == new_prefix,
+            #[cfg(feature = "redis")]
+            (
+                Item::RedisKeys { url, prefix },
+                Item::RedisKeys {
+                    url: new_url,
+                    prefix: new_prefix,
+                },
+            ) => url == new_url && prefix == new_prefix,
+            _ => false,
+        });
+        if !known {
+            items.push(item);
+        }
     }
 
     /// Drops every table whose name starts with `prefix` in the database of `url`
     /// (`postgres://` or `mysql://`): a message table `prefix...` and every table beside it
     /// (`_migrations`, `_workers`, `_dedup`, `_cursors`, `_schedules`, `_paused`, `_limits`,
-    /// the run store's `_runs`, ...).
+    /// the run store's `_runs`, ...). A `sqlite:` URL is left alone (its file is the test's
+    /// temporary directory's to remove), so a test may call this on any dialect.
     ///
     /// # Panics
     /// When `prefix` is not a lowercase identifier of at least 8 characters (a short prefix
@@ -86,6 +107,9 @@ impl Cleanup {
     #[cfg(feature = "sql")]
     pub fn sql_tables(&self, url: &str, prefix: &str) {
         check_prefix(prefix);
+        if url.starts_with("sqlite") {
+            return;
+        }
         self.push(Item::SqlTables {
             url: url.to_owned(),
             prefix: prefix.to_owned(),
