@@ -155,28 +155,15 @@ async fn worker_killed_mid_run_is_reaped_and_completed_by_another_on_mariadb() {
 /// [`killed_mid_run`] on a shared server, dropping the test's tables whatever the outcome.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn killed_mid_run_then_drop(place: Place) {
-    let test =
-        futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(killed_mid_run(&place)));
-    let result = test.await;
-    let node = node(&place).await;
     let queue_table = Dsn::parse(&place.queue_dsn)
         .unwrap()
         .option("table_name")
         .unwrap()
         .to_owned();
-    for table in [
-        node.store.runs_table(),
-        node.store.events_table(),
-        &queue_table,
-    ] {
-        node.store
-            .execute(&format!("DROP TABLE IF EXISTS {table}"))
-            .await
-            .unwrap();
-    }
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
+    let cleanup = courier_test::Cleanup::new();
+    cleanup.sql_tables(&place.store_dsn, &place.prefix);
+    cleanup.sql_tables(&place.store_dsn, &queue_table);
+    killed_mid_run(&place).await;
 }
 
 async fn killed_mid_run(place: &Place) {

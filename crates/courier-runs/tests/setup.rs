@@ -26,6 +26,8 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 async fn concurrent_setups_of_fresh_tables_all_succeed(dsn: &str) {
     let prefix = courier_test::env::unique_name("race");
+    let cleanup = courier_test::Cleanup::new();
+    cleanup.sql_tables(dsn, &prefix);
     let options = SqlRunStoreOptions::default()
         .table_prefix(&prefix)
         .max_connections(2);
@@ -86,6 +88,8 @@ async fn mysql_concurrent_setups_of_fresh_tables_all_succeed() {
 /// `due_at` yet.
 async fn tables_from_a_previous_release_are_upgraded(dsn: &str, files: &[&str], adds_due_at: bool) {
     let prefix = courier_test::env::unique_name("upgrade");
+    let cleanup = courier_test::Cleanup::new();
+    cleanup.sql_tables(dsn, &prefix);
     let options = SqlRunStoreOptions::default().table_prefix(&prefix);
     let store = tokio::time::timeout(Duration::from_secs(20), SqlRunStore::connect(dsn, options))
         .await

@@ -85,21 +85,11 @@ async fn sql_worker_completes_a_run_after_honouring_the_delays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 async fn sql_worker_completes_a_run_after_honouring_the_delays_on_postgres() {
+    let cleanup = courier_test::Cleanup::new();
     let fx = support::postgres().await;
-    let table = courier_test::env::unique_name("runs_queue");
+    let table = cleanup.postgres_table("runs_queue");
     let url = courier_test::env::postgres_url();
     let sep = if url.contains('?') { '&' } else { '?' };
     let dsn = format!("{url}{sep}table_name={table}&poll_window=50ms");
-    let test = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
-        completes_after_the_delays(&fx, &dsn),
-    ));
-    let result = test.await;
-    let sql = fx.sql().unwrap();
-    sql.execute(&format!("DROP TABLE IF EXISTS {table}"))
-        .await
-        .unwrap();
-    fx.cleanup().await;
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
+    completes_after_the_delays(&fx, &dsn).await;
 }

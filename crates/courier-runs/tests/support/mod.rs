@@ -18,6 +18,9 @@ pub struct Fixture {
     pub store: Arc<dyn RunStore>,
     backend: Backend,
     _dir: Option<TempDir>,
+    /// Drops the store's tables on a server when the fixture goes, pass or fail (last, after
+    /// the store).
+    _cleanup: courier_test::Cleanup,
 }
 
 enum Backend {
@@ -48,11 +51,14 @@ pub fn memory() -> Fixture {
         store: Arc::new(m.clone()),
         backend: Backend::Memory(m),
         _dir: None,
+        _cleanup: courier_test::Cleanup::new(),
     }
 }
 
 pub async fn sql(dsn: &str, dir: Option<TempDir>) -> Fixture {
     let prefix = courier_test::env::unique_name("runs");
+    let cleanup = courier_test::Cleanup::new();
+    cleanup.sql_tables(dsn, &prefix);
     let options = SqlRunStoreOptions::default().table_prefix(&prefix);
     let s = tokio::time::timeout(Duration::from_secs(20), SqlRunStore::connect(dsn, options))
         .await
@@ -64,6 +70,7 @@ pub async fn sql(dsn: &str, dir: Option<TempDir>) -> Fixture {
         store: Arc::new(s.clone()),
         backend: Backend::Sql(s),
         _dir: dir,
+        _cleanup: cleanup,
     }
 }
 
