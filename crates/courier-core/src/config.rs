@@ -126,6 +126,12 @@ pub struct TransportConfig {
     /// ([`RateLimitConfig`]).
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
+    /// How long a worker's handling of one of its messages may take (`"30s"`; default none,
+    /// as in Symfony): past it the handler's future is dropped and the message fails with
+    /// class `timeout`, retried as `retry` says (see
+    /// [`WorkerBuilder::handler_timeout`](crate::WorkerBuilder::handler_timeout)).
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub handler_timeout: Option<Duration>,
 }
 
 /// A `retry = { ... }` table: a [`MultiplierRetryStrategy`].
@@ -345,6 +351,11 @@ impl Config {
             if let Some(limit) = &t.rate_limit {
                 limit.rate_limit(name)?;
             }
+            if t.handler_timeout.is_some_and(|d| d.is_zero()) {
+                return Err(ConfigError::new(format!(
+                    "transports.{name}.handler_timeout: must be longer than zero (leave it out for no timeout)"
+                )));
+            }
             for (key, value) in &t.options {
                 if option_text(value).is_none() {
                     return Err(ConfigError::new(format!(
@@ -557,11 +568,12 @@ impl Transports {
         builder
     }
 
-    /// A worker consuming `receivers` (all transports when empty) with each one's retry strategy
-    /// and failure transport.
+    /// A worker consuming `receivers` (all transports when empty) with each one's retry strategy,
+    /// failure transport, handler timeout, rate limit and pause flag (see
+    /// [`Transports::worker_on`]).
     ///
     /// # Errors
-    /// [`ConfigError`] naming an unknown transport.
+    /// [`ConfigError`] naming an unknown transport or a bad `rate_limit`.
     pub fn worker(
         &self,
         bus: MessageBus,
@@ -581,7 +593,7 @@ impl Transports {
             })?;
             chosen.push((name, transport.clone()));
         }
-        Ok(self.worker_on(bus, chosen))
+        self.worker_on(bus, chosen)
     }
 
     /// The transports a worker consumes for `receivers`: those, or, when empty, every transport
@@ -605,32 +617,48 @@ impl Transports {
     }
 
     /// A worker consuming these receivers in order, each `(transport name, transport)` with the
-    /// named transport's retry strategy and failure transport. The transport may be a view of
-    /// the named one (one of its queues: [`Queues`](crate::Queues)).
-    #[must_use]
+    /// named transport's retry strategy, failure transport and `handler_timeout`. The transport
+    /// may be a view of the named one (one of its queues: [`Queues`](crate::Queues)).
+    ///
+    /// Each receiver is gated as `courier consume` gates it: one with a `rate_limit` fetches
+    /// only what its bucket grants ([`RateLimitGate`](crate::RateLimitGate)), and one that can
+    /// be paused fetches nothing while `courier pause` says so
+    /// ([`PauseGate`](crate::PauseGate), outside the rate limit: a paused queue spends no
+    /// tokens). Do not hand it receivers gated already.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming a bad `rate_limit` (one [`Config::validate`] let through: the
+    /// configuration was changed after it was parsed).
     pub fn worker_on(
         &self,
         bus: MessageBus,
         receivers: Vec<(String, Arc<dyn Transport>)>,
-    ) -> WorkerBuilder {
+    ) -> Result<WorkerBuilder, ConfigError> {
         let mut builder = Worker::builder(bus);
         for (name, transport) in receivers {
-            let retry = self
-                .config
-                .transports
-                .get(&name)
-                .map(|t| t.retry.strategy())
-                .unwrap_or_default();
+            let config = self.config.transports.get(&name);
+            let retry = config.map(|t| t.retry.strategy()).unwrap_or_default();
+            let transport = match config.and_then(|t| t.rate_limit.as_ref()) {
+                Some(limit) => crate::RateLimitGate::wrap(transport, limit.rate_limit(&name)?),
+                None => transport,
+            };
+            // The gate's watcher ends with the gate, when the worker is dropped.
+            let transport = crate::PauseGate::wrap(
+                transport.clone(),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .unwrap_or(transport);
             builder = builder
                 .receiver(name.clone(), transport)
-                .retry_strategy(Arc::new(retry));
+                .retry_strategy(Arc::new(retry))
+                .handler_timeout(config.and_then(|t| t.handler_timeout));
             if let Some(f) = self.config.failure_transport_of(&name)
                 && let Some(ft) = self.transports.get(f)
             {
                 builder = builder.failure_transport(f.to_owned(), ft.clone());
             }
         }
-        builder
+        Ok(builder)
     }
 }
 
@@ -751,6 +779,32 @@ mod tests {
         assert_eq!(s.delay_for(0), Duration::from_millis(250));
         assert_eq!(s.delay_for(1), Duration::from_millis(750));
         assert_eq!(s.delay_for(5), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn handler_timeout_is_a_positive_duration_or_absent() {
+        let c = parse("[transports.a]\ndsn = \"sync://\"\nhandler_timeout = \"90s\"")
+            .unwrap_or_default();
+        assert_eq!(
+            c.transports["a"].handler_timeout,
+            Some(Duration::from_secs(90))
+        );
+        let c = parse("[transports.a]\ndsn = \"sync://\"").unwrap_or_default();
+        assert_eq!(c.transports["a"].handler_timeout, None, "off by default");
+        let err = parse("[transports.a]\ndsn = \"sync://\"\nhandler_timeout = \"0s\"")
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.contains("transports.a.handler_timeout: must be longer than zero"),
+            "{err}"
+        );
+        let err = parse("[transports.a]\ndsn = \"sync://\"\nhandler_timeout = \"soon\"")
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.contains("handler_timeout") && err.contains("invalid duration `soon`"),
+            "{err}"
+        );
     }
 
     #[test]

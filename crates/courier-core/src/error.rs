@@ -232,6 +232,10 @@ pub enum HandlerError {
     },
     /// Retry according to the transport's retry strategy.
     Other(BoxError),
+    /// The handler did not finish within its [`HandlerOptions::timeout`](crate::HandlerOptions::timeout):
+    /// its future was dropped. Retried according to the transport's retry strategy, like
+    /// [`HandlerError::Other`]; class `timeout`.
+    Timeout(HandlerTimeout),
     /// The inner error, and the worker stops once this message is done (Messenger's
     /// `StopWorkerExceptionInterface`); the message is retried or moved as the inner error
     /// says. Made with [`HandlerError::stop_worker`].
@@ -298,6 +302,7 @@ impl HandlerError {
             Self::Unrecoverable(e) | Self::Recoverable { source: e, .. } | Self::Other(e) => {
                 e.as_ref()
             }
+            Self::Timeout(e) => e,
             Self::StopWorker(inner) => inner.source_error(),
         }
     }
@@ -309,6 +314,7 @@ impl HandlerError {
             Self::Unrecoverable(_) => "unrecoverable",
             Self::Recoverable { .. } => "recoverable",
             Self::Other(_) => "error",
+            Self::Timeout(_) => "timeout",
             Self::StopWorker(inner) => inner.class(),
         }
     }
@@ -327,6 +333,7 @@ impl fmt::Debug for HandlerError {
                 .field("retry_after", retry_after)
                 .finish(),
             Self::Other(e) => f.debug_tuple("Other").field(e).finish(),
+            Self::Timeout(e) => f.debug_tuple("Timeout").field(e).finish(),
             Self::StopWorker(inner) => f.debug_tuple("StopWorker").field(inner).finish(),
         }
     }
@@ -341,6 +348,32 @@ impl fmt::Display for HandlerError {
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
     fn from(e: E) -> Self {
         Self::Other(Box::new(e))
+    }
+}
+
+/// A handler, or the whole handling of a received message, ran past its timeout and its future
+/// was dropped ([`HandlerError::Timeout`], [`BusError::Timeout`]).
+///
+/// ```
+/// use courier_core::HandlerTimeout;
+/// use std::time::Duration;
+///
+/// let e = HandlerTimeout::new(Duration::from_secs(30));
+/// assert_eq!(e.to_string(), "did not finish within 30s");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("did not finish within {}", humantime::format_duration(*.after))]
+#[non_exhaustive]
+pub struct HandlerTimeout {
+    /// The timeout that ran out.
+    pub after: Duration,
+}
+
+impl HandlerTimeout {
+    /// The timeout `after` ran out.
+    #[must_use]
+    pub fn new(after: Duration) -> Self {
+        Self { after }
     }
 }
 
@@ -452,6 +485,18 @@ pub enum BusError {
         #[source]
         reason: crate::signing::SignatureError,
     },
+    /// A worker's handling of a received message ran past its transport's handler timeout
+    /// ([`WorkerBuilder::handler_timeout`](crate::WorkerBuilder::handler_timeout),
+    /// `[transports.NAME] handler_timeout`): the dispatch's future was dropped, handlers and
+    /// middleware with it. Retried according to the transport's retry strategy; class
+    /// `timeout`.
+    #[error("handling `{name}` {timeout}")]
+    Timeout {
+        /// The wire name.
+        name: String,
+        /// The timeout that ran out.
+        timeout: HandlerTimeout,
+    },
     /// [`MessageBus::query`](crate::MessageBus::query) found no single answer.
     #[error("query `{name}` has no single answer")]
     Query {
@@ -472,7 +517,7 @@ fn first_failure(failures: &[HandlerFailure]) -> String {
 
 impl BusError {
     /// A short class name for [`ErrorDetailsStamp`](crate::ErrorDetailsStamp) and logs: the
-    /// first handler failure's class, `no_handler`, `decode`, `send` or `error`.
+    /// first handler failure's class, `no_handler`, `decode`, `send`, `timeout` or `error`.
     #[must_use]
     pub fn class(&self) -> &'static str {
         match self {
@@ -485,6 +530,7 @@ impl BusError {
             Self::Middleware(_) => "error",
             Self::Query { .. } => "query",
             Self::Signature { .. } => "signature",
+            Self::Timeout { .. } => "timeout",
         }
     }
 

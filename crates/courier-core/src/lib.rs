@@ -73,8 +73,8 @@ pub use codec::{
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;
 pub use error::{
-    BoxError, BusError, ErrorChain, HandlerError, HandlerFailure, HandlerResultExt, TransportError,
-    TransportErrorKind, error_chain,
+    BoxError, BusError, ErrorChain, HandlerError, HandlerFailure, HandlerResultExt, HandlerTimeout,
+    TransportError, TransportErrorKind, error_chain,
 };
 pub use failed::{rfc3339, rfc3339_ms};
 pub use message::Message;

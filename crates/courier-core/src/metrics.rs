@@ -14,6 +14,7 @@
 //! | `courier_messages_failed_total` | counter | `transport`, `message_type` | failed (retried or not) |
 //! | `courier_messages_retried_total` | counter | `transport`, `message_type` | put back for a retry |
 //! | `courier_messages_moved_to_failure_total` | counter | `transport`, `message_type` | moved to the failure transport |
+//! | `courier_handler_timeouts_total` | counter | `transport`, `message_type` | failed by a handler timeout (the handler's future dropped) |
 //! | `courier_handler_duration_seconds` | histogram | `transport`, `message_type` | dispatch of a received message |
 //! | `courier_ack_batch_size` | histogram | `transport` | messages per `ack_batch` |
 //! | `courier_queue_depth` | gauge | `transport` | `message_count`, sampled periodically ([`spawn_queue_depth`]) |
@@ -55,6 +56,11 @@ pub const MESSAGES_FAILED: &str = "courier_messages_failed_total";
 pub const MESSAGES_RETRIED: &str = "courier_messages_retried_total";
 /// Failed messages moved to the failure transport (counter; `transport`, `message_type`).
 pub const MESSAGES_MOVED_TO_FAILURE: &str = "courier_messages_moved_to_failure_total";
+/// Received messages whose handling ran past a handler timeout, the transport's
+/// ([`WorkerBuilder::handler_timeout`](crate::WorkerBuilder::handler_timeout)) or a handler's
+/// own ([`HandlerOptions::timeout`](crate::HandlerOptions::timeout)); each is also counted in
+/// [`MESSAGES_FAILED`] (counter; `transport`, `message_type`).
+pub const HANDLER_TIMEOUTS: &str = "courier_handler_timeouts_total";
 /// How long the dispatch of a received message took (histogram, seconds).
 pub const HANDLER_DURATION: &str = "courier_handler_duration_seconds";
 /// Messages acked per `ack_batch` (histogram; `transport`).
@@ -106,6 +112,10 @@ pub fn describe() {
     describe_counter!(
         MESSAGES_MOVED_TO_FAILURE,
         "Failed messages moved to the failure transport"
+    );
+    describe_counter!(
+        HANDLER_TIMEOUTS,
+        "Received messages failed by a handler timeout"
     );
     describe_histogram!(
         HANDLER_DURATION,

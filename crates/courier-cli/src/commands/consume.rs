@@ -70,31 +70,16 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     });
     let verbose = ctx.verbose >= 1;
     let listen = counters.clone();
-    // A receiver with a `rate_limit` fetches only what its bucket grants; each pausable one
-    // fetches nothing while `courier pause` says so.
-    let mut gated = Vec::new();
     let (receivers, relayed) = receivers(&transports, args).await?;
-    for (name, t) in receivers {
-        let t = match ctx
-            .config
-            .transports
-            .get(&name)
-            .and_then(|c| c.rate_limit.as_ref())
-        {
-            Some(limit) => courier_core::RateLimitGate::wrap(t, limit.rate_limit(&name)?),
-            None => t,
-        };
-        let t = courier_core::PauseGate::wrap(t.clone(), helpers.clone()).unwrap_or(t);
-        gated.push((name, t));
-    }
-    let receivers = gated;
     let mut consumed: Vec<String> = Vec::new();
     for (name, _) in &receivers {
         if !consumed.contains(name) {
             consumed.push(name.clone());
         }
     }
-    let mut builder = transports.worker_on(bus.clone(), receivers);
+    // Each receiver with a `rate_limit` fetches only what its bucket grants, each pausable one
+    // nothing while `courier pause` says so, each with a `handler_timeout` drops a hung handler.
+    let mut builder = transports.worker_on(bus.clone(), receivers)?;
     for other in ctx.other_buses(&transports) {
         if args.bus.as_deref() == Some(other.name()) {
             builder = builder.dispatch_to(other.clone());

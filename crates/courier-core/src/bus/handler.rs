@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -135,6 +136,16 @@ pub struct HandlerOptions {
     /// Handlers of one message run highest priority first (default 0; equal priorities in the
     /// order registered).
     pub priority: i32,
+    /// How long one call of the handler may run (default: no limit, as in Symfony). Past it
+    /// the handler's future is dropped (it stops at its next `.await`; blocking code it runs
+    /// on the thread is not interrupted) and it fails with [`HandlerError::Timeout`], class
+    /// `timeout`: a worker retries the message as its retry strategy says (the handlers that
+    /// succeeded keep their [`HandledStamp`](crate::HandledStamp) and are skipped), an
+    /// in-process dispatch returns the failure. For a batch handler it bounds a message's wait
+    /// for its batch's result; the batch itself runs on. To bound everything a worker does for
+    /// a message (middleware included), set the transport's
+    /// [`WorkerBuilder::handler_timeout`](crate::WorkerBuilder::handler_timeout) instead.
+    pub timeout: Option<Duration>,
 }
 
 impl HandlerOptions {
@@ -145,6 +156,7 @@ impl HandlerOptions {
             name: name.into(),
             from_transport: None,
             priority: 0,
+            timeout: None,
         }
     }
 
@@ -161,6 +173,21 @@ impl HandlerOptions {
         self.priority = priority;
         self
     }
+
+    /// Sets [`HandlerOptions::timeout`].
+    ///
+    /// ```
+    /// use courier_core::HandlerOptions;
+    /// use std::time::Duration;
+    ///
+    /// let options = HandlerOptions::new("render_pdf").timeout(Duration::from_secs(30));
+    /// assert_eq!(options.timeout, Some(Duration::from_secs(30)));
+    /// ```
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
 }
 
 pub(crate) struct HandlerEntry {
@@ -169,6 +196,8 @@ pub(crate) struct HandlerEntry {
     pub(crate) from_transport: Option<Arc<str>>,
     /// Higher runs first.
     pub(crate) priority: i32,
+    /// How long one call may run ([`HandlerOptions::timeout`]).
+    pub(crate) timeout: Option<Duration>,
     /// The [`HandledStamp`](crate::HandledStamp) added on success, shared by every envelope.
     pub(crate) handled: Arc<dyn crate::stamp::AnyStamp>,
     pub(crate) handler: Arc<dyn ErasedHandler>,

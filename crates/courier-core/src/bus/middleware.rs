@@ -13,9 +13,9 @@ use tracing::Instrument;
 use super::MessageBus;
 use super::handler::HandlerEntry;
 use crate::{
-    BusError, BusNameStamp, DispatchAfterCurrentBusStamp, Envelope, HandledStamp, HandlerFailure,
-    MessageIdStamp, ReceivedStamp, SentStamp, SentToFailureTransportStamp, TraceContextStamp,
-    TransportNamesStamp,
+    BusError, BusNameStamp, DispatchAfterCurrentBusStamp, Envelope, HandledStamp, HandlerError,
+    HandlerFailure, MessageIdStamp, ReceivedStamp, SentStamp, SentToFailureTransportStamp,
+    TraceContextStamp, TransportNamesStamp,
 };
 
 /// A step in the bus's chain (Symfony's `MiddlewareInterface`).
@@ -240,6 +240,7 @@ async fn send(
             }),
             &span,
         );
+        let deduplicated_before = envelope.all::<crate::DeduplicatedStamp>().count();
         let sent = transport
             .send(envelope)
             .instrument(span.clone())
@@ -248,6 +249,14 @@ async fn send(
                 name: outgoing.message_name().to_owned(),
                 source,
             })?;
+        // A transport that takes deduplication keys in its send found this one held: nothing
+        // was sent (see `Deduplicate::takes_keys_on_send`).
+        if sent.all::<crate::DeduplicatedStamp>().count() > deduplicated_before
+            && let Some(deduplicated) = sent.last::<crate::DeduplicatedStamp>()
+        {
+            result = result.with(deduplicated.clone());
+            continue;
+        }
         if let Some(id) = sent.id() {
             span.record("messaging.message.id", id);
         }
@@ -354,7 +363,17 @@ async fn handle(bus: &MessageBus, mut envelope: Envelope) -> Result<Envelope, Bu
                 {
                     continue;
                 }
-                match entry.handler.call(&envelope).await {
+                let called = match entry.timeout {
+                    None => entry.handler.call(&envelope).await,
+                    Some(after) => tokio::time::timeout(after, entry.handler.call(&envelope))
+                        .await
+                        .unwrap_or_else(|_| {
+                            tracing::warn!(handler = %entry.name, timeout = ?after,
+                                "handler timed out: its future was dropped");
+                            Err(HandlerError::Timeout(crate::HandlerTimeout::new(after)))
+                        }),
+                };
+                match called {
                     Ok(None) => envelope = envelope.with_shared(&entry.handled),
                     Ok(Some(result)) => {
                         envelope = envelope

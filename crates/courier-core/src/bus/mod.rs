@@ -484,6 +484,7 @@ impl MessageBusBuilder {
             name,
             from_transport,
             priority,
+            timeout,
         } = options;
         let entry = HandlerEntry {
             handled: Arc::new(crate::HandledStamp {
@@ -492,6 +493,7 @@ impl MessageBusBuilder {
             name: Arc::from(name),
             from_transport: from_transport.map(Arc::from),
             priority,
+            timeout,
             handler,
             batch_size,
         };

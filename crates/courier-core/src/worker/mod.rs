@@ -41,6 +41,8 @@ pub(crate) struct Receiver {
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) retry: Arc<dyn RetryStrategy>,
     pub(crate) failure: Option<(String, Arc<dyn Transport>)>,
+    /// How long the handling of one of its messages may take ([`WorkerBuilder::handler_timeout`]).
+    pub(crate) handler_timeout: Option<Duration>,
     /// Its [`ReceivedStamp`](crate::ReceivedStamp), shared by every envelope it receives.
     pub(crate) received: Arc<dyn crate::stamp::AnyStamp>,
     /// Its name as a metrics label (shared, so labelling a message does not allocate).
@@ -164,6 +166,7 @@ impl WorkerBuilder {
             transport,
             retry: Arc::new(MultiplierRetryStrategy::default()),
             failure: None,
+            handler_timeout: None,
         });
         self
     }
@@ -173,6 +176,32 @@ impl WorkerBuilder {
     pub fn retry_strategy(mut self, strategy: Arc<dyn RetryStrategy>) -> Self {
         if let Some(r) = self.worker.receivers.last_mut() {
             r.retry = strategy;
+        }
+        self
+    }
+
+    /// How long the handling of one message of the receiver added last may take (default
+    /// `None`: no limit, as in Symfony; `[transports.NAME] handler_timeout` in configuration).
+    ///
+    /// A hung handler would otherwise hold its message (kept alive by the keepalive) and its
+    /// slot of [`WorkerBuilder::concurrency`] forever. Past the timeout the dispatch's future
+    /// is dropped (middleware and handlers stop at their next `.await`; blocking code on the
+    /// thread is not interrupted), a warning is logged, `courier_handler_timeouts_total` is
+    /// bumped, and the message fails with [`BusError::Timeout`](crate::BusError::Timeout),
+    /// class `timeout`: the retry strategy decides between a retry and the failure transport,
+    /// where the [`ErrorDetailsStamp`](crate::ErrorDetailsStamp) names the class and the
+    /// timeout. Handlers that finished before it are run again on the retry (their
+    /// [`HandledStamp`](crate::HandledStamp)s went with the dropped future); a handler's own
+    /// [`HandlerOptions::timeout`](crate::HandlerOptions::timeout) keeps them. A message in
+    /// flight for a batch handler stops waiting, but its batch runs on.
+    ///
+    /// A durable run's `RunAgent` message is handled by executing the run: a timeout shorter
+    /// than a run abandons it like a crashed worker would (the reaper requeues it once its
+    /// lease runs out).
+    #[must_use]
+    pub fn handler_timeout(mut self, timeout: Option<Duration>) -> Self {
+        if let Some(r) = self.worker.receivers.last_mut() {
+            r.handler_timeout = timeout;
         }
         self
     }

@@ -166,7 +166,18 @@ impl Worker {
         let bus = self.bus_for(&envelope);
         let trace = envelope.last::<TraceContextStamp>().cloned();
         let started = Instant::now();
-        let result = with_trace_context(trace, bus.dispatch(envelope.clone())).await;
+        let dispatch = with_trace_context(trace, bus.dispatch(envelope.clone()));
+        let result = match receiver.handler_timeout {
+            None => dispatch.await,
+            Some(after) => tokio::time::timeout(after, dispatch)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(BusError::Timeout {
+                        name: envelope.message_name().to_owned(),
+                        timeout: crate::HandlerTimeout::new(after),
+                    })
+                }),
+        };
         metrics::handler_duration(&receiver.label, &message_type, started.elapsed());
         let err = match result {
             Ok(_) => {
@@ -187,8 +198,14 @@ impl Worker {
             .any(|f| f.error.stops_worker());
         let decision = decide(&*receiver.retry, &envelope, &err);
         let will_retry = matches!(decision, RetryDecision::Retry(_));
-        tracing::warn!(error = %err, will_retry, "handling failed");
         metrics::message(metrics::MESSAGES_FAILED, &receiver.label, &message_type);
+        if timed_out(&err) {
+            // The handler (or the whole dispatch) was dropped: say so apart from other failures.
+            tracing::warn!(error = %err, will_retry, class = "timeout", "handler timed out: its future was dropped");
+            metrics::message(metrics::HANDLER_TIMEOUTS, &receiver.label, &message_type);
+        } else {
+            tracing::warn!(error = %err, will_retry, "handling failed");
+        }
         self.emit_with(|| WorkerEvent::Failed {
             transport: receiver.name.clone(),
             message: envelope.message_name().to_owned(),
@@ -290,4 +307,13 @@ impl Worker {
         });
         Outcome::Left
     }
+}
+
+/// Whether the failure is a timeout: the transport's handler timeout, or a handler's own.
+fn timed_out(err: &BusError) -> bool {
+    matches!(err, BusError::Timeout { .. })
+        || err
+            .handler_failures()
+            .iter()
+            .any(|f| matches!(f.error.classifying(), crate::HandlerError::Timeout(_)))
 }
