@@ -31,5 +31,6 @@ pub mod scale;
 pub mod scenario;
 pub mod server;
 pub mod sink;
+pub mod steps;
 
 pub use agent::{ChaosAgent, ChaosItem, ScaleTick};
