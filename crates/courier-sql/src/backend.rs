@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use crate::migrate::Applied;
 
 /// A message to insert.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct NewRow {
     pub(crate) body: String,
     pub(crate) headers: String,
@@ -160,6 +160,26 @@ pub(crate) trait Backend: Send + Sync + Debug {
     async fn dedup_take(&self, key: &str, ttl_ms: i64) -> Result<bool, sqlx::Error>;
     /// Frees a deduplication key.
     async fn dedup_release(&self, key: &str) -> Result<(), sqlx::Error>;
+    /// Deletes up to `max` expired deduplication keys, oldest first, in one statement; returns
+    /// how many went.
+    async fn dedup_prune(&self, max: usize) -> Result<u64, sqlx::Error>;
+    /// Inserts rows in one transaction that also takes the deduplication keys of those that
+    /// have one (`keys[i]`: the key and TTL in ms of `rows[i]`): a row whose key is held (by a
+    /// live key, or by an earlier row of the batch) is not inserted. Returns each row's id, `None`
+    /// for the rows not inserted. Keys and rows commit together, or neither.
+    async fn insert_keyed(
+        &self,
+        rows: &[NewRow],
+        keys: &[Option<(&str, i64)>],
+    ) -> Result<Vec<Option<i64>>, sqlx::Error>;
+    /// [`insert_keyed`](Self::insert_keyed) on the caller's connection, inside its transaction
+    /// (see [`insert_in`](Self::insert_in)): the keys commit or roll back with it.
+    async fn insert_keyed_in(
+        &self,
+        conn: &mut (dyn std::any::Any + Send),
+        rows: &[NewRow],
+        keys: &[Option<(&str, i64)>],
+    ) -> Result<Vec<Option<i64>>, sqlx::Error>;
     /// Inserts rows in one statement (or one transaction); returns their ids in order.
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
     /// Inserts rows on the caller's connection (`conn` is the dialect's `sqlx` connection, inside

@@ -451,6 +451,42 @@ where
             .map(drop)
     }
 
+    async fn dedup_prune(&self, max: usize) -> Result<u64, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        let done = sqlx::query(&self.dedup.prune)
+            .bind(limit(max))
+            .execute(self.writes())
+            .await?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn insert_keyed(
+        &self,
+        rows: &[NewRow],
+        keys: &[Option<(&str, i64)>],
+    ) -> Result<Vec<Option<i64>>, sqlx::Error> {
+        let _turn = self.write_turn().await;
+        let mut tx = self.writes().begin().await?;
+        let ids = self.insert_keyed_on(&mut tx, rows, keys).await?;
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    async fn insert_keyed_in(
+        &self,
+        conn: &mut (dyn std::any::Any + Send),
+        rows: &[NewRow],
+        keys: &[Option<(&str, i64)>],
+    ) -> Result<Vec<Option<i64>>, sqlx::Error> {
+        // No write turn: the caller's transaction may hold SQLite's write lock already.
+        let Some(conn) = conn.downcast_mut::<DB::Connection>() else {
+            return Err(sqlx::Error::Configuration(
+                format!("the transaction is not on a {:?} connection", DB::DIALECT).into(),
+            ));
+        };
+        self.insert_keyed_on(conn, rows, keys).await
+    }
+
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
         let _turn = self.write_turn().await;
         let mut conn = self.writes().acquire().await?;
@@ -650,6 +686,74 @@ where
     for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
     for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
+    /// Takes a deduplication key on `conn` (in the caller's transaction): `true` when taken.
+    async fn take_key_on(
+        &self,
+        conn: &mut DB::Connection,
+        key: &str,
+        ttl_ms: i64,
+    ) -> Result<bool, sqlx::Error>
+    where
+        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        if let Some(clear) = &self.dedup.clear_expired {
+            sqlx::query(clear).bind(key).execute(&mut *conn).await?;
+        }
+        let done = sqlx::query(&self.dedup.take)
+            .bind(key)
+            .bind(ttl_ms)
+            .execute(&mut *conn)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    /// Takes the rows' keys, then inserts the rows whose key was free (and those without one),
+    /// on `conn`, inside a transaction of the caller's; each row's id, `None` when held.
+    async fn insert_keyed_on(
+        &self,
+        conn: &mut DB::Connection,
+        rows: &[NewRow],
+        keys: &[Option<(&str, i64)>],
+    ) -> Result<Vec<Option<i64>>, sqlx::Error>
+    where
+        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        let mut fresh = Vec::with_capacity(rows.len());
+        for i in 0..rows.len() {
+            fresh.push(match keys.get(i).copied().flatten() {
+                Some((key, ttl_ms)) => self.take_key_on(conn, key, ttl_ms).await?,
+                None => true,
+            });
+        }
+        let ids = if fresh.iter().all(|f| *f) {
+            DB::insert(self, conn, rows).await?
+        } else {
+            let kept: Vec<NewRow> = rows
+                .iter()
+                .zip(&fresh)
+                .filter(|(_, f)| **f)
+                .map(|(r, _)| r.clone())
+                .collect();
+            if kept.is_empty() {
+                Vec::new()
+            } else {
+                DB::insert(self, conn, &kept).await?
+            }
+        };
+        let kept = fresh.iter().filter(|f| **f).count();
+        if ids.len() != kept {
+            return Err(sqlx::Error::Protocol(format!(
+                "inserted {} rows for {kept} messages",
+                ids.len()
+            )));
+        }
+        let mut ids = ids.into_iter();
+        Ok(fresh
+            .into_iter()
+            .map(|f| if f { ids.next() } else { None })
+            .collect())
+    }
+
     /// A statement on one delivery (binds: id, delivery id); returns the rows matched.
     async fn by_id(&self, sql: &str, id: i64, delivery_id: i64) -> Result<u64, sqlx::Error> {
         let _turn = self.write_turn().await;

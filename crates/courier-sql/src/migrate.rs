@@ -96,14 +96,26 @@ pub static WORKERS: Migrations = Migrations {
 /// `_dedup` appended), applied with the message table's.
 pub static DEDUP: Migrations = Migrations {
     main: "{dedup}",
-    list: &[Migration {
-        version: 6,
-        description: "courier dedup",
-        sqlite: include_str!("../migrations/sqlite/0006_courier_dedup.sql"),
-        postgres: include_str!("../migrations/postgres/0006_courier_dedup.sql"),
-        mysql: Some(include_str!("../migrations/mysql/0006_courier_dedup.sql")),
-        present_when: None,
-    }],
+    list: &[
+        Migration {
+            version: 6,
+            description: "courier dedup",
+            sqlite: include_str!("../migrations/sqlite/0006_courier_dedup.sql"),
+            postgres: include_str!("../migrations/postgres/0006_courier_dedup.sql"),
+            mysql: Some(include_str!("../migrations/mysql/0006_courier_dedup.sql")),
+            present_when: None,
+        },
+        Migration {
+            version: 10,
+            description: "courier dedup expiry",
+            sqlite: include_str!("../migrations/sqlite/0010_courier_dedup_expiry.sql"),
+            postgres: include_str!("../migrations/postgres/0010_courier_dedup_expiry.sql"),
+            mysql: Some(include_str!(
+                "../migrations/mysql/0010_courier_dedup_expiry.sql"
+            )),
+            present_when: None,
+        },
+    ],
 };
 
 /// An inbox table's migrations (placeholder `{inbox}`, see [`Inbox`](crate::Inbox)).

@@ -33,7 +33,8 @@
 //! [`courier_core::relay`]).
 
 use courier_core::{
-    BusError, Envelope, MessageBus, TransportError, TransportErrorKind, TransportMessageIdStamp,
+    BusError, DeduplicatedStamp, Envelope, MessageBus, SentStamp, TransportError,
+    TransportErrorKind, TransportMessageIdStamp,
 };
 
 use crate::{SqlDatabase, SqlTransport};
@@ -47,8 +48,14 @@ use crate::{SqlDatabase, SqlTransport};
 ///
 /// Every transport the message is routed to must be a [`SqlTransport`] on the same kind of
 /// database as `tx` (the same database, for the guarantee to mean anything): route to an
-/// outbox queue and relay it to a broker. Deduplication keys are taken outside the transaction
-/// (see [`MessageBus::prepare`]).
+/// outbox queue and relay it to a broker.
+///
+/// A [`DeduplicateStamp`](courier_core::DeduplicateStamp)'s key is taken through `tx` too, in
+/// `<table>_dedup` beside the row: it commits with the message or rolls back with it, so after a
+/// rollback the same key dispatches again at once. Until `tx` ends, another transaction taking
+/// the same key waits for it (PostgreSQL, MySQL; on SQLite the open transaction holds the write
+/// lock). When the key is held, nothing is written for that transport and the returned envelope
+/// carries a [`DeduplicatedStamp`] for it instead of a [`SentStamp`](courier_core::SentStamp).
 ///
 /// # Errors
 /// [`BusError::NotRouted`] for a message routed nowhere, [`BusError::Send`] naming a routed
@@ -83,13 +90,32 @@ where
                         ),
                 )
             })?;
+        let deduplicated_before = outgoing.all::<DeduplicatedStamp>().count();
         let written = sql.send_in(tx, vec![outgoing]).await.map_err(send_error)?;
-        if let Some(id) = written
-            .first()
-            .and_then(|e| e.last::<TransportMessageIdStamp>())
+        let Some(written) = written.first() else {
+            continue;
+        };
+        if written.all::<DeduplicatedStamp>().count() > deduplicated_before
+            && let Some(deduplicated) = written.last::<DeduplicatedStamp>()
         {
+            envelope = not_sent_to(envelope, &transport).with(deduplicated.clone());
+            continue;
+        }
+        if let Some(id) = written.last::<TransportMessageIdStamp>() {
             envelope = envelope.with(id.clone());
         }
     }
     Ok(envelope)
+}
+
+/// The envelope without the [`SentStamp`] of `transport` (its key was held: nothing written).
+fn not_sent_to(envelope: Envelope, transport: &str) -> Envelope {
+    let others: Vec<SentStamp> = envelope
+        .all::<SentStamp>()
+        .filter(|s| s.transport != transport)
+        .cloned()
+        .collect();
+    others
+        .into_iter()
+        .fold(envelope.without_all::<SentStamp>(), Envelope::with)
 }

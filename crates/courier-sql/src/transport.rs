@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_core::{
-    Backoff, Capabilities, CursorLease, CursorPosition, CursorSource, Deduplicate, DelayStamp,
-    DeliveryTagStamp, Drain, Drained, Dsn, Envelope, Listable, MessageCount, MessageRegistry,
-    PriorityStamp, Queues, Setup, Transport, TransportError, TransportErrorKind,
-    TransportMessageIdStamp, WorkerRegistry, async_trait,
+    Backoff, Capabilities, CursorLease, CursorPosition, CursorSource, Deduplicate,
+    DeduplicateStamp, DeduplicatedStamp, DelayStamp, DeliveryTagStamp, Drain, Drained, Dsn,
+    Envelope, Listable, MessageCount, MessageRegistry, PriorityStamp, Queues, SentStamp, Setup,
+    Transport, TransportError, TransportErrorKind, TransportMessageIdStamp, WorkerRegistry,
+    async_trait,
 };
 use tokio::time::Instant;
 
@@ -53,6 +54,8 @@ pub struct SqlTransport {
     applied: std::sync::Mutex<Vec<String>>,
     /// A cursor outbox's: when rows written without `cursor=true` were last looked for.
     strays_checked: std::sync::Mutex<Instant>,
+    /// When expired deduplication keys are pruned next.
+    dedup_prune: crate::dedup::PruneClock,
 }
 
 /// How often a busy cursor outbox's reads look for rows written without `cursor=true` (an idle
@@ -126,6 +129,7 @@ impl SqlTransport {
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
             strays_checked: std::sync::Mutex::new(Instant::now()),
+            dedup_prune: crate::dedup::PruneClock::new(),
         };
         if transport.options.auto_setup {
             transport.migrate().await?;
@@ -341,6 +345,22 @@ impl SqlTransport {
         }
         let rows = self.rows(&envelopes)?;
         let conn: &mut DB::Connection = tx;
+        if let Some(keys) = self.dedup_keys(&envelopes)? {
+            let ids = self
+                .backend
+                .insert_keyed_in(conn, &rows, &key_refs(&keys))
+                .await
+                .map_err(|e| {
+                    self.error(
+                        "inserting messages and taking their deduplication keys in a transaction",
+                        e,
+                    )
+                })?;
+            if ids.iter().any(Option::is_some) {
+                self.wake.bump();
+            }
+            return self.with_keyed_ids(envelopes, ids, &keys);
+        }
         let ids = self
             .backend
             .insert_in(conn, &rows)
@@ -348,6 +368,102 @@ impl SqlTransport {
             .map_err(|e| self.error("inserting messages in a transaction", e))?;
         self.wake.bump();
         self.with_ids(envelopes, ids)
+    }
+
+    /// The deduplication key and TTL (ms) of each envelope's
+    /// [`DeduplicateStamp`](courier_core::DeduplicateStamp); `None` when no envelope has one.
+    fn dedup_keys(
+        &self,
+        envelopes: &[Envelope],
+    ) -> Result<Option<Vec<Key>>, TransportError> {
+        if !envelopes.iter().any(|e| e.has::<DeduplicateStamp>()) {
+            return Ok(None);
+        }
+        let mut keys = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            let Some(stamp) = envelope.last::<DeduplicateStamp>() else {
+                keys.push(None);
+                continue;
+            };
+            self.check_key(&stamp.key)?;
+            let ttl_ms = i64::try_from(stamp.ttl.as_millis()).unwrap_or(i64::MAX / 4);
+            keys.push(Some((stamp.key.clone(), ttl_ms)));
+        }
+        Ok(Some(keys))
+    }
+
+    /// Refuses a key longer than the table holds.
+    fn check_key(&self, key: &str) -> Result<(), TransportError> {
+        if key.len() > crate::dedup::MAX_KEY_BYTES {
+            return Err(
+                TransportError::new(TransportErrorKind::Unsupported, self.name.clone())
+                    .with_context(format!(
+                        "deduplication key of {} bytes exceeds the maximum of {}",
+                        key.len(),
+                        crate::dedup::MAX_KEY_BYTES
+                    )),
+            );
+        }
+        Ok(())
+    }
+
+    /// The envelopes with the ids their rows got; those whose key was held get a
+    /// [`DeduplicatedStamp`] instead, naming the transport they were sent to (their last
+    /// [`SentStamp`], else this transport's name).
+    fn with_keyed_ids(
+        &self,
+        envelopes: Vec<Envelope>,
+        ids: Vec<Option<i64>>,
+        keys: &[Key],
+    ) -> Result<Vec<Envelope>, TransportError> {
+        if ids.len() != envelopes.len() {
+            return Err(
+                TransportError::new(TransportErrorKind::Protocol, self.name.clone()).with_context(
+                    format!(
+                        "inserted {} rows for {} messages",
+                        ids.len(),
+                        envelopes.len()
+                    ),
+                ),
+            );
+        }
+        Ok(envelopes
+            .into_iter()
+            .zip(ids)
+            .zip(keys)
+            .map(|((e, id), key)| match (id, key) {
+                (Some(id), _) => e.with(TransportMessageIdStamp(id.to_string())),
+                (None, key) => {
+                    let transport = e
+                        .last::<SentStamp>()
+                        .map_or_else(|| self.name.clone(), |s| s.transport.clone());
+                    let key = key.as_ref().map(|(k, _)| k.clone()).unwrap_or_default();
+                    tracing::debug!(courier.dedup.key = %key, transport = %transport,
+                        "duplicate message not sent");
+                    e.with(DeduplicatedStamp { key, transport })
+                }
+            })
+            .collect())
+    }
+
+    /// Deletes a bounded pass of expired deduplication keys when one is due (see the `dedup`
+    /// module); a failure is logged and the next pass waits its interval.
+    async fn prune_keys_when_due(&self) {
+        let Some(turn) = self.dedup_prune.turn() else {
+            return;
+        };
+        match self.backend.dedup_prune(crate::dedup::PRUNE_BATCH).await {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::debug!(transport = %self.name, keys = n, "expired deduplication keys pruned");
+                }
+                turn.pruned(n);
+            }
+            Err(e) => {
+                tracing::debug!(transport = %self.name, error = %e,
+                    "could not prune expired deduplication keys");
+            }
+        }
     }
 
     /// Decodes rows. A row whose body or headers do not decode (headers that are not a JSON
@@ -392,6 +508,7 @@ impl SqlTransport {
             return Err(TransportError::new(TransportErrorKind::Unsupported, self.name.clone())
                 .with_context("a cursor outbox (cursor=true) is read by `courier relay`, not by workers: consume the relay's destination, or open the queue without cursor=true"));
         }
+        self.prune_keys_when_due().await;
         let mut window = self.poll_window();
         loop {
             window.changes.borrow_and_update();
@@ -538,6 +655,22 @@ impl Transport for SqlTransport {
             return Ok(envelopes);
         }
         let rows = self.rows(&envelopes)?;
+        if let Some(keys) = self.dedup_keys(&envelopes)? {
+            // The keys are taken in the insert's transaction: a key exists exactly when its
+            // message does, whatever happens to this send.
+            let refs = key_refs(&keys);
+            let ids = self
+                .attempt(
+                    "inserting messages and taking their deduplication keys",
+                    || self.backend.insert_keyed(&rows, &refs),
+                )
+                .await?;
+            if ids.iter().any(Option::is_some) {
+                self.wake.bump();
+            }
+            self.prune_keys_when_due().await;
+            return self.with_keyed_ids(envelopes, ids, &keys);
+        }
         let ids = self
             .attempt("inserting messages", || self.backend.insert(&rows))
             .await?;
@@ -1014,25 +1147,26 @@ impl Listable for SqlTransport {
     }
 }
 
-/// Keys in `<table>_dedup` (see the `dedup` module): at most 190 bytes.
+/// Keys in `<table>_dedup` (see the `dedup` module): at most 190 bytes. The bus leaves the key
+/// of a message sent here to the send itself ([`takes_keys_on_send`](Deduplicate::takes_keys_on_send)),
+/// which takes it in the insert's transaction; [`deduplicate`](Deduplicate::deduplicate) takes one
+/// alone (for messages sent elsewhere, with this transport as a bus's store).
 #[async_trait]
 impl Deduplicate for SqlTransport {
     async fn deduplicate(&self, key: &str, ttl: Duration) -> Result<bool, TransportError> {
-        if key.len() > crate::dedup::MAX_KEY_BYTES {
-            return Err(
-                TransportError::new(TransportErrorKind::Unsupported, self.name.clone())
-                    .with_context(format!(
-                        "deduplication key of {} bytes exceeds the maximum of {}",
-                        key.len(),
-                        crate::dedup::MAX_KEY_BYTES
-                    )),
-            );
-        }
+        self.check_key(key)?;
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 4);
-        self.attempt("taking a deduplication key", || {
-            self.backend.dedup_take(key, ttl_ms)
-        })
-        .await
+        let taken = self
+            .attempt("taking a deduplication key", || {
+                self.backend.dedup_take(key, ttl_ms)
+            })
+            .await?;
+        self.prune_keys_when_due().await;
+        Ok(taken)
+    }
+
+    fn takes_keys_on_send(&self) -> bool {
+        true
     }
 
     async fn release(&self, key: &str) -> Result<(), TransportError> {
@@ -1061,6 +1195,16 @@ impl MessageCount for SqlTransport {
             .await?;
         Ok(ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
     }
+}
+
+/// The deduplication key and TTL (ms) of one envelope to insert, if it has one.
+type Key = Option<(String, i64)>;
+
+/// The keys as the backend takes them.
+fn key_refs(keys: &[Key]) -> Vec<Option<(&str, i64)>> {
+    keys.iter()
+        .map(|k| k.as_ref().map(|(key, ttl)| (key.as_str(), *ttl)))
+        .collect()
 }
 
 /// Another `queue_name` of the same table, on a pool of its own (`consume --queues`); the table
@@ -1106,6 +1250,24 @@ mod tests {
         }
         async fn dedup_release(&self, _: &str) -> Result<(), sqlx::Error> {
             Ok(())
+        }
+        async fn dedup_prune(&self, _: usize) -> Result<u64, sqlx::Error> {
+            Ok(0)
+        }
+        async fn insert_keyed(
+            &self,
+            _: &[NewRow],
+            _: &[Option<(&str, i64)>],
+        ) -> Result<Vec<Option<i64>>, sqlx::Error> {
+            Ok(Vec::new())
+        }
+        async fn insert_keyed_in(
+            &self,
+            _: &mut (dyn std::any::Any + Send),
+            _: &[NewRow],
+            _: &[Option<(&str, i64)>],
+        ) -> Result<Vec<Option<i64>>, sqlx::Error> {
+            Ok(Vec::new())
         }
         async fn insert(&self, _: &[NewRow]) -> Result<Vec<i64>, sqlx::Error> {
             Ok(Vec::new())
@@ -1213,6 +1375,7 @@ mod tests {
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
             strays_checked: std::sync::Mutex::new(Instant::now()),
+            dedup_prune: crate::dedup::PruneClock::new(),
         };
         let wake = transport.wake.clone();
         let notify = async {

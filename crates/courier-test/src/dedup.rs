@@ -74,3 +74,42 @@ pub async fn dispatch_once(bus: &MessageBus, key: &str, ttl: Duration) -> bool {
     );
     envelope.has::<SentStamp>()
 }
+
+/// Dispatches one message (`seq`) with `key` held for an hour, within 30 s: what the dispatch
+/// returned.
+///
+/// # Panics
+/// When the dispatch takes more than 30 s.
+pub async fn try_dispatch(
+    bus: &MessageBus,
+    key: &str,
+    seq: u64,
+) -> Result<Envelope, courier_core::BusError> {
+    tokio::time::timeout(Duration::from_secs(30), bus.dispatch(keyed(key, seq)))
+        .await
+        .expect("dispatch within 30 s")
+}
+
+/// A [`TestMessage`] (`seq`) with a [`DeduplicateStamp`] holding `key` for an hour.
+#[must_use]
+pub fn keyed(key: &str, seq: u64) -> Envelope {
+    Envelope::new(TestMessage::new(seq)).with(DeduplicateStamp::new(
+        key.to_owned(),
+        Duration::from_secs(3600),
+    ))
+}
+
+/// Whether the envelope a dispatch returned was sent (a [`SentStamp`] and no
+/// [`DeduplicatedStamp`]); panics when it carries both or neither.
+///
+/// # Panics
+/// When the envelope is both sent and deduplicated, or neither.
+#[must_use]
+pub fn was_sent(envelope: &Envelope) -> bool {
+    assert_ne!(
+        envelope.has::<SentStamp>(),
+        envelope.has::<DeduplicatedStamp>(),
+        "sent or deduplicated, not both: {envelope:?}"
+    );
+    envelope.has::<SentStamp>()
+}

@@ -2,6 +2,10 @@
 //! [`DeduplicateStamp`](crate::DeduplicateStamp) (or whose
 //! [`Message::deduplicate`](crate::Message::deduplicate) gives one) is sent, its key is taken on
 //! each target transport's store; a transport where it is taken already is dropped from the send.
+//! A transport whose own store takes keys in its send
+//! ([`Deduplicate::takes_keys_on_send`], SQL) is left to do so, in the same write as the message:
+//! the envelope goes on with the stamp, and the send step reads the transport's answer.
+//! Keys taken here are released when the send fails.
 
 use std::sync::Arc;
 
@@ -19,7 +23,7 @@ pub(crate) struct Deduplication;
 
 #[async_trait]
 impl Middleware for Deduplication {
-    async fn handle(&self, envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
+    async fn handle(&self, mut envelope: Envelope, next: Next<'_>) -> Result<Envelope, BusError> {
         if envelope.has::<ReceivedStamp>() {
             return next.run(envelope).await;
         }
@@ -48,6 +52,14 @@ impl Middleware for Deduplication {
                 .is_some_and(|t| bus.transport(t).is_none())
             {
                 // Unknown transport: the send step names it.
+                kept.extend(target);
+                continue;
+            }
+            if takes_keys_on_send(bus, target.as_deref()) {
+                // Its send takes the key with the message, from the stamp on the envelope.
+                if !envelope.has::<DeduplicateStamp>() {
+                    envelope = envelope.with(stamp.clone());
+                }
                 kept.extend(target);
                 continue;
             }
@@ -108,6 +120,15 @@ async fn release(taken: &[(&dyn Deduplicate, String)]) {
             tracing::warn!(error = %e, "could not release a deduplication key");
         }
     }
+}
+
+/// Whether the target transport's own store takes keys in its send (see
+/// [`Deduplicate::takes_keys_on_send`]).
+fn takes_keys_on_send(bus: &MessageBus, target: Option<&str>) -> bool {
+    target
+        .and_then(|name| bus.transport(name))
+        .and_then(|t| t.as_deduplicate())
+        .is_some_and(Deduplicate::takes_keys_on_send)
 }
 
 /// The store a key is taken on for one target (`None`: the message is handled here): the

@@ -116,8 +116,11 @@ impl MessageBus {
     /// hooks, [`SentStamp`](crate::SentStamp)), for a caller that writes them itself, in its
     /// own database transaction (`courier_sql::dispatch_in`). Messages stamped
     /// [`DispatchAfterCurrentBusStamp`](crate::DispatchAfterCurrentBusStamp) are collected too.
-    /// Deduplication keys ([`DeduplicateStamp`](crate::DeduplicateStamp)) are taken now, on the
-    /// transports' stores: they stay taken if the caller never writes the message.
+    /// Deduplication keys ([`DeduplicateStamp`](crate::DeduplicateStamp)) of transports that
+    /// take them in their send ([`Deduplicate::takes_keys_on_send`](crate::Deduplicate::takes_keys_on_send),
+    /// SQL) are left to the write: the envelopes keep the stamp, and `dispatch_in` takes each
+    /// key in the caller's transaction, so a rolled-back transaction leaves it free. Other
+    /// stores' keys are taken now: they stay taken if the caller never writes the message.
     ///
     /// ```
     /// use courier_core::{InMemoryTransport, Message, MessageBus, MessageIdStamp};

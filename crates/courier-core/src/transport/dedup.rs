@@ -9,8 +9,9 @@ use tokio::time::Instant;
 
 use crate::TransportError;
 
-/// Takes deduplication keys for a while: a table on SQL (`<table>_dedup`), `SET NX PX` on
-/// Redis, a map in memory. Reached through
+/// Takes deduplication keys for a while: a table on SQL (`<table>_dedup`, its expired rows
+/// pruned by the transport), `SET NX PX` on Redis (expiring by themselves), a map in memory
+/// (expired entries dropped as it grows). Reached through
 /// [`Transport::as_deduplicate`](crate::Transport::as_deduplicate), or given to a bus with
 /// [`MessageBusBuilder::deduplicate_store`](crate::MessageBusBuilder::deduplicate_store).
 #[async_trait]
@@ -22,6 +23,19 @@ pub trait Deduplicate: Send + Sync {
 
     /// Frees `key` (the send it was taken for failed). Freeing a free key is not an error.
     async fn release(&self, key: &str) -> Result<(), TransportError>;
+
+    /// Whether this store's transport takes the key of a message's
+    /// [`DeduplicateStamp`](crate::DeduplicateStamp) in its own send, in the same write as
+    /// the message (SQL: the insert's transaction, or the caller's in `dispatch_in`), so that a
+    /// key exists exactly when its message does. The bus then takes no key before sending to
+    /// that transport: its send does, and returns the envelope with a
+    /// [`DeduplicatedStamp`](crate::DeduplicatedStamp) naming the transport (its
+    /// [`SentStamp`](crate::SentStamp)'s) and no transport id when the key was held. Only
+    /// asked of a transport's own store ([`Transport::as_deduplicate`](crate::Transport::as_deduplicate));
+    /// default `false`: the bus takes the key first and releases it if the send fails.
+    fn takes_keys_on_send(&self) -> bool {
+        false
+    }
 }
 
 /// An in-process [`Deduplicate`] on tokio's clock (what
