@@ -74,6 +74,7 @@ mod reaper;
 mod recovery;
 mod runtime;
 mod scripted;
+mod signal_message;
 mod status;
 mod step;
 mod store;
@@ -94,6 +95,7 @@ pub use runtime::{
     CANCEL_CHECK_EVERY, RunError, Runtime, RuntimeBuilder, RuntimeOptions, SignalSent,
 };
 pub use scripted::ScriptedAgent;
+pub use signal_message::{RunSignal, RunSignalHandler};
 pub use status::{Outcome, RunStatus, TerminationReason, UnknownName};
 pub use step::{
     Budget, Effect, JournalMode, OnAmbiguous, Resolution, Signal, StepRecord, StepScope,

@@ -298,7 +298,11 @@ impl Runtime {
     #[must_use]
     pub fn register(&self, builder: MessageBusBuilder) -> MessageBusBuilder {
         let builder = builder
-            .handler_named::<RunAgent, _>("courier.runs", RunAgentHandler::new(self.clone()));
+            .handler_named::<RunAgent, _>("courier.runs", RunAgentHandler::new(self.clone()))
+            .handler_named::<crate::RunSignal, _>(
+                "courier.runs.signal",
+                crate::RunSignalHandler::new(self.clone()),
+            );
         match &self.bus {
             Via::Dispatcher(d) => builder.dispatcher(d),
             Via::Handling => builder,

@@ -1,4 +1,4 @@
-//! Runs and events as JSON: the shapes of `courier runs show|list|events --format json` and the
+//! Runs, events and steps as JSON: the shapes of `courier runs show|list|events --format json` and the
 //! dashboard's `/api/runs` (DESIGN.md §6): absent values are `null`, never omitted; times are
 //! RFC 3339 strings except `lease_expires` (epoch ms, as stored).
 
@@ -6,7 +6,7 @@ pub use courier_core::rfc3339_ms;
 use serde_json::{Value, json};
 
 use super::{Run, RunEvent};
-use crate::RunStatus;
+use crate::{RunStatus, StepRecord};
 
 fn ms(v: Option<i64>) -> Value {
     v.map_or(Value::Null, |t| Value::String(rfc3339_ms(t)))
@@ -55,6 +55,43 @@ impl Run {
             );
         }
         value
+    }
+
+    /// The run with its events and its step journal, as `runs show` prints it and the
+    /// dashboard's `/api/runs/{id}` answers.
+    #[must_use]
+    pub fn to_json_with_steps(&self, events: &[RunEvent], steps: &[StepRecord]) -> Value {
+        let mut value = self.to_json_with_events(events);
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "steps".into(),
+                Value::Array(steps.iter().map(StepRecord::to_json).collect()),
+            );
+        }
+        value
+    }
+}
+
+impl StepRecord {
+    /// The step as `runs show` prints it (in `steps`): `{"index", "name", "effect", "status",
+    /// "output", "error", "error_class", "usage", "duration_ms", "attempts", "created_at",
+    /// "finished_at"}`.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        json!({
+            "index": self.index,
+            "name": self.name,
+            "effect": self.effect,
+            "status": self.status.as_str(),
+            "output": self.output,
+            "error": self.error,
+            "error_class": self.error_class,
+            "usage": self.usage,
+            "duration_ms": self.duration_ms,
+            "attempts": self.attempts,
+            "created_at": rfc3339_ms(self.created_at),
+            "finished_at": ms(self.finished_at),
+        })
     }
 }
 
@@ -105,5 +142,31 @@ mod tests {
         assert_eq!(v["termination_reason"], Value::Null);
         assert_eq!(v["events"], json!([]));
         assert_eq!(v["due_at"], "1970-01-01T00:00:01.000Z");
+        let step = StepRecord {
+            run_id: run.id,
+            index: 2,
+            name: "pay".into(),
+            effect: "guarded".into(),
+            status: crate::StepStatus::Intent,
+            output: None,
+            error: None,
+            error_class: None,
+            usage: crate::Usage::tokens(3, 4),
+            duration_ms: 0,
+            attempts: 1,
+            created_at: 2_000,
+            finished_at: None,
+        };
+        let v = run.to_json_with_steps(&[], &[step]);
+        assert_eq!(v["events"], json!([]));
+        let s = &v["steps"][0];
+        assert_eq!(
+            (s["index"].as_i64(), s["status"].as_str()),
+            (Some(2), Some("intent"))
+        );
+        assert_eq!(s["usage"]["tokens_out"], 4);
+        assert_eq!(s["output"], Value::Null);
+        assert_eq!(s["finished_at"], Value::Null);
+        assert_eq!(s["created_at"], "1970-01-01T00:00:02.000Z");
     }
 }
