@@ -55,7 +55,7 @@ use crate::{SqlDatabase, SqlTransport};
 /// rollback the same key dispatches again at once. Until `tx` ends, another transaction taking
 /// the same key waits for it (PostgreSQL, MySQL; on SQLite the open transaction holds the write
 /// lock). When the key is held, nothing is written for that transport and the returned envelope
-/// carries a [`DeduplicatedStamp`] for it instead of a [`SentStamp`](courier_core::SentStamp).
+/// carries a [`DeduplicatedStamp`] for it instead of a [`SentStamp`].
 ///
 /// # Errors
 /// [`BusError::NotRouted`] for a message routed nowhere, [`BusError::Send`] naming a routed

@@ -1,10 +1,9 @@
 //! Deduplication on dispatch (`DeduplicateStamp`) in `<table>_dedup`: of 100 concurrent
 //! dispatches with one key exactly one is enqueued, on every dialect; once the key's row has
 //! expired (rewritten in SQL) the key is taken again. The key follows the message's write: a
-//! `dispatch_in` rolled back leaves it free at once, a send that fails frees it, and a send
-//! cancelled while its insert waits leaves no key behind. Expired keys are pruned by the
-//! transport in passes of at most 1,000 rows: 100,000 of them are gone after 100 keyed
-//! dispatches.
+//! `dispatch_in` rolled back leaves it free at once, and a send that fails leaves no key behind.
+//! Expired keys are pruned by the transport in passes of at most 1,000 rows: 100,000 of them are
+//! gone after 100 keyed dispatches.
 
 #![allow(clippy::unwrap_used, reason = "tests")]
 

@@ -348,6 +348,9 @@ impl Stamp for DeliveryTagStamp {
 /// A duplicate is not sent: the envelope [`dispatch`](crate::MessageBus::dispatch) returns
 /// carries a [`DeduplicatedStamp`] instead of a [`SentStamp`]. The key is held for `ttl` from
 /// the first send (not released when the message is handled); a send that fails releases it.
+/// On SQL the key is taken in the transaction that inserts the message (`dispatch_in`: the
+/// caller's), so it exists exactly when the message does; expired keys are pruned by the
+/// transport, expire by themselves on Redis.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeduplicateStamp {
     /// The deduplication key (at most 190 bytes on SQL).
