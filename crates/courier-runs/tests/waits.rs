@@ -232,23 +232,11 @@ async fn sqlite_waiting_runs_hold_no_worker_and_resume_once_after_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL (scripts/services)"]
 async fn postgres_waiting_runs_hold_no_worker_and_resume_once_after_a_restart() {
+    // The queue's table and every table beside it go when the test ends, pass or fail.
+    let cleanup = courier_test::Cleanup::new();
     let fx = support::postgres().await;
-    let table = courier_test::env::unique_name("waits_q");
+    let table = cleanup.postgres_table("waits_q");
     let dsn = format!("{}?table_name={table}", courier_test::env::postgres_url());
     waiting_runs_hold_no_worker(&fx, &dsn).await;
     fx.cleanup().await;
-    let sql =
-        courier_runs::SqlRunStore::connect(&courier_test::env::postgres_url(), Default::default())
-            .await
-            .unwrap();
-    for t in [
-        format!("{table}_migrations"),
-        format!("{table}_dedup_migrations"),
-        format!("{table}_dedup"),
-        table.clone(),
-    ] {
-        sql.execute(&format!("DROP TABLE IF EXISTS {t}"))
-            .await
-            .unwrap();
-    }
 }
