@@ -43,6 +43,16 @@ async fn raw(url: &str, batch: usize) -> (f64, f64) {
         .unwrap();
     let ch = conn.create_channel().await.unwrap();
     let q = AmqpHarness::unique("courier_amqp_raw");
+    // The queue is deleted when the run ends, pass or fail.
+    let cleanup = courier_test::Cleanup::new();
+    let (amqp_url, queue) = (url.to_owned(), q.clone());
+    cleanup.defer(format!("the AMQP queue {q}"), async move {
+        let conn = Connection::connect(&amqp_url, ConnectionProperties::default()).await?;
+        let ch = conn.create_channel().await?;
+        ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+        conn.close(200, "done".into()).await
+    });
     ch.queue_declare(
         q.as_str().into(),
         QueueDeclareOptions::durable(),
@@ -108,9 +118,6 @@ async fn raw(url: &str, batch: usize) -> (f64, f64) {
         }
     }
     let consume = rate(n_total, start.elapsed());
-    ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .unwrap();
     let _ = conn.close(200, "done".into()).await;
     (produce, consume)
 }

@@ -25,6 +25,9 @@ pub const POLL: Duration = Duration::from_millis(250);
 pub struct RedisHarness {
     pub url: String,
     created: Mutex<Vec<Arc<RedisTransport>>>,
+    /// Deletes every key of the streams (and non-default groups) of the transports made, when
+    /// the harness goes, pass or fail (after the transports: fields drop in order).
+    cleanup: courier_test::Cleanup,
 }
 
 impl RedisHarness {
@@ -32,6 +35,7 @@ impl RedisHarness {
         Self {
             url: courier_test::env::redis_url(),
             created: Mutex::new(Vec::new()),
+            cleanup: courier_test::Cleanup::new(),
         }
     }
 
@@ -45,6 +49,12 @@ impl RedisHarness {
 
     /// A transport with these options, tracked for cleanup.
     pub async fn with_options(&self, options: RedisOptions) -> Arc<RedisTransport> {
+        // `<stream>`, `<stream>:delayed`, `:paused`, `:limit`, `:dedup:*`; `<group>:workers`,
+        // `<group>:schedule:*` (the default group `courier` is not a test's own).
+        self.cleanup.redis_keys(&self.url, &options.stream);
+        if options.group != "courier" && options.group != options.stream {
+            self.cleanup.redis_keys(&self.url, &options.group);
+        }
         let transport = tokio::time::timeout(
             Duration::from_secs(10),
             RedisTransport::connect(&self.url, options, courier_test::registry()),
@@ -143,21 +153,6 @@ impl RedisHarness {
     }
 }
 
-impl Drop for RedisHarness {
-    fn drop(&mut self) {
-        let created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
-        let Ok(client) = redis::Client::open(self.url.as_str()) else {
-            return;
-        };
-        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(5)) else {
-            return;
-        };
-        for t in created.iter() {
-            let _: Result<(), _> = redis::cmd("DEL").arg(&t.keys()[..]).query(&mut conn);
-        }
-    }
-}
-
 #[async_trait]
 impl Harness for RedisHarness {
     async fn transport(&self) -> Arc<dyn Transport> {
@@ -169,6 +164,19 @@ impl Harness for RedisHarness {
             .expect("setup timed out")
             .expect("setup");
         transport
+    }
+
+    async fn transport_with_redelivery(&self, window: Duration) -> Option<Arc<dyn Transport>> {
+        let stream = courier_test::env::unique_name("courier_test");
+        let transport = self
+            .with_options(self.options(&stream).redeliver_timeout(window))
+            .await;
+        let setup = transport.as_setup().expect("redis transport has setup");
+        tokio::time::timeout(Duration::from_secs(10), setup.setup())
+            .await
+            .expect("setup timed out")
+            .expect("setup");
+        Some(transport)
     }
 
     async fn expire_deliveries(&self, transport: &Arc<dyn Transport>) {
