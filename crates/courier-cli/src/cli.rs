@@ -165,6 +165,9 @@ pub(crate) enum Command {
     ///     "store_statements": {"submit", "execute"} (per run), "store_calls_per_run": {method:
     ///     calls}, "transport_statements_per_run", "transport_calls_per_run": {method: calls},
     ///     "empty_gets_per_run"}
+    ///   --runs --steps N: {"mode": "steps", "dsn", "runs", "steps_per_run", "courier": {"p50_us",
+    ///     "p99_us", "steps_per_s"}, "raw": {"p50_us", "p99_us", "steps_per_s"}, "ratio": courier /
+    ///     raw steps/s, "statements_per_step": {"courier", "raw"}}
     ///   --relay: {"mode": "relay", "from", "to", "messages", "size", "batch_size", "rounds",
     ///     "direct_send_per_s", "relay_per_s", "ratio": relay / direct, "outbox_alone_per_s": the
     ///     same relay into memory, "drain_execution_per_s": the server's execution time of the
@@ -431,6 +434,12 @@ pub(crate) struct BenchArgs {
     /// In-process workers on the same bus (with --runs)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) workers: u16,
+    /// With --runs: measure durable steps instead: --messages runs (default 100) of this many
+    /// steps each, executed one at a time, beside a raw sqlx loop doing the same durable work
+    /// per step (renew the lease and insert the step row in one transaction); reports the
+    /// per-step time (p50, p99), steps/s, the ratio and the statements per step
+    #[arg(long, requires = "runs", value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub(crate) steps: Option<u16>,
     /// Measure pickup latency: an idle worker, one message at a time, beside the raw driver's
     /// floor, the two sides' samples alternating one by one (ABBA)
     #[arg(long)]

@@ -80,7 +80,10 @@ impl Agent for ScriptedAgent {
             let Some(obj) = step.as_object() else {
                 return Err(bad(step));
             };
-            if let Some(ms) = obj.get("sleep_ms").and_then(Value::as_u64) {
+            if let Some(name) = obj.get("step").and_then(Value::as_str) {
+                // First: a durable step's `effect` is its kind, not the effect step below.
+                durable_step(cx, name, obj).await?;
+            } else if let Some(ms) = obj.get("sleep_ms").and_then(Value::as_u64) {
                 wait(cx, ms).await?;
                 cx.checkpoint(Step::new("sleep", json!({ "ms": ms })))
                     .await?;
@@ -124,8 +127,6 @@ impl Agent for ScriptedAgent {
                         return Ok(AgentOutcome::AwaitingInput);
                     }
                 }
-            } else if let Some(name) = obj.get("step").and_then(Value::as_str) {
-                durable_step(cx, name, obj).await?;
             } else if let Some(ms) = obj.get("durable_sleep_ms").and_then(Value::as_u64) {
                 cx.sleep(Duration::from_millis(ms)).await?;
             } else if let Some(name) = obj.get("wait_signal").and_then(Value::as_str) {

@@ -7,6 +7,8 @@
 //! `append_event` are two (the INSERT, then a SELECT of the new row or of the sequence number it
 //! got); on MySQL/MariaDB (no `UPDATE ... RETURNING`) `claim` is two (the guarded UPDATE, then a
 //! SELECT of the claimed row; one when the guard matched nothing, counted as two all the same).
+//! `journal` (a durable step) is one statement on PostgreSQL (a data-modifying CTE) and four
+//! elsewhere (BEGIN, the guarded renew, the step row's write, COMMIT).
 //! [`CountingStore::statements`] applies exactly those rules.
 //!
 //! [`CountingTransport`] wraps the RunAgent transport and counts calls per [`Transport`] method,
@@ -30,7 +32,7 @@ use courier_runs::{
 use uuid::Uuid;
 
 /// The run store methods, in the order of [`CountingStore::calls`].
-pub(super) const STORE_METHODS: [&str; 22] = [
+pub(super) const STORE_METHODS: [&str; 31] = [
     "setup",
     "now_ms",
     "insert_queued",
@@ -52,6 +54,15 @@ pub(super) const STORE_METHODS: [&str; 22] = [
     "cancel",
     "set_pending_effect",
     "append_event",
+    "steps",
+    "journal",
+    "suspend",
+    "select_due_waits",
+    "wake",
+    "release_parked",
+    "resolve_step",
+    "copy_steps",
+    "prune",
     "events",
 ];
 
@@ -110,6 +121,10 @@ impl CountingStore {
                         2
                     }
                     "claim" if self.dialect == Dialect::Mysql => 2,
+                    // One CTE on PostgreSQL; elsewhere BEGIN, the renew, the step row, COMMIT.
+                    "journal" if self.dialect != Dialect::Postgres => 4,
+                    // Select, then BEGIN, three deletes, COMMIT.
+                    "prune" => 6,
                     _ => 1,
                 };
                 n * per_call

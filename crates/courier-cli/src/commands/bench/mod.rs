@@ -15,6 +15,8 @@ mod latency;
 mod relay;
 #[cfg(feature = "runs")]
 mod runs;
+#[cfg(feature = "runs")]
+mod steps;
 mod throughput;
 
 use std::sync::Arc;
@@ -122,7 +124,10 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &BenchArgs) -> CliResult 
 
 #[cfg(feature = "runs")]
 async fn runs_mode(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
-    runs::measure(app, cli, args, dsn).await
+    match args.steps {
+        Some(steps) => steps::measure(cli, args, dsn, u64::from(steps)).await,
+        None => runs::measure(app, cli, args, dsn).await,
+    }
 }
 
 #[cfg(not(feature = "runs"))]

@@ -123,7 +123,8 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &DemoArgs) -> CliResult {
     summary.reaped = watch.reaped;
     summary.demo_pid = std::process::id();
     summary.worker_pids = worker_pids;
-    if let Some(killed) = watch.killed {
+    if let Some(mut killed) = watch.killed {
+        summary::Summary::resumed(&store, &mut killed).await?;
         summary.killed(killed);
     }
     if cli.format == Format::Json {
@@ -249,11 +250,11 @@ impl Watch {
             return Ok(());
         };
         let steps = store
-            .events(self.run)
+            .steps(self.run)
             .await
             .map_err(|e| CliError::runtime(chain(&e)))?
             .len();
-        if steps < script::CRASH_AFTER_EVENTS {
+        if steps < script::CRASH_AFTER_STEPS {
             return Ok(());
         }
         let status = workers.kill(pid).await?;
@@ -277,6 +278,8 @@ impl Watch {
             worker_id: owner,
             run_id: self.run,
             steps_before_kill: steps,
+            steps_replayed: 0,
+            steps_ran_after: 0,
             killed_at_s,
             reaped_at_s: None,
             reaped_by_pid: None,

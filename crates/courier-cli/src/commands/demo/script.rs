@@ -5,17 +5,19 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 /// Steps of the run whose worker process gets killed: long enough to be caught mid-run.
-const CRASH_STEPS: u64 = 10;
+pub(super) const CRASH_STEPS: u64 = 10;
 /// The length of each of those steps.
 const CRASH_STEP: Duration = Duration::from_millis(200);
-/// The worker is killed once the run has persisted this many steps (so, mid-run).
-pub(super) const CRASH_AFTER_EVENTS: usize = 2;
+/// The worker is killed once the run has journaled this many steps (so, mid-run).
+pub(super) const CRASH_AFTER_STEPS: usize = 2;
 
-/// The input of the run whose worker gets killed: `CRASH_STEPS` sleeps, each a step boundary.
+/// The input of the run whose worker gets killed: `CRASH_STEPS` durable steps of
+/// `CRASH_STEP` each, journaled: the worker that resumes it replays those the killed one
+/// finished and runs the rest.
 pub(super) fn crash_run() -> Value {
     let ms = u64::try_from(CRASH_STEP.as_millis()).unwrap_or(u64::MAX);
-    let mut steps: Vec<Value> = (0..CRASH_STEPS)
-        .map(|_| json!({ "sleep_ms": ms }))
+    let mut steps: Vec<Value> = (1..=CRASH_STEPS)
+        .map(|i| json!({ "step": format!("step {i}"), "ms": ms, "effect": "idempotent" }))
         .collect();
     steps.push(json!({ "output": "finished by another worker after a crash" }));
     json!({ "steps": steps })
@@ -71,6 +73,6 @@ mod tests {
     #[test]
     fn the_crash_run_outlasts_the_steps_before_the_kill() {
         let steps = crash_run()["steps"].as_array().map_or(0, Vec::len);
-        assert!(steps > CRASH_AFTER_EVENTS + 3, "{steps} steps");
+        assert!(steps > CRASH_AFTER_STEPS + 3, "{steps} steps");
     }
 }

@@ -20,8 +20,12 @@ pub(super) struct KilledWorker {
     pub(super) worker_id: String,
     /// The run it was executing.
     pub(super) run_id: Uuid,
-    /// Steps the run had persisted when the worker was killed.
+    /// Steps the run had journaled when the worker was killed.
     pub(super) steps_before_kill: usize,
+    /// Steps the worker that resumed it replayed from the journal (the store's count).
+    pub(super) steps_replayed: u64,
+    /// Steps journaled after the crash: those that ran again or for the first time.
+    pub(super) steps_ran_after: u64,
     /// Seconds from the start of the demo.
     pub(super) killed_at_s: f64,
     /// When the demo saw the run requeued by a reaper.
@@ -169,6 +173,17 @@ pub(super) async fn summarise(
 }
 
 impl Summary {
+    /// Reads back from the store how the killed worker's run resumed: the steps replayed and
+    /// those journaled after the crash.
+    pub(super) async fn resumed(store: &Arc<dyn RunStore>, worker: &mut KilledWorker) -> CliResult {
+        let fail = |e: courier_runs::StoreError| CliError::runtime(chain(&e));
+        let run = store.find(worker.run_id).await.map_err(fail)?;
+        let journaled = store.steps(worker.run_id).await.map_err(fail)?.len() as u64;
+        worker.steps_replayed = run.map_or(0, |r| r.steps_replayed);
+        worker.steps_ran_after = journaled.saturating_sub(worker.steps_replayed);
+        Ok(())
+    }
+
     /// Records the killed worker.
     pub(super) fn killed(&mut self, worker: KilledWorker) {
         self.workers_killed = 1;
@@ -219,7 +234,8 @@ pub(super) fn render(s: &Summary, db: &str) -> String {
             "\nWorker process {} (of demo process {}) died of {signal} at {:.1} s,\n\
              {} steps into run {}.\n\
              Its lease ran out; process {} reaped the run at {:.1} s\n\
-             and process {} finished it ({}) at {:.1} s.\n",
+             and process {} finished it ({}) at {:.1} s:\n\
+             {} steps replayed from the journal, {} ran after the crash (counted in the store).\n",
             k.pid,
             s.demo_pid,
             k.killed_at_s,
@@ -230,6 +246,8 @@ pub(super) fn render(s: &Summary, db: &str) -> String {
             pid(k.finished_by_pid),
             k.finished_status.as_deref().unwrap_or("?"),
             k.finished_at_s.unwrap_or(f64::NAN),
+            k.steps_replayed,
+            k.steps_ran_after,
         );
         explore = format!("courier runs show {}", k.run_id);
     }

@@ -24,13 +24,13 @@ const UNFINISHED: &str = "('intent', 'retry', 'waiting')";
 /// The statements of the step journal and the durable waits, rendered for one dialect.
 #[derive(Debug)]
 pub(in crate::store::sql) struct StepQueries {
-    /// The guarded renew that adds usage and replays: owned (binds lease first) and interactive.
-    renew_owned: String,
-    renew_interactive: String,
+    /// The guarded renew, indexed by [`variant`]: owned (binds the lease first) or interactive,
+    /// adding usage and replays or not (a step that used nothing binds six fewer values).
+    renew: [String; 4],
     insert_step: String,
     finish_step: String,
-    /// PostgreSQL: the renew and the row's write in one statement, per (owned?, mode).
-    cte: Option<[String; 4]>,
+    /// PostgreSQL: the renew and the row's write in one statement, per [`variant`] and mode.
+    cte: Option<[[String; 2]; 4]>,
     steps: String,
     suspend_owned: String,
     suspend_interactive: String,
@@ -55,14 +55,21 @@ impl StepQueries {
         };
         let add = "used_tokens_in = used_tokens_in + ?, used_tokens_out = used_tokens_out + ?, \
             used_cost = used_cost + ?, used_tool_calls = used_tool_calls + ?, used_turns = used_turns + ?, \
-            steps_replayed = steps_replayed + ?, updated_at = {now}";
-        let renew_owned = format!(
-            "UPDATE {{runs}} SET lease_expires = {{now}} + ?, {add} \
-             WHERE id = ? AND status = 'running' AND claimed_by = ?"
-        );
-        let renew_interactive = format!(
-            "UPDATE {{runs}} SET {add} WHERE id = ? AND status = 'running' AND claimed_by IS NULL"
-        );
+            steps_replayed = steps_replayed + ?, ";
+        let renews: [String; 4] = std::array::from_fn(|v| {
+            let (owned, counted) = (v & 1 == 1, v & 2 == 2);
+            let lease = if owned {
+                "lease_expires = {now} + ?, "
+            } else {
+                ""
+            };
+            let add = if counted { add } else { "" };
+            let owner = if owned { "= ?" } else { "IS NULL" };
+            format!(
+                "UPDATE {{runs}} SET {lease}{add}updated_at = {{now}} \
+                 WHERE id = ? AND status = 'running' AND claimed_by {owner}"
+            )
+        });
         let insert_values =
             "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now}, CASE WHEN ? = 1 THEN {now} ELSE NULL END";
         let insert_step =
@@ -88,20 +95,14 @@ impl StepQueries {
                     with(renew)
                 ))
             };
-            [
-                insert(&renew_owned),
-                finish(&renew_owned),
-                insert(&renew_interactive),
-                finish(&renew_interactive),
-            ]
+            std::array::from_fn(|v| [insert(&renews[v]), finish(&renews[v])])
         });
         let suspend = "UPDATE {runs} SET status = 'waiting', claimed_by = NULL, lease_expires = 0, due_at = ?, \
             wait_signal = ?, updated_at = {now} WHERE id = ? AND status = 'running' AND claimed_by";
         let wake = "UPDATE {runs} SET status = 'queued', due_at = {now}, wait_signal = NULL, updated_at = {now} \
             WHERE id = ? AND status = 'waiting' AND";
         Self {
-            renew_owned: render(&renew_owned),
-            renew_interactive: render(&renew_interactive),
+            renew: std::array::from_fn(|v| render(&renews[v])),
             insert_step: render(&insert_step),
             finish_step: render(&finish_step),
             cte,
@@ -138,6 +139,16 @@ fn is_finished(status: StepStatus) -> i64 {
     i64::from(matches!(status, StepStatus::Done | StepStatus::Failed))
 }
 
+/// Whether a write adds usage or replays to the run.
+fn counted(w: &StepWrite) -> bool {
+    !w.usage.is_zero() || w.replayed > 0
+}
+
+/// The renew variant of a write: bit 0 owned, bit 1 counted.
+fn variant(owned: bool, w: &StepWrite) -> usize {
+    usize::from(owned) | (usize::from(counted(w)) << 1)
+}
+
 fn usage_json(usage: &Usage) -> Option<serde_json::Value> {
     (!usage.is_zero()).then(|| serde_json::to_value(usage).unwrap_or_default())
 }
@@ -149,14 +160,16 @@ macro_rules! bind_renew {
         if $owner.is_some() {
             q = q.bind(lease_ms($lease));
         }
-        q = q
-            .bind(count($w.usage.tokens_in))
-            .bind(count($w.usage.tokens_out))
-            .bind(count($w.usage.cost_micros))
-            .bind(count($w.usage.tool_calls))
-            .bind(count($w.usage.turns))
-            .bind(count($w.replayed))
-            .bind(DB::id($id));
+        if counted($w) {
+            q = q
+                .bind(count($w.usage.tokens_in))
+                .bind(count($w.usage.tokens_out))
+                .bind(count($w.usage.cost_micros))
+                .bind(count($w.usage.tool_calls))
+                .bind(count($w.usage.turns))
+                .bind(count($w.replayed));
+        }
+        q = q.bind(DB::id($id));
         if let Some(owner) = $owner {
             q = q.bind(owner);
         }
@@ -220,24 +233,16 @@ where
         w: &StepWrite,
     ) -> Result<bool, StoreError> {
         if let Some(cte) = &self.sq.cte {
-            let which = match (owner.is_some(), w.mode) {
-                (true, JournalMode::Insert) => 0,
-                (true, JournalMode::Finish) => 1,
-                (false, JournalMode::Insert) => 2,
-                (false, JournalMode::Finish) => 3,
-            };
-            let q = bind_renew!(sqlx::query(&cte[which]), id, owner, lease, w);
+            let mode = usize::from(w.mode == JournalMode::Finish);
+            let sql = &cte[variant(owner.is_some(), w)][mode];
+            let q = bind_renew!(sqlx::query(sql), id, owner, lease, w);
             let q = bind_row!(q, id, w);
             let row = in_flight(q.fetch_optional(&self.pool))
                 .await
                 .map_err(|e| step_error(id, w, e))?;
             return Ok(row.is_some());
         }
-        let renew = if owner.is_some() {
-            &self.sq.renew_owned
-        } else {
-            &self.sq.renew_interactive
-        };
+        let renew = &self.sq.renew[variant(owner.is_some(), w)];
         let write = async {
             let mut tx = self.pool.begin().await?;
             let q = bind_renew!(sqlx::query(renew), id, owner, lease, w);
