@@ -26,13 +26,16 @@
 //! # What it does
 //!
 //! - **Topology**: one JetStream stream per transport (named by the DSN's path, else by the
-//!   transport; a *work queue*, so an acked or rejected message is deleted) capturing one
-//!   subject (default `<stream>.messages`), and one durable pull consumer (default `courier`)
-//!   with explicit acks, an `ack_wait` (default 30 s) and `max_ack_pending` (default 10 000).
-//!   Every worker of the transport pulls from that one consumer, so each message goes to one
-//!   of them. [`Setup`](courier_core::Setup) creates or updates both idempotently; with
-//!   `auto_setup` (the default) the first operation does. Stream and consumer names are
-//!   checked against JetStream's rules (no whitespace, `.`, `*`, `>`, `/`, `\`) up front.
+//!   transport; a *work queue*, so an acked or rejected message is deleted) capturing two
+//!   subjects: the subject (default `<stream>.messages`) and the delay subject (default
+//!   `<subject>.delayed`). One durable pull consumer (default `courier`) reads the subject,
+//!   with explicit acks, an `ack_wait` (default 30 s) and `max_ack_pending` (default 10 000);
+//!   every worker of the transport pulls from it, so each message goes to one of them. A
+//!   second one, `<consumer>-delayed`, holds delayed messages (see below).
+//!   [`Setup`](courier_core::Setup) creates or updates the stream and both consumers
+//!   idempotently; with `auto_setup` (the default) the first operation does. Stream and
+//!   consumer names are checked against JetStream's rules (no whitespace, `.`, `*`, `>`, `/`,
+//!   `\`) up front.
 //! - **Sending**: `send` publishes and returns once the server's PubAck came (the stream
 //!   stored it); `send_batch` publishes a chunk of up to 1024, then awaits all their PubAcks
 //!   together, and fails if any failed. An envelope with a
@@ -51,14 +54,29 @@
 //!   whose delivery expired and went to this one, still removes the message (it was handled).
 //! - **Redelivery**: a delivery neither acked nor kept alive within `ack_wait` is delivered
 //!   again (to any worker), with the same id; `max_deliver` is unlimited.
-//! - **Delays** (`DelayStamp`): the message is published at once with a `Courier-Delay`
-//!   header (milliseconds); a `get` that pulls it before the server's store time plus the
-//!   delay gives it back with `-NAK {"delay": what is left}` and does not return it, so it is
-//!   never delivered early (the due time is the server's store time plus the delay, read
-//!   against the worker's clock: keep the clocks in sync, as NTP does, or a worker whose clock
-//!   runs ahead takes it early by the difference), and the server offers it again when due.
-//!   Delays have no maximum,
-//!   but a waiting delayed message counts towards `max_ack_pending`.
+//! - **Delays** (`DelayStamp`): the message is published at once on the *delay subject*, with
+//!   a `Courier-Delay` header (milliseconds). There it waits for the delay consumer, never in
+//!   the pending window of the consumer workers pull from: 20 000 messages delayed by an hour
+//!   do not hold up one sent without a delay. Each transport that `get`s runs a promoter task
+//!   (started by its first `get`, stopped by `close` or drop) pulling the delay consumer: a
+//!   message not due yet goes back with `-NAK {"delay": what is left}`, and the server offers
+//!   it again when due; a due one is published on the subject (`Nats-Msg-Id:
+//!   courier-delayed:<its sequence>`, so a promotion repeated after a crash within the
+//!   duplicate window is stored once), then acked. So it is never delivered early (the due
+//!   time is the server's store time plus the delay, read against the promoter's clock: keep
+//!   the clocks in sync, as NTP does, or a promoter whose clock runs ahead promotes early by
+//!   the difference). A message found on the subject with the delay header before its time
+//!   (another producer's, or one sent before delayed messages had a subject of their own) is
+//!   moved to the delay subject the same way. Delays have no maximum.
+//!
+//!   **The limit that remains**: the delay consumer holds at most `max_delayed` (default
+//!   100 000) delayed messages at once, each a pending entry on the server (memory, and the
+//!   consumer's state on disk). Past that, further delayed messages wait unread in the stream,
+//!   in order, until held ones fall due and are promoted: a short delay sent behind more than
+//!   `max_delayed` longer ones is *late* (never early, never lost), while messages without a
+//!   delay are never held up. Raise `max_delayed` for more long delays at once. A stream set
+//!   up by an older version lacks the delay subject until setup runs again: with
+//!   `auto_setup=false`, a delayed send fails with a `NotFound` error naming the subject.
 //! - **Retries** follow the trait's default: the new envelope (new stamps, the delay) is
 //!   published first, the old delivery acked second, so a crash in between means a duplicate,
 //!   never a loss.
@@ -74,8 +92,8 @@
 //!   cuts the connections through a TCP proxy; a restart of the server under a running
 //!   producer and consumer lost nothing either (checked by hand, not in the suite).
 //! - `message_count` is the stream's message count: a work queue holds exactly the messages
-//!   not yet acked or rejected (waiting, in flight, delayed). Streams are not listable
-//!   (`as_listable()` is `None`) and have no priorities.
+//!   not yet acked or rejected (waiting, in flight, delayed on the delay subject). Streams
+//!   are not listable (`as_listable()` is `None`) and have no priorities.
 //! - Credentials: `nats://user:pass@host` or `?token=...`; both are redacted wherever the DSN
 //!   is shown, and never in `Debug`. A user without a password is refused (it might be a token
 //!   in the wrong place). TLS (`tls://`) is not supported.
@@ -91,12 +109,14 @@
 //!
 //! # Options
 //!
-//! See [`NatsOptions`] for the DSN form (`subject`, `consumer`, `ack_wait`, `max_ack_pending`,
-//! `poll_window`, `request_timeout`, `connect_timeout`, `max_backoff`, `auto_setup`,
-//! `duplicate_window`, `storage`, `replicas`, `serializer`, `token`). Tested against
+//! See [`NatsOptions`] for the DSN form (`subject`, `consumer`, `delay_subject`, `max_delayed`,
+//! `ack_wait`, `max_ack_pending`, `poll_window`, `request_timeout`, `connect_timeout`,
+//! `max_backoff`, `auto_setup`, `duplicate_window`, `storage`, `replicas`, `serializer`,
+//! `token`). Tested against
 //! nats-server 2.9.10 (Debian's package) with JetStream enabled. A message (body plus headers)
 //! must fit the server's `max_payload` (1 MiB by default; raise it to carry 1 MiB bodies).
 
+mod delayed;
 mod deliveries;
 mod errors;
 mod factory;

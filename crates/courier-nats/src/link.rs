@@ -55,6 +55,8 @@ pub(crate) struct Session {
 
 struct State {
     session: Option<Session>,
+    /// The delay consumer (once set up or looked up).
+    delayed: Option<PullConsumer>,
     client: Option<(Client, jetstream::Context)>,
     failures: u32,
     next_attempt: Option<Instant>,
@@ -88,6 +90,7 @@ impl Link {
             options,
             state: tokio::sync::Mutex::new(State {
                 session: None,
+                delayed: None,
                 client: None,
                 failures: 0,
                 next_attempt: None,
@@ -156,9 +159,11 @@ impl Link {
             return Ok(s.clone());
         }
         let consumer = if self.options.auto_setup {
-            self.declare(&jetstream).await?
+            let (consumer, delayed) = self.declare(&jetstream).await?;
+            state.delayed = Some(delayed);
+            consumer
         } else {
-            self.lookup(&jetstream).await?
+            self.lookup(&jetstream, &self.options.consumer).await?
         };
         let session = Session {
             client,
@@ -189,10 +194,26 @@ impl Link {
         Ok(c)
     }
 
-    /// Forgets the consumer handle (after it or its stream vanished): the next operation sets
-    /// them up again (or looks them up).
+    /// The session and the delay consumer, setting them up (or looking them up) first.
+    pub(crate) async fn delayed(&self) -> Result<(Session, PullConsumer), TransportError> {
+        let session = self.session().await?;
+        let mut state = self.state.lock().await;
+        if let Some(delayed) = &state.delayed {
+            return Ok((session, delayed.clone()));
+        }
+        let delayed = self
+            .lookup(&session.jetstream, &self.options.delay_consumer_name())
+            .await?;
+        state.delayed = Some(delayed.clone());
+        Ok((session, delayed))
+    }
+
+    /// Forgets the consumer handles (after one or their stream vanished): the next operation
+    /// sets them up again (or looks them up).
     pub(crate) async fn invalidate(&self) {
-        self.state.lock().await.session = None;
+        let mut state = self.state.lock().await;
+        state.session = None;
+        state.delayed = None;
     }
 
     async fn connect(
@@ -290,7 +311,7 @@ impl Link {
         let o = &self.options;
         stream::Config {
             name: o.stream.clone(),
-            subjects: vec![o.subject.clone()],
+            subjects: vec![o.subject.clone(), o.delay_subject_name()],
             retention: stream::RetentionPolicy::WorkQueue,
             storage: match o.storage {
                 crate::StorageType::File => stream::StorageType::File,
@@ -302,26 +323,36 @@ impl Link {
         }
     }
 
-    fn consumer_config(&self) -> consumer::pull::Config {
+    /// The consumer workers pull from, and the delay consumer (delayed messages waiting for
+    /// their time, `max_delayed` of them at once).
+    fn consumer_configs(&self) -> [consumer::pull::Config; 2] {
         let o = &self.options;
-        consumer::pull::Config {
-            durable_name: Some(o.consumer.clone()),
+        let config = |name: String, subject: String, max_ack_pending: u32| consumer::pull::Config {
+            durable_name: Some(name),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: o.ack_wait,
             max_deliver: -1,
-            max_ack_pending: i64::from(o.max_ack_pending),
-            filter_subject: o.subject.clone(),
+            max_ack_pending: i64::from(max_ack_pending),
+            filter_subject: subject,
             deliver_policy: consumer::DeliverPolicy::All,
             ..consumer::pull::Config::default()
-        }
+        };
+        [
+            config(o.consumer.clone(), o.subject.clone(), o.max_ack_pending),
+            config(
+                o.delay_consumer_name(),
+                o.delay_subject_name(),
+                o.max_delayed,
+            ),
+        ]
     }
 
-    /// Creates or updates the stream (a work queue: an acked message is deleted) and the
-    /// durable pull consumer. Idempotent.
+    /// Creates or updates the stream (a work queue: an acked message is deleted), the durable
+    /// pull consumer and the delay consumer; returns both consumers. Idempotent.
     pub(crate) async fn declare(
         &self,
         jetstream: &jetstream::Context,
-    ) -> Result<PullConsumer, TransportError> {
+    ) -> Result<(PullConsumer, PullConsumer), TransportError> {
         let stream_name = &self.options.stream;
         jetstream
             .create_or_update_stream(self.stream_config())
@@ -335,37 +366,43 @@ impl Link {
                 )
             })?;
         let stream = self.stream(jetstream).await?;
-        stream
-            .create_consumer(self.consumer_config())
-            .await
-            .map_err(|e| {
+        let [main, delayed] = self.consumer_configs();
+        let mut made = Vec::with_capacity(2);
+        for config in [main, delayed] {
+            let name = config.durable_name.clone().unwrap_or_default();
+            let consumer = stream.create_consumer(config).await.map_err(|e| {
                 nats_error(
                     &self.name,
                     consumer_kind(&e.kind()),
-                    format!(
-                        "cannot create or update consumer `{}` on stream `{stream_name}`",
-                        self.options.consumer
-                    ),
+                    format!("cannot create or update consumer `{name}` on stream `{stream_name}`"),
                     e,
                 )
-            })
+            })?;
+            made.push(consumer);
+        }
+        let delayed = made.pop();
+        match (made.pop(), delayed) {
+            (Some(main), Some(delayed)) => Ok((main, delayed)),
+            _ => Err(self.error(TransportErrorKind::Protocol, "consumer setup incomplete")),
+        }
     }
 
-    async fn lookup(&self, jetstream: &jetstream::Context) -> Result<PullConsumer, TransportError> {
+    async fn lookup(
+        &self,
+        jetstream: &jetstream::Context,
+        consumer: &str,
+    ) -> Result<PullConsumer, TransportError> {
         let stream = self.stream(jetstream).await?;
-        stream
-            .get_consumer(&self.options.consumer)
-            .await
-            .map_err(|e| {
-                // async-nats boxes this error; the connection was up a moment ago, so a
-                // missing consumer is the likely cause.
-                TransportError::new(TransportErrorKind::NotFound, self.name.clone())
-                    .with_context(format!(
-                        "cannot look up consumer `{}` on stream `{}` (run setup, or enable auto_setup)",
-                        self.options.consumer, self.options.stream
-                    ))
-                    .with_source(e)
-            })
+        stream.get_consumer(consumer).await.map_err(|e| {
+            // async-nats boxes this error; the connection was up a moment ago, so a missing
+            // consumer is the likely cause.
+            TransportError::new(TransportErrorKind::NotFound, self.name.clone())
+                .with_context(format!(
+                    "cannot look up consumer `{consumer}` on stream `{}` (run setup, or enable auto_setup)",
+                    self.options.stream
+                ))
+                .with_source(e)
+        })
     }
 
     pub(crate) async fn stream(
@@ -403,12 +440,14 @@ impl Link {
     /// Sets up again on the current connection (for [`Setup`](courier_core::Setup)).
     pub(crate) async fn setup(&self) -> Result<(), TransportError> {
         let (client, jetstream) = self.client().await?;
-        let consumer = self.declare(&jetstream).await?;
-        self.state.lock().await.session = Some(Session {
+        let (consumer, delayed) = self.declare(&jetstream).await?;
+        let mut state = self.state.lock().await;
+        state.session = Some(Session {
             client,
             jetstream,
             consumer,
         });
+        state.delayed = Some(delayed);
         Ok(())
     }
 
@@ -431,6 +470,7 @@ impl Link {
     pub(crate) async fn close(&self) {
         let mut state = self.state.lock().await;
         state.session = None;
+        state.delayed = None;
         if let Some((client, _)) = state.client.take() {
             let _ = client.drain().await;
         }

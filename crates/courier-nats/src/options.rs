@@ -35,19 +35,26 @@ impl std::str::FromStr for StorageType {
 ///
 /// ```text
 /// nats://user:pass@host:4222/STREAM?subject=orders.messages&consumer=courier
+///     &delay_subject=orders.messages.delayed&max_delayed=100000
 ///     &ack_wait=30s&max_ack_pending=10000&poll_window=1s&request_timeout=10s
 ///     &connect_timeout=5s&max_backoff=5s&auto_setup=true&duplicate_window=2min
 ///     &storage=file&replicas=1&serializer=json&token=SECRET
 /// ```
 ///
 /// The stream is the DSN's path (`/orders`) or `?stream=orders`, else the transport's name; the subject
-/// defaults to `<stream>.messages`, the durable consumer to `courier`. `token` authenticates
-/// with a token instead of `user:pass` (it is redacted wherever the DSN is shown).
+/// defaults to `<stream>.messages`, the durable consumer to `courier`. Delayed messages wait on
+/// `delay_subject` (default `<subject>.delayed`, in the same stream) for a durable consumer of
+/// their own, `<consumer>-delayed`, which holds at most `max_delayed` of them at once. `token`
+/// authenticates with a token instead of `user:pass` (it is redacted wherever the DSN is
+/// shown).
 #[derive(Clone, PartialEq, Eq)]
 pub struct NatsOptions {
     pub(crate) stream: String,
     pub(crate) subject: String,
     pub(crate) consumer: String,
+    /// `None`: `<subject>.delayed`.
+    pub(crate) delay_subject: Option<String>,
+    pub(crate) max_delayed: u32,
     pub(crate) ack_wait: Duration,
     pub(crate) max_ack_pending: u32,
     pub(crate) poll_window: Duration,
@@ -68,6 +75,8 @@ impl std::fmt::Debug for NatsOptions {
             .field("stream", &self.stream)
             .field("subject", &self.subject)
             .field("consumer", &self.consumer)
+            .field("delay_subject", &self.delay_subject_name())
+            .field("max_delayed", &self.max_delayed)
             .field("ack_wait", &self.ack_wait)
             .field("max_ack_pending", &self.max_ack_pending)
             .field("poll_window", &self.poll_window)
@@ -88,6 +97,8 @@ const KNOWN: &[&str] = &[
     "stream",
     "subject",
     "consumer",
+    "delay_subject",
+    "max_delayed",
     "ack_wait",
     "max_ack_pending",
     "poll_window",
@@ -104,7 +115,8 @@ const KNOWN: &[&str] = &[
 
 impl NatsOptions {
     /// Defaults for the stream `stream`: subject `<stream>.messages`, durable consumer
-    /// `courier`, ack wait 30 s, at most 10 000 unacked deliveries, poll window 1 s, request
+    /// `courier`, delayed messages on `<subject>.delayed` (at most 100 000 held at once), ack
+    /// wait 30 s, at most 10 000 unacked deliveries, poll window 1 s, request
     /// timeout 10 s, connect timeout 5 s, reconnect backoff capped at 5 s, auto setup, a 2 min
     /// duplicate window, file storage, one replica.
     #[must_use]
@@ -114,6 +126,8 @@ impl NatsOptions {
             subject: format!("{stream}.messages"),
             stream,
             consumer: "courier".into(),
+            delay_subject: None,
+            max_delayed: 100_000,
             ack_wait: Duration::from_secs(30),
             max_ack_pending: 10_000,
             poll_window: Duration::from_secs(1),
@@ -151,11 +165,31 @@ impl NatsOptions {
         self
     }
 
-    /// How many deliveries may be unacked at once (JetStream's `max_ack_pending`, default
-    /// 10 000); delayed messages waiting for their time count towards it.
+    /// How many deliveries may be unacked at once (JetStream's `max_ack_pending` of the
+    /// consumer workers pull from, default 10 000). Delayed messages do not count towards it:
+    /// they wait on the delay subject.
     #[must_use]
     pub fn max_ack_pending(mut self, max: u32) -> Self {
         self.max_ack_pending = max.max(1);
+        self
+    }
+
+    /// The subject delayed messages wait on until they are due (default `<subject>.delayed`);
+    /// the stream captures it beside the subject, and it must differ from it.
+    #[must_use]
+    pub fn delay_subject(mut self, subject: impl Into<String>) -> Self {
+        self.delay_subject = Some(subject.into());
+        self
+    }
+
+    /// How many delayed messages the delay consumer holds at once, waiting for their time
+    /// (its `max_ack_pending`, default 100 000). Past it, further delayed messages stay unread
+    /// in the stream until held ones are due and move on: never early, never lost, but a short
+    /// delay sent behind this many longer ones is late. Each held message costs the server a
+    /// pending entry (memory, and the consumer's state on disk).
+    #[must_use]
+    pub fn max_delayed(mut self, max: u32) -> Self {
+        self.max_delayed = max.max(1);
         self
     }
 
@@ -250,6 +284,20 @@ impl NatsOptions {
         &self.consumer
     }
 
+    /// The subject delayed messages wait on (default `<subject>.delayed`).
+    #[must_use]
+    pub fn delay_subject_name(&self) -> String {
+        self.delay_subject
+            .clone()
+            .unwrap_or_else(|| format!("{}.delayed", self.subject))
+    }
+
+    /// The durable consumer delayed messages wait on: `<consumer>-delayed`.
+    #[must_use]
+    pub fn delay_consumer_name(&self) -> String {
+        format!("{}-delayed", self.consumer)
+    }
+
     /// Checks the names JetStream restricts: the stream and the consumer (no whitespace, `.`,
     /// `*`, `>`, path separators or control characters, at most 255 characters) and the
     /// subject (dot-separated non-empty tokens, no whitespace, no wildcards).
@@ -259,7 +307,15 @@ impl NatsOptions {
     pub fn validate(&self) -> Result<(), String> {
         check_name("stream", &self.stream)?;
         check_name("consumer", &self.consumer)?;
-        check_subject(&self.subject)?;
+        check_name("delay consumer", &self.delay_consumer_name())?;
+        check_subject("subject", &self.subject)?;
+        let delay_subject = self.delay_subject_name();
+        check_subject("delay_subject", &delay_subject)?;
+        if delay_subject == self.subject {
+            return Err(format!(
+                "option `delay_subject` must differ from `subject` (both are `{delay_subject}`)"
+            ));
+        }
         if self.ack_wait.is_zero() {
             return Err("option `ack_wait` must be longer than zero".into());
         }
@@ -297,6 +353,14 @@ impl NatsOptions {
                 "stream" => {}
                 "subject" => subject = Some(value.clone()),
                 "consumer" => o.consumer = value.clone(),
+                "delay_subject" => o.delay_subject = Some(value.clone()),
+                "max_delayed" => {
+                    o.max_delayed = value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| bad("expected a positive integer"))?
+                }
                 "ack_wait" => o.ack_wait = duration()?,
                 "max_ack_pending" => {
                     o.max_ack_pending = value
@@ -360,16 +424,16 @@ fn check_name(option: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_subject(subject: &str) -> Result<(), String> {
+fn check_subject(option: &str, subject: &str) -> Result<(), String> {
     if subject.is_empty() {
-        return Err("option `subject` must not be empty".into());
+        return Err(format!("option `{option}` must not be empty"));
     }
     if let Some(c) = subject
         .chars()
         .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '*' | '>'))
     {
         return Err(format!(
-            "the subject `{}` contains {} (messages are published to it: no whitespace or \
+            "the {option} `{}` contains {} (messages are published to it: no whitespace or \
              wildcards)",
             subject.escape_debug(),
             describe(c)
@@ -377,7 +441,7 @@ fn check_subject(subject: &str) -> Result<(), String> {
     }
     if subject.split('.').any(str::is_empty) {
         return Err(format!(
-            "the subject `{subject}` has an empty token (a leading, trailing or double `.`)"
+            "the {option} `{subject}` has an empty token (a leading, trailing or double `.`)"
         ));
     }
     Ok(())
@@ -407,6 +471,9 @@ mod tests {
             ("async", "async.messages", "courier")
         );
         assert_eq!(o.ack_wait, Duration::from_secs(30));
+        assert_eq!(o.delay_subject_name(), "async.messages.delayed");
+        assert_eq!(o.delay_consumer_name(), "courier-delayed");
+        assert_eq!(o.max_delayed, 100_000);
         assert!(o.auto_setup);
         let o = parse("nats://localhost/orders").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -430,10 +497,13 @@ mod tests {
             "nats://localhost/orders?subject=app.orders&consumer=workers&ack_wait=5s\
              &max_ack_pending=64&poll_window=250ms&request_timeout=3s&connect_timeout=1s\
              &max_backoff=2s&auto_setup=false&duplicate_window=1min&storage=memory&replicas=3\
-             &serializer=msgpack",
+             &serializer=msgpack&delay_subject=app.later&max_delayed=7",
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(o.subject, "app.orders");
+        assert_eq!(o.delay_subject_name(), "app.later");
+        assert_eq!(o.delay_consumer_name(), "workers-delayed");
+        assert_eq!(o.max_delayed, 7);
         assert_eq!(o.consumer, "workers");
         assert_eq!(o.ack_wait, Duration::from_secs(5));
         assert_eq!(o.max_ack_pending, 64);
@@ -446,6 +516,13 @@ mod tests {
         assert_eq!(o.storage, StorageType::Memory);
         assert_eq!(o.replicas, 3);
         assert_eq!(o.serializer, courier_core::Serializer::MessagePack);
+        let o =
+            parse("nats://localhost/orders?subject=app.orders").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            o.delay_subject_name(),
+            "app.orders.delayed",
+            "the default delay subject follows the subject"
+        );
     }
 
     #[test]
@@ -458,6 +535,12 @@ mod tests {
             ("nats://localhost?ack_wait=soon", "`ack_wait`"),
             ("nats://localhost?ack_wait=0s", "`ack_wait`"),
             ("nats://localhost?max_ack_pending=0", "`max_ack_pending`"),
+            ("nats://localhost?max_delayed=0", "`max_delayed`"),
+            ("nats://localhost?max_delayed=lots", "`max_delayed`"),
+            (
+                "nats://localhost/a?delay_subject=a.messages",
+                "`delay_subject`",
+            ),
             ("nats://localhost?replicas=9", "`replicas`"),
             ("nats://localhost?storage=tape", "`storage`"),
             ("nats://localhost?auto_setup=maybe", "`auto_setup`"),
@@ -480,6 +563,8 @@ mod tests {
             ("nats://localhost/ok?subject=a.*", "`*`"),
             ("nats://localhost/ok?subject=a..b", "empty token"),
             ("nats://localhost/ok?subject=a.>", "`>`"),
+            ("nats://localhost/ok?delay_subject=a.*", "delay_subject"),
+            ("nats://localhost/ok?delay_subject=a..b", "delay_subject"),
         ] {
             let e = parse(dsn).err().unwrap_or_default();
             assert!(e.contains(culprit), "{dsn}: {e}");

@@ -1,7 +1,7 @@
 //! [`NatsTransport`]: the [`Transport`] implementation.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::PublishMessage;
@@ -14,6 +14,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use crate::NatsOptions;
+use crate::delayed::{self, Promoter};
 use crate::deliveries::Deliveries;
 use crate::errors::{nats_error, publish_kind, request_kind};
 use crate::link::{Link, PullConsumer, Server, Session};
@@ -32,6 +33,7 @@ const WAIT_SLACK: Duration = Duration::from_secs(1);
 pub struct NatsTransport {
     link: Arc<Link>,
     deliveries: Deliveries,
+    promoter: Promoter,
     registry: Arc<MessageRegistry>,
     capabilities: Capabilities,
 }
@@ -89,6 +91,7 @@ impl NatsTransport {
         Ok(Self {
             deliveries: Deliveries::new(options.ack_wait),
             link: Arc::new(Link::new(name, server, options)),
+            promoter: Promoter::default(),
             registry,
             capabilities,
         })
@@ -146,8 +149,10 @@ impl NatsTransport {
         self.link.delete_stream().await
     }
 
-    /// Drains and closes the connection (a later call connects again).
+    /// Stops promoting due delayed messages, then drains and closes the connection (a later
+    /// call connects again, and a later `get` promotes again).
     pub async fn close(&self) {
+        self.promoter.stop();
         self.link.close().await;
     }
 
@@ -159,12 +164,13 @@ impl NatsTransport {
         TransportError::new(kind, self.name().to_owned()).with_context(context.into())
     }
 
-    /// Publishes one envelope; returns the PubAck to await.
+    /// Publishes one envelope (a delayed one on the delay subject); returns the PubAck to
+    /// await.
     async fn publish(
         &self,
         session: &Session,
         envelope: &Envelope,
-    ) -> Result<PublishAckFuture, TransportError> {
+    ) -> Result<(PublishAckFuture, bool), TransportError> {
         self.capabilities.check_delay(self.name(), envelope)?;
         let o = &self.link.options;
         let encoded = encode_with(envelope, o.serializer).map_err(|e| {
@@ -179,34 +185,55 @@ impl NatsTransport {
         let message = PublishMessage::build()
             .payload(encoded.body.into_bytes().into())
             .headers(headers);
-        match session
-            .jetstream
-            .send_publish(o.subject.clone(), message)
-            .await
-        {
-            Ok(ack) => Ok(ack),
-            Err(e) => Err(self.publish_error(e).await),
+        let delayed = delay.is_some_and(|d| !d.is_zero());
+        let subject = if delayed {
+            o.delay_subject_name()
+        } else {
+            o.subject.clone()
+        };
+        match session.jetstream.send_publish(subject, message).await {
+            Ok(ack) => Ok((ack, delayed)),
+            Err(e) => Err(self.publish_error(e, delayed).await),
         }
     }
 
     async fn publish_error(
         &self,
         e: async_nats::jetstream::context::PublishError,
+        delayed: bool,
     ) -> TransportError {
         let kind = publish_kind(&e.kind());
         if kind == TransportErrorKind::NotFound {
             // The stream vanished: set it up again next time.
             self.link.invalidate().await;
         }
-        let context = format!("publish to `{}` failed", self.link.options.subject);
+        let o = &self.link.options;
+        let context = if delayed && kind == TransportErrorKind::NotFound {
+            format!(
+                "publish of a delayed message to `{}` failed: no stream captures that subject \
+                 (stream `{}` captures it once set up: run setup, or enable auto_setup)",
+                o.delay_subject_name(),
+                o.stream
+            )
+        } else if delayed {
+            format!(
+                "publish of a delayed message to `{}` failed",
+                o.delay_subject_name()
+            )
+        } else {
+            format!("publish to `{}` failed", o.subject)
+        };
         nats_error(self.name(), kind, context, e)
     }
 
     /// Awaits one PubAck (bounded by the request timeout); returns the stream sequence.
-    async fn confirmed(&self, ack: PublishAckFuture) -> Result<u64, TransportError> {
+    async fn confirmed(
+        &self,
+        (ack, delayed): (PublishAckFuture, bool),
+    ) -> Result<u64, TransportError> {
         match ack.await {
             Ok(ack) => Ok(ack.sequence),
-            Err(e) => Err(self.publish_error(e).await),
+            Err(e) => Err(self.publish_error(e, delayed).await),
         }
     }
 
@@ -278,18 +305,17 @@ impl NatsTransport {
         }
     }
 
-    /// Turns pulled messages into envelopes; a message whose delay has not passed yet is given
-    /// back with a `-NAK` delayed by what is left, and not returned.
+    /// Turns pulled messages into envelopes; a message whose delay has not passed yet (one
+    /// published on the subject with the delay header by another producer) is moved to the
+    /// delay subject, and not returned.
     async fn ready(
         &self,
         session: &Session,
         messages: Vec<async_nats::jetstream::Message>,
     ) -> Vec<Envelope> {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
+        let now = delayed::now_nanos();
         let mut out = Vec::with_capacity(messages.len());
+        let mut early = Vec::new();
         for message in messages {
             let message = message.message;
             let Some(reply) = message.reply.as_ref().map(|r| r.as_str().to_owned()) else {
@@ -300,16 +326,9 @@ impl NatsTransport {
                 continue;
             };
             let (headers, delay) = wire::incoming(message.headers.as_ref());
-            if let Some(delay) = delay {
-                let due = ack.published_nanos.saturating_add(delay.as_nanos());
-                if due > now {
-                    let left = u64::try_from(due - now).unwrap_or(u64::MAX);
-                    let nak = format!("-NAK {{\"delay\":{left}}}");
-                    if let Err(e) = session.client.publish(reply, nak.into()).await {
-                        tracing::warn!(messaging.destination.name = %self.name(), error = %e, "nats delayed message not given back; it returns after ack_wait");
-                    }
-                    continue;
-                }
+            if let Some(left) = delayed::left(ack, delay, now) {
+                early.push((reply, ack, left, message));
+                continue;
             }
             self.deliveries.received(ack, &reply);
             let envelope = self
@@ -319,7 +338,72 @@ impl NatsTransport {
                 .with(DeliveryTagStamp(reply));
             out.push(envelope);
         }
+        if !early.is_empty() {
+            self.move_delayed(session, early).await;
+        }
         out
+    }
+
+    /// Moves delayed messages found on the subject workers pull from to the delay subject
+    /// (published with what is left of their delay, then acked), so they wait outside this
+    /// consumer's pending window. One whose move fails is given back with a `-NAK` delayed by
+    /// what is left, as a last resort (it waits in the window then).
+    async fn move_delayed(
+        &self,
+        session: &Session,
+        early: Vec<(String, AckSubject, Duration, async_nats::Message)>,
+    ) {
+        let o = &self.link.options;
+        let subject = o.delay_subject_name();
+        let disconnects = self.link.disconnects();
+        let mut pending = Vec::with_capacity(early.len());
+        for (_, ack, left, message) in &early {
+            let headers = wire::forwarded(
+                message.headers.as_ref(),
+                Some(*left),
+                format!("courier-moved:{}", ack.stream_seq),
+            );
+            let publish = PublishMessage::build()
+                .payload(message.payload.clone())
+                .headers(headers);
+            pending.push(
+                session
+                    .jetstream
+                    .send_publish(subject.clone(), publish)
+                    .await,
+            );
+        }
+        let confirms = futures_util::future::join_all(pending.into_iter().map(|sent| async move {
+            match sent {
+                Ok(ack) => ack.await.map(|_| ()),
+                Err(e) => Err(e),
+            }
+        }));
+        let confirmed = Link::unless_disconnected(disconnects, confirms)
+            .await
+            .unwrap_or_default();
+        let mut settles = Vec::with_capacity(early.len());
+        for (i, (reply, _, left, _)) in early.into_iter().enumerate() {
+            match confirmed.get(i) {
+                Some(Ok(())) => settles.push(async move { self.settle(&reply, "+ACK").await }),
+                failed => {
+                    if let Some(Err(e)) = failed {
+                        tracing::warn!(messaging.destination.name = %self.name(), subject = %subject, error = %e, "nats delayed message not moved to the delay subject; it waits its delay in the pending window");
+                    }
+                    let nak = delayed::nak_after(left);
+                    if let Err(e) = session.client.publish(reply, nak.into()).await {
+                        tracing::warn!(messaging.destination.name = %self.name(), error = %e, "nats delayed message not given back; it returns after ack_wait");
+                    }
+                }
+            }
+        }
+        for result in futures_util::future::join_all(settles).await {
+            if let Err(e) = result {
+                // Moved but not acked: it comes back after ack_wait, and the move is
+                // deduplicated within the duplicate window.
+                tracing::warn!(messaging.destination.name = %self.name(), error = %e, "nats delayed message moved but its ack failed");
+            }
+        }
     }
 
     /// The ack subject of a received envelope.
@@ -406,6 +490,7 @@ impl Transport for NatsTransport {
             return Ok(Vec::new());
         }
         let session = self.link.session().await?;
+        self.promoter.ensure(&self.link);
         let deadline = Instant::now() + self.link.options.poll_window;
         loop {
             let mut pulled = self.fetch(&session.consumer, max, None).await?;

@@ -63,8 +63,36 @@ pub(crate) fn headers(
     Ok(map)
 }
 
+/// The headers of a stored message published again by the transport (a delayed message moved
+/// to the delay subject, or promoted from it when due): every header as it came, each value
+/// kept, without the transport's own (`Nats-*`, [`DELAY_HEADER`]); then `delay` as the delay
+/// header when there is one, and `msg_id` as `Nats-Msg-Id`, so publishing it again after a
+/// crash is stored once.
+pub(crate) fn forwarded(
+    map: Option<&HeaderMap>,
+    delay: Option<Duration>,
+    msg_id: String,
+) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    if let Some(map) = map {
+        for (name, values) in map.iter() {
+            if is_transport_header(name.as_ref()) {
+                continue;
+            }
+            for value in values {
+                out.append(name.clone(), value.clone());
+            }
+        }
+    }
+    if let Some(delay) = delay.filter(|d| !d.is_zero()) {
+        out.insert(DELAY_HEADER, delay_millis(delay).to_string());
+    }
+    out.insert(MSG_ID_HEADER, msg_id);
+    out
+}
+
 /// A delay in whole milliseconds, rounded up (never early).
-fn delay_millis(delay: Duration) -> u64 {
+pub(crate) fn delay_millis(delay: Duration) -> u64 {
     let ms = delay.as_millis();
     let ms = if Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX)) < delay {
         ms + 1
@@ -186,6 +214,41 @@ mod tests {
         let (back, delay) = incoming(Some(&map));
         assert_eq!(back, encoded.headers);
         assert_eq!(delay, Some(Duration::from_millis(1501)));
+    }
+
+    #[test]
+    fn forwarded_headers_keep_every_value_and_replace_the_transports_own() {
+        let mut map = HeaderMap::new();
+        map.insert("type", "t.x");
+        map.append("x-many", "1");
+        map.append("x-many", "2");
+        map.insert(DELAY_HEADER, "5000");
+        map.insert(MSG_ID_HEADER, "old");
+        map.insert("Nats-Expected-Stream", "s");
+        let out = forwarded(Some(&map), Some(Duration::from_millis(1200)), "new".into());
+        assert_eq!(
+            out.get("type").map(|v| v.as_str().to_owned()),
+            Some("t.x".into())
+        );
+        let many: Vec<String> = out
+            .get_all("x-many")
+            .map(|v| v.as_str().to_owned())
+            .collect();
+        assert_eq!(many, ["1", "2"]);
+        assert_eq!(
+            out.get(DELAY_HEADER).map(|v| v.as_str().to_owned()),
+            Some("1200".into())
+        );
+        assert_eq!(
+            out.get(MSG_ID_HEADER).map(|v| v.as_str().to_owned()),
+            Some("new".into())
+        );
+        assert!(out.get("Nats-Expected-Stream").is_none());
+        let due = forwarded(Some(&map), None, "id".into());
+        assert!(
+            due.get(DELAY_HEADER).is_none(),
+            "a due message carries no delay"
+        );
     }
 
     #[test]
