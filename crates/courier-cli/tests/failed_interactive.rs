@@ -97,52 +97,16 @@ impl Place {
     }
 }
 
+/// Drops the place's tables (side tables included) or deletes its streams' keys, pass or fail.
 impl Drop for Place {
     fn drop(&mut self) {
+        let cleanup = courier_test::Cleanup::new();
         match self {
             Self::Sqlite => {}
             #[cfg(feature = "postgres")]
-            Self::Postgres { url, table } => common::block_on(async {
-                use sqlx::Connection;
-                let Ok(mut conn) = sqlx::PgConnection::connect(url).await else {
-                    return;
-                };
-                let workers = format!("{table}_workers");
-                for t in [
-                    table.clone(),
-                    format!("{table}_migrations"),
-                    format!("{workers}_migrations"),
-                    workers,
-                    format!("{table}_dedup"),
-                    format!("{table}_dedup_migrations"),
-                    format!("{table}_schedules"),
-                    format!("{table}_paused"),
-                ] {
-                    let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
-                        .execute(&mut conn)
-                        .await;
-                }
-            }),
+            Self::Postgres { url, table } => cleanup.sql_tables(url, table),
             #[cfg(feature = "redis")]
-            Self::Redis { url, stream } => common::block_on(async {
-                let Ok(client) = redis::Client::open(url.as_str()) else {
-                    return;
-                };
-                let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-                    return;
-                };
-                let mut del = redis::cmd("DEL");
-                for s in [
-                    stream.clone(),
-                    format!("{stream}_other"),
-                    format!("{stream}_failed"),
-                ] {
-                    del.arg(format!("{s}:delayed"))
-                        .arg(format!("{s}:delayed:data"))
-                        .arg(s);
-                }
-                let _ = del.query_async::<()>(&mut conn).await;
-            }),
+            Self::Redis { url, stream } => cleanup.redis_keys(url, stream),
         }
     }
 }

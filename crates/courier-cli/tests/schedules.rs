@@ -154,7 +154,10 @@ fn three_workers_fire_each_tick_once_and_survive_a_killed_holder(
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn postgres_schedules_submit_one_run_per_tick_across_workers() {
     let dsn = service_url("COURIER_TEST_POSTGRES_URL");
-    let table = format!("{}_messages", unique("cli_sched"));
+    let name = unique("cli_sched");
+    let tables = courier_test::Cleanup::new();
+    tables.sql_tables(&dsn, &name);
+    let table = format!("{name}_messages");
     let sep = if dsn.contains('?') { '&' } else { '?' };
     let base = format!("{dsn}{sep}table_name={table}");
     three_workers_fire_each_tick_once_and_survive_a_killed_holder(

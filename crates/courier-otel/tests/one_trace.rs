@@ -141,20 +141,6 @@ async fn setup(transport: &dyn Transport) {
     }
 }
 
-/// Deletes the test's stream, group and delay keys.
-async fn delete_keys(url: &str, keys: &[String]) {
-    let client = redis::Client::open(url).expect("redis url");
-    let mut conn = tokio::time::timeout(DEADLINE, client.get_multiplexed_async_connection())
-        .await
-        .expect("connecting to redis timed out")
-        .expect("connect to redis");
-    let deleted: redis::RedisResult<()> =
-        tokio::time::timeout(DEADLINE, redis::cmd("DEL").arg(keys).query_async(&mut conn))
-            .await
-            .expect("DEL timed out");
-    deleted.expect("DEL");
-}
-
 fn attribute(span: &SpanData, key: &str) -> Option<String> {
     span.attributes
         .iter()
@@ -279,7 +265,9 @@ async fn one_trace_runs_through_sqlite_to_a_message_dispatched_in_the_handler() 
 #[ignore = "needs Redis: set COURIER_TEST_REDIS_URL"]
 async fn one_trace_runs_through_redis_to_a_message_dispatched_in_the_handler() {
     let url = courier_test::env::redis_url();
-    let stream = courier_test::env::unique_name("courier_otel");
+    // The stream's keys are deleted when the test ends, pass or fail.
+    let cleanup = courier_test::Cleanup::new();
+    let stream = cleanup.redis_name("courier_otel");
     let options = courier_redis::RedisOptions::default()
         .stream(&stream)
         .poll_window(Duration::from_millis(100));
@@ -294,7 +282,5 @@ async fn one_trace_runs_through_redis_to_a_message_dispatched_in_the_handler() {
     setup(&*transport).await;
 
     let (spans, order_id) = journey(transport.clone(), "redis").await;
-    let keys = transport.keys().map(str::to_owned);
-    delete_keys(&url, &keys).await;
     assert_one_trace(&spans, "redis", &order_id);
 }

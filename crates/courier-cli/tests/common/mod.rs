@@ -220,7 +220,8 @@ pub(crate) fn signal(child: &Child, name: &str) {
     assert!(status.success(), "kill -{name} failed");
 }
 
-/// Deletes a test's Redis keys when dropped (best effort, each step bounded by 5 s).
+/// Deletes a test's Redis keys when dropped, pass or fail: every key that starts with one of
+/// `keys` (a stream's name covers its `:delayed`, `:paused`, `:limit`, ... keys).
 #[cfg(feature = "redis")]
 pub(crate) struct RedisKeys {
     pub(crate) url: String,
@@ -230,21 +231,10 @@ pub(crate) struct RedisKeys {
 #[cfg(feature = "redis")]
 impl Drop for RedisKeys {
     fn drop(&mut self) {
-        let url = self.url.clone();
-        let keys = std::mem::take(&mut self.keys);
-        block_on(async move {
-            let Ok(client) = redis::Client::open(url.as_str()) else {
-                return;
-            };
-            let connect = client.get_multiplexed_async_connection();
-            if let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
-                let mut del = redis::cmd("DEL");
-                del.arg(&keys);
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), del.query_async::<()>(&mut conn))
-                        .await;
-            }
-        });
+        let cleanup = courier_test::Cleanup::new();
+        for prefix in &self.keys {
+            cleanup.redis_keys(&self.url, prefix);
+        }
     }
 }
 
@@ -278,12 +268,20 @@ impl Drop for Children {
 }
 
 /// DSNs of queues in one fresh table on the database `var` names (`COURIER_TEST_POSTGRES_URL`):
-/// `dsn("a")` is queue `a` of table `<prefix>_..._messages`.
+/// `dsn("a")` is queue `a` of table `<prefix>_..._messages`. The tables (side tables included)
+/// are dropped when the returned closure is.
 pub(crate) fn sql_queues(var: &str, prefix: &str) -> impl Fn(&str) -> String {
     let url = service_url(var);
     let sep = if url.contains('?') { '&' } else { '?' };
-    let base = format!("{url}{sep}table_name={}_messages", unique(prefix));
-    move |queue| format!("{base}&queue_name={queue}")
+    let name = unique(prefix);
+    // The closure owns the guard: the tables go when the test drops it, pass or fail.
+    let tables = courier_test::Cleanup::new();
+    tables.sql_tables(&url, &name);
+    let base = format!("{url}{sep}table_name={name}_messages");
+    move |queue| {
+        let _ = &tables;
+        format!("{base}&queue_name={queue}")
+    }
 }
 
 /// DSNs of fresh Redis streams sharing one group (`dsn("a")` is stream `<name>_a`), and the
@@ -293,17 +291,12 @@ pub(crate) fn redis_streams(prefix: &str, queues: &[&str]) -> (RedisKeys, impl F
     let url = service_url("COURIER_TEST_REDIS_URL");
     let sep = if url.contains('?') { '&' } else { '?' };
     let name = unique(prefix);
-    let keys = queues
-        .iter()
-        .flat_map(|q| {
-            let s = format!("{name}_{q}");
-            ["", ":limit", ":paused", ":delayed", ":delayed:data"].map(|k| format!("{s}{k}"))
-        })
-        .chain([format!("{name}:workers"), format!("{name}:workers:stop")])
-        .collect();
+    // Every stream `<name>_<queue>` of `queues`, its side keys and the group's
+    // `<name>:workers...` start with `<name>`.
+    let _ = queues;
     let guard = RedisKeys {
         url: url.clone(),
-        keys,
+        keys: vec![name.clone()],
     };
     (guard, move |q| {
         format!("{url}{sep}stream={name}_{q}&group={name}")
