@@ -87,7 +87,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
         builder = builder.bus(other);
     }
     if args.bus.as_deref() == Some(bus.name()) {
-        builder = builder.dispatch_to(bus);
+        builder = builder.dispatch_to(bus.clone());
     }
     let mut builder = builder
         .fetch_size(usize::from(args.fetch_size))
@@ -112,8 +112,9 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     let run_handle = runs.runtime();
     #[cfg(not(feature = "runs"))]
     let run_handle = None;
+    // Ticks are dispatched on the worker's bus: signed, deduplicated, traced like any dispatch.
     if let Some(scheduler) =
-        crate::schedules::scheduler(ctx, &transports, &worker_id, run_handle, true)?
+        crate::schedules::scheduler(ctx, &transports, &worker_id, run_handle, Some(bus))?
     {
         tasks.push(("scheduler", tokio::spawn(scheduler.run(helpers.clone()))));
     }

@@ -15,7 +15,7 @@ use crate::table::Table;
 pub(crate) async fn run(ctx: &Ctx<'_>) -> CliResult {
     let transports = ctx.connect().await?;
     let Some(scheduler) =
-        crate::schedules::scheduler(ctx, &transports, "courier-schedules", None, false)?
+        crate::schedules::scheduler(ctx, &transports, "courier-schedules", None, None)?
     else {
         if ctx.json() {
             return ctx.print_json(&Vec::<serde_json::Value>::new());
