@@ -3,8 +3,8 @@
 //! step a [`RunContext::step`](courier_runs::RunContext::step) journaling a small result in the
 //! write that renews the lease, timed around the call. Beside it, run for run (courier, raw,
 //! courier, raw...), a raw sqlx loop on the same database does the same durable work for each
-//! step: in one transaction, the guarded lease renewal of its run row and the insert of the
-//! step's row. Reports the per-step time (p50, p99), steps per second, the ratio and the SQL
+//! step: in one transaction, the guarded lease renewal of its run row (indexed on `(status,
+//! lease_expires)` for the reaper, as the run store's is) and the insert of the step's row. Reports the per-step time (p50, p99), steps per second, the ratio and the SQL
 //! statements per step (counted by [`super::counting`] for Courier).
 
 use std::sync::{Arc, Mutex};
@@ -79,6 +79,8 @@ macro_rules! raw_side {
                         "CREATE TABLE {runs} (id VARCHAR(36) PRIMARY KEY, claimed_by VARCHAR(64) NOT NULL, \
                          status VARCHAR(16) NOT NULL, lease_expires BIGINT NOT NULL, updated_at BIGINT NOT NULL)"
                     ),
+                    // The index the reaper's stale select needs, as the run store has it.
+                    format!("CREATE INDEX {runs}_lease_idx ON {runs} (status, lease_expires)"),
                     format!(
                         "CREATE TABLE {steps} (run_id VARCHAR(36) NOT NULL, idx BIGINT NOT NULL, name VARCHAR(64) NOT NULL, \
                          output TEXT NOT NULL, created_at BIGINT NOT NULL, PRIMARY KEY (run_id, idx))"
