@@ -85,10 +85,14 @@ fn consume_refuses_a_cursor_outbox_and_leaves_it_out_of_every_transport() {
     let env = Env::empty();
     let dsn = service_url("COURIER_TEST_POSTGRES_URL");
     let queue = common::unique("cli_cursor");
+    // A table of its own (the default `courier_messages` was left on the server), dropped with
+    // its side tables when the test ends, pass or fail.
+    let tables = courier_test::Cleanup::new();
+    tables.sql_tables(&dsn, &queue);
     env.write(
         "cursor.toml",
         &format!(
-            "[transports.outbox]\ndsn = \"{dsn}?queue_name={queue}&cursor=true\"\n\
+            "[transports.outbox]\ndsn = \"{dsn}?table_name={queue}_messages&queue_name={queue}&cursor=true\"\n\
              [transports.async]\ndsn = \"in-memory://\"\n"
         ),
     );

@@ -241,11 +241,27 @@ fn amqp_workers_register_in_the_sql_run_store() {
     });
     let store = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
     let sep = if url.contains('?') { '&' } else { '?' };
+    // An exchange and queue of its own (a fixed name was left on the server), deleted with the
+    // delay exchange when the test ends, pass or fail.
+    let name = common::unique("courier_cli_workers");
+    let dsn = format!("{url}{sep}exchange={name}&queues={name}");
+    let topology = courier_test::Cleanup::new();
+    topology.defer(format!("the AMQP exchange and queue {name}"), {
+        let dsn = dsn.clone();
+        async move {
+            let dsn = courier_core::Dsn::parse(&dsn).map_err(|e| e.to_string())?;
+            let registry = std::sync::Arc::new(courier_core::MessageRegistry::new());
+            let t = courier_amqp::AmqpTransport::connect("cleanup", &dsn, registry)
+                .await
+                .map_err(|e| e.to_string())?;
+            let deleted = t.delete_topology().await.map_err(|e| e.to_string());
+            t.close().await;
+            deleted
+        }
+    });
     let text = format!(
         "{}\n[runs]\nstore = \"{}\"\n",
-        config(&format!(
-            "{url}{sep}exchange=courier_cli_test_workers&queues=courier_cli_test_workers"
-        )),
+        config(&dsn),
         sqlite_dsn(store.path(), "")
     );
     workers_of_one_store_are_listed_and_stopped_from_anywhere(&text);

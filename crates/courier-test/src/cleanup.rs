@@ -139,10 +139,11 @@ impl Cleanup {
     /// Deletes every key starting with `prefix` on the Redis server of `url`.
     ///
     /// # Panics
-    /// When `prefix` is not a lowercase identifier of at least 8 characters.
+    /// When `prefix` does not start with a lowercase identifier of at least 8 characters (the
+    /// rest may hold `:`, as in `<stream>:delayed`).
     #[cfg(feature = "redis")]
     pub fn redis_keys(&self, url: &str, prefix: &str) {
-        check_prefix(prefix);
+        check_prefix(prefix.split(':').next().unwrap_or_default());
         self.push(Item::RedisKeys {
             url: url.to_owned(),
             prefix: prefix.to_owned(),
