@@ -337,7 +337,7 @@ pub(crate) enum RunsCommand {
         #[arg(long, value_parser = parse_duration, requires = "unique")]
         unique_for: Option<Duration>,
     },
-    /// One run with its events
+    /// One run with its events, its steps (journal), budget and pending wait
     Show {
         /// The run id
         id: String,
@@ -367,6 +367,65 @@ pub(crate) enum RunsCommand {
         /// The run id
         id: String,
     },
+    /// Send a signal to a run: a run waiting for it is woken (queued and dispatched); a run not
+    /// waiting yet finds it at its wait. A run waiting for another signal refuses it (exit 1)
+    Signal {
+        /// The run id
+        id: String,
+        /// The signal's name
+        name: String,
+        /// The signal's data (JSON)
+        #[arg(long, default_value = "null")]
+        data: String,
+        /// Who sends it (recorded with the signal)
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Resolve the guarded step a run parked on (waiting_for_approval): run it again with the
+    /// same key, skip it with --result as its result, or fail the run
+    Resolve {
+        /// The run id
+        id: String,
+        /// retry, skip or fail
+        #[arg(value_enum)]
+        action: ResolveAction,
+        /// With skip: the step's result (JSON; default null)
+        #[arg(long)]
+        result: Option<String>,
+    },
+    /// A new run of the same agent, input and budget whose steps before --from-step replay this
+    /// run's journal, so it runs again from that step (prints the new id)
+    Fork {
+        /// The run id
+        id: String,
+        /// The first step that runs again (from 1)
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+        from_step: i64,
+    },
+    /// Approve a run waiting for approval and resume it here, in this process
+    Approve {
+        /// The run id
+        id: String,
+    },
+    /// Give a run waiting for input its input and resume it here, in this process
+    Input {
+        /// The run id
+        id: String,
+        /// The input (JSON, or @FILE)
+        #[arg(long)]
+        data: String,
+    },
+}
+
+/// How `courier runs resolve` resolves a parked step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ResolveAction {
+    /// Run the step again, with the same idempotency key
+    Retry,
+    /// Do not run it: journal --result as its result
+    Skip,
+    /// Fail the run (class ambiguous_effect)
+    Fail,
 }
 
 #[derive(Debug, Args)]

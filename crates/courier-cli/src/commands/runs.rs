@@ -1,15 +1,17 @@
-//! `courier runs submit|show|list|events|cancel|requeue` and `courier reap`.
+//! `courier runs submit|show|list|events|cancel|requeue|signal|resolve|fork|approve|input` and
+//! `courier reap`.
 
 use std::sync::Arc;
 
 use courier_runs::{
-    Enqueued, InvalidUnique, ManualRequeue, ReapOptions, Run, RunError, RunEvent, RunStatus,
-    RunStore, RunsConfig, Runtime, UniqueKey, rfc3339_ms,
+    Budget, Enqueued, InvalidUnique, ManualRequeue, Outcome, ReapOptions, Resolution, Run,
+    RunError, RunEvent, RunStatus, RunStore, RunsConfig, Runtime, SignalSent, StepRecord,
+    StepStatus, UniqueKey, Usage, rfc3339_ms,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::cli::{ReapArgs, RunsCommand};
+use crate::cli::{ReapArgs, ResolveAction, RunsCommand};
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, chain};
 use crate::runs::{open_store, runtime, settings};
@@ -25,7 +27,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
             unique,
             unique_for,
         } => {
-            let input = parse_input(input)?;
+            let input = parse_json("--input", input)?;
             if !ctx.app.agents.contains(agent) {
                 return Err(CliError::usage(format!(
                     "unknown agent `{agent}` (known: {})",
@@ -51,7 +53,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
             let store = open_store(&config).await?;
             let run = find(&store, id).await?;
             let events = store.events(id).await.map_err(runtime_error)?;
-            show(ctx, &run, &events)
+            let steps = store.steps(id).await.map_err(runtime_error)?;
+            show(ctx, &run, &events, &steps)
         }
         RunsCommand::List { status, limit } => {
             let status = status
@@ -100,21 +103,56 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
             }
             Ok(())
         }
+        RunsCommand::Signal { id, name, data, by } => {
+            let id = parse_id(id)?;
+            let data = parse_json("--data", data)?;
+            signal(ctx, &config, id, name, data, by.as_deref()).await
+        }
+        RunsCommand::Resolve { id, action, result } => {
+            let id = parse_id(id)?;
+            let resolution = match (action, result) {
+                (ResolveAction::Skip, result) => Resolution::Skip(match result {
+                    Some(r) => parse_json("--result", r)?,
+                    None => Value::Null,
+                }),
+                (_, Some(_)) => {
+                    return Err(CliError::usage(
+                        "--result: only `skip` takes a result (the step's, instead of running it)",
+                    ));
+                }
+                (ResolveAction::Retry, None) => Resolution::Retry,
+                (ResolveAction::Fail, None) => Resolution::Fail,
+            };
+            resolve(ctx, &config, id, resolution).await
+        }
+        RunsCommand::Fork { id, from_step } => {
+            let id = parse_id(id)?;
+            fork(ctx, &config, id, *from_step).await
+        }
+        RunsCommand::Approve { id } => {
+            let id = parse_id(id)?;
+            resume(ctx, &config, id, None).await
+        }
+        RunsCommand::Input { id, data } => {
+            let id = parse_id(id)?;
+            let data = parse_json("--data", data)?;
+            resume(ctx, &config, id, Some(data)).await
+        }
     }
 }
 
-/// `--input JSON` or `--input @FILE`.
-fn parse_input(input: &str) -> CliResult<Value> {
+/// `--flag JSON` or `--flag @FILE` (`flag` names the option in errors).
+fn parse_json(flag: &str, input: &str) -> CliResult<Value> {
     let (text, from) = match input.strip_prefix('@') {
         Some(path) => (
             std::fs::read_to_string(path)
-                .map_err(|e| CliError::usage(format!("--input: cannot read `{path}`: {e}")))?,
+                .map_err(|e| CliError::usage(format!("{flag}: cannot read `{path}`: {e}")))?,
             format!(" in `{path}`"),
         ),
         None => (input.to_owned(), String::new()),
     };
     serde_json::from_str(&text)
-        .map_err(|e| CliError::usage(format!("--input: invalid JSON{from}: {e}")))
+        .map_err(|e| CliError::usage(format!("{flag}: invalid JSON{from}: {e}")))
 }
 
 fn parse_id(id: &str) -> CliResult<Uuid> {
@@ -191,9 +229,9 @@ async fn submit(
     Ok(())
 }
 
-fn show(ctx: &Ctx<'_>, run: &Run, events: &[RunEvent]) -> CliResult {
+fn show(ctx: &Ctx<'_>, run: &Run, events: &[RunEvent], steps: &[StepRecord]) -> CliResult {
     if ctx.json() {
-        return ctx.print_json(&run.to_json_with_events(events));
+        return ctx.print_json(&run.to_json_with_steps(events, steps));
     }
     let field = |k: &str, v: String| println!("{k:<19} {v}");
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
@@ -218,15 +256,122 @@ fn show(ctx: &Ctx<'_>, run: &Run, events: &[RunEvent]) -> CliResult {
     field("created", rfc3339_ms(run.created_at));
     field("started", opt(run.started_at.map(rfc3339_ms)));
     field("finished", opt(run.finished_at.map(rfc3339_ms)));
+    if let Some(pending) = &run.pending_effect {
+        field("pending effect", pending.clone());
+    }
+    if let Some(wait) = wait_text(run) {
+        field("waiting for", wait);
+    }
+    field("budget", budget_text(run.budget.as_ref(), &run.usage, run));
+    field("usage", usage_text(&run.usage));
+    field("steps replayed", run.steps_replayed.to_string());
     field(
         "output",
         opt(run.output.as_ref().map(|o| shorten(&o.to_string(), 58))),
     );
+    if !steps.is_empty() {
+        println!();
+        print!("{}", steps_table(steps));
+        for s in steps {
+            // A pending wait's row holds its state, shown above as `waiting for`.
+            let result = match (&s.error, &s.output) {
+                (Some(error), _) => format!("error: {error}"),
+                (None, Some(_)) if s.status == StepStatus::Waiting => continue,
+                (None, Some(output)) => output.to_string(),
+                (None, None) => continue,
+            };
+            println!(
+                "  #{} {}: {}",
+                s.index,
+                s.name,
+                shorten(&result, STEP_RESULT_CHARS)
+            );
+        }
+    }
     if !events.is_empty() {
         println!();
         print!("{}", events_table(events));
     }
     Ok(())
+}
+
+/// How much of a step's result `runs show` prints (the whole is in `--format json`).
+const STEP_RESULT_CHARS: usize = 200;
+
+/// What a waiting run waits for: its signal and when it wakes (its sleep or its timeout).
+fn wait_text(run: &Run) -> Option<String> {
+    if run.status != RunStatus::Waiting {
+        return None;
+    }
+    let wakes = run.to_json()["wakes_at"].as_str().map(str::to_owned);
+    Some(match (&run.wait_signal, wakes) {
+        (Some(signal), Some(at)) => format!("signal `{signal}` (times out at {at})"),
+        (Some(signal), None) => format!("signal `{signal}` (no timeout)"),
+        (None, Some(at)) => format!("a durable sleep, wakes at {at}"),
+        (None, None) => "a wake-up".into(),
+    })
+}
+
+/// `tokens_out 120/1000, turns 1/10` for each limit set; `unlimited` without one.
+fn budget_text(budget: Option<&Budget>, used: &Usage, run: &Run) -> String {
+    let Some(budget) = budget.filter(|b| !b.is_unlimited()) else {
+        return "unlimited".into();
+    };
+    let wall = run.started_at.map_or(0, |start| {
+        let end = run.finished_at.unwrap_or(run.updated_at);
+        u64::try_from(end - start).unwrap_or(0)
+    });
+    [
+        ("tokens_in", used.tokens_in, budget.tokens_in),
+        ("tokens_out", used.tokens_out, budget.tokens_out),
+        ("cost_micros", used.cost_micros, budget.cost_micros),
+        ("tool_calls", used.tool_calls, budget.tool_calls),
+        ("turns", used.turns, budget.turns),
+        ("wall_time_ms", wall, budget.wall_time_ms),
+    ]
+    .into_iter()
+    .filter_map(|(name, used, limit)| limit.map(|l| format!("{name} {used}/{l}")))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
+/// The non-zero parts of a usage, `-` when nothing was used.
+fn usage_text(usage: &Usage) -> String {
+    let parts: Vec<String> = [
+        ("in", usage.tokens_in),
+        ("out", usage.tokens_out),
+        ("cost", usage.cost_micros),
+        ("tools", usage.tool_calls),
+        ("turns", usage.turns),
+    ]
+    .into_iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(k, n)| format!("{k} {n}"))
+    .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The journal: one row per step (its result is printed below the table).
+fn steps_table(steps: &[StepRecord]) -> String {
+    let mut table = Table::new(&["STEP", "NAME", "EFFECT", "STATUS", "MS", "RAN", "USAGE"])
+        .flexible(6)
+        .flexible(1);
+    for s in steps {
+        table.row(vec![
+            s.index.to_string(),
+            s.name.clone(),
+            s.effect.clone(),
+            s.status.as_str().to_owned(),
+            s.duration_ms.to_string(),
+            s.attempts.to_string(),
+            usage_text(&s.usage),
+        ]);
+    }
+    table.render()
 }
 
 fn events_table(events: &[RunEvent]) -> String {
@@ -323,4 +468,194 @@ async fn requeue(ctx: &Ctx<'_>, config: &RunsConfig, id: Uuid) -> CliResult {
     }
     println!("{text}");
     Ok(())
+}
+
+/// A runtime over the configuration's store, registered on its bus (a woken, released or
+/// forked run is dispatched there), and the bus, kept alive while the runtime is used.
+async fn connected_runtime(
+    ctx: &Ctx<'_>,
+    config: &RunsConfig,
+) -> CliResult<(Runtime, courier_core::MessageBus)> {
+    let store = open_store(config).await?;
+    let runtime = runtime(ctx, config, store);
+    let transports = ctx.connect().await?;
+    let bus = ctx.bus(&transports, |b| runtime.register(b));
+    Ok((runtime, bus))
+}
+
+/// The error of a runtime call on an existing run, naming what the operator can do.
+fn run_error(e: RunError) -> CliError {
+    match e {
+        RunError::Dispatch { run_id, source } => CliError::runtime(format!(
+            "run {run_id} is queued but its message could not be sent (is `courier.run_agent` \
+             routed to a transport?); `courier reap` dispatches it again: {}",
+            chain(&source)
+        )),
+        other => runtime_error(other),
+    }
+}
+
+/// `courier runs signal ID NAME [--data JSON] [--by WHO]`.
+async fn signal(
+    ctx: &Ctx<'_>,
+    config: &RunsConfig,
+    id: Uuid,
+    name: &str,
+    data: Value,
+    by: Option<&str>,
+) -> CliResult {
+    let (runtime, _bus) = connected_runtime(ctx, config).await?;
+    let sent = runtime
+        .signal(id, name, data, by)
+        .await
+        .map_err(|e| match e {
+            RunError::WrongStatus { run_id, status, .. } => CliError::runtime(format!(
+                "run {run_id} is {status}: a finished run takes no signal"
+            )),
+            other => run_error(other),
+        })?;
+    let (state, text) = match sent {
+        SignalSent::Woken => (
+            "woken",
+            format!("Signal `{name}` woke run {id}: it is queued again."),
+        ),
+        _ => (
+            "buffered",
+            format!(
+                "Signal `{name}` recorded for run {id}: it is not waiting yet, its wait will \
+                 find it."
+            ),
+        ),
+    };
+    if ctx.json() {
+        return ctx.print_json(&json!({ "id": id, "signal": name, "sent": state }));
+    }
+    println!("{text}");
+    Ok(())
+}
+
+/// `courier runs resolve ID retry|skip|fail [--result JSON]`.
+async fn resolve(
+    ctx: &Ctx<'_>,
+    config: &RunsConfig,
+    id: Uuid,
+    resolution: Resolution,
+) -> CliResult {
+    let (runtime, _bus) = connected_runtime(ctx, config).await?;
+    let parked = runtime
+        .store()
+        .find(id)
+        .await
+        .map_err(runtime_error)?
+        .and_then(|r| r.pending_effect);
+    let action = match &resolution {
+        Resolution::Retry => "retry",
+        Resolution::Skip(_) => "skip",
+        _ => "fail",
+    };
+    let outcome = runtime
+        .resolve_step(id, resolution)
+        .await
+        .map_err(|e| match e {
+            RunError::WrongStatus { run_id, status, .. } => CliError::runtime(format!(
+                "run {run_id} is {status}, not parked on a guarded step (waiting_for_approval \
+                 with a step's intent): nothing to resolve"
+            )),
+            other => run_error(other),
+        })?;
+    let status = match outcome {
+        Outcome::Failed { .. } => RunStatus::Failed,
+        _ => RunStatus::Queued,
+    };
+    if ctx.json() {
+        return ctx.print_json(&json!({
+            "id": id,
+            "resolution": action,
+            "step": parked,
+            "status": status.as_str(),
+        }));
+    }
+    let step = parked.unwrap_or_else(|| "the parked step".into());
+    match action {
+        "retry" => println!("Run {id}: {step} runs again with the same key; the run is queued."),
+        "skip" => println!("Run {id}: {step} skipped with the given result; the run is queued."),
+        _ => println!("Run {id} failed at {step} (class ambiguous_effect)."),
+    }
+    Ok(())
+}
+
+/// `courier runs fork ID --from-step N`: prints the new run's id.
+async fn fork(ctx: &Ctx<'_>, config: &RunsConfig, id: Uuid, from_step: i64) -> CliResult {
+    let (runtime, _bus) = connected_runtime(ctx, config).await?;
+    let new = runtime.fork(id, from_step).await.map_err(run_error)?;
+    if ctx.json() {
+        return ctx.print_json(&json!({ "id": new, "forked_from": id, "from_step": from_step }));
+    }
+    println!("{new}");
+    ctx.note(format!(
+        "Run {new} forked from {id}: steps before {from_step} replay its journal."
+    ));
+    Ok(())
+}
+
+/// `courier runs approve ID` (no input) and `courier runs input ID --data JSON`: resume the
+/// run here, in this process, until it ends or stops again.
+async fn resume(ctx: &Ctx<'_>, config: &RunsConfig, id: Uuid, input: Option<Value>) -> CliResult {
+    let (runtime, _bus) = connected_runtime(ctx, config).await?;
+    let parked = parked_step(runtime.store(), id).await?;
+    if let (Some(step), None) = (parked, &input) {
+        return Err(CliError::runtime(format!(
+            "run {id} is parked on {step}, a guarded step that may or may not have taken effect: \
+             resolve it with `courier runs resolve {id} retry|skip|fail`"
+        )));
+    }
+    let resumed = match input {
+        Some(input) => runtime.provide_input(id, input).await,
+        None => runtime.approve(id).await,
+    };
+    let failed = match resumed {
+        Ok(_) => None,
+        Err(RunError::Agent { error, .. }) => Some(chain(&error)),
+        Err(RunError::WrongStatus {
+            run_id,
+            status,
+            expected,
+        }) => {
+            return Err(CliError::runtime(format!(
+                "run {run_id} is {status}, not {expected}: nothing to resume"
+            )));
+        }
+        Err(RunError::UnknownAgent(agent)) => {
+            return Err(CliError::usage(format!(
+                "run {id} belongs to agent `{agent}`, which this application does not register \
+                 (known: {})",
+                ctx.app.agents.names()
+            )));
+        }
+        Err(e) => return Err(run_error(e)),
+    };
+    let run = find(runtime.store(), id).await?;
+    if ctx.json() {
+        ctx.print_json(&json!({ "id": id, "status": run.status.as_str() }))?;
+    } else {
+        println!("Run {id} is {}.", run.status);
+    }
+    match failed {
+        Some(e) => Err(CliError::runtime(format!("run {id} failed: {e}"))),
+        None => Ok(()),
+    }
+}
+
+/// The guarded step a run `waiting_for_approval` is parked on (`step N: name`), if it is.
+async fn parked_step(store: &Arc<dyn RunStore>, id: Uuid) -> CliResult<Option<String>> {
+    let run = find(store, id).await?;
+    if run.status != RunStatus::WaitingForApproval {
+        return Ok(None);
+    }
+    let steps = store.steps(id).await.map_err(runtime_error)?;
+    Ok(steps
+        .iter()
+        .rev()
+        .find(|s| s.status == StepStatus::Intent)
+        .map(|s| format!("step {}: {}", s.index, s.name)))
 }
