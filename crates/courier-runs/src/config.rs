@@ -323,6 +323,27 @@ mod tests {
     }
 
     #[test]
+    fn retention_and_the_step_result_cap_reach_the_runtime() {
+        let c = parse("retention = \"30d\"\nmax_step_result = 4096").expect("parses");
+        c.validate().expect("valid");
+        let options = c.runtime_options();
+        assert_eq!(options.retention, Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(options.max_step_result, 4096);
+        let defaults = RunsConfig::default().runtime_options();
+        assert_eq!(
+            (defaults.retention, defaults.max_step_result),
+            (None, 1 << 20)
+        );
+        let zero = parse("retention = \"0s\"").expect("parses");
+        assert_eq!(zero.validate().map_err(|e| e.key), Err("runs.retention"));
+        let zero = parse("max_step_result = 0").expect("parses");
+        assert_eq!(
+            zero.validate().map_err(|e| e.key),
+            Err("runs.max_step_result")
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         let e = parse("leese = \"1s\"")
             .expect_err("unknown key")
