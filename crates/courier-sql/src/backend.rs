@@ -260,6 +260,11 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// Applies the worker registry's and schedule store's migrations not yet recorded; returns
     /// those it recorded.
     async fn setup_workers(&self) -> Result<Vec<Applied>, sqlx::Error>;
+    /// The migrations of the message table and the tables beside it not recorded (a schema
+    /// Courier only checks, `auto_setup` off). Changes nothing.
+    async fn missing_migrations(&self) -> Result<Vec<crate::migrate::Missing>, sqlx::Error> {
+        Ok(Vec::new())
+    }
     /// Server-side ids of the pool's connections, for tests that kill them.
     fn connection_ids(&self) -> Vec<u64>;
     /// The cause behind a pool that timed out, when one direct connection attempt finds it

@@ -109,6 +109,7 @@ mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod schedules;
+mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod transport;
@@ -134,5 +135,6 @@ pub use pool::sqlite_pool;
 pub use pool::{ConnectionIds, mysql_pool};
 pub use pool::{InFlight, PoolSettings, SqlDatabase};
 pub use schedules::schedules_table;
+pub use shared::SqlPool;
 pub use transport::SqlTransport;
 pub use workers::workers_table;

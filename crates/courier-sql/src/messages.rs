@@ -366,6 +366,38 @@ where
         Ok(applied)
     }
 
+    async fn missing_migrations(&self) -> Result<Vec<migrate::Missing>, sqlx::Error> {
+        let workers = crate::workers::workers_table(&self.table);
+        let schedules = crate::schedules::schedules_table(&self.table);
+        let paused = crate::paused::paused_table(&self.table);
+        let limits = crate::limits::limits_table(&self.table);
+        let dedup = crate::dedup::dedup_table(&self.table);
+        let mut missing = migrate::missing(
+            &self.pool,
+            &migrate::MESSAGES,
+            &[("{messages}", &self.table)],
+        )
+        .await?;
+        missing.extend(
+            migrate::missing(&self.pool, &migrate::WORKERS, &[("{workers}", &workers)]).await?,
+        );
+        missing.extend(
+            migrate::missing(
+                &self.pool,
+                &migrate::SCHEDULES,
+                &[
+                    ("{schedules}", &schedules),
+                    ("{paused}", &paused),
+                    ("{limits}", &limits),
+                ],
+            )
+            .await?,
+        );
+        missing
+            .extend(migrate::missing(&self.pool, &migrate::DEDUP, &[("{dedup}", &dedup)]).await?);
+        Ok(missing)
+    }
+
     async fn setup_workers(&self) -> Result<Vec<Applied>, sqlx::Error> {
         let _turn = self.write_turn().await;
         let workers = crate::workers::workers_table(&self.table);

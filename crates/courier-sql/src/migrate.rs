@@ -382,6 +382,105 @@ where
     }
 }
 
+/// A migration of `set` not recorded in `<table>_migrations`, for a schema that Courier only
+/// checks (`auto_setup = false`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    /// The table that records the versions (`<table>_migrations`).
+    pub versions_table: String,
+    /// The version not recorded.
+    pub version: i64,
+    /// What it does.
+    pub description: &'static str,
+}
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "migration {:04} {} is not recorded in `{}`",
+            self.version, self.description, self.versions_table
+        )
+    }
+}
+
+/// The migrations of `set` not recorded for these tables, oldest first (every one when the
+/// versions table does not exist): what a schema set up by the application's own migration
+/// tool lacks. Changes nothing.
+///
+/// # Errors
+/// The database failed (other than a missing versions table).
+pub async fn missing<DB>(
+    pool: &Pool<DB>,
+    set: &Migrations,
+    tables: &[(&str, &str)],
+) -> Result<Vec<Missing>, sqlx::Error>
+where
+    DB: SqlDatabase,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+{
+    let versions_table = format!("{}_migrations", render(set.main, tables));
+    let read = format!("SELECT version FROM {versions_table}");
+    let mut conn = pool.acquire().await?;
+    let recorded: Vec<i64> = match sqlx::query_as::<_, (i64,)>(&read)
+        .fetch_all(&mut *conn)
+        .await
+    {
+        Ok(rows) => rows.into_iter().map(|(v,)| v).collect(),
+        // No versions table: nothing was ever set up.
+        Err(sqlx::Error::Database(_)) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(set
+        .list
+        .iter()
+        .filter(|m| !recorded.contains(&m.version))
+        .map(|m| Missing {
+            versions_table: versions_table.clone(),
+            version: m.version,
+            description: m.description,
+        })
+        .collect())
+}
+
+/// The SQL that sets up `set` from nothing on `dialect`, as [`migrate`] would run it: the
+/// versions table, then each migration rendered with the table names followed by the insert
+/// of its version row (`applied_at` from the database clock). Plain SQL statements ending in
+/// `;`, no placeholder left, for the application's own migration tool.
+#[must_use]
+pub fn script(dialect: Dialect, set: &Migrations, tables: &[(&str, &str)]) -> String {
+    let main = render(set.main, tables);
+    let versions = format!("{main}_migrations");
+    let mut out = format!(
+        "CREATE TABLE IF NOT EXISTS {versions} (version BIGINT NOT NULL PRIMARY KEY, \
+         description VARCHAR(255) NOT NULL, applied_at BIGINT NOT NULL);\n"
+    );
+    let now = dialect.render("{now}");
+    for migration in set.list {
+        out.push_str(&format!(
+            "\n-- {:04} {}\n",
+            migration.version, migration.description
+        ));
+        if let Some(template) = migration.template(dialect) {
+            let sql = render(template, tables);
+            let sql = sql.trim_end();
+            out.push_str(sql);
+            if !sql.ends_with(';') {
+                out.push(';');
+            }
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            "INSERT INTO {versions} (version, description, applied_at) VALUES ({}, '{}', {now});\n",
+            migration.version,
+            migration.description.replace('\'', "''")
+        ));
+    }
+    out
+}
+
 /// The count of `column` in `table` (both validated identifiers), as SQL.
 fn has_column(dialect: Dialect, table: &str, column: &str) -> String {
     match dialect {

@@ -28,6 +28,26 @@ pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<MySql>
         ..PoolSettings::from(o)
     };
     let (pool, connect, connection_ids) = mysql_pool(url, &settings).await?;
+    on_pool(pool, connect, connection_ids, o).await
+}
+
+/// The message table on the application's pool: its sessions keep the application's settings
+/// (Courier's own pools run READ COMMITTED in UTC; deadlocks that REPEATABLE READ's gap locks
+/// cause are retried).
+pub(crate) async fn from_pool(
+    pool: sqlx::MySqlPool,
+    o: &SqlOptions,
+) -> Result<Messages<MySql>, sqlx::Error> {
+    let connect = (*pool.connect_options()).clone();
+    on_pool(pool, connect, ConnectionIds::default(), o).await
+}
+
+async fn on_pool(
+    pool: sqlx::MySqlPool,
+    connect: MySqlConnectOptions,
+    connection_ids: ConnectionIds,
+    o: &SqlOptions,
+) -> Result<Messages<MySql>, sqlx::Error> {
     let version: String = sqlx::query_scalar("SELECT VERSION()")
         .fetch_one(&pool)
         .await?;

@@ -45,6 +45,7 @@ pub struct SqlOptions {
     pub(crate) worker_stale_after: Duration,
     pub(crate) serializer: courier_core::Serializer,
     pub(crate) cursor: bool,
+    pub(crate) listen: bool,
 }
 
 impl Default for SqlOptions {
@@ -62,6 +63,7 @@ impl Default for SqlOptions {
             worker_stale_after: courier_core::DEFAULT_WORKER_STALE_AFTER,
             serializer: courier_core::Serializer::Json,
             cursor: false,
+            listen: true,
         }
     }
 }
@@ -83,6 +85,7 @@ pub(crate) const COURIER_OPTIONS: &[&str] = &[
     "worker_stale_after",
     "serializer",
     "cursor",
+    "listen",
 ];
 
 impl From<&SqlOptions> for PoolSettings {
@@ -155,6 +158,9 @@ impl SqlOptions {
         if let Some(b) = dsn.parse_option::<bool>("cursor")? {
             o.cursor = b;
         }
+        if let Some(b) = dsn.parse_option::<bool>("listen")? {
+            o.listen = b;
+        }
         Ok(o)
     }
 
@@ -200,6 +206,18 @@ impl SqlOptions {
     #[must_use]
     pub fn cursor(mut self, on: bool) -> Self {
         self.cursor = on;
+        self
+    }
+
+    /// PostgreSQL: whether waiting consumers are woken by `LISTEN`/`NOTIFY` (default `true`).
+    /// The listener holds one connection of the transport's pool for as long as the transport
+    /// lives (on a pool shared with the application through
+    /// [`SqlTransport::from_pool`](crate::SqlTransport::from_pool), one of its connections):
+    /// with `false` (DSN `listen=false`) it takes none, and consumers poll with the adaptive
+    /// backoff of SQLite and MySQL (5 ms doubling to 250 ms) instead. Senders still notify.
+    #[must_use]
+    pub fn listen(mut self, on: bool) -> Self {
+        self.listen = on;
         self
     }
 

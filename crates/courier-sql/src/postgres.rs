@@ -31,6 +31,8 @@ pub(crate) struct PgState {
     same_delivery: String,
     /// A cursor outbox's statements (`cursor=true`).
     cursor: Option<CursorSql>,
+    /// Whether a `LISTEN` task wakes consumers (`listen=true`), or they poll.
+    listen: bool,
 }
 
 impl Drop for PgState {
@@ -153,6 +155,16 @@ impl crate::backend::CursorSession for PgCursorSession {
 
 pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Postgres>, sqlx::Error> {
     let (pool, connect) = postgres_pool(url, &PoolSettings::from(o)).await?;
+    Ok(on_pool(pool, connect, o))
+}
+
+/// The message table on the application's pool (its connect options explain a timeout).
+pub(crate) fn from_pool(pool: PgPool, o: &SqlOptions) -> Messages<Postgres> {
+    let connect = (*pool.connect_options()).clone();
+    on_pool(pool, connect, o)
+}
+
+fn on_pool(pool: PgPool, connect: PgConnectOptions, o: &SqlOptions) -> Messages<Postgres> {
     let t = &o.table_name;
     // A cursor outbox's rows record the transaction that wrote them.
     let (tx_column, tx_value) = if o.cursor {
@@ -164,6 +176,7 @@ pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Postgr
         cursor: o.cursor.then(|| CursorSql::new(t)),
         connect: Hidden(connect),
         listener: Mutex::new(None),
+        listen: o.listen,
         insert: Dialect::Postgres.render(&format!(
             "WITH ins AS (\
              INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at{tx_column}) \
@@ -177,7 +190,7 @@ pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Postgr
             .to_owned(),
         same_delivery: " WHERE id = ANY($1) AND delivery_id = $2".to_owned(),
     };
-    Ok(Messages::new(pool, o, state))
+    Messages::new(pool, o, state)
 }
 
 /// How a drain's transaction begins, in one round trip: its commit does not wait for the disk
@@ -456,6 +469,9 @@ impl MessageDialect for Postgres {
     }
 
     fn start_listener(m: &Messages<Self>, wake: &Arc<Wake>) {
+        if !m.state.listen {
+            return;
+        }
         let mut task = m.state.listener.lock().unwrap_or_else(|e| e.into_inner());
         if task.as_ref().is_none_or(JoinHandle::is_finished) {
             let span = tracing::debug_span!("courier.sql.listen", messaging.system = "postgresql", messaging.destination.name = %m.queue);

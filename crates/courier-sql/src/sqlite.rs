@@ -64,6 +64,18 @@ async fn connect_with(
     Ok(Messages::new(pool, o, state))
 }
 
+/// The message table on the application's pool: this process's writes take turns on it (no
+/// write pool of their own), and SQLite checkpoints the WAL itself, as the application's
+/// connections are set up to.
+pub(crate) fn from_pool(pool: sqlx::SqlitePool, o: &SqlOptions) -> Messages<Sqlite> {
+    let state = SqliteState {
+        writer: Arc::new(Mutex::new(())),
+        writes: None,
+        checkpoints: None,
+    };
+    Messages::new(pool, o, state)
+}
+
 /// How long after a write its file's checkpoint runs, once [`BUSY_WRITES`] writes came since
 /// the last one (the writes meanwhile join it).
 const CHECKPOINT_AFTER: Duration = Duration::from_millis(50);

@@ -56,6 +56,12 @@ pub struct SqlTransport {
     strays_checked: std::sync::Mutex<Instant>,
     /// When expired deduplication keys are pruned next.
     dedup_prune: crate::dedup::PruneClock,
+    /// Built on the application's pool: the pool and how errors name it (`None`: the
+    /// transport's own pool).
+    shared_pool: Option<(crate::SqlPool, String)>,
+    /// With `auto_setup` off: set once the schema was found complete (or set up here); until
+    /// then the first `get` or send checks it (`None`: nothing to check).
+    schema_checked: Option<tokio::sync::OnceCell<()>>,
 }
 
 /// How often a busy cursor outbox's reads look for rows written without `cursor=true` (an idle
@@ -111,7 +117,82 @@ impl SqlTransport {
             ));
         }
         let backend = crate::connect::backend(&name, dsn, &options).await?;
+        Self::assemble(name, dsn.clone(), options, registry, backend, None, true).await
+    }
+
+    /// Builds the transport on the application's own pool (see [`SqlPool`](crate::SqlPool)
+    /// for what that changes per database), with explicit options (`max_connections`,
+    /// `min_connections`, `acquire_timeout` and `busy_timeout` are the pool's own and ignored
+    /// here). The transport never closes the pool. Unless `auto_setup` is off, it creates its
+    /// tables; with it off, it checks that every migration is recorded and fails naming the
+    /// first missing one.
+    ///
+    /// On PostgreSQL the `LISTEN` that wakes waiting consumers holds one connection of the
+    /// pool while the transport lives; [`SqlOptions::listen`]`(false)` makes consumers poll
+    /// instead. [`dispatch_in`](crate::dispatch_in) takes a transaction of the same pool.
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use courier_core::MessageRegistry;
+    /// use courier_sql::{SqlOptions, SqlTransport};
+    ///
+    /// let options = SqlOptions::default().queue_name("emails").listen(false);
+    /// let queue =
+    ///     SqlTransport::from_pool("async", pool.clone(), options, Arc::new(MessageRegistry::new()))
+    ///         .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`TransportErrorKind::Config`] for `cursor=true` on another database than PostgreSQL;
+    /// the setup (or, `auto_setup` off, the schema check) error.
+    pub async fn from_pool(
+        name: impl Into<String>,
+        pool: impl Into<crate::SqlPool>,
+        options: SqlOptions,
+        registry: Arc<MessageRegistry>,
+    ) -> Result<Self, TransportError> {
+        let name = name.into();
+        let pool: crate::SqlPool = pool.into();
+        let scheme = pool.scheme();
+        if options.cursor && pool.dialect() != Dialect::Postgres {
+            return Err(TransportError::new(TransportErrorKind::Config, name).with_context(
+                "cursor=true needs PostgreSQL (a cursor outbox orders rows by the id of the transaction that wrote them)",
+            ));
+        }
+        let dsn = Dsn::parse(&format!("{scheme}://shared-pool/{name}")).map_err(|e| {
+            TransportError::new(TransportErrorKind::Config, name.clone())
+                .with_context(e.to_string())
+        })?;
+        let described = pool.describe();
+        let shared = (pool.clone(), described);
+        let backend: Box<dyn Backend> = match pool {
+            #[cfg(feature = "sqlite")]
+            crate::SqlPool::Sqlite(p) => Box::new(crate::sqlite::from_pool(p, &options)),
+            #[cfg(feature = "postgres")]
+            crate::SqlPool::Postgres(p) => Box::new(crate::postgres::from_pool(p, &options)),
+            #[cfg(feature = "mysql")]
+            crate::SqlPool::Mysql(p) => Box::new(
+                crate::mysql::from_pool(p, &options)
+                    .await
+                    .map_err(|e| transport_error(&name, "reading the server version", e))?,
+            ),
+        };
+        Self::assemble(name, dsn, options, registry, backend, Some(shared), true).await
+    }
+
+    async fn assemble(
+        name: String,
+        dsn: Dsn,
+        options: SqlOptions,
+        registry: Arc<MessageRegistry>,
+        backend: Box<dyn Backend>,
+        shared_pool: Option<(crate::SqlPool, String)>,
+        check_schema: bool,
+    ) -> Result<Self, TransportError> {
         let location = courier_core::redact(dsn.expose_without_query());
+        let auto_setup = options.auto_setup;
         let workers = backend.workers(&name, &location, options.worker_stale_after);
         let schedules = backend.schedules(&name, &location);
         let pauses = backend.pauses(&name, &options.queue_name);
@@ -122,10 +203,12 @@ impl SqlTransport {
             pauses,
             limits,
             name,
-            dsn: dsn.clone(),
+            dsn,
             options,
             registry,
             backend,
+            schema_checked: (check_schema && !auto_setup).then(tokio::sync::OnceCell::new),
+            shared_pool,
             wake: Wake::new(),
             applied: std::sync::Mutex::new(Vec::new()),
             strays_checked: std::sync::Mutex::new(Instant::now()),
@@ -180,6 +263,9 @@ impl SqlTransport {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .extend(applied.iter().map(ToString::to_string));
+        if let Some(checked) = &self.schema_checked {
+            let _ = checked.set(());
+        }
         for migration in &applied {
             tracing::info!(
                 messaging.destination.name = %self.name,
@@ -209,9 +295,17 @@ impl SqlTransport {
                     .with_context(e.to_string())
             })?
             .auto_setup(false);
-        let transport =
-            Self::connect_with(name.clone(), dsn, options, Arc::new(MessageRegistry::new()))
-                .await?;
+        let backend = crate::connect::backend(&name, dsn, &options).await?;
+        let transport = Self::assemble(
+            name.clone(),
+            dsn.clone(),
+            options,
+            Arc::new(MessageRegistry::new()),
+            backend,
+            None,
+            false,
+        )
+        .await?;
         transport.migrate_workers().await?;
         courier_core::shared_worker_registry(Arc::new(transport)).ok_or_else(|| {
             TransportError::new(TransportErrorKind::Config, name).with_context("no worker registry")
@@ -228,6 +322,47 @@ impl SqlTransport {
             self.backend.setup_workers()
         })
         .await
+    }
+
+    /// With `auto_setup` off, checks once that every migration of the message table and the
+    /// tables beside it is recorded: a schema the application's own migrations did not bring
+    /// up to date is a [`TransportErrorKind::Config`] error naming the first missing
+    /// migration, never a table created behind its back.
+    ///
+    /// # Errors
+    /// A migration is missing, or the database failed.
+    pub async fn check_schema(&self) -> Result<(), TransportError> {
+        let Some(checked) = &self.schema_checked else {
+            return Ok(());
+        };
+        checked
+            .get_or_try_init(|| async {
+                let missing = self
+                    .attempt("checking the schema (auto_setup is off)", || {
+                        self.backend.missing_migrations()
+                    })
+                    .await?;
+                match missing.first() {
+                    None => Ok(()),
+                    Some(first) => Err(TransportError::new(
+                        TransportErrorKind::Config,
+                        self.name.clone(),
+                    )
+                    .with_context(format!(
+                        "the schema of table `{}` is missing or older than this Courier and \
+                         auto_setup is off: {first}{} (run `courier setup`, or apply the SQL of \
+                         `courier setup --print-sql` with your migration tool)",
+                        self.options.table_name,
+                        if missing.len() > 1 {
+                            format!(", and {} more", missing.len() - 1)
+                        } else {
+                            String::new()
+                        }
+                    ))),
+                }
+            })
+            .await
+            .map(|&()| ())
     }
 
     fn error(&self, context: &'static str, e: sqlx::Error) -> TransportError {
@@ -247,6 +382,18 @@ impl SqlTransport {
         statement.done();
         match result {
             Ok(value) => Ok(value),
+            Err(sqlx::Error::PoolTimedOut) if self.shared_pool.is_some() => {
+                let pool = self.shared_pool.as_ref().map_or("", |(_, d)| d.as_str());
+                Err(
+                    TransportError::new(TransportErrorKind::Timeout, self.name.clone())
+                        .with_context(format!(
+                            "{context}: {pool} had no free connection, every attempt timed out \
+                             (size it for the application's connections plus the transport's, \
+                             the PostgreSQL listener's included)"
+                        ))
+                        .with_source(sqlx::Error::PoolTimedOut),
+                )
+            }
             Err(e) => Err(self.error(context, self.backend.explain(e).await)),
         }
     }
@@ -372,10 +519,7 @@ impl SqlTransport {
 
     /// The deduplication key and TTL (ms) of each envelope's
     /// [`DeduplicateStamp`](courier_core::DeduplicateStamp); `None` when no envelope has one.
-    fn dedup_keys(
-        &self,
-        envelopes: &[Envelope],
-    ) -> Result<Option<Vec<Key>>, TransportError> {
+    fn dedup_keys(&self, envelopes: &[Envelope]) -> Result<Option<Vec<Key>>, TransportError> {
         if !envelopes.iter().any(|e| e.has::<DeduplicateStamp>()) {
             return Ok(None);
         }
@@ -654,6 +798,7 @@ impl Transport for SqlTransport {
         if envelopes.is_empty() {
             return Ok(envelopes);
         }
+        self.check_schema().await?;
         let rows = self.rows(&envelopes)?;
         if let Some(keys) = self.dedup_keys(&envelopes)? {
             // The keys are taken in the insert's transaction: a key exists exactly when its
@@ -679,6 +824,7 @@ impl Transport for SqlTransport {
     }
 
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.check_schema().await?;
         self.get_after(max, Vec::new()).await
     }
 
@@ -1219,8 +1365,21 @@ impl Queues for SqlTransport {
             );
         }
         let options = self.options.clone().queue_name(queue).auto_setup(false);
-        let view = Self::connect_with(self.name.clone(), &self.dsn, options, self.registry.clone())
-            .await?;
+        let view = match &self.shared_pool {
+            Some((pool, _)) => {
+                Self::from_pool(
+                    self.name.clone(),
+                    pool.clone(),
+                    options,
+                    self.registry.clone(),
+                )
+                .await?
+            }
+            None => {
+                Self::connect_with(self.name.clone(), &self.dsn, options, self.registry.clone())
+                    .await?
+            }
+        };
         Ok(Arc::new(view))
     }
 }

@@ -157,6 +157,46 @@ impl SqlRunStore {
         })
     }
 
+    /// The store on the application's own pool ([`courier_sql::SqlPool`], built with `.into()`
+    /// from a `SqlitePool`, `PgPool` or `MySqlPool`), sharing its connection budget with the
+    /// application and a transport built with
+    /// [`SqlTransport::from_pool`](courier_sql::SqlTransport::from_pool).
+    /// `options.max_connections` is the pool's own and ignored. The store never closes the pool,
+    /// and creates no table: call [`SqlRunStore::migrate`] (or apply the SQL of
+    /// `courier setup --print-sql`).
+    ///
+    /// # Errors
+    /// Bad table names.
+    pub fn from_pool(
+        pool: impl Into<courier_sql::SqlPool>,
+        options: SqlRunStoreOptions,
+    ) -> Result<Self, StoreError> {
+        for name in [&options.runs_table, &options.events_table] {
+            if !is_valid_identifier(name) {
+                return Err(StoreError::Corrupt(invalid_table_name(name)));
+            }
+        }
+        let pool: courier_sql::SqlPool = pool.into();
+        let dialect = pool.dialect();
+        let engine: Arc<dyn Engine> = match pool {
+            #[cfg(feature = "sqlite")]
+            courier_sql::SqlPool::Sqlite(pool) => Arc::new(engine::Runs::new(pool, &options, true)),
+            #[cfg(feature = "postgres")]
+            courier_sql::SqlPool::Postgres(pool) => {
+                Arc::new(engine::Runs::new(pool, &options, true))
+            }
+            #[cfg(feature = "mysql")]
+            courier_sql::SqlPool::Mysql(pool) => Arc::new(engine::Runs::new(pool, &options, false)),
+            #[allow(unreachable_patterns, reason = "courier-sql may have more dialects on")]
+            _ => return Err(StoreError::UnsupportedDsn(format!("{dialect:?} pool"))),
+        };
+        Ok(Self {
+            dialect,
+            options,
+            engine,
+        })
+    }
+
     /// Applies the run store's migrations not yet recorded (creating the tables on a fresh
     /// database), under the setup lock; returns those it recorded, oldest first.
     ///
