@@ -14,8 +14,10 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use courier_amqp::AmqpTransport;
 use courier_chaos::outbox::OutboxOrder;
 use courier_core::{Dsn, MessageBus, MessageRegistry};
+use courier_nats::NatsTransport;
 use courier_sql::{Inbox, InboxOptions, SqlTransport, dispatch_in};
 use courier_test::env::{amqp_url, nats_url, postgres_url, redis_url, unique_name};
 use tokio::process::{Child, Command};
@@ -29,6 +31,8 @@ struct Setup {
     effects: String,
     inbox: String,
     outbox_table: String,
+    /// Drops the outbox, effects and inbox tables when the test ends, pass or fail.
+    _tables: courier_test::Cleanup,
 }
 
 impl Setup {
@@ -92,9 +96,10 @@ impl Setup {
 async fn setup(destination: &str, outbox_options: &str) -> Setup {
     let dir = std::env::temp_dir().join(unique_name("courier_outbox_crash"));
     std::fs::create_dir_all(&dir).unwrap();
-    let outbox_table = unique_name("outbox_t");
-    let effects = unique_name("outbox_effects");
-    let inbox = unique_name("outbox_inbox");
+    let tables = courier_test::Cleanup::new();
+    let outbox_table = tables.postgres_table("outbox_t");
+    let effects = tables.postgres_table("outbox_effects");
+    let inbox = tables.postgres_table("outbox_inbox");
     let outbox_dsn = format!(
         "{}?table_name={outbox_table}&queue_name=outbox&redeliver_timeout=2s{outbox_options}",
         postgres_url()
@@ -146,6 +151,7 @@ async fn setup(destination: &str, outbox_options: &str) -> Setup {
         effects,
         inbox,
         outbox_table,
+        _tables: tables,
     }
 }
 
@@ -224,7 +230,8 @@ async fn every_committed_order_is_handled_exactly_once(destination: String, outb
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL and Redis: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_REDIS_URL"]
 async fn postgres_outbox_to_redis_survives_relay_and_consumer_kills() {
-    let stream = unique_name("outbox_stream");
+    let cleanup = courier_test::Cleanup::new();
+    let stream = cleanup.redis_name("outbox_stream");
     every_committed_order_is_handled_exactly_once(
         format!(
             "{}?stream={stream}&redeliver_timeout=2s&claim_interval=200ms",
@@ -240,7 +247,8 @@ async fn postgres_outbox_to_redis_survives_relay_and_consumer_kills() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL and Redis: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_REDIS_URL"]
 async fn postgres_cursor_outbox_to_redis_survives_relay_and_consumer_kills() {
-    let stream = unique_name("outbox_stream");
+    let cleanup = courier_test::Cleanup::new();
+    let stream = cleanup.redis_name("outbox_stream");
     every_committed_order_is_handled_exactly_once(
         format!(
             "{}?stream={stream}&redeliver_timeout=2s&claim_interval=200ms",
@@ -255,20 +263,40 @@ async fn postgres_cursor_outbox_to_redis_survives_relay_and_consumer_kills() {
 #[ignore = "needs PostgreSQL and RabbitMQ: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_AMQP_URL"]
 async fn postgres_outbox_to_rabbitmq_survives_relay_and_consumer_kills() {
     let queue = unique_name("outbox_queue");
-    every_committed_order_is_handled_exactly_once(
-        format!("{}?exchange={queue}&queues={queue}", amqp_url()),
-        "",
-    )
-    .await;
+    let dsn = format!("{}?exchange={queue}&queues={queue}", amqp_url());
+    let cleanup = courier_test::Cleanup::new();
+    cleanup.defer(format!("the AMQP exchange and queue {queue}"), {
+        let dsn = dsn.clone();
+        async move {
+            let dsn = Dsn::parse(&dsn).map_err(|e| e.to_string())?;
+            let t = AmqpTransport::connect("cleanup", &dsn, Arc::new(MessageRegistry::new()))
+                .await
+                .map_err(|e| e.to_string())?;
+            let deleted = t.delete_topology().await.map_err(|e| e.to_string());
+            t.close().await;
+            deleted
+        }
+    });
+    every_committed_order_is_handled_exactly_once(dsn, "").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL and NATS: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_NATS_URL"]
 async fn postgres_outbox_to_nats_survives_relay_and_consumer_kills() {
     let stream = unique_name("outbox_stream");
-    every_committed_order_is_handled_exactly_once(
-        format!("{}?stream={stream}&ack_wait=2s", nats_url()),
-        "",
-    )
-    .await;
+    let dsn = format!("{}?stream={stream}&ack_wait=2s", nats_url());
+    let cleanup = courier_test::Cleanup::new();
+    cleanup.defer(format!("the NATS stream {stream}"), {
+        let dsn = dsn.clone();
+        async move {
+            let dsn = Dsn::parse(&dsn).map_err(|e| e.to_string())?;
+            let t = NatsTransport::connect("cleanup", &dsn, Arc::new(MessageRegistry::new()))
+                .await
+                .map_err(|e| e.to_string())?;
+            let deleted = t.delete_stream().await.map_err(|e| e.to_string());
+            t.close().await;
+            deleted
+        }
+    });
+    every_committed_order_is_handled_exactly_once(dsn, "").await;
 }
