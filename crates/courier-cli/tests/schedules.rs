@@ -190,6 +190,11 @@ fn redis_schedules_send_one_message_per_tick_across_workers() {
             format!("{name}:schedule:tick"),
         ],
     };
+    // Each tick's deduplication key (`<stream>:dedup:schedule:tick:<ms>:ticks`).
+    let _dedup = DedupKeys {
+        url: dsn.clone(),
+        pattern: format!("{name}_ticks:dedup:*"),
+    };
     let sep = if dsn.contains('?') { '&' } else { '?' };
     three_workers_fire_each_tick_once_and_survive_a_killed_holder(
         &config(
@@ -199,4 +204,51 @@ fn redis_schedules_send_one_message_per_tick_across_workers() {
         ),
         Action::Message,
     );
+}
+
+/// Deletes the Redis keys matching `pattern` (a test's own) when dropped (best effort, bounded).
+#[cfg(feature = "redis")]
+struct DedupKeys {
+    url: String,
+    pattern: String,
+}
+
+#[cfg(feature = "redis")]
+impl Drop for DedupKeys {
+    fn drop(&mut self) {
+        let keys = RedisKeys {
+            url: self.url.clone(),
+            keys: common::block_on(async {
+                let Ok(client) = redis::Client::open(self.url.as_str()) else {
+                    return Vec::new();
+                };
+                let scan = async {
+                    let mut conn = client.get_multiplexed_async_connection().await?;
+                    let mut found: Vec<String> = Vec::new();
+                    let mut cursor = 0_u64;
+                    loop {
+                        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(&self.pattern)
+                            .arg("COUNT")
+                            .arg(1000)
+                            .query_async(&mut conn)
+                            .await?;
+                        found.extend(batch);
+                        if next == 0 {
+                            return Ok::<_, redis::RedisError>(found);
+                        }
+                        cursor = next;
+                    }
+                };
+                tokio::time::timeout(Duration::from_secs(10), scan)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or_default()
+            }),
+        };
+        drop(keys);
+    }
 }
