@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use courier_core::{CancellationToken, MessageBusBuilder, MessageRegistry};
 use courier_runs::{
-    Agent, AgentError, AgentOutcome, RunAgent, RunContext, RunStore, RunsConfig, Runtime,
-    ScriptedAgent, SqlRunStore, SqlRunStoreOptions, StoreError, async_trait,
+    Agent, AgentError, AgentOutcome, RunAgent, RunContext, RunSignal, RunStore, RunsConfig,
+    Runtime, ScriptedAgent, SqlRunStore, SqlRunStoreOptions, StoreError, async_trait,
 };
 
 use crate::connect::{Failure, until_up};
@@ -62,6 +62,7 @@ impl Agent for Shared {
 /// Registers the runs messages for decoding.
 pub(crate) fn register_messages(registry: &mut MessageRegistry) {
     registry.register::<RunAgent>();
+    registry.register::<RunSignal>();
 }
 
 /// The validated `[runs]` table (defaults when absent).

@@ -447,6 +447,55 @@ fn approve_and_input_resume_a_run_here(db: &Db) {
     assert!(done.contains("is completed"), "{done}");
 }
 
+/// A `courier.run_signal` message a producer wrote to a worker's transport wakes its run there;
+/// one that cannot be delivered (the run waits for another signal) goes to the failure
+/// transport, saying why, without a retry.
+fn a_run_signal_message_wakes_the_run_on_a_worker(db: &Db) {
+    let env = db.env();
+    let id = env.submit(r#"{"steps":[{"wait_signal":"paid"},{"output":"shipped"}]}"#);
+    let other = env.submit(r#"{"steps":[{"wait_signal":"paid"},{"output":"shipped"}]}"#);
+    consume(&env, 2);
+    let raw = |run: &str, name: &str| {
+        let body = json!({"run_id": run, "name": name, "data": {"amount": 42}, "by": "webhook"});
+        let headers = json!({"type": "courier.run_signal", "content-type": "application/json"});
+        db.sql(
+            &env,
+            &format!(
+                "INSERT INTO courier_messages (queue_name, body, headers, priority, created_at, \
+                 available_at) VALUES ('default', '{body}', '{headers}', 0, 0, 0)"
+            ),
+        );
+    };
+    raw(&id, "paid");
+    consume(&env, 2);
+    let run = env.show(&id);
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(
+        run["steps"][0]["output"]["received"]["data"],
+        json!({"amount": 42}),
+        "{run}"
+    );
+    assert_eq!(run["steps"][0]["output"]["received"]["by"], "webhook");
+
+    raw(&other, "refunded");
+    consume(&env, 1);
+    assert_eq!(env.show(&other)["status"], "waiting");
+    let failed = env.run(&["failed", "show", "--format", "json"]).json();
+    let failed = failed.as_array().expect("failed messages");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["type"], "courier.run_signal", "{failed:?}");
+    assert_eq!(
+        (
+            failed[0]["error_class"].as_str(),
+            failed[0]["retry_count"].as_u64()
+        ),
+        (Some("unrecoverable"), Some(0)),
+        "{failed:?}"
+    );
+    let error = failed[0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("waits for `paid`"), "{error}");
+}
+
 macro_rules! on_every_store {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -474,4 +523,5 @@ on_every_store!(
     show_lists_the_journal_and_signal_wakes_the_run,
     parked_steps_are_resolved_and_a_run_is_forked,
     approve_and_input_resume_a_run_here,
+    a_run_signal_message_wakes_the_run_on_a_worker,
 );
