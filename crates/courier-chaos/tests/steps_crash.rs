@@ -631,6 +631,9 @@ async fn kill_loop(place: &Place, runs: usize) {
                 run.termination_reason, run.requeue_count
             )),
         }
+        if run.status == RunStatus::Failed && run.termination_reason.is_none() {
+            failures.push(format!("{id}: failed without a termination reason"));
+        }
         if let Some(b) = budget
             && tokens > b.tokens_out.unwrap_or(u64::MAX) + 10
         {
@@ -652,10 +655,10 @@ async fn kill_loop(place: &Place, runs: usize) {
     assert!(kills >= 5, "[{}] only {kills} kill(s)", place.name);
     assert!(
         failures.is_empty(),
-        "[{}] {} failure(s):\n{}",
+        "[{}] {} failure(s), the first 40:\n{}",
         place.name,
         failures.len(),
-        failures.join("\n")
+        failures[..failures.len().min(40)].join("\n")
     );
     assert!(
         requeues > 0 && replays > 0,
