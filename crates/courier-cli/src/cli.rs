@@ -43,9 +43,24 @@ pub(crate) enum Format {
 pub(crate) enum Command {
     /// Create tables / queues / streams for every transport and the run store, or for the named
     /// transports only (idempotent)
+    ///
+    /// With --print-sql nothing connects: the complete DDL of every table the configuration
+    /// needs (each SQL transport's messages, workers, schedules, paused, limits and dedup
+    /// tables, the run store's runs, events and steps) is printed in order, with the rows each
+    /// `<table>_migrations` table records, for the application's own migration tool. Transports
+    /// then run with `auto_setup=false` and check that every migration is recorded.
     Setup {
         /// Transports to set up (default: every transport, and the run store)
         transports: Vec<String>,
+        /// Print the SQL instead of running it
+        #[arg(long)]
+        print_sql: bool,
+        /// With --print-sql: the database (default: each transport's and the run store's own)
+        #[arg(long, value_name = "postgres|mysql|sqlite", requires = "print_sql")]
+        dialect: Option<String>,
+        /// With --print-sql: the messages table (default: each SQL transport's `table_name`)
+        #[arg(long = "table", value_name = "NAME", requires = "print_sql")]
+        table: Option<String>,
     },
     /// Consume messages from transports (all non-failure transports when none is named)
     ///

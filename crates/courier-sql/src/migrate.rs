@@ -481,6 +481,35 @@ pub fn script(dialect: Dialect, set: &Migrations, tables: &[(&str, &str)]) -> St
     out
 }
 
+/// The SQL that sets up a message table `table` (validated by the caller) and the tables
+/// beside it on `dialect`, in the order [`SqlTransport::migrate`](crate::SqlTransport::migrate)
+/// applies them: the messages table, the worker registry, the schedules, paused queues and
+/// rate-limit buckets, the deduplication keys; each set followed by its version rows (see
+/// [`script`]).
+#[must_use]
+pub fn transport_script(dialect: Dialect, table: &str) -> String {
+    let workers = crate::workers::workers_table(table);
+    let schedules = crate::schedules::schedules_table(table);
+    let paused = crate::paused::paused_table(table);
+    let limits = crate::limits::limits_table(table);
+    let dedup = crate::dedup::dedup_table(table);
+    [
+        script(dialect, &MESSAGES, &[("{messages}", table)]),
+        script(dialect, &WORKERS, &[("{workers}", &workers)]),
+        script(
+            dialect,
+            &SCHEDULES,
+            &[
+                ("{schedules}", &schedules),
+                ("{paused}", &paused),
+                ("{limits}", &limits),
+            ],
+        ),
+        script(dialect, &DEDUP, &[("{dedup}", &dedup)]),
+    ]
+    .join("\n")
+}
+
 /// The count of `column` in `table` (both validated identifiers), as SQL.
 fn has_column(dialect: Dialect, table: &str, column: &str) -> String {
     match dialect {

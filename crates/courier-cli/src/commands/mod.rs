@@ -24,7 +24,13 @@ use crate::error::{CliError, CliResult};
 /// Runs a command that uses the loaded configuration.
 pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
     match command {
-        Command::Setup { transports } => setup::run(ctx, transports).await,
+        Command::Setup {
+            transports,
+            print_sql: true,
+            dialect,
+            table,
+        } => setup::print_sql(ctx, transports, dialect.as_deref(), table.as_deref()),
+        Command::Setup { transports, .. } => setup::run(ctx, transports).await,
         Command::Consume(args) => consume::run(ctx, args).await,
         Command::Relay(args) => relay::run(ctx, args).await,
         Command::Stats { transports, oldest } => stats::run(ctx, transports, *oldest).await,
