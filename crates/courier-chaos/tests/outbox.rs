@@ -231,10 +231,12 @@ async fn every_committed_order_is_handled_exactly_once(destination: String, outb
 #[ignore = "needs PostgreSQL and Redis: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_REDIS_URL"]
 async fn postgres_outbox_to_redis_survives_relay_and_consumer_kills() {
     let cleanup = courier_test::Cleanup::new();
+    // The group is the stream's name too: its worker registry `<group>:workers` is then the
+    // test's own (the default group's `courier:workers` was left behind).
     let stream = cleanup.redis_name("outbox_stream");
     every_committed_order_is_handled_exactly_once(
         format!(
-            "{}?stream={stream}&redeliver_timeout=2s&claim_interval=200ms",
+            "{}?stream={stream}&group={stream}&redeliver_timeout=2s&claim_interval=200ms",
             redis_url()
         ),
         "",
@@ -251,7 +253,7 @@ async fn postgres_cursor_outbox_to_redis_survives_relay_and_consumer_kills() {
     let stream = cleanup.redis_name("outbox_stream");
     every_committed_order_is_handled_exactly_once(
         format!(
-            "{}?stream={stream}&redeliver_timeout=2s&claim_interval=200ms",
+            "{}?stream={stream}&group={stream}&redeliver_timeout=2s&claim_interval=200ms",
             redis_url()
         ),
         "&cursor=true",
