@@ -25,6 +25,22 @@ struct MemoryHarness {
 }
 
 impl MemoryHarness {
+    /// A transport redelivering after `redeliver`, kept for `send_raw`.
+    fn make(&self, redeliver: Duration) -> Arc<dyn Transport> {
+        let options = InMemoryOptions::default()
+            .serialize(!self.values)
+            .redeliver_timeout(redeliver);
+        let transport = Arc::new(InMemoryTransport::with_options(
+            options,
+            courier_test::registry(),
+        ));
+        self.created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::clone(&transport));
+        transport
+    }
+
     fn concrete(&self, transport: &Arc<dyn Transport>) -> Arc<InMemoryTransport> {
         let wanted = Arc::as_ptr(transport).cast::<()>();
         let created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
@@ -38,18 +54,11 @@ impl MemoryHarness {
 #[async_trait]
 impl Harness for MemoryHarness {
     async fn transport(&self) -> Arc<dyn Transport> {
-        let options = InMemoryOptions::default()
-            .serialize(!self.values)
-            .redeliver_timeout(REDELIVER);
-        let transport = Arc::new(InMemoryTransport::with_options(
-            options,
-            courier_test::registry(),
-        ));
-        self.created
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::clone(&transport));
-        transport
+        self.make(REDELIVER)
+    }
+
+    async fn transport_with_redelivery(&self, window: Duration) -> Option<Arc<dyn Transport>> {
+        Some(self.make(window))
     }
 
     async fn expire_deliveries(&self, _transport: &Arc<dyn Transport>) {

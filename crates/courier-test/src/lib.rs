@@ -147,6 +147,18 @@ pub trait Harness: Send + Sync {
     /// Stores a message in wire form, as a producer in another language would.
     async fn send_raw(&self, transport: &Arc<dyn Transport>, encoded: Encoded);
 
+    /// A transport like [`Harness::transport`] (its own fresh queue) whose redelivery window is
+    /// `window`: a received message neither acked nor kept alive is delivered again about
+    /// `window` after it was received (SQL and Redis: `redeliver_timeout`; NATS: `ack_wait`),
+    /// and its [`Capabilities::redeliver_after`](courier_core::Capabilities::redeliver_after)
+    /// says so. The keepalive case waits it out to see that `keepalive` postpones the
+    /// redelivery. `None` (the default) only where the backend has no redelivery window
+    /// (`redeliver_after` is `None`: AMQP, whose deliveries stay with their consumer); for a
+    /// transport that has one, the keepalive case fails on `None`.
+    async fn transport_with_redelivery(&self, _window: Duration) -> Option<Arc<dyn Transport>> {
+        None
+    }
+
     /// Stores a poison message straight into the transport's storage with the raw driver
     /// (see [`Poison`]), as a buggy producer or a hand edit would; returns `false` when the
     /// storage cannot hold that kind of poison (the case then skips it).

@@ -46,6 +46,8 @@ enum Fault {
     FlakyAfterBreak,
     /// A connection break loses every stored message.
     LosesOnBreak,
+    /// `keepalive` accepts the delivery and does nothing (its redelivery window is unchanged).
+    KeepaliveDoesNothing,
 }
 
 #[derive(Debug)]
@@ -161,6 +163,13 @@ impl Transport for Faulty {
         self.inner.retry(envelope, delay).await
     }
 
+    async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        if self.fault == Fault::KeepaliveDoesNothing {
+            return Ok(());
+        }
+        self.inner.keepalive(envelope).await
+    }
+
     async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
         if self.fault == Fault::AckBatchFailsOnAcked {
             for e in envelopes {
@@ -198,6 +207,26 @@ struct FaultyHarness {
 }
 
 impl FaultyHarness {
+    /// A faulty transport over an in-memory one redelivering after `redeliver`.
+    fn make(&self, redeliver: Duration) -> Arc<dyn Transport> {
+        let registry = courier_test::registry();
+        let options = InMemoryOptions::default()
+            .serialize(true)
+            .redeliver_timeout(redeliver);
+        let inner = InMemoryTransport::with_options(options, Arc::clone(&registry));
+        let t = Arc::new(Faulty {
+            inner,
+            fault: self.fault,
+            registry,
+            failing: AtomicUsize::new(0),
+        });
+        self.created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::clone(&t));
+        t
+    }
+
     fn concrete(&self, transport: &Arc<dyn Transport>) -> Arc<Faulty> {
         let wanted = Arc::as_ptr(transport).cast::<()>();
         let created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
@@ -211,22 +240,11 @@ impl FaultyHarness {
 #[async_trait]
 impl Harness for FaultyHarness {
     async fn transport(&self) -> Arc<dyn Transport> {
-        let registry = courier_test::registry();
-        let options = InMemoryOptions::default()
-            .serialize(true)
-            .redeliver_timeout(REDELIVER);
-        let inner = InMemoryTransport::with_options(options, Arc::clone(&registry));
-        let t = Arc::new(Faulty {
-            inner,
-            fault: self.fault,
-            registry,
-            failing: AtomicUsize::new(0),
-        });
-        self.created
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::clone(&t));
-        t
+        self.make(REDELIVER)
+    }
+
+    async fn transport_with_redelivery(&self, window: Duration) -> Option<Arc<dyn Transport>> {
+        Some(self.make(window))
     }
 
     async fn expire_deliveries(&self, _transport: &Arc<dyn Transport>) {
@@ -442,4 +460,14 @@ async fn connection_loss_case_rides_out_transient_errors_and_catches_loss() {
         msg.contains("messages lost across the connection loss: [0, 1, 2, 3, 4]"),
         "{msg}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_case_catches_a_keepalive_that_does_nothing() {
+    catches(
+        case!(keepalive_on_live_delivery_is_ok),
+        Fault::KeepaliveDoesNothing,
+        "keepalive did not postpone the redelivery",
+    )
+    .await;
 }

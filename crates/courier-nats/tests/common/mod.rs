@@ -212,6 +212,11 @@ impl Harness for NatsHarness {
             .await
     }
 
+    async fn transport_with_redelivery(&self, window: Duration) -> Option<Arc<dyn Transport>> {
+        let options = Self::options(&Self::unique("courier_nats")).ack_wait(window);
+        Some(self.make(options).await)
+    }
+
     async fn expire_deliveries(&self, transport: &Arc<dyn Transport>) {
         let t = self.find(transport);
         tokio::time::timeout(OP, t.release_deliveries())

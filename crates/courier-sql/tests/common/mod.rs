@@ -210,6 +210,11 @@ impl Harness for SqlHarness {
         self.make("").await.0
     }
 
+    async fn transport_with_redelivery(&self, window: Duration) -> Option<Arc<dyn Transport>> {
+        let options = format!("&redeliver_timeout={}ms", window.as_millis());
+        Some(self.make(&options).await.0)
+    }
+
     async fn expire_deliveries(&self, transport: &Arc<dyn Transport>) {
         let (_, table) = self.find(transport);
         self.expire_table(&table).await;

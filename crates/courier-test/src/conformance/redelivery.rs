@@ -1,5 +1,9 @@
 //! Item 5: unacked deliveries come back; a superseded delivery's late ack deletes nothing;
-//! keepalive is accepted.
+//! keepalive is accepted and postpones the redelivery.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::support::{expect_count, expect_nothing, id, ok, receive, send_seqs, seq};
 use crate::Harness;
@@ -86,8 +90,14 @@ pub async fn late_ack_of_superseded_delivery_keeps_new_one(h: &dyn Harness) {
     expect_nothing(h, &t, "the acked redelivery came back").await;
 }
 
-/// `keepalive` on a live delivery succeeds and leaves it ackable. (How far it pushes the
-/// redelivery window out is backend-specific and proven by each backend's own tests.)
+/// `keepalive` on a live delivery succeeds, leaves it ackable, and postpones its redelivery:
+/// on a transport with a redelivery window `W` (from [`Harness::transport_with_redelivery`],
+/// at least 4 s and four poll windows), a message kept alive `W / 2` after it was received is
+/// still not delivered again past `W`, then is acked for good.
+///
+/// # Panics
+/// When the transport has a redelivery window and the harness gives no transport with a short
+/// one, or when the kept-alive message comes back.
 pub async fn keepalive_on_live_delivery_is_ok(h: &dyn Harness) {
     let t = h.transport().await;
     send_seqs(h, &t, [1]).await;
@@ -95,5 +105,53 @@ pub async fn keepalive_on_live_delivery_is_ok(h: &dyn Harness) {
     ok(h, "keepalive", t.keepalive(&got[0])).await;
     ok(h, "second keepalive", t.keepalive(&got[0])).await;
     ok(h, "ack after keepalive", t.ack(&got[0])).await;
+    expect_count(h, &t, 0, "after acking the kept-alive delivery").await;
+
+    let window = (h.poll_window() * 4).max(Duration::from_secs(4));
+    let Some(t) = h.transport_with_redelivery(window).await else {
+        let has = t.capabilities().redeliver_after;
+        assert!(
+            has.is_none(),
+            "the transport redelivers after {has:?} (capabilities().redeliver_after), but the \
+             harness's transport_with_redelivery gives no transport with a {window:?} window: \
+             the case cannot check that keepalive postpones the redelivery"
+        );
+        return;
+    };
+    assert_eq!(
+        t.capabilities().redeliver_after,
+        Some(window),
+        "transport_with_redelivery({window:?}) gave a transport with another redelivery window"
+    );
+    send_seqs(h, &t, [2]).await;
+    let got = receive(h, &t, 1, "the delivery to keep alive").await;
+    // The delivery happened before now: its window ends by `received + window`.
+    let received = Instant::now();
+    let keep_at = received + window / 2;
+    tokio::time::sleep_until(keep_at).await;
+    ok(
+        h,
+        "keepalive halfway through the window",
+        t.keepalive(&got[0]),
+    )
+    .await;
+    // Past the first window, and the `get` (at most a poll window) ends well before the
+    // kept-alive window (from `keep_at`, ending `window / 2` after the first) does.
+    let check_at = received + window + (window / 2 - h.poll_window()) / 2;
+    tokio::time::sleep_until(check_at).await;
+    expect_nothing(
+        h,
+        &t,
+        &format!(
+            "keepalive did not postpone the redelivery: a delivery kept alive {:?} after it was \
+             received, {:?} into its {window:?} window, was delivered again by {:?} after it \
+             was received",
+            keep_at - received,
+            window / 2,
+            check_at - received
+        ),
+    )
+    .await;
+    ok(h, "ack of the kept-alive delivery", t.ack(&got[0])).await;
     expect_count(h, &t, 0, "after acking the kept-alive delivery").await;
 }
