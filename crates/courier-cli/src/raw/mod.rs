@@ -11,8 +11,11 @@
 //! every id of the batch. RabbitMQ (lapin): a durable fanout exchange and a durable queue of
 //! their own; persistent, mandatory publishes of a batch on a confirm channel, then one wait for
 //! all their confirms; `basic.qos(fetch_size)` and `basic.consume` (push); the deliveries already
-//! pushed, up to `fetch_size`, are decoded and acked with one `basic.ack(multiple)`. Other
-//! transports have no raw implementation (`raw` is `null`).
+//! pushed, up to `fetch_size`, are decoded and acked with one `basic.ack(multiple)`. NATS
+//! (async-nats): a work-queue stream and a durable pull consumer of their own; a batch's
+//! publishes, then all their PubAcks; one `no_wait` fetch of up to `fetch_size`; every `+ACK`
+//! as a request, their answers awaited together. Other transports have no raw implementation
+//! (`raw` is `null`).
 //!
 //! [`floor`] is the raw side of `courier bench --latency`: a consumer already waiting the
 //! cheapest way the driver allows (see [`floor`]) and a sender on a connection of its own.
@@ -52,6 +55,10 @@ pub(crate) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Option<Figures>
         )
         .await
         .map(Some),
+        #[cfg(feature = "nats")]
+        "nats" => run(Arc::new(nats::Raw::connect(dsn).await?), work)
+            .await
+            .map(Some),
         _ => Ok(None),
     }
 }
@@ -91,7 +98,7 @@ pub(crate) fn body(seq: u64, size: usize) -> String {
 
 /// Decodes a body as JSON (the handler's decode) and returns its `seq`.
 #[cfg_attr(
-    not(any(feature = "sql", feature = "redis", feature = "amqp")),
+    not(any(feature = "sql", feature = "redis", feature = "amqp", feature = "nats")),
     allow(dead_code, reason = "used by the drivers")
 )]
 pub(crate) fn decode(body: &[u8], driver: &str) -> CliResult<u64> {
@@ -303,6 +310,8 @@ async fn run_on<D: Driver>(raw: &Arc<D>, work: &Work) -> CliResult<Figures> {
 
 #[cfg(feature = "amqp")]
 pub(crate) mod amqp;
+#[cfg(feature = "nats")]
+mod nats;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
