@@ -125,7 +125,8 @@ fn kinds(target: Target) -> Vec<Raw> {
             headers: None,
         },
     ];
-    if target != Target::Rabbitmq {
+    // RabbitMQ and NATS carry headers as a table, not as one JSON text.
+    if !matches!(target, Target::Rabbitmq | Target::Nats) {
         out.push(Raw {
             kind: "headers-not-json",
             body: json("headers-not-json"),
@@ -178,6 +179,13 @@ pub enum Storage {
         url: String,
         /// The stream key.
         stream: String,
+    },
+    /// A NATS JetStream subject (poison only: the failure transport is SQLite).
+    Nats {
+        /// The server.
+        url: String,
+        /// The subject the transport's stream captures.
+        subject: String,
     },
     /// A RabbitMQ queue (poison only: the failure transport is SQLite).
     Amqp {
@@ -295,8 +303,60 @@ pub async fn inject(
             }
             let _ = conn.close(200, "done".into()).await;
         }
+        Storage::Nats { url, subject } => {
+            let js = nats_connect(url).await?;
+            for raw in kinds(target) {
+                let mut headers = async_nats::HeaderMap::new();
+                if let Some(h) = &raw.headers {
+                    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(h)?;
+                    for (k, v) in map {
+                        headers.insert(k.as_str(), v.as_str().unwrap_or_default());
+                    }
+                }
+                let body = match &raw.body {
+                    Body::Text(t) => t.clone().into_bytes(),
+                    Body::Bytes(b) => b.clone(),
+                    Body::Integer(i) => i.to_string().into_bytes(),
+                };
+                let stored = match js
+                    .publish_with_headers(subject.clone(), headers, body.into())
+                    .await
+                {
+                    Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match stored {
+                    Ok(()) => written.push(raw.poison()),
+                    Err(e) => refused.push(format!("{}: {e}", raw.kind)),
+                }
+            }
+        }
     }
     Ok((written, refused))
+}
+
+/// A JetStream context on the server of a `nats://host:port` URL.
+async fn nats_connect(url: &str) -> anyhow::Result<async_nats::jetstream::Context> {
+    let address = url.trim_start_matches("nats://").trim_end_matches('/');
+    let client = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        async_nats::connect(address),
+    )
+    .await
+    .context("poison: nats connect timed out")??;
+    Ok(async_nats::jetstream::new(client))
+}
+
+/// The messages still stored in a NATS stream (a work queue keeps exactly those not acked or
+/// rejected, delayed ones included).
+///
+/// # Errors
+/// A connection failure, or no such stream.
+pub async fn nats_stored(url: &str, stream: &str) -> anyhow::Result<i64> {
+    let js = nats_connect(url).await?;
+    let mut stream = js.get_stream(stream).await?;
+    let info = stream.info().await?;
+    Ok(i64::try_from(info.state.messages).unwrap_or(i64::MAX))
 }
 
 /// Reads the failure storage raw: the `failed` queue of a SQL table, or a Redis stream.
@@ -375,6 +435,7 @@ pub async fn failed_rows(storage: &Storage) -> anyhow::Result<Vec<FailedRow>> {
             Ok(out)
         }
         Storage::Amqp { .. } => anyhow::bail!("an AMQP queue is not listable"),
+        Storage::Nats { .. } => anyhow::bail!("a NATS stream is not listable here"),
     }
 }
 

@@ -38,16 +38,19 @@ pub enum Target {
     Redis,
     /// A second RabbitMQ node.
     Rabbitmq,
+    /// A private nats-server with JetStream (its own store directory).
+    Nats,
 }
 
 impl Target {
     /// Every transport, in the order the suite runs them.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Sqlite,
         Self::Postgres,
         Self::Mariadb,
         Self::Redis,
         Self::Rabbitmq,
+        Self::Nats,
     ];
 
     /// The name used on the command line and in the report.
@@ -59,6 +62,7 @@ impl Target {
             Self::Mariadb => "mariadb",
             Self::Redis => "redis",
             Self::Rabbitmq => "rabbitmq",
+            Self::Nats => "nats",
         }
     }
 
@@ -71,6 +75,7 @@ impl Target {
             Self::Mariadb => Some(Kind::Mariadb),
             Self::Redis => Some(Kind::Redis),
             Self::Rabbitmq => Some(Kind::Rabbitmq),
+            Self::Nats => Some(Kind::Nats),
         }
     }
 }
@@ -82,7 +87,9 @@ impl FromStr for Target {
             .into_iter()
             .find(|t| t.name() == s)
             .ok_or_else(|| {
-                format!("unknown transport `{s}` (sqlite, postgres, mariadb, redis, rabbitmq)")
+                format!(
+                    "unknown transport `{s}` (sqlite, postgres, mariadb, redis, rabbitmq, nats)"
+                )
             })
     }
 }
@@ -178,7 +185,7 @@ struct Layout {
     failed: Storage,
 }
 
-fn layout(target: Target, dir: &Path, server: Option<&Server>) -> Layout {
+fn layout(target: Target, dir: &Path, server: Option<&Server>, plan: &Plan) -> Layout {
     let sqlite = |file: &str| format!("sqlite://{}", dir.join(file).display());
     let runs = format!("{}?mode=rwc", sqlite("runs.db"));
     let base = server.map(Server::dsn).unwrap_or_default();
@@ -215,6 +222,21 @@ fn layout(target: Target, dir: &Path, server: Option<&Server>) -> Layout {
             failed: Storage::Redis {
                 url: base,
                 stream: "failed".into(),
+            },
+        },
+        // The redelivery window is JetStream's ack_wait, set in the DSN (the transport has no
+        // `redeliver_timeout`); the failure transport is SQLite, as for RabbitMQ.
+        Target::Nats => Layout {
+            dsn: format!("{base}/chaos?ack_wait={}", humantime(plan.redeliver)),
+            failed_dsn: format!("{}?mode=rwc&queue_name=failed", sqlite("failed.db")),
+            store: runs,
+            options: false,
+            poison: Storage::Nats {
+                url: base,
+                subject: "chaos.messages".into(),
+            },
+            failed: Storage::Sql {
+                url: sqlite("failed.db"),
             },
         },
         Target::Rabbitmq => Layout {
@@ -450,7 +472,7 @@ async fn run_in(
     };
     let sink_path = dir.join("sink.db");
     let sink = sink::open(&sink_path).await?;
-    let layout = layout(target, dir, server.as_ref());
+    let layout = layout(target, dir, server.as_ref(), plan);
     let config_path = dir.join("chaos.toml");
     std::fs::write(&config_path, config_text(&layout, plan))?;
     setup(worker, &config_path, dir).await?;
@@ -611,6 +633,9 @@ async fn run_in(
     }
     if target == Target::Rabbitmq {
         report.notes.push("the server restarts are kill -9 and restart of a second RabbitMQ node (not only connection loss)".into());
+    }
+    if target == Target::Nats {
+        report.notes.push("the server restarts are kill -9 and restart of a private nats-server on its JetStream store (file storage)".into());
     }
 
     // Drain: wait for every message and every run, at most drain_limit after the last kill.
@@ -870,6 +895,7 @@ async fn leftovers(report: &mut Report, storage: &Storage) {
             },
             Err(_) => None,
         },
+        Storage::Nats { url, .. } => poison::nats_stored(url, "chaos").await.ok(),
         Storage::Amqp { .. } => None,
     };
     if let Some(n) = count.filter(|n| *n > 0) {

@@ -1,6 +1,6 @@
 //! Private server instances on free loopback ports, which the harness may kill (`kill -9` of the
 //! whole process group) and restart on the same port and data directory. The shared servers
-//! (5432, 3306, 6379, 5672) are never touched.
+//! (5432, 3306, 6379, 5672, 4222) are never touched.
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -23,6 +23,8 @@ pub enum Kind {
     Redis,
     /// A second RabbitMQ node (`RABBITMQ_NODENAME=chaos-...@localhost`).
     Rabbitmq,
+    /// `nats-server -js` with a JetStream store directory of its own.
+    Nats,
 }
 
 impl Kind {
@@ -47,6 +49,7 @@ impl Kind {
             ],
             Self::Redis => &[("redis-server", "redis-server")],
             Self::Rabbitmq => &[("rabbitmq-server", "rabbitmq-server")],
+            Self::Nats => &[("nats-server", "nats-server")],
         }
     }
 }
@@ -65,10 +68,17 @@ fn found(bin: &str) -> bool {
     if bin.contains('/') {
         return Path::new(bin).exists();
     }
+    locate(bin).is_some()
+}
+
+/// Where `bin` is on `PATH` or in `/usr/sbin`, `/sbin` (Debian puts `nats-server` there, off an
+/// ordinary user's `PATH`).
+fn locate(bin: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin".into(), "/sbin".into()])
-        .any(|dir| dir.join(bin).exists())
+        .map(|dir| dir.join(bin))
+        .find(|candidate| candidate.exists())
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released).
@@ -174,7 +184,7 @@ impl Server {
         self.keep = true;
     }
 
-    /// The DSN Courier uses (database `postgres`, `chaos`, or vhost `/`).
+    /// The DSN Courier uses (database `postgres`, `chaos`, vhost `/`, or the bare server).
     #[must_use]
     pub fn dsn(&self) -> String {
         let p = self.port;
@@ -183,6 +193,7 @@ impl Server {
             Kind::Mariadb => format!("mysql://root@127.0.0.1:{p}/chaos"),
             Kind::Redis => format!("redis://127.0.0.1:{p}"),
             Kind::Rabbitmq => format!("amqp://guest:guest@127.0.0.1:{p}/%2f"),
+            Kind::Nats => format!("nats://127.0.0.1:{p}"),
         }
     }
 
@@ -233,7 +244,7 @@ impl Server {
                 .stdout(self.log()?)
                 .stderr(self.log()?)
                 .status()?,
-            Kind::Redis => {
+            Kind::Redis | Kind::Nats => {
                 std::fs::create_dir_all(&data)?;
                 return Ok(());
             }
@@ -340,6 +351,14 @@ impl Server {
                     .env("RABBITMQ_CONFIG_FILE", self.dir.join("rabbitmq.conf"));
                 c
             }
+            Kind::Nats => {
+                // A server name of its own: JetStream keeps its store under it.
+                let mut c =
+                    Command::new(locate("nats-server").unwrap_or_else(|| "nats-server".into()));
+                c.args(["-a", "127.0.0.1", "-p", &port, "-js", "-n", "chaos"]);
+                c.arg("-sd").arg(&data);
+                c
+            }
         };
         cmd.process_group(0)
             .stdin(Stdio::null())
@@ -368,6 +387,17 @@ impl Server {
                     match client.get_multiplexed_async_connection().await {
                         Ok(mut c) => redis::cmd("PING")
                             .query_async::<String>(&mut c)
+                            .await
+                            .is_ok(),
+                        Err(_) => false,
+                    }
+                }
+                Kind::Nats => {
+                    // Accepting connections is not enough: JetStream must have recovered its
+                    // store and answer its API.
+                    match async_nats::connect(format!("127.0.0.1:{}", self.port)).await {
+                        Ok(client) => async_nats::jetstream::new(client)
+                            .query_account()
                             .await
                             .is_ok(),
                         Err(_) => false,

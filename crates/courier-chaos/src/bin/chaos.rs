@@ -2,7 +2,7 @@
 //! plus every failed check. Exit 0 when every check passed, 1 otherwise, 2 on bad usage.
 //!
 //! ```text
-//! chaos [--long] [--messages N] [--runs N] [TRANSPORT...]   (sqlite postgres mariadb redis rabbitmq)
+//! chaos [--long] [--messages N] [--runs N] [TRANSPORT...]   (sqlite postgres mariadb redis rabbitmq nats)
 //! ```
 
 use std::path::PathBuf;
@@ -10,8 +10,7 @@ use std::process::ExitCode;
 
 use courier_chaos::scenario::{Plan, Target};
 
-const USAGE: &str =
-    "usage: chaos [--long] [--messages N] [--runs N] [sqlite|postgres|mariadb|redis|rabbitmq ...]";
+const USAGE: &str = "usage: chaos [--long] [--messages N] [--runs N] [sqlite|postgres|mariadb|redis|rabbitmq|nats ...]";
 
 fn parse() -> Result<(Plan, Vec<Target>), String> {
     let mut plan = Plan::short();
