@@ -1535,6 +1535,8 @@ mod tests {
             applied: std::sync::Mutex::new(Vec::new()),
             strays_checked: std::sync::Mutex::new(Instant::now()),
             dedup_prune: crate::dedup::PruneClock::new(),
+            shared_pool: None,
+            schema_checked: None,
         };
         let wake = transport.wake.clone();
         let notify = async {
