@@ -430,6 +430,20 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         data: String,
     },
+    /// Delete finished runs older than --older-than (by when they finished), with their events
+    /// and steps, in batches; prints how many
+    Prune {
+        /// Age of the runs to delete (e.g. 30d, 12h)
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Duration,
+        /// Only runs with these statuses (comma-separated; terminal ones: completed, failed,
+        /// cancelled; default all three)
+        #[arg(long, value_delimiter = ',', value_name = "STATUS")]
+        status: Vec<String>,
+        /// Runs deleted per batch (one transaction each)
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=500))]
+        batch: u64,
+    },
 }
 
 /// How `courier runs resolve` resolves a parked step.

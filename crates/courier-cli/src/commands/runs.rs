@@ -103,6 +103,11 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
             }
             Ok(())
         }
+        RunsCommand::Prune {
+            older_than,
+            status,
+            batch,
+        } => prune(ctx, &config, *older_than, status, *batch).await,
         RunsCommand::Signal { id, name, data, by } => {
             let id = parse_id(id)?;
             let data = parse_json("--data", data)?;
@@ -162,6 +167,63 @@ fn parse_id(id: &str) -> CliResult<Uuid> {
 
 fn runtime_error(e: impl std::error::Error + 'static) -> CliError {
     CliError::runtime(chain(&e))
+}
+
+/// `courier runs prune`: batches of finished runs deleted until one comes back short.
+async fn prune(
+    ctx: &Ctx<'_>,
+    config: &RunsConfig,
+    older_than: std::time::Duration,
+    status: &[String],
+    batch: u64,
+) -> CliResult {
+    let statuses = if status.is_empty() {
+        courier_runs::PRUNABLE.to_vec()
+    } else {
+        status
+            .iter()
+            .map(|s| {
+                let parsed: RunStatus = s.parse().map_err(|e| {
+                    CliError::usage(format!("--status: {e} (completed, failed or cancelled)"))
+                })?;
+                if parsed.is_terminal() {
+                    Ok(parsed)
+                } else {
+                    Err(CliError::usage(format!(
+                        "--status: `{s}` is not a finished status; only completed, failed and \
+                         cancelled runs are pruned"
+                    )))
+                }
+            })
+            .collect::<CliResult<Vec<_>>>()?
+    };
+    let store = open_store(config).await?;
+    let batch = usize::try_from(batch).unwrap_or(500);
+    let mut deleted = 0;
+    loop {
+        let n = store
+            .prune(older_than, &statuses, batch)
+            .await
+            .map_err(runtime_error)?;
+        deleted += n;
+        if n < batch as u64 {
+            break;
+        }
+    }
+    let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
+    if ctx.json() {
+        return ctx.print_json(&json!({
+            "deleted": deleted,
+            "older_than": humantime::format_duration(older_than).to_string(),
+            "statuses": names,
+        }));
+    }
+    println!(
+        "Deleted {deleted} run(s) ({}) finished more than {} ago, with their events and steps.",
+        names.join(", "),
+        humantime::format_duration(older_than)
+    );
+    Ok(())
 }
 
 async fn find(store: &Arc<dyn RunStore>, id: Uuid) -> CliResult<Run> {
