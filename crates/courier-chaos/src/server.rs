@@ -395,11 +395,13 @@ impl Server {
                 Kind::Nats => {
                     // Accepting connections is not enough: JetStream must have recovered its
                     // store and answer its API.
+                    // (`$JS.API.INFO` answered; async-nats's typed account info does not parse
+                    // nats-server 2.9's answer).
                     match async_nats::connect(format!("127.0.0.1:{}", self.port)).await {
-                        Ok(client) => async_nats::jetstream::new(client)
-                            .query_account()
+                        Ok(client) => client
+                            .request("$JS.API.INFO", "".into())
                             .await
-                            .is_ok(),
+                            .is_ok_and(|reply| !reply.payload.is_empty()),
                         Err(_) => false,
                     }
                 }
