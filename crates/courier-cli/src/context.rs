@@ -93,8 +93,8 @@ impl<'a> Ctx<'a> {
             None => (EMBEDDED_CONFIG.parse::<Config>()?, Source::Embedded),
         };
         for t in config.transports.values() {
-            if let Some(p) = t.dsn.password() {
-                remember_secret(p);
+            for secret in t.dsn.secrets() {
+                remember_secret(secret);
             }
         }
         check_middleware(app, &config)?;

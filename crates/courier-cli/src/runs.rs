@@ -82,10 +82,10 @@ pub(crate) fn settings(ctx: &Ctx<'_>) -> CliResult<RunsConfig> {
 /// The store DSN as sqlx wants it: SQLite files are created when missing.
 pub(crate) fn store_dsn(configured: Option<&str>) -> String {
     let dsn = configured.unwrap_or(DEFAULT_STORE);
-    if let Ok(parsed) = courier_core::Dsn::parse(dsn)
-        && let Some(p) = parsed.password()
-    {
-        remember_secret(p);
+    if let Ok(parsed) = courier_core::Dsn::parse(dsn) {
+        for secret in parsed.secrets() {
+            remember_secret(secret);
+        }
     }
     if dsn.starts_with("sqlite:") && !dsn.contains("mode=") {
         let sep = if dsn.contains('?') { '&' } else { '?' };

@@ -191,6 +191,36 @@ fn a_server_that_is_down_gives_a_clear_error_without_the_password() {
     bad.fails(2);
 }
 
+/// A token written in the user's place (`redis://TOKEN@host`, `nats://TOKEN@host`) is
+/// hidden like a password: in the error about the server and in `bench`'s.
+#[test]
+fn a_token_in_the_users_place_is_never_printed() {
+    let env = Env::empty();
+    let mut dsns = vec!["redis://hunter2token@127.0.0.1:1"];
+    if cfg!(feature = "nats") {
+        dsns.push("nats://hunter2token@127.0.0.1:1");
+    }
+    for dsn in dsns {
+        env.write(
+            "down.toml",
+            &format!("[transports.async]\ndsn = \"{dsn}\"\n"),
+        );
+        for args in [
+            &["--config", "down.toml", "stats"][..],
+            &["--config", "down.toml", "-v", "setup"][..],
+            &["bench", "--dsn", dsn, "--messages", "10"][..],
+        ] {
+            let out = env.run(args);
+            assert!(out.code == 1 || out.code == 2, "{args:?}: {out:?}");
+            out.fails(out.code);
+            assert!(
+                !out.stderr.contains("hunter2token") && !out.stdout.contains("hunter2token"),
+                "{args:?}: {out:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_reap_interval_longer_than_the_lease_names_the_flag() {
     let env = Env::with_config();

@@ -66,6 +66,24 @@ fn consume_retries_a_redis_server_that_is_down_until_sigterm() {
     assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
 }
 
+/// The same with a token in the user's place: the log lines name the server, not the token.
+#[cfg(feature = "redis")]
+#[test]
+fn retry_logs_never_show_a_redis_token() {
+    let env = Env::empty();
+    let port = closed_port();
+    let stderr = consume_while_down(
+        &env,
+        &format!("[transports.async]\ndsn = \"redis://hunter2token@127.0.0.1:{port}\"\n"),
+    );
+    assert_retried(&stderr, "transport `async`");
+    assert!(
+        stderr.contains(&format!("***@127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2token"), "{stderr}");
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn consume_retries_a_database_that_is_down_until_sigterm() {

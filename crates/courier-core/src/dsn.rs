@@ -1,5 +1,8 @@
 //! DSNs: `scheme://user:password@host:port/path?option=value`, with the password redacted in
-//! every `Debug` and `Display`.
+//! every `Debug` and `Display`, and so is a token written in the user's place
+//! (`nats://TOKEN@host`, `redis://TOKEN@host`): user info without a `:` is shown only for the
+//! schemes that read it as a user name (`postgres`, `postgresql`, `mysql`, `mariadb`, `amqp`,
+//! `amqps`).
 //!
 //! A password may hold `+` and `=` as written (base64 secrets often do): `+` is a plus, never a
 //! space. `/`, `?` and `#` end the host part of a URL, so in a password they must be
@@ -56,18 +59,41 @@ impl DsnError {
     }
 }
 
+/// The schemes whose user info without a `:` is a user name, shown as written
+/// (`postgres://app@db`); under any other scheme it is taken for a token (`nats://TOKEN@host`,
+/// `redis://TOKEN@host`) and redacted like a password (`nats://***@host`).
+const USER_NAME_SCHEMES: &[&str] = &[
+    "postgres",
+    "postgresql",
+    "mysql",
+    "mariadb",
+    "amqp",
+    "amqps",
+];
+
+/// Whether user info without a `:` is a user name under `scheme` (else it may be a token).
+fn lone_user_is_a_name(scheme: &str) -> bool {
+    USER_NAME_SCHEMES
+        .iter()
+        .any(|s| s.eq_ignore_ascii_case(scheme))
+}
+
 /// Redacts the password of anything that looks like a DSN (for error messages and logs).
 ///
 /// The rule does not depend on the DSN parsing: everything between `://` and the last `@`
 /// after it is the user info, shown as `user:***` (the user is what comes before its first
 /// `:`). So a password holding `/`, `?`, `#` or `@` is hidden even in a DSN that is otherwise
-/// malformed. Query options named like secrets (`password`, `token`, ...) are redacted too.
+/// malformed. User info without a `:` is shown only under the schemes that read it as a user
+/// name (`postgres`, `postgresql`, `mysql`, `mariadb`, `amqp`, `amqps`); under any other it may
+/// be a token (`nats://TOKEN@host`) and is shown as `***`. Query options
+/// named like secrets (`password`, `token`, ...) are redacted too.
 ///
 /// ```
 /// assert_eq!(
 ///     courier_core::redact("postgres://app:ab/cd+ef==@db:5432/app"),
 ///     "postgres://app:***@db:5432/app"
 /// );
+/// assert_eq!(courier_core::redact("nats://s3cr3t@db:4222"), "nats://***@db:4222");
 /// ```
 #[must_use]
 pub fn redact(raw: &str) -> String {
@@ -80,12 +106,26 @@ pub fn redact(raw: &str) -> String {
             let userinfo = &raw[start..start + at];
             match userinfo.split_once(':') {
                 Some((user, _)) => format!("{}{user}:***{}", &raw[..start], &raw[start + at..]),
-                None => raw.to_owned(),
+                None if userinfo.is_empty()
+                    || lone_user_is_a_name(scheme_of(&raw[..scheme_end])) =>
+                {
+                    raw.to_owned()
+                }
+                None => format!("{}***{}", &raw[..start], &raw[start + at..]),
             }
         }
         None => raw.to_owned(),
     };
     redact_query_secrets(&out)
+}
+
+/// The scheme ending `text` (what precedes `://`): its last run of scheme characters, so
+/// ``"`postgres"`` gives `postgres`.
+fn scheme_of(text: &str) -> &str {
+    let start = text
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        .map_or(0, |i| i + 1);
+    &text[start..]
 }
 
 /// Where the user info of the text after `//` ends: its last `@`. `None` when there is no `@`,
@@ -298,6 +338,26 @@ impl Dsn {
     #[must_use]
     pub fn password(&self) -> Option<&str> {
         self.password.as_deref()
+    }
+
+    /// Every secret the DSN holds, to scrub from text that did not go through [`redact`]
+    /// (a driver's error quoting one): the password, the user info without a `:` under a
+    /// scheme that does not read it as a user name (a token: `nats://TOKEN@host`, see
+    /// [`redact`]), and the values of query options named like secrets
+    /// (`password`, `token`, ...). Never log them.
+    #[must_use]
+    pub fn secrets(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = self.password.iter().map(String::as_str).collect();
+        if self.password.is_none() && !lone_user_is_a_name(&self.scheme) {
+            out.extend(self.user.as_deref().filter(|u| !u.is_empty()));
+        }
+        out.extend(
+            self.options
+                .iter()
+                .filter(|(k, v)| is_secret_key(k) && !v.is_empty())
+                .map(|(_, v)| v.as_str()),
+        );
+        out
     }
 
     /// The host.
@@ -581,6 +641,83 @@ mod tests {
             dsn("sqlite://dir/a+b.db?x=1").expose(),
             "sqlite://dir/a+b.db?x=1"
         );
+    }
+
+    #[test]
+    fn a_token_in_the_users_place_never_shows() {
+        for (raw, shown) in [
+            ("nats://s3cr3tT0ken@host:4222", "nats://***@host:4222"),
+            ("redis://s3cr3tT0ken@host:6379/0", "redis://***@host:6379/0"),
+            ("rediss://s3cr3tT0ken@host?db=1", "rediss://***@host?db=1"),
+            ("NATS://s3cr3tT0ken@host", "NATS://***@host"),
+            ("x-custom+tls://s3cr3tT0ken@host", "x-custom+tls://***@host"),
+            // In a message, as `scrub` sees each word.
+            ("`nats://s3cr3tT0ken@host`:", "`nats://***@host`:"),
+            ("(redis://s3cr3tT0ken@h)", "(redis://***@h)"),
+            // Where a lone user info is a user name, it stays.
+            ("postgres://app@db/app", "postgres://app@db/app"),
+            ("postgresql://app@db/app", "postgresql://app@db/app"),
+            ("mysql://root@db:3306/x", "mysql://root@db:3306/x"),
+            ("mariadb://root@db/x", "mariadb://root@db/x"),
+            ("amqp://guest@host/%2f", "amqp://guest@host/%2f"),
+            ("AMQPS://guest@host", "AMQPS://guest@host"),
+            ("redis://@host", "redis://@host"),
+        ] {
+            assert_eq!(redact(raw), shown, "{raw}");
+        }
+        let d = dsn("nats://s3cr3tT0ken@host:4222?stream=s");
+        assert_eq!(d.user(), Some("s3cr3tT0ken"));
+        for shown in [format!("{d}"), format!("{d:?}"), format!("{d:#?}")] {
+            assert!(!shown.contains("s3cr3tT0ken"), "{shown}");
+            assert!(shown.contains("nats://***@host:4222?stream=s"), "{shown}");
+        }
+        let d = dsn("redis://s3cr3tT0ken@host");
+        assert_eq!(d.to_string(), "redis://***@host");
+        assert!(!format!("{d:?}").contains("s3cr3tT0ken"));
+        // Errors about the DSN.
+        let bad_port = Dsn::parse("nats://s3cr3tT0ken@host:notaport")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            bad_port.contains("nats://***@host:notaport") && bad_port.contains("invalid port"),
+            "{bad_port}"
+        );
+        let unknown = dsn("redis://s3cr3tT0ken@host?colour=red")
+            .check_options(&["stream"])
+            .err()
+            .map(|e| format!("{e} {e:?}"))
+            .unwrap_or_default();
+        assert!(unknown.contains("unknown option `colour`"), "{unknown}");
+        assert!(!unknown.contains("s3cr3tT0ken"), "{unknown}");
+        let bad_value = dsn("nats://s3cr3tT0ken@host?ack_wait=soon")
+            .duration_option("ack_wait")
+            .err()
+            .map(|e| format!("{e} {e:?}"))
+            .unwrap_or_default();
+        assert!(bad_value.contains("ack_wait"), "{bad_value}");
+        assert!(!bad_value.contains("s3cr3tT0ken"), "{bad_value}");
+    }
+
+    #[test]
+    fn secrets_name_the_password_the_token_and_secret_options() {
+        assert_eq!(
+            dsn("postgres://app:hunter2@db/app?sslmode=disable").secrets(),
+            ["hunter2"]
+        );
+        assert!(dsn("postgres://app@db/app").secrets().is_empty());
+        assert!(dsn("sqlite://courier.db").secrets().is_empty());
+        assert_eq!(dsn("nats://s3cr3tT0ken@host").secrets(), ["s3cr3tT0ken"]);
+        assert_eq!(dsn("redis://s%2Fcr3t@host").secrets(), ["s/cr3t"]);
+        assert_eq!(
+            dsn("nats://host?token=t0k3n&stream=s&password=").secrets(),
+            ["t0k3n"]
+        );
+        assert_eq!(
+            dsn("redis://user:pw@host?auth_token=abc").secrets(),
+            ["pw", "abc"]
+        );
+        assert!(dsn("redis://@host").secrets().is_empty());
     }
 
     #[test]

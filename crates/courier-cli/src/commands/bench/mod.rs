@@ -86,8 +86,8 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &BenchArgs) -> CliResult 
             )
         }
     };
-    if let Some(p) = dsn.password() {
-        crate::error::remember_secret(p);
+    for secret in dsn.secrets() {
+        crate::error::remember_secret(secret);
     }
     let result = if args.runs {
         runs_mode(app, cli, args, &dsn).await

@@ -43,8 +43,8 @@ pub(crate) async fn measure(
         .as_deref()
         .ok_or_else(|| CliError::usage("--relay needs --to DESTINATION_DSN"))?;
     let to = Dsn::parse(to).map_err(|e| CliError::usage(format!("--to: {e}")))?;
-    if let Some(p) = to.password() {
-        crate::error::remember_secret(p);
+    for secret in to.secrets() {
+        crate::error::remember_secret(secret);
     }
     let queue = format!("bench_relay_{}", fastrand::u32(..));
     let (from_dsn, to_dsn) = (
