@@ -51,7 +51,8 @@ pub(crate) async fn run(
     let id = parse_id(&id)?;
     let run = find(&shared, id).await?;
     let events = shared.store.events(id).await?;
-    Ok(Json(run.to_json_with_events(&events)))
+    let steps = shared.store.steps(id).await?;
+    Ok(Json(run.to_json_with_steps(&events, &steps)))
 }
 
 pub(crate) async fn events(

@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use courier_core::TransportError;
 use courier_core::failed::RetryFailedError;
-use courier_runs::StoreError;
+use courier_runs::{RunError, StoreError};
 
 /// What went wrong serving a request. Messages name ids and transports, never message bodies.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +28,10 @@ pub enum DashboardError {
     /// A missing or wrong CSRF token.
     #[error("{0}")]
     Forbidden(String),
+    /// An action on a run was refused (not found, not in the status it needs, another signal
+    /// awaited) or failed (store, dispatch).
+    #[error(transparent)]
+    Run(#[from] RunError),
     /// The listener failed.
     #[error("the listener failed")]
     Io(#[source] std::io::Error),
@@ -42,6 +46,12 @@ impl DashboardError {
             Self::Retry(RetryFailedError::Transport(_)) => StatusCode::BAD_GATEWAY,
             Self::Retry(_) => StatusCode::CONFLICT,
             Self::Store(_) | Self::Transport(_) => StatusCode::BAD_GATEWAY,
+            Self::Run(RunError::NotFound(_)) => StatusCode::NOT_FOUND,
+            Self::Run(RunError::UnknownSignal { .. } | RunError::WrongStatus { .. }) => {
+                StatusCode::CONFLICT
+            }
+            Self::Run(RunError::UnknownAgent(_)) => StatusCode::BAD_REQUEST,
+            Self::Run(_) => StatusCode::BAD_GATEWAY,
             Self::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -79,6 +89,11 @@ macro_rules! from_errors {
         }
         impl From<RetryFailedError> for $target {
             fn from(e: RetryFailedError) -> Self {
+                Self(e.into())
+            }
+        }
+        impl From<RunError> for $target {
+            fn from(e: RunError) -> Self {
                 Self(e.into())
             }
         }

@@ -4,7 +4,9 @@
 //!
 //! Pages: the overview (transports with depth and rate, runs by status, workers alive), runs
 //! (filtered by status and agent, keyset-paginated, found by id), a run (status, lease, owner,
-//! requeues, termination reason, the event timeline), failed messages (error, stamps, body as
+//! requeues, termination reason, the event timeline, the step journal, budget and pending wait,
+//! and, with [`DashboardOptions::runtime`], its actions: signal, resolve a parked step, approve,
+//! input), failed messages (error, stamps, body as
 //! text; retry or remove one or all, after a confirmation) and workers. `/api/` serves the same
 //! data as JSON in the shapes of the CLI's `--format json`: `/api/runs`, `/api/runs/{id}`,
 //! `/api/runs/{id}/events`, `/api/failed`, `/api/stats`, `/api/workers`.

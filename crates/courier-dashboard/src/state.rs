@@ -9,7 +9,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use courier_core::config::Transports;
 use courier_core::{CancellationToken, Listable, WorkerRegistry};
-use courier_runs::RunStore;
+use courier_runs::{RunStore, Runtime};
 use tokio::net::TcpListener;
 
 use crate::error::DashboardError;
@@ -34,6 +34,11 @@ pub struct DashboardOptions {
     pub page_size: Option<usize>,
     /// The worker registry to show (default: the first transport that has one).
     pub worker_registry: Option<Arc<dyn WorkerRegistry>>,
+    /// The runtime the run page's actions go through (send a run its signal, resolve a parked
+    /// step, approve, give input): registered on a built bus, so that a woken or released run
+    /// is dispatched, and with the application's agents, which an approved run resumes with.
+    /// Without one the run page shows no actions.
+    pub runtime: Option<Runtime>,
 }
 
 impl fmt::Debug for DashboardOptions {
@@ -43,6 +48,7 @@ impl fmt::Debug for DashboardOptions {
             .field("allowed_hosts", &self.allowed_hosts)
             .field("page_size", &self.page_size)
             .field("worker_registry", &self.worker_registry.is_some())
+            .field("runtime", &self.runtime.is_some())
             .finish()
     }
 }
@@ -72,6 +78,13 @@ impl DashboardOptions {
     #[must_use]
     pub fn worker_registry(mut self, registry: Arc<dyn WorkerRegistry>) -> Self {
         self.worker_registry = Some(registry);
+        self
+    }
+
+    /// Acts on runs through `runtime` (see [`DashboardOptions::runtime`](Self#structfield.runtime)).
+    #[must_use]
+    pub fn runtime(mut self, runtime: Runtime) -> Self {
+        self.runtime = Some(runtime);
         self
     }
 }
@@ -178,6 +191,10 @@ impl Dashboard {
             .route("/", get(pages::overview::page))
             .route("/runs", get(pages::runs::page))
             .route("/runs/{id}", get(pages::run::page))
+            .route("/runs/{id}/signal", post(pages::run_actions::signal))
+            .route("/runs/{id}/resolve", post(pages::run_actions::resolve))
+            .route("/runs/{id}/approve", post(pages::run_actions::approve))
+            .route("/runs/{id}/input", post(pages::run_actions::input))
             .route("/failed", get(pages::failed::list))
             .route("/failed/{transport}/{id}", get(pages::failed::detail))
             .route("/failed/retry", post(pages::failed::retry))

@@ -9,7 +9,7 @@ use super::consume::Signals;
 use crate::cli::DashboardArgs;
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, chain, remember_secret};
-use crate::runs::{open_store, settings};
+use crate::runs::{open_store, runtime, settings};
 
 pub(crate) async fn run(ctx: &Ctx<'_>, args: &DashboardArgs) -> CliResult {
     let token = args.token.clone().filter(|t| !t.trim().is_empty());
@@ -32,7 +32,11 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &DashboardArgs) -> CliResult {
     let addr = listener
         .local_addr()
         .map_err(|e| CliError::runtime(format!("--listen {}: {e}", args.listen)))?;
-    let mut options = DashboardOptions::default();
+    // The run page's actions (signal, resolve, approve, input) go through a runtime with the
+    // app's agents, registered on the configuration's bus: a woken run is dispatched there.
+    let runtime = runtime(ctx, &config, store.clone());
+    let _bus = ctx.bus(&transports, |b| runtime.register(b));
+    let mut options = DashboardOptions::default().runtime(runtime);
     match token {
         Some(t) => options = options.token(t),
         None => options = options.loopback_hosts(addr.port()),

@@ -5,6 +5,7 @@ pub(crate) mod layout;
 pub(crate) mod overview;
 pub(crate) mod pause;
 pub(crate) mod run;
+pub(crate) mod run_actions;
 pub(crate) mod runs;
 pub(crate) mod workers;
 
