@@ -361,4 +361,31 @@ fn print_sql_takes_a_dialect_and_a_table_and_refuses_bad_ones() {
         "x;drop",
     ]);
     assert!(bad.fails(2).contains("--table"));
+
+    // A pool handed over in code: its database is named on the command line.
+    env.write(
+        "pool.toml",
+        "[transports.app]\ndsn = \"pool://main?table_name=app_jobs\"\n",
+    );
+    let bad = env.run(&["--config", "pool.toml", "setup", "--print-sql"]);
+    assert!(
+        bad.fails(2)
+            .contains("transport `app` runs on a pool handed over in code")
+    );
+    let sql = env
+        .run(&[
+            "--config",
+            "pool.toml",
+            "setup",
+            "--print-sql",
+            "--dialect",
+            "postgres",
+        ])
+        .ok()
+        .to_owned();
+    assert!(
+        sql.contains("CREATE TABLE IF NOT EXISTS app_jobs "),
+        "{sql}"
+    );
+    assert!(sql.contains("BIGSERIAL"), "{sql}");
 }

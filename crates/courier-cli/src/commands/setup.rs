@@ -143,8 +143,16 @@ fn render_sql(
         let Some(dsn) = ctx.config.effective_dsn(name) else {
             continue;
         };
-        let Ok(own) = Dialect::from_scheme(dsn.scheme()) else {
-            continue;
+        let own = match Dialect::from_scheme(dsn.scheme()) {
+            Ok(own) => own,
+            // A pool handed over in code (`courier_sql::SqlPoolFactory`): its database is
+            // known only when the application runs.
+            Err(_) if dsn.scheme() == "pool" => forced.ok_or_else(|| {
+                CliError::usage(format!(
+                    "--print-sql: transport `{name}` runs on a pool handed over in code (`pool://`): name its database with --dialect"
+                ))
+            })?,
+            Err(_) => continue,
         };
         let options = SqlOptions::from_dsn(&dsn)
             .map_err(|e| CliError::usage(format!("transport `{name}`: {e}")))?;
