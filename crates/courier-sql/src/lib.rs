@@ -55,6 +55,15 @@
 //! index that other queues' rows stay out of), and `<table>_cursors` holds each such queue's
 //! cursor and the lease of the relay reading it.
 //!
+//! # The application's pool and migrations
+//!
+//! [`SqlTransport::from_pool`] runs on a pool the application opened ([`SqlPool`]; never
+//! closed by Courier; see there for what changes per database), and [`SqlPoolFactory`] lets a
+//! configuration name it (`pool://NAME`). [`migrate::transport_script`] renders the whole DDL of
+//! a table and those beside it, with their version rows, for the application's migration tool
+//! (`courier setup --print-sql`); with `auto_setup=false` the first `get` or send checks that
+//! every migration is recorded ([`SqlTransport::check_schema`]).
+//!
 //! # Behaviour
 //!
 //! - `get(max)` claims up to `max` rows in one statement or transaction: PostgreSQL
@@ -87,7 +96,7 @@
 //!
 //! See [`SqlOptions`]: `table_name`, `queue_name`, `redeliver_timeout`, `auto_setup`,
 //! `poll_window`, `max_connections`, `min_connections`, `acquire_timeout`, `busy_timeout`
-//! (SQLite). Other query options go to the driver (`sslmode`, `application_name`, ...); unknown
+//! (SQLite), `listen` (PostgreSQL: `false` polls instead of holding a connection for `LISTEN`). Other query options go to the driver (`sslmode`, `application_name`, ...); unknown
 //! ones are an error naming them. The password never appears in errors or logs.
 
 mod backend;
