@@ -366,3 +366,53 @@ async fn mysql_pool_too_small_times_out_naming_the_pool() {
     let pool = mysql_pool(1, SMALL).await;
     a_pool_too_small_times_out_naming_it(pool, &prefix).await;
 }
+
+/// PostgreSQL's `LISTEN` holds one connection of the pool while the transport lives: on a pool
+/// of 1, a listening transport's next claim finds none, and `listen(false)` (polling) leaves
+/// the pool to the statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+async fn postgres_listen_takes_one_pool_connection_and_can_be_turned_off() {
+    let prefix = courier_test::env::unique_name("shared");
+    let cleanup = courier_test::Cleanup::new();
+    cleanup.sql_tables(&courier_test::env::postgres_url(), &prefix);
+    let registry = Arc::new(MessageRegistry::new().with::<Order>());
+    for listen in [false, true] {
+        let pool = pg_pool(1, SMALL).await;
+        let options = SqlOptions::default()
+            .table_name(format!("{prefix}_messages"))
+            .unwrap()
+            .poll_window(Duration::from_millis(300))
+            .listen(listen);
+        let transport = SqlTransport::from_pool("pg", pool.clone(), options, registry.clone())
+            .await
+            .unwrap();
+        // The first get starts the listener (when on), which takes the pool's one connection
+        // for good: the claims of the poll window find none.
+        let first = timeout(Duration::from_secs(30), transport.get(1))
+            .await
+            .unwrap();
+        if listen {
+            let err = first.unwrap_err().to_string();
+            assert!(
+                err.contains("shared PostgreSQL pool (max_connections 1"),
+                "{err}"
+            );
+            continue;
+        }
+        assert!(first.unwrap().is_empty());
+        timeout(
+            Duration::from_secs(30),
+            transport.send(Envelope::new(Order { n: 1 })),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let got = timeout(Duration::from_secs(30), transport.get(1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        transport.ack(&got[0]).await.unwrap();
+    }
+}
