@@ -182,7 +182,8 @@ pub(crate) enum Command {
     ///     "empty_gets_per_run"}
     ///   --runs --steps N: {"mode": "steps", "dsn", "runs", "steps_per_run", "courier": {"p50_us",
     ///     "p99_us", "steps_per_s"}, "raw": {"p50_us", "p99_us", "steps_per_s"}, "ratio": courier /
-    ///     raw steps/s, "statements_per_step": {"courier", "raw"}}
+    ///     raw steps/s, median of --rounds (default 5) rounds, "overall_ratio", "round_ratios",
+    ///     "statements_per_step": {"courier", "raw"}}
     ///   --relay: {"mode": "relay", "from", "to", "messages", "size", "batch_size", "rounds",
     ///     "direct_send_per_s", "relay_per_s", "ratio": relay / direct, "outbox_alone_per_s": the
     ///     same relay into memory, "drain_execution_per_s": the server's execution time of the
@@ -525,7 +526,8 @@ pub(crate) struct BenchArgs {
     /// With --runs: measure durable steps instead: --messages runs (default 100) of this many
     /// steps each, executed one at a time, beside a raw sqlx loop doing the same durable work
     /// per step (renew the lease and insert the step row in one transaction); reports the
-    /// per-step time (p50, p99), steps/s, the ratio and the statements per step
+    /// per-step time (p50, p99), steps/s, the ratio (median of --rounds) and the statements
+    /// per step
     #[arg(long, requires = "runs", value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub(crate) steps: Option<u16>,
     /// Measure pickup latency: an idle worker, one message at a time, beside the raw driver's
