@@ -972,7 +972,8 @@ mod tests {
                 }
             }
         }
-        let _ = sqlx::query(&format!("DROP TABLE {table}"))
+        // The table and the side table its migrations create (0009: the cursors).
+        let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}, {table}_cursors"))
             .execute(&pool)
             .await;
         assert!(
