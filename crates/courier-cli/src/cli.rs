@@ -1,4 +1,4 @@
-//! The command line, declared with clap's derive API (DESIGN.md §6 is the contract).
+//! The command line, declared with clap's derive API.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The `courier` command line as a library, so an application builds its own binary with its own
-//! handlers, agents and transports and gets the same commands (DESIGN.md §6):
+//! handlers, agents and transports and gets the same commands:
 //!
 //! ```no_run
 //! fn main() -> std::process::ExitCode {

@@ -1,4 +1,4 @@
-//! The conformance items (DESIGN.md §3) as they apply to [`SyncTransport`](courier_core::SyncTransport), which handles every
+//! The conformance items as they apply to [`SyncTransport`](courier_core::SyncTransport), which handles every
 //! message on its bus at `send` time and stores nothing.
 //!
 //! The shared suite (`courier_test::conformance_suite!`) cannot run on it: every case

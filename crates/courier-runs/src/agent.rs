@@ -342,7 +342,7 @@ impl RunContext {
         &self.token
     }
 
-    /// The step boundary, in DESIGN §5's order: emit to observers -> cancellation probe
+    /// The step boundary, in this order: emit to observers -> cancellation probe
     /// (cancelled: persist this step and stop) -> heartbeat renew (worker runs only; refused:
     /// stop with [`StepError::LeaseLost`] without persisting) -> persist at MAX(seq)+1.
     /// Returns the step's sequence number.

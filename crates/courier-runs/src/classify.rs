@@ -162,7 +162,7 @@ impl ProviderError {
     }
 }
 
-/// The ordered classifier of DESIGN §5: circuit open; a fallback chain is classified by its
+/// The ordered classifier: circuit open; a fallback chain is classified by its
 /// LAST attempt (recursively, an empty chain is unknown); connection and timeout are
 /// connection; configuration; HTTP 401/403 auth, 429 rate limit, 5xx server error, other 4xx
 /// client error; anything else unknown.

@@ -1,4 +1,4 @@
-//! Durable agent runs on top of Courier (DESIGN §5, the ADR-104 contract): a run is a row, the
+//! Durable agent runs on top of Courier: a run is a row, the
 //! message [`RunAgent`] carries only its id, and **the row is the state**: a worker claims it
 //! under a lease, renews the lease at every step boundary, and on failure either requeues it
 //! with backoff or dead-letters it (`failed` + a [`TerminationReason`]); a [`Reaper`] recovers
@@ -54,7 +54,7 @@
 //! store decides with a unique index (`0008_courier_runs_unique.sql`), so concurrent enqueues on
 //! any number of hosts queue one run.
 //!
-//! Choices where DESIGN is silent: every agent failure is `provider_failed` and the class
+//! Choices made here: every agent failure is `provider_failed` and the class
 //! decides whether it is retried; an agent's own stop (`max_steps`, `budget_exhausted`...) is never
 //! retried; a worker run also checks its ownership every `lease / 4` between boundaries so a hung
 //! agent is cancelled soon after a reaper gave its run away; timestamps are epoch milliseconds

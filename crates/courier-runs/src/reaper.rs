@@ -169,7 +169,7 @@ impl Reaper {
         self
     }
 
-    /// One pass, DESIGN §5's order for each stale run: a non-idempotent effect in flight ->
+    /// One pass, in this order for each stale run: a non-idempotent effect in flight ->
     /// dead-letter `not_retryable`; budget spent -> dead-letter `retries_exhausted`; else stale
     /// requeue (refused = skipped) and dispatch with no delay; a dispatch the transport could not
     /// take for now (connection, timeout) leaves the run queued for the overdue pass, any other

@@ -6,7 +6,7 @@ use crate::agent::within_lease;
 use crate::runtime::{RunError, Runtime};
 use crate::{FailureClass, Outcome, Settlement, TerminationReason};
 
-/// DESIGN §5's recovery hook, in order: not retryable -> `not_retryable`; a non-idempotent effect
+/// The recovery hook, in order: not retryable -> `not_retryable`; a non-idempotent effect
 /// in flight -> `not_retryable`; budget spent -> `retries_exhausted`; else owner requeue (refused:
 /// lease lost, no settle) and dispatch `RunAgent` with `DelayStamp(min(base * 2^count, cap))`,
 /// count taken before the increment. A dispatch that fails because the transport is unreachable

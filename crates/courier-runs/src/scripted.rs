@@ -1,4 +1,4 @@
-//! The `scripted` agent (DESIGN §6): plays a list of steps from its input, to try the machinery
+//! The `scripted` agent: plays a list of steps from its input, to try the machinery
 //! end to end without a model.
 
 use std::time::Duration;

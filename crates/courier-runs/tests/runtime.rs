@@ -1,4 +1,4 @@
-//! The runtime rules of DESIGN §5 on the in-memory store with tokio's paused clock.
+//! The runtime rules on the in-memory store with tokio's paused clock.
 #![allow(clippy::unwrap_used)]
 
 mod support;

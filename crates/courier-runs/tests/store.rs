@@ -1,4 +1,4 @@
-//! Store-level rules of DESIGN §5, against the in-memory store, SQLite, PostgreSQL and MariaDB.
+//! Store-level rules, against the in-memory store, SQLite, PostgreSQL and MariaDB.
 #![allow(clippy::unwrap_used)]
 
 mod support;

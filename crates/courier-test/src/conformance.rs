@@ -1,4 +1,4 @@
-//! The conformance cases (DESIGN.md §3, items 1-10, plus batch equivalence).
+//! The conformance cases (the transport contract's items 1-10, plus batch equivalence).
 //!
 //! Each case is a `pub async fn(&dyn Harness)` that takes a fresh transport from the harness,
 //! asserts one behaviour precisely (exact counts, exact bytes) and panics with a message that

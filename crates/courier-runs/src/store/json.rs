@@ -1,5 +1,5 @@
 //! Runs, events and steps as JSON: the shapes of `courier runs show|list|events --format json` and the
-//! dashboard's `/api/runs` (DESIGN.md §6): absent values are `null`, never omitted; times are
+//! dashboard's `/api/runs`: absent values are `null`, never omitted; times are
 //! RFC 3339 strings except `lease_expires` (epoch ms, as stored).
 
 pub use courier_core::rfc3339_ms;

@@ -1,4 +1,4 @@
-//! The run store: every transition of DESIGN §5 as one guarded write.
+//! The run store: every transition of a run as one guarded write.
 
 mod json;
 mod memory;
