@@ -258,6 +258,17 @@ impl AgentError {
             Self::Other(_) => Some(FailureClass::Unknown),
         }
     }
+
+    /// The delay a provider asked for before a retry (a 429's `Retry-After`), through a failed
+    /// step: the runtime requeues the run after it instead of its backoff.
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Step(StepError::Failed { error, .. }) => error.retry_after(),
+            Self::Provider(p) => p.retry_after(),
+            _ => None,
+        }
+    }
 }
 
 /// Sees every step as it happens (first thing at each boundary), e.g. to stream it to a UI.

@@ -25,6 +25,9 @@ pub enum FailureClass {
     ServerError,
     /// Any other HTTP 4xx.
     ClientError,
+    /// The provider answered something that is not what its protocol promises: malformed or
+    /// truncated JSON, a required field missing. Not retried (a fallback chain still moves on).
+    Protocol,
     /// The agent or provider is misconfigured.
     Configuration,
     /// Anything else.
@@ -44,13 +47,14 @@ pub enum FailureClass {
 
 impl FailureClass {
     /// Every class.
-    pub const ALL: [FailureClass; 13] = [
+    pub const ALL: [FailureClass; 14] = [
         Self::CircuitOpen,
         Self::Connection,
         Self::Auth,
         Self::RateLimit,
         Self::ServerError,
         Self::ClientError,
+        Self::Protocol,
         Self::Configuration,
         Self::Unknown,
         Self::Nondeterminism,
@@ -70,6 +74,7 @@ impl FailureClass {
             Self::RateLimit => "rate_limit",
             Self::ServerError => "server_error",
             Self::ClientError => "client_error",
+            Self::Protocol => "protocol",
             Self::Configuration => "configuration",
             Self::Unknown => "unknown",
             Self::Nondeterminism => "nondeterminism",
@@ -87,6 +92,7 @@ impl FailureClass {
             Self::Connection | Self::RateLimit | Self::ServerError | Self::CircuitOpen => true,
             Self::Auth
             | Self::ClientError
+            | Self::Protocol
             | Self::Configuration
             | Self::Unknown
             | Self::Nondeterminism
@@ -128,6 +134,16 @@ pub enum ProviderError {
         /// The status code.
         status: u16,
     },
+    /// The provider answered HTTP 429; `retry_after` is its `Retry-After`, which becomes the
+    /// run's requeue delay ([`AgentError::retry_after`](crate::AgentError::retry_after)).
+    #[error("provider answered http 429 (rate limited{})", .retry_after.map(|d| format!(", retry after {d:?}")).unwrap_or_default())]
+    RateLimited {
+        /// The delay the provider asked for.
+        retry_after: Option<Duration>,
+    },
+    /// The provider's answer broke its protocol (malformed or truncated JSON, a missing field).
+    #[error("provider broke its protocol: {0}")]
+    Protocol(String),
     /// The provider could not be reached.
     #[error("cannot connect to the provider")]
     Connection(#[source] Option<courier_core::BoxError>),
@@ -160,12 +176,24 @@ impl ProviderError {
     pub fn class(&self) -> FailureClass {
         classify(self)
     }
+
+    /// The delay the provider asked for before a retry (`Retry-After` of a 429); a fallback
+    /// chain's is its last attempt's, like its class.
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RateLimited { retry_after } => *retry_after,
+            Self::FallbackChainExhausted(chain) => chain.last().and_then(Self::retry_after),
+            _ => None,
+        }
+    }
 }
 
 /// The ordered classifier: circuit open; a fallback chain is classified by its
 /// LAST attempt (recursively, an empty chain is unknown); connection and timeout are
-/// connection; configuration; HTTP 401/403 auth, 429 rate limit, 5xx server error, other 4xx
-/// client error; anything else unknown.
+/// connection; configuration; HTTP 401/403 auth, 429 (and [`ProviderError::RateLimited`]) rate
+/// limit, 5xx server error, other 4xx client error; a broken answer protocol; anything else
+/// unknown.
 #[must_use]
 pub fn classify(error: &ProviderError) -> FailureClass {
     match error {
@@ -175,6 +203,8 @@ pub fn classify(error: &ProviderError) -> FailureClass {
         }
         ProviderError::Connection(_) | ProviderError::Timeout(_) => FailureClass::Connection,
         ProviderError::Configuration(_) => FailureClass::Configuration,
+        ProviderError::RateLimited { .. } => FailureClass::RateLimit,
+        ProviderError::Protocol(_) => FailureClass::Protocol,
         ProviderError::Http { status } => match status {
             401 | 403 => FailureClass::Auth,
             429 => FailureClass::RateLimit,
@@ -228,6 +258,18 @@ mod tests {
             FailureClass::ClientError
         );
         assert_eq!(classify(&ProviderError::http(302)), FailureClass::Unknown);
+        let limited = ProviderError::RateLimited {
+            retry_after: Some(Duration::from_secs(7)),
+        };
+        assert_eq!(classify(&limited), FailureClass::RateLimit);
+        assert_eq!(limited.retry_after(), Some(Duration::from_secs(7)));
+        assert_eq!(
+            classify(&ProviderError::Protocol("truncated".into())),
+            FailureClass::Protocol
+        );
+        let chain = ProviderError::FallbackChainExhausted(vec![ProviderError::http(503), limited]);
+        assert_eq!(chain.retry_after(), Some(Duration::from_secs(7)));
+        assert_eq!(ProviderError::http(429).retry_after(), None);
         assert_eq!(
             classify(&ProviderError::Other("?".into())),
             FailureClass::Unknown

@@ -9,7 +9,8 @@ use crate::{FailureClass, Outcome, Settlement, TerminationReason};
 /// The recovery hook, in order: not retryable -> `not_retryable`; a non-idempotent effect
 /// in flight -> `not_retryable`; budget spent -> `retries_exhausted`; else owner requeue (refused:
 /// lease lost, no settle) and dispatch `RunAgent` with `DelayStamp(min(base * 2^count, cap))`,
-/// count taken before the increment. A dispatch that fails because the transport is unreachable
+/// count taken before the increment, or the delay the provider asked for (`retry_after`, a
+/// 429's `Retry-After`) when it gave one. A dispatch that fails because the transport is unreachable
 /// leaves the run queued (the reaper dispatches overdue queued runs again, so an outage
 /// dead-letters nothing); any other dispatch failure settles the queued row
 /// `failed`/`dispatch_failed`.
@@ -18,6 +19,7 @@ pub(crate) async fn recover(
     run_id: Uuid,
     reason: TerminationReason,
     class: FailureClass,
+    retry_after: Option<std::time::Duration>,
 ) -> Result<Outcome, RunError> {
     let inner = &runtime.inner;
     let me = inner.worker.as_str();
@@ -52,7 +54,7 @@ pub(crate) async fn recover(
         let (s, o) = dead(TerminationReason::RetriesExhausted);
         return runtime.settle(run_id, Some(me), s, o).await;
     }
-    let delay = inner.options.backoff.delay(run.requeue_count);
+    let delay = retry_after.unwrap_or_else(|| inner.options.backoff.delay(run.requeue_count));
     let requeue = inner.store.requeue_owned(run_id, me, delay);
     if within_lease(lease, run_id, "requeueing", requeue).await? != Some(true) {
         return Ok(Outcome::LeaseLost);

@@ -520,8 +520,15 @@ impl Runtime {
             Executed::Failed(error) => {
                 let class = error.class().unwrap_or(crate::FailureClass::Unknown);
                 tracing::info!(error = %error, courier.run.error_class = %class, "agent failed");
-                crate::recovery::recover(self, run_id, TerminationReason::ProviderFailed, class)
-                    .await
+                let after = error.retry_after();
+                crate::recovery::recover(
+                    self,
+                    run_id,
+                    TerminationReason::ProviderFailed,
+                    class,
+                    after,
+                )
+                .await
             }
         }
     }

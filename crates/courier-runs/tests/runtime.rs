@@ -408,6 +408,42 @@ async fn non_retryable_failures_dead_letter_at_once() {
     }
 }
 
+fn retry_after_7s() -> AgentError {
+    ProviderError::RateLimited {
+        retry_after: Some(Duration::from_secs(7)),
+    }
+    .into()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_is_the_requeue_delay_and_a_broken_protocol_is_not_retried() {
+    let store = MemoryRunStore::new();
+    let (rt, _bus, queue) =
+        runtime_with(&store, A, |b| b.agent("limited", FailWith(retry_after_7s)));
+    let id = rt.enqueue("limited", json!({})).await.unwrap();
+    let delay = Duration::from_secs(7);
+    assert_eq!(
+        rt.run_queued(id).await.unwrap(),
+        Outcome::Requeued { delay },
+        "the provider's Retry-After, not the 30 s backoff"
+    );
+    assert_eq!(dispatched(&queue).last(), Some(&(id, Some(delay))));
+
+    fn broken() -> AgentError {
+        ProviderError::Protocol("truncated JSON".into()).into()
+    }
+    let store = MemoryRunStore::new();
+    let (rt, _bus, _queue) = runtime_with(&store, A, |b| b.agent("broken", FailWith(broken)));
+    let id = rt.enqueue("broken", json!({})).await.unwrap();
+    assert_eq!(
+        rt.run_queued(id).await.unwrap(),
+        Outcome::Failed {
+            reason: TerminationReason::NotRetryable,
+            class: Some(FailureClass::Protocol)
+        }
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn agent_stop_reasons_are_never_retried() {
     let store = MemoryRunStore::new();
