@@ -608,6 +608,103 @@ async fn a_signal_sent_before_the_wait_is_buffered(fx: &Fixture) {
     );
 }
 
+/// A step row written with `usage` (and one replay) at `index`.
+fn write_at(index: i64, usage: Usage) -> courier_runs::StepWrite {
+    courier_runs::StepWrite {
+        mode: courier_runs::JournalMode::Insert,
+        index,
+        name: format!("step{index}"),
+        effect: "pure",
+        status: StepStatus::Done,
+        output: Some(json!(index)),
+        error: None,
+        error_class: None,
+        usage,
+        duration_ms: 1,
+        replayed: 1,
+    }
+}
+
+/// A journal write is all or nothing, and a failed one leaves every pooled connection usable:
+/// a step row that cannot be written (its index taken) adds no usage, renews nothing, and the
+/// next writes, on whichever connection the pool hands out, go through; a write by a worker
+/// that lost the lease writes nothing.
+async fn a_failed_journal_write_leaves_nothing_behind(fx: &Fixture) {
+    let store = &fx.store;
+    let lease = Duration::from_secs(30);
+    let run = store
+        .insert_queued(&NewRun::new("numbered", json!({})))
+        .await
+        .unwrap();
+    store.claim(run.id, "w1", lease).await.unwrap().unwrap();
+    assert!(
+        store
+            .journal(
+                run.id,
+                Some("w1"),
+                lease,
+                &write_at(1, Usage::tokens(0, 100))
+            )
+            .await
+            .unwrap()
+    );
+    let before = store.find(run.id).await.unwrap().unwrap();
+    assert_eq!(before.usage.tokens_out, 100);
+
+    let taken = store
+        .journal(
+            run.id,
+            Some("w1"),
+            lease,
+            &write_at(1, Usage::tokens(0, 50)),
+        )
+        .await;
+    assert!(taken.is_err(), "a second row at index 1: {taken:?}");
+    let after = store.find(run.id).await.unwrap().unwrap();
+    assert_eq!(
+        after.usage, before.usage,
+        "the failed write added its usage"
+    );
+    assert_eq!(after.steps_replayed, before.steps_replayed);
+
+    // More writes than the pool has connections: one left inside a transaction would refuse
+    // its next BEGIN, or hold the write lock against the others.
+    for index in 2..=12 {
+        assert!(
+            store
+                .journal(
+                    run.id,
+                    Some("w1"),
+                    lease,
+                    &write_at(index, Usage::tokens(0, 1))
+                )
+                .await
+                .unwrap(),
+            "write {index}"
+        );
+    }
+    assert!(
+        !store
+            .journal(
+                run.id,
+                Some("w2"),
+                lease,
+                &write_at(13, Usage::tokens(0, 1000))
+            )
+            .await
+            .unwrap(),
+        "a worker without the lease journaled"
+    );
+    let last = store.find(run.id).await.unwrap().unwrap();
+    assert_eq!(last.usage.tokens_out, 111);
+    assert_eq!(last.steps_replayed, before.steps_replayed + 11);
+    let steps = store.steps(run.id).await.unwrap();
+    assert_eq!(
+        steps.iter().map(|s| s.index).collect::<Vec<_>>(),
+        (1..=12).collect::<Vec<_>>()
+    );
+}
+
 macro_rules! step_tests {
     ($fixture:path, $attr:meta, [$($name:ident),* $(,)?]) => {
         $(
@@ -663,7 +760,10 @@ mod sqlite {
     step_tests!(
         support::sqlite,
         allow(unused),
-        [corrupt_journal_row_dead_letters]
+        [
+            corrupt_journal_row_dead_letters,
+            a_failed_journal_write_leaves_nothing_behind
+        ]
     );
 }
 
@@ -676,7 +776,10 @@ mod postgres {
     step_tests!(
         support::postgres,
         ignore = "needs PostgreSQL (scripts/services)",
-        [corrupt_journal_row_dead_letters]
+        [
+            corrupt_journal_row_dead_letters,
+            a_failed_journal_write_leaves_nothing_behind
+        ]
     );
 }
 
@@ -686,7 +789,10 @@ mod mysql {
     step_tests!(
         support::mysql,
         ignore = "needs MariaDB (scripts/services)",
-        [corrupt_journal_row_dead_letters]
+        [
+            corrupt_journal_row_dead_letters,
+            a_failed_journal_write_leaves_nothing_behind
+        ]
     );
 }
 

@@ -1,7 +1,9 @@
-//! The step journal and durable waits on SQL: a step's row is written in the statement that
-//! renews the run's lease (a data-modifying CTE on PostgreSQL; a transaction of the guarded
-//! renew and the row's write on SQLite and MySQL, the renew first so that a refused guard
-//! writes nothing).
+//! The step journal and durable waits on SQL: a step's row is written with the renewal of the
+//! run's lease in one round trip where the database allows: a data-modifying CTE on
+//! PostgreSQL (one statement); on SQLite one script sent to the connection's thread at once
+//! (`BEGIN IMMEDIATE`, the row's write guarded by the run's row, the renew, `COMMIT`). On MySQL a
+//! transaction of the guarded renew and the row's write, the renew first so that a refused
+//! guard writes nothing (four round trips: the protocol prepares one statement at a time).
 
 use std::time::Duration;
 
@@ -31,6 +33,9 @@ pub(in crate::store::sql) struct StepQueries {
     finish_step: String,
     /// PostgreSQL: the renew and the row's write in one statement, per [`variant`] and mode.
     cte: Option<[[String; 2]; 4]>,
+    /// SQLite: the row's write (guarded by the run's row) and the renew, in one transaction
+    /// sent as one script, per [`variant`] and mode: one round trip to the connection's thread.
+    script: Option<[[String; 2]; 4]>,
     steps: String,
     suspend_owned: String,
     suspend_interactive: String,
@@ -97,12 +102,46 @@ impl StepQueries {
             };
             std::array::from_fn(|v| [insert(&renews[v]), finish(&renews[v])])
         });
+        // SQLite: the row's write first, guarded by the run's row (the write lock is held from
+        // BEGIN IMMEDIATE, so the guard cannot change under it), then the renew and the usage,
+        // only when the row was written (`changes()` of the statement before).
+        let script = (dialect == Dialect::Sqlite).then(|| {
+            std::array::from_fn(|v| {
+                let (owned, counted) = (v & 1 == 1, v & 2 == 2);
+                let owner = if owned { "= ?" } else { "IS NULL" };
+                let guard = format!(
+                    "EXISTS (SELECT 1 FROM {{runs}} WHERE id = ? AND status = 'running' AND claimed_by {owner})"
+                );
+                let lease = if owned {
+                    "lease_expires = {now} + ?, "
+                } else {
+                    ""
+                };
+                let add = if counted { add } else { "" };
+                let renew = format!(
+                    "UPDATE {{runs}} SET {lease}{add}updated_at = {{now}} WHERE id = ? AND changes() = 1"
+                );
+                let script = |write: String| {
+                    render(&format!("BEGIN IMMEDIATE; {write}; {renew}; COMMIT"))
+                };
+                [
+                    script(format!(
+                        "INSERT INTO {{steps}} ({{step_cols}}) SELECT ?, {insert_values} WHERE {guard} RETURNING idx"
+                    )),
+                    script(format!(
+                        "UPDATE {{steps}} SET {finish_set} WHERE run_id = ? AND idx = ? \
+                         AND status IN {{unfinished}} AND {guard} RETURNING idx"
+                    )),
+                ]
+            })
+        });
         let suspend = "UPDATE {runs} SET status = 'waiting', claimed_by = NULL, lease_expires = 0, due_at = ?, \
             wait_signal = ?, updated_at = {now} WHERE id = ? AND status = 'running' AND claimed_by";
         let wake = "UPDATE {runs} SET status = 'queued', due_at = {now}, wait_signal = NULL, updated_at = {now} \
             WHERE id = ? AND status = 'waiting' AND";
         Self {
             renew: std::array::from_fn(|v| render(&renews[v])),
+            script,
             insert_step: render(&insert_step),
             finish_step: render(&finish_step),
             cte,
@@ -156,8 +195,16 @@ fn usage_json(usage: &Usage) -> Option<serde_json::Value> {
 /// Binds a query's renew: (lease when owned), the usage counters and replays, the id, (owner).
 macro_rules! bind_renew {
     ($q:expr, $id:expr, $owner:expr, $lease:expr, $w:expr) => {{
+        let q = bind_renew!(@head $q, $owner.is_some(), $lease, $w).bind(DB::id($id));
+        match $owner {
+            Some(owner) => q.bind(owner),
+            None => q,
+        }
+    }};
+    // The values before the id: the lease when owned, the usage counters and replays.
+    (@head $q:expr, $owned:expr, $lease:expr, $w:expr) => {{
         let mut q = $q;
-        if $owner.is_some() {
+        if $owned {
             q = q.bind(lease_ms($lease));
         }
         if counted($w) {
@@ -168,10 +215,6 @@ macro_rules! bind_renew {
                 .bind(count($w.usage.tool_calls))
                 .bind(count($w.usage.turns))
                 .bind(count($w.replayed));
-        }
-        q = q.bind(DB::id($id));
-        if let Some(owner) = $owner {
-            q = q.bind(owner);
         }
         q
     }};
@@ -241,6 +284,36 @@ where
                 .await
                 .map_err(|e| step_error(id, w, e))?;
             return Ok(row.is_some());
+        }
+        if let Some(script) = &self.sq.script {
+            let mode = usize::from(w.mode == JournalMode::Finish);
+            let sql = &script[variant(owner.is_some(), w)][mode];
+            let q = match w.mode {
+                JournalMode::Insert => sqlx::query(sql).bind(DB::id(id)),
+                JournalMode::Finish => sqlx::query(sql),
+            };
+            // The row, its guard (the run's id and owner), then the renew (lease, usage, id).
+            let mut q = bind_row!(q, id, w).bind(DB::id(id));
+            if let Some(owner) = owner {
+                q = q.bind(owner);
+            }
+            let q = bind_renew!(@head q, owner.is_some(), lease, w).bind(DB::id(id));
+            let write = async {
+                let mut conn = self.pool.acquire().await?;
+                match q.fetch_all(&mut *conn).await {
+                    Ok(rows) => Ok(!rows.is_empty()),
+                    Err(e) => {
+                        // A statement of the script failed after its BEGIN: roll back on this
+                        // connection before it returns to the pool (an error of its own means
+                        // no transaction was open, or a connection to drop).
+                        if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
+                            drop(conn.detach());
+                        }
+                        Err(e)
+                    }
+                }
+            };
+            return in_flight(write).await.map_err(|e| step_error(id, w, e));
         }
         let renew = &self.sq.renew[variant(owner.is_some(), w)];
         let write = async {
