@@ -48,6 +48,7 @@
 //! | `runs` (default) | [`runs`]: durable runs under a lease, heartbeat, reaper, retry per failure class |
 //! | `cli` (default) | [`cli`]: the `courier` command line as a library (clap, tracing-subscriber; the binary adds mimalloc) |
 //! | `otel` | `otel` (`courier-otel`): OpenTelemetry spans and W3C trace context across transports, an OTLP exporter; with `cli`, `courier` exports to `OTEL_EXPORTER_OTLP_ENDPOINT` when it is set |
+//! | `agent` | `agent` (`courier-agent`): an OpenAI-compatible tool-calling agent on durable steps, with provider fallback and shared circuit breakers (reqwest, rustls on ring); with `cli`, `[agents.NAME]` tables |
 //! | `full` | everything |
 //!
 //! The defaults build the `courier` binary. A library turns them off and picks its transports,
@@ -60,6 +61,8 @@
 
 pub use courier_core::*;
 
+#[cfg(feature = "agent")]
+pub use courier_agent as agent;
 #[cfg(feature = "amqp")]
 pub use courier_amqp as amqp;
 #[cfg(feature = "cli")]

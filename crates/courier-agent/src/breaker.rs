@@ -1,0 +1,668 @@
+//! Circuit breakers, one per provider, shared by every worker through a [`BreakerStore`]: in
+//! memory ([`MemoryBreakers`], one process) or in the run store's database ([`SqlBreakers`],
+//! every process on that database).
+//!
+//! A breaker is `closed` until [`BreakerPolicy::failures`] failures fall within one
+//! [`BreakerPolicy::window`]; then `open`: calls to the provider are refused (the chain moves
+//! on) for [`BreakerPolicy::cooldown`]. After it, the first worker to ask turns it `half_open`
+//! and probes; the others are still refused. The probe's success closes it, its failure opens
+//! it again. A prober that died is replaced once [`BreakerPolicy::probe_timeout`] has passed.
+//! Every transition is one guarded statement, so two workers never both probe.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+/// When a breaker opens and how long it stays open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerPolicy {
+    /// Failures within the window that open it.
+    pub failures: u32,
+    /// The window failures are counted in.
+    pub window: Duration,
+    /// How long it stays open before one worker probes.
+    pub cooldown: Duration,
+    /// How long a probe may take before another worker probes instead.
+    pub probe_timeout: Duration,
+}
+
+impl Default for BreakerPolicy {
+    /// 5 failures in 60 s open it for 30 s; a probe gets 120 s.
+    fn default() -> Self {
+        Self {
+            failures: 5,
+            window: Duration::from_secs(60),
+            cooldown: Duration::from_secs(30),
+            probe_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What a breaker says to a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permit {
+    /// Closed: call.
+    Closed,
+    /// Half-open and this caller probes: call, and report the result.
+    Probe,
+    /// Open (or half-open with another worker probing): do not call.
+    Open,
+}
+
+/// A breaker's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Calls go through.
+    Closed,
+    /// Calls are refused.
+    Open,
+    /// One worker probes.
+    HalfOpen,
+}
+
+impl State {
+    /// `closed`, `open`, `half_open`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        }
+    }
+
+    fn parse(s: &str) -> Self {
+        match s {
+            "open" => Self::Open,
+            "half_open" => Self::HalfOpen,
+            _ => Self::Closed,
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One provider's breaker as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerRow {
+    /// The provider.
+    pub provider: String,
+    /// Its state.
+    pub state: State,
+    /// Failures in the current window.
+    pub failures: u32,
+    /// When the window began, epoch ms.
+    pub window_start: i64,
+    /// When it last opened, epoch ms.
+    pub opened_at: i64,
+    /// Until when the current probe holds the half-open breaker, epoch ms.
+    pub probe_until: i64,
+}
+
+impl BreakerRow {
+    fn new(provider: &str, now: i64) -> Self {
+        Self {
+            provider: provider.to_owned(),
+            state: State::Closed,
+            failures: 0,
+            window_start: now,
+            opened_at: 0,
+            probe_until: 0,
+        }
+    }
+}
+
+/// A breaker store failed (the call then goes on as if the breaker were closed: a breaker
+/// never stops a run by itself).
+#[derive(Debug, thiserror::Error)]
+#[error("circuit breaker store failed while {doing}")]
+pub struct BreakerError {
+    doing: &'static str,
+    #[source]
+    source: courier_core::BoxError,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+/// Where breakers live. `now` is epoch ms (the caller's clock; tests pass their own).
+#[async_trait]
+pub trait BreakerStore: Send + Sync + fmt::Debug + 'static {
+    /// Whether a call to `provider` may go.
+    async fn acquire(
+        &self,
+        provider: &str,
+        policy: &BreakerPolicy,
+        now: i64,
+    ) -> Result<Permit, BreakerError>;
+    /// A call failed in a way that counts (connection, server error, rate limit, protocol).
+    async fn failure(
+        &self,
+        provider: &str,
+        policy: &BreakerPolicy,
+        now: i64,
+    ) -> Result<(), BreakerError>;
+    /// A call the permit let through succeeded (the provider answered): a probe closes it.
+    async fn success(&self, provider: &str, permit: Permit, now: i64) -> Result<(), BreakerError>;
+    /// Every breaker, by provider name.
+    async fn rows(&self) -> Result<Vec<BreakerRow>, BreakerError>;
+}
+
+/// The decision of `acquire` on a row (shared by both stores).
+fn decide(row: &BreakerRow, policy: &BreakerPolicy, now: i64) -> Decision {
+    match row.state {
+        State::Closed => Decision::Allow,
+        State::Open if now >= row.opened_at.saturating_add(ms(policy.cooldown)) => {
+            Decision::TryProbe
+        }
+        State::HalfOpen if now >= row.probe_until => Decision::TryProbe,
+        State::Open | State::HalfOpen => Decision::Refuse,
+    }
+}
+
+enum Decision {
+    Allow,
+    TryProbe,
+    Refuse,
+}
+
+/// Applies a counted failure to a row (the memory store; the SQL store does the same in SQL).
+fn fail(row: &mut BreakerRow, policy: &BreakerPolicy, now: i64) {
+    match row.state {
+        State::HalfOpen => {
+            row.state = State::Open;
+            row.opened_at = now;
+        }
+        State::Open => {}
+        State::Closed => {
+            if row.window_start <= now - ms(policy.window) {
+                row.window_start = now;
+                row.failures = 1;
+            } else {
+                row.failures = row.failures.saturating_add(1);
+            }
+            if row.failures >= policy.failures {
+                row.state = State::Open;
+                row.opened_at = now;
+            }
+        }
+    }
+}
+
+/// Breakers in this process's memory.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryBreakers {
+    rows: Arc<Mutex<HashMap<String, BreakerRow>>>,
+}
+
+impl MemoryBreakers {
+    /// No breaker yet (all closed).
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, BreakerRow>) -> T) -> T {
+        let mut rows = self
+            .rows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut rows)
+    }
+}
+
+#[async_trait]
+impl BreakerStore for MemoryBreakers {
+    async fn acquire(
+        &self,
+        provider: &str,
+        policy: &BreakerPolicy,
+        now: i64,
+    ) -> Result<Permit, BreakerError> {
+        Ok(self.with(|rows| {
+            let Some(row) = rows.get_mut(provider) else {
+                return Permit::Closed;
+            };
+            match decide(row, policy, now) {
+                Decision::Allow => Permit::Closed,
+                Decision::Refuse => Permit::Open,
+                Decision::TryProbe => {
+                    row.state = State::HalfOpen;
+                    row.probe_until = now.saturating_add(ms(policy.probe_timeout));
+                    Permit::Probe
+                }
+            }
+        }))
+    }
+
+    async fn failure(
+        &self,
+        provider: &str,
+        policy: &BreakerPolicy,
+        now: i64,
+    ) -> Result<(), BreakerError> {
+        self.with(|rows| {
+            let row = rows
+                .entry(provider.to_owned())
+                .or_insert_with(|| BreakerRow::new(provider, now));
+            fail(row, policy, now);
+        });
+        Ok(())
+    }
+
+    async fn success(&self, provider: &str, permit: Permit, now: i64) -> Result<(), BreakerError> {
+        if permit == Permit::Probe {
+            self.with(|rows| {
+                if let Some(row) = rows
+                    .get_mut(provider)
+                    .filter(|r| r.state == State::HalfOpen)
+                {
+                    *row = BreakerRow::new(provider, now);
+                }
+            });
+        }
+        Ok(())
+    }
+
+    async fn rows(&self) -> Result<Vec<BreakerRow>, BreakerError> {
+        let mut rows: Vec<_> = self.with(|rows| rows.values().cloned().collect());
+        rows.sort_by(|a, b| a.provider.cmp(&b.provider));
+        Ok(rows)
+    }
+}
+
+/// The default table of [`SqlBreakers`].
+pub const DEFAULT_BREAKER_TABLE: &str = "courier_agent_breakers";
+
+/// Breakers in a table of a SQL database (SQLite or PostgreSQL), shared by every process using
+/// it: give it the run store's database ([`SqlBreakers::connect`] with the store's DSN, or
+/// [`SqlBreakers::new`] with the pool the store was built on). [`SqlBreakers::setup`] creates
+/// the table.
+#[derive(Clone)]
+pub struct SqlBreakers {
+    pool: courier_sql::SqlPool,
+    table: String,
+}
+
+impl fmt::Debug for SqlBreakers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlBreakers")
+            .field("dialect", &self.pool.dialect())
+            .field("table", &self.table)
+            .finish()
+    }
+}
+
+fn db(doing: &'static str) -> impl FnOnce(sqlx::Error) -> BreakerError {
+    move |e| BreakerError {
+        doing,
+        source: Box::new(e),
+    }
+}
+
+/// Runs the same query text on whichever pool (`$N` parameters; SQLite gets `?N`).
+macro_rules! on_pool {
+    ($self:ident, $sql:expr, |$q:ident, $pool:ident| $body:expr) => {{
+        match &$self.pool {
+            #[cfg(feature = "sqlite")]
+            courier_sql::SqlPool::Sqlite($pool) => {
+                let text = $sql.replace('$', "?");
+                let $q = sqlx::query(&text);
+                $body
+            }
+            #[cfg(feature = "postgres")]
+            courier_sql::SqlPool::Postgres($pool) => {
+                let text = $sql;
+                let $q = sqlx::query(&text);
+                $body
+            }
+            #[allow(unreachable_patterns, reason = "other dialects may be enabled in courier-sql")]
+            _ => Err(BreakerError {
+                doing: "choosing a dialect",
+                source: "circuit breakers need SQLite or PostgreSQL".into(),
+            }),
+        }
+    }};
+}
+
+impl SqlBreakers {
+    /// Breakers on `pool` in `table` (default [`DEFAULT_BREAKER_TABLE`]).
+    ///
+    /// # Errors
+    /// A table name that is not a plain identifier.
+    pub fn new(
+        pool: impl Into<courier_sql::SqlPool>,
+        table: Option<&str>,
+    ) -> Result<Self, BreakerError> {
+        let table = table.unwrap_or(DEFAULT_BREAKER_TABLE);
+        if !courier_sql::is_valid_identifier(table) {
+            return Err(BreakerError {
+                doing: "naming the table",
+                source: courier_sql::invalid_table_name(table).into(),
+            });
+        }
+        Ok(Self {
+            pool: pool.into(),
+            table: table.to_owned(),
+        })
+    }
+
+    /// Connects a small pool of its own to `dsn` (the run store's: `sqlite://`, `postgres://`)
+    /// and creates the table when missing.
+    ///
+    /// # Errors
+    /// An unsupported DSN, the database failed.
+    pub async fn connect(dsn: &str, table: Option<&str>) -> Result<Self, BreakerError> {
+        let settings = courier_sql::PoolSettings {
+            max_connections: Some(2),
+            ..courier_sql::PoolSettings::default()
+        };
+        let pool: courier_sql::SqlPool = if dsn.starts_with("sqlite:") {
+            #[cfg(feature = "sqlite")]
+            {
+                courier_sql::sqlite_pool(dsn, &settings)
+                    .await
+                    .map_err(db("connecting"))?
+                    .into()
+            }
+            #[cfg(not(feature = "sqlite"))]
+            return Err(unsupported(dsn));
+        } else if dsn.starts_with("postgres:") || dsn.starts_with("postgresql:") {
+            #[cfg(feature = "postgres")]
+            {
+                courier_sql::postgres_pool(dsn, &settings)
+                    .await
+                    .map_err(db("connecting"))?
+                    .0
+                    .into()
+            }
+            #[cfg(not(feature = "postgres"))]
+            return Err(unsupported(dsn));
+        } else {
+            return Err(unsupported(dsn));
+        };
+        let breakers = Self::new(pool, table)?;
+        breakers.setup().await?;
+        Ok(breakers)
+    }
+
+    /// Creates the table when missing.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn setup(&self) -> Result<(), BreakerError> {
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {} (provider VARCHAR(200) PRIMARY KEY, state VARCHAR(16) NOT NULL, \
+             failures BIGINT NOT NULL, window_start BIGINT NOT NULL, opened_at BIGINT NOT NULL, \
+             probe_until BIGINT NOT NULL, updated_at BIGINT NOT NULL)",
+            self.table
+        );
+        on_pool!(self, sql, |q, pool| q
+            .execute(pool)
+            .await
+            .map(|_| ())
+            .map_err(db("creating the table")))
+    }
+
+    /// Drops the table (tests).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn drop_table(&self) -> Result<(), BreakerError> {
+        let sql = format!("DROP TABLE IF EXISTS {}", self.table);
+        on_pool!(self, sql, |q, pool| q
+            .execute(pool)
+            .await
+            .map(|_| ())
+            .map_err(db("dropping the table")))
+    }
+
+    async fn row(&self, provider: &str) -> Result<Option<BreakerRow>, BreakerError> {
+        let sql = format!(
+            "SELECT provider, state, failures, window_start, opened_at, probe_until FROM {} WHERE provider = $1",
+            self.table
+        );
+        on_pool!(self, sql, |q, pool| {
+            let row = q
+                .bind(provider)
+                .fetch_optional(pool)
+                .await
+                .map_err(db("reading a breaker"))?;
+            Ok(row.map(|r| read_row(&r)).transpose()?)
+        })
+    }
+}
+
+fn unsupported(dsn: &str) -> BreakerError {
+    BreakerError {
+        doing: "connecting",
+        source: format!(
+            "circuit breakers need a sqlite:// or postgres:// database, not `{}`",
+            courier_core::redact(dsn)
+        )
+        .into(),
+    }
+}
+
+fn read_row<R: sqlx::Row>(r: &R) -> Result<BreakerRow, BreakerError>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    let get = |name: &str| r.try_get::<i64, _>(name).map_err(db("reading a breaker"));
+    Ok(BreakerRow {
+        provider: r
+            .try_get::<String, _>("provider")
+            .map_err(db("reading a breaker"))?,
+        state: State::parse(
+            &r.try_get::<String, _>("state")
+                .map_err(db("reading a breaker"))?,
+        ),
+        failures: u32::try_from(get("failures")?).unwrap_or(u32::MAX),
+        window_start: get("window_start")?,
+        opened_at: get("opened_at")?,
+        probe_until: get("probe_until")?,
+    })
+}
+
+#[async_trait]
+impl BreakerStore for SqlBreakers {
+    async fn acquire(
+        &self,
+        provider: &str,
+        policy: &BreakerPolicy,
+        now: i64,
+    ) -> Result<Permit, BreakerError> {
+        let Some(row) = self.row(provider).await? else {
+            return Ok(Permit::Closed);
+        };
+        match decide(&row, policy, now) {
+            Decision::Allow => Ok(Permit::Closed),
+            Decision::Refuse => Ok(Permit::Open),
+            Decision::TryProbe => {
+                // Guarded: of the workers that saw it due, one turns it half-open.
+                let sql = format!(
+                    "UPDATE {} SET state = 'half_open', probe_until = $1, updated_at = $2 WHERE provider = $3 \
+                     AND ((state = 'open' AND opened_at <= $4) OR (state = 'half_open' AND probe_until <= $2))",
+                    self.table
+                );
+                let probe_until = now.saturating_add(ms(policy.probe_timeout));
+                let due = now - ms(policy.cooldown);
+                let taken = on_pool!(self, sql, |q, pool| q
+                    .bind(probe_until)
+                    .bind(now)
+                    .bind(provider)
+                    .bind(due)
+                    .execute(pool)
+                    .await
+                    .map(|r| r.rows_affected())
+                    .map_err(db("taking the probe")))?;
+                Ok(if taken == 1 {
+                    Permit::Probe
+                } else {
+                    Permit::Open
+                })
+            }
+        }
+    }
+
+    async fn failure(
+        &self,
+        provider: &str,
+        policy: &BreakerPolicy,
+        now: i64,
+    ) -> Result<(), BreakerError> {
+        // One statement: the window's count, and the state it leads to, from the row's old values.
+        let t = &self.table;
+        let count = format!("(CASE WHEN {t}.window_start <= $3 THEN 1 ELSE {t}.failures + 1 END)");
+        let sql = format!(
+            "INSERT INTO {t} (provider, state, failures, window_start, opened_at, probe_until, updated_at) \
+             VALUES ($1, CASE WHEN 1 >= $4 THEN 'open' ELSE 'closed' END, 1, $2, $2, 0, $2) \
+             ON CONFLICT (provider) DO UPDATE SET \
+             failures = CASE WHEN {t}.state = 'closed' THEN {count} ELSE {t}.failures END, \
+             window_start = CASE WHEN {t}.state = 'closed' AND {t}.window_start <= $3 THEN $2 ELSE {t}.window_start END, \
+             state = CASE WHEN {t}.state = 'half_open' THEN 'open' WHEN {t}.state = 'open' THEN 'open' \
+                          WHEN {count} >= $4 THEN 'open' ELSE 'closed' END, \
+             opened_at = CASE WHEN {t}.state = 'half_open' THEN $2 \
+                              WHEN {t}.state = 'closed' AND {count} >= $4 THEN $2 ELSE {t}.opened_at END, \
+             updated_at = $2"
+        );
+        let window_start = now - ms(policy.window);
+        on_pool!(self, sql, |q, pool| q
+            .bind(provider)
+            .bind(now)
+            .bind(window_start)
+            .bind(i64::from(policy.failures))
+            .execute(pool)
+            .await
+            .map(|_| ())
+            .map_err(db("counting a failure")))
+    }
+
+    async fn success(&self, provider: &str, permit: Permit, now: i64) -> Result<(), BreakerError> {
+        if permit != Permit::Probe {
+            return Ok(());
+        }
+        let sql = format!(
+            "UPDATE {} SET state = 'closed', failures = 0, window_start = $1, updated_at = $1 \
+             WHERE provider = $2 AND state = 'half_open'",
+            self.table
+        );
+        on_pool!(self, sql, |q, pool| q
+            .bind(now)
+            .bind(provider)
+            .execute(pool)
+            .await
+            .map(|_| ())
+            .map_err(db("closing a breaker")))
+    }
+
+    async fn rows(&self) -> Result<Vec<BreakerRow>, BreakerError> {
+        let sql = format!(
+            "SELECT provider, state, failures, window_start, opened_at, probe_until FROM {} ORDER BY provider",
+            self.table
+        );
+        on_pool!(self, sql, |q, pool| {
+            let rows = q
+                .fetch_all(pool)
+                .await
+                .map_err(db("reading the breakers"))?;
+            rows.iter().map(read_row).collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> BreakerPolicy {
+        BreakerPolicy {
+            failures: 3,
+            window: Duration::from_secs(10),
+            cooldown: Duration::from_secs(5),
+            probe_timeout: Duration::from_secs(60),
+        }
+    }
+
+    async fn cycle(store: &dyn BreakerStore) {
+        let p = policy();
+        let t0 = 1_000_000;
+        store.failure("a", &p, t0).await.expect("fail");
+        store.failure("a", &p, t0 + 11_000).await.expect("fail");
+        assert_eq!(
+            store.acquire("a", &p, t0 + 11_000).await.expect("acquire"),
+            Permit::Closed,
+            "the first failure left the window"
+        );
+        store.failure("a", &p, t0 + 12_000).await.expect("fail");
+        store.failure("a", &p, t0 + 13_000).await.expect("fail");
+        assert_eq!(
+            store.acquire("a", &p, t0 + 13_000).await.expect("acquire"),
+            Permit::Open,
+            "3 in the window"
+        );
+        assert_eq!(
+            store.acquire("a", &p, t0 + 17_999).await.expect("acquire"),
+            Permit::Open,
+            "cooling down"
+        );
+        assert_eq!(
+            store.acquire("a", &p, t0 + 18_000).await.expect("acquire"),
+            Permit::Probe
+        );
+        assert_eq!(
+            store.acquire("a", &p, t0 + 18_001).await.expect("acquire"),
+            Permit::Open,
+            "one prober"
+        );
+        store.failure("a", &p, t0 + 19_000).await.expect("fail");
+        let rows = store.rows().await.expect("rows");
+        assert_eq!(
+            (rows[0].state, rows[0].opened_at),
+            (State::Open, t0 + 19_000),
+            "a failed probe reopens"
+        );
+        assert_eq!(
+            store.acquire("a", &p, t0 + 24_000).await.expect("acquire"),
+            Permit::Probe
+        );
+        store
+            .success("a", Permit::Probe, t0 + 24_500)
+            .await
+            .expect("success");
+        assert_eq!(
+            store.acquire("a", &p, t0 + 24_600).await.expect("acquire"),
+            Permit::Closed
+        );
+        assert_eq!(store.rows().await.expect("rows")[0].failures, 0);
+        assert_eq!(
+            store.acquire("b", &p, t0).await.expect("acquire"),
+            Permit::Closed,
+            "per provider"
+        );
+    }
+
+    #[tokio::test]
+    async fn memory_breaker_opens_half_opens_for_one_and_closes() {
+        cycle(&MemoryBreakers::new()).await;
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn sqlite_breaker_opens_half_opens_for_one_and_closes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let dsn = format!("sqlite://{}?mode=rwc", dir.path().join("b.db").display());
+        let store = SqlBreakers::connect(&dsn, None).await.expect("connect");
+        cycle(&store).await;
+    }
+}
