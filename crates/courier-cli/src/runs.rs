@@ -94,7 +94,8 @@ pub(crate) fn store_dsn(configured: Option<&str>) -> String {
     dsn.to_owned()
 }
 
-/// Connects the run store and creates its tables if missing (no retrying: a store that is
+/// Connects the run store and creates its tables if missing, or only checks them with
+/// `runs.auto_setup` off (no retrying: a store that is
 /// down fails the command, exit 1; a DSN that does not parse is a configuration error, exit 2).
 pub(crate) async fn open_store(config: &RunsConfig) -> CliResult<Arc<dyn RunStore>> {
     try_open_store(config).await.map_err(Failure::into_error)
@@ -102,14 +103,17 @@ pub(crate) async fn open_store(config: &RunsConfig) -> CliResult<Arc<dyn RunStor
 
 /// [`open_store`], telling a store that is down (worth retrying) from one that cannot work.
 pub(crate) async fn try_open_store(config: &RunsConfig) -> Result<Arc<dyn RunStore>, Failure> {
-    try_open_store_reporting(config)
+    try_open_store_reporting(config, false)
         .await
         .map(|(store, _)| store)
 }
 
 /// [`try_open_store`], naming the migrations it applied.
+/// With `migrate` (`courier setup`) the tables are always migrated; otherwise only when
+/// `runs.auto_setup` is on, and checked when it is off.
 async fn try_open_store_reporting(
     config: &RunsConfig,
+    migrate: bool,
 ) -> Result<(Arc<dyn RunStore>, Vec<String>), Failure> {
     let dsn = store_dsn(config.store.as_deref());
     let shown = courier_core::redact(&dsn);
@@ -136,6 +140,24 @@ async fn try_open_store_reporting(
     let store = SqlRunStore::connect(&dsn, SqlRunStoreOptions::default())
         .await
         .map_err(|e| classify("open", e))?;
+    if !(migrate || config.auto_setup) {
+        let missing = store
+            .missing_migrations()
+            .await
+            .map_err(|e| classify("check", e))?;
+        if let Some(first) = missing.first() {
+            let more = match missing.len() {
+                1 => String::new(),
+                n => format!(", and {} more", n - 1),
+            };
+            return Err(Failure::Fatal(CliError::usage(format!(
+                "the run store `{shown}` has a missing or older schema and runs.auto_setup is off: \
+                 {first}{more} (run `courier setup`, or apply the SQL of `courier setup --print-sql` \
+                 with your migration tool)"
+            ))));
+        }
+        return Ok((Arc::new(store), Vec::new()));
+    }
     let applied = store.migrate().await.map_err(|e| classify("set up", e))?;
     Ok((
         Arc::new(store),
@@ -193,7 +215,7 @@ pub(crate) async fn setup(ctx: &Ctx<'_>) -> CliResult<Option<(String, Vec<String
         return Ok(None);
     }
     let config = settings(ctx)?;
-    let (_, applied) = try_open_store_reporting(&config)
+    let (_, applied) = try_open_store_reporting(&config, true)
         .await
         .map_err(Failure::into_error)?;
     Ok(Some((

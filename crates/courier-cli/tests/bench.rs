@@ -132,6 +132,72 @@ fn bench_runs_refuses_a_dsn_without_sql() {
     assert!(err.contains("--runs"), "{err}");
 }
 
+/// `bench --runs --steps 10` as JSON: both sides timed, every step journaled once in the
+/// statements and round trips the dialect costs.
+#[cfg_attr(
+    not(all(feature = "runs", feature = "sqlite")),
+    allow(dead_code, reason = "used by the tests of the dialects compiled in")
+)]
+fn steps_are_timed(dsn: &str, statements: f64, round_trips: f64) -> Value {
+    let env = Env::empty();
+    let args = [
+        "bench",
+        "--runs",
+        "--steps",
+        "10",
+        "--messages",
+        "6",
+        "--rounds",
+        "2",
+        "--dsn",
+        dsn,
+        "--format",
+        "json",
+    ];
+    let out = env.run(&args).json();
+    assert_eq!(out["mode"], "steps", "{out}");
+    assert_eq!(out["runs"], 6, "{out}");
+    assert_eq!(out["steps_per_run"], 10, "{out}");
+    for side in ["courier", "raw"] {
+        for key in ["p50_us", "p99_us", "steps_per_s"] {
+            assert!(positive(&out[side][key]), "{side} {key}: {out}");
+        }
+    }
+    assert!(positive(&out["ratio"]), "{out}");
+    assert_eq!(
+        out["round_ratios"].as_array().map(Vec::len),
+        Some(2),
+        "{out}"
+    );
+    assert_eq!(out["statements_per_step"]["courier"], statements, "{out}");
+    assert_eq!(out["round_trips_per_step"]["courier"], round_trips, "{out}");
+    assert_eq!(out["statements_per_step"]["raw"], 4.0, "{out}");
+    out
+}
+
+#[cfg(all(feature = "runs", feature = "sqlite"))]
+#[test]
+fn bench_steps_times_a_durable_step_beside_raw_sqlx_on_sqlite() {
+    // Four statements (BEGIN IMMEDIATE, the row, the renew, COMMIT) sent as one script.
+    steps_are_timed("sqlite://steps.db", 4.0, 1.0);
+}
+
+#[cfg(all(feature = "runs", feature = "postgres"))]
+#[test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+fn bench_steps_times_a_durable_step_beside_raw_sqlx_on_postgres() {
+    // One data-modifying CTE.
+    steps_are_timed(&service_url("COURIER_TEST_POSTGRES_URL"), 1.0, 1.0);
+}
+
+#[cfg(all(feature = "runs", feature = "mysql"))]
+#[test]
+#[ignore = "needs mariadb: set COURIER_TEST_MYSQL_URL"]
+fn bench_steps_times_a_durable_step_beside_raw_sqlx_on_mariadb() {
+    // A transaction of four statements, each its own round trip.
+    steps_are_timed(&service_url("COURIER_TEST_MYSQL_URL"), 4.0, 4.0);
+}
+
 /// `bench --latency` as JSON: the samples asked for on both sides, and the p50 ratio.
 fn latency_beside_floor(dsn: Option<&str>, floor: &str) -> Value {
     let env = Env::empty();

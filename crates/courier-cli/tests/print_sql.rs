@@ -194,16 +194,17 @@ fn round_trip(db: &dyn Database) {
     let sep = if dsn.contains('?') { '&' } else { '?' };
     let transport =
         format!("[transports.async]\ndsn = \"{dsn}{sep}table_name={table}&auto_setup=false\"\n");
-    // The transport alone first: a worker on the empty database creates nothing and says
-    // which migration is missing.
+    // The transport alone first: a worker on the empty database creates nothing, and stops at
+    // startup (exit 2, not at its first message) naming the missing migration.
     env.write("bare.toml", &transport);
-    let bare = env.run(&["--config", "bare.toml", "consume", "--time-limit", "2s"]);
+    let bare = env.run(&["--config", "bare.toml", "consume", "--time-limit", "30s"]);
+    let error = bare.fails(2);
     assert!(
-        bare.stderr.contains(
+        error.contains(
             "migration 0001 courier messages is not recorded in `rt_messages_migrations`"
-        ),
-        "{}",
-        bare.stderr
+        ) && error.contains("auto_setup is off")
+            && error.contains("courier setup --print-sql"),
+        "{error}"
     );
     assert!(
         !db.has_table(&env, table),
@@ -213,8 +214,28 @@ fn round_trip(db: &dyn Database) {
     env.write(
         "courier.toml",
         &format!(
-            "{transport}\n[routing]\n\"courier.run_agent\" = \"async\"\n\n[runs]\nstore = \"{dsn}\"\nbackoff = {{ base = \"50ms\", cap = \"200ms\" }}\n"
+            "{transport}\n[routing]\n\"courier.run_agent\" = \"async\"\n\n[runs]\nstore = \"{dsn}\"\nauto_setup = false\nbackoff = {{ base = \"50ms\", cap = \"200ms\" }}\n"
         ),
+    );
+    // The run store with `runs.auto_setup = false`: checked, never created.
+    let refused = env.run(&[
+        "--config",
+        "courier.toml",
+        "runs",
+        "submit",
+        "scripted",
+        "--input",
+        "{}",
+    ]);
+    let error = refused.fails(2);
+    assert!(
+        error.contains("is not recorded in `courier_runs_migrations`")
+            && error.contains("runs.auto_setup is off"),
+        "{error}"
+    );
+    assert!(
+        !db.has_table(&env, "courier_runs"),
+        "runs.auto_setup=false created the runs table"
     );
     let sql = env
         .run(&["--config", "courier.toml", "setup", "--print-sql"])

@@ -53,6 +53,11 @@ pub struct RunsConfig {
     pub retention: Option<Duration>,
     /// The largest result a durable step may journal, in bytes of JSON (default 1 MiB).
     pub max_step_result: usize,
+    /// Whether a worker creates and migrates the run store's tables when it connects (default
+    /// true). Off, it only checks them: a missing or older schema stops it at startup, naming
+    /// the first missing migration (apply `courier setup --print-sql` with your own migration
+    /// tool, or run `courier setup`, which always migrates).
+    pub auto_setup: bool,
 }
 
 /// `backoff = { base, cap, jitter }`.
@@ -93,6 +98,7 @@ impl Default for RunsConfig {
             step_timeout: None,
             retention: None,
             max_step_result: crate::journal::DEFAULT_MAX_STEP_RESULT,
+            auto_setup: true,
         }
     }
 }

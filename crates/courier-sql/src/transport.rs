@@ -1259,6 +1259,11 @@ impl Setup for SqlTransport {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         ))
     }
+
+    /// [`SqlTransport::check_schema`].
+    async fn check(&self) -> Result<(), TransportError> {
+        self.check_schema().await
+    }
 }
 
 #[async_trait]

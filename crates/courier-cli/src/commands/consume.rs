@@ -15,6 +15,16 @@ use crate::connect;
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, scrub};
 
+/// [`courier_core::Setup::check`] of every configured transport that has one.
+async fn check_schemas(transports: &courier_core::config::Transports) -> CliResult {
+    for transport in transports.all().values() {
+        if let Some(setup) = transport.as_setup() {
+            setup.check().await?;
+        }
+    }
+    Ok(())
+}
+
 pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
     ctx.check_transports(&args.transports)?;
     check_choice(ctx, args)?;
@@ -54,6 +64,12 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
             return Err(e);
         }
     };
+    // A transport told not to set itself up (`auto_setup = false`) whose schema is missing or
+    // older stops the worker here, naming the migration, not at its first message (exit 2).
+    if let Err(e) = check_schemas(&transports).await {
+        helpers.cancel();
+        return Err(e);
+    }
     #[cfg(feature = "runs")]
     match runs.connect(ctx, &shutdown).await {
         Ok(true) => {}

@@ -445,6 +445,15 @@ pub trait Setup: Send + Sync {
     async fn setup_report(&self) -> Result<Vec<String>, TransportError> {
         self.setup().await.map(|()| Vec::new())
     }
+
+    /// Checks, creating nothing, that what [`Setup::setup`] would create is there, for a
+    /// transport told not to set itself up (`auto_setup = false`): a worker calls it at startup
+    /// so that a missing or older schema stops it at once with an error naming what is missing
+    /// ([`TransportErrorKind::Config`]), not at its first message. The default finds nothing
+    /// missing.
+    async fn check(&self) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
 
 /// Browsing stored messages: what `courier failed show / retry / remove` uses.

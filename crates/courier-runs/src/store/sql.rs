@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use courier_sql::migrate::Applied;
+use courier_sql::migrate::{Applied, Missing};
 use courier_sql::{PoolSettings, invalid_table_name, is_valid_identifier};
 use uuid::Uuid;
 
@@ -70,6 +70,7 @@ impl SqlRunStoreOptions {
 #[async_trait]
 trait Engine: RunStore {
     async fn migrate(&self) -> Result<Vec<Applied>, StoreError>;
+    async fn missing_migrations(&self) -> Result<Vec<Missing>, StoreError>;
     async fn execute(&self, sql: &str) -> Result<u64, StoreError>;
     async fn explain_stale(&self, limit: usize) -> Result<Vec<String>, StoreError>;
     fn stale_query(&self) -> &str;
@@ -204,6 +205,15 @@ impl SqlRunStore {
     /// The database failed.
     pub async fn migrate(&self) -> Result<Vec<Applied>, StoreError> {
         self.engine.migrate().await
+    }
+
+    /// The run store's migrations not recorded in the database, oldest first, creating nothing:
+    /// what a worker with `auto_setup = false` checks at startup (empty: the schema is current).
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn missing_migrations(&self) -> Result<Vec<Missing>, StoreError> {
+        self.engine.missing_migrations().await
     }
 
     /// The dialect.

@@ -8,8 +8,9 @@
 //! got); on MySQL/MariaDB (no `UPDATE ... RETURNING`) `claim` is two (the guarded UPDATE, then a
 //! SELECT of the claimed row; one when the guard matched nothing, counted as two all the same).
 //! `journal` (a durable step) is one statement on PostgreSQL (a data-modifying CTE) and four
-//! elsewhere (BEGIN, the guarded renew, the step row's write, COMMIT).
-//! [`CountingStore::statements`] applies exactly those rules.
+//! elsewhere (BEGIN, the guarded renew, the step row's write, COMMIT); SQLite sends its four as
+//! one script, one round trip to the connection's thread.
+//! [`CountingStore::statements`] and [`CountingStore::round_trips`] apply exactly those rules.
 //!
 //! [`CountingTransport`] wraps the RunAgent transport and counts calls per [`Transport`] method,
 //! splitting `get` into the calls that returned messages (one claim statement on the SQL
@@ -106,6 +107,19 @@ impl CountingStore {
     /// Calls so far, per method.
     pub(super) fn calls(&self) -> StoreCalls {
         std::array::from_fn(|i| self.calls[i].load(Ordering::Relaxed))
+    }
+
+    /// The round trips to the database these calls cost: the statements, except a journal
+    /// write on SQLite, one script (see the module docs).
+    pub(super) fn round_trips(&self, calls: &StoreCalls) -> u64 {
+        let journal = index("journal");
+        let mut others = *calls;
+        others[journal] = 0;
+        let journal_trips = match self.dialect {
+            Dialect::Mysql => 4,
+            _ => 1,
+        };
+        self.statements(&others) + calls[journal] * journal_trips
     }
 
     /// The SQL statements these calls cost (see the module docs).

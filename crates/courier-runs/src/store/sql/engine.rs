@@ -746,6 +746,16 @@ where
             .map_err(db("setup"))
     }
 
+    async fn missing_migrations(&self) -> Result<Vec<migrate::Missing>, StoreError> {
+        let tables = [
+            ("{runs}", self.runs.as_str()),
+            ("{events}", self.events.as_str()),
+        ];
+        migrate::missing(&self.pool, &migrate::RUNS, &tables)
+            .await
+            .map_err(db("check the schema"))
+    }
+
     async fn execute(&self, sql: &str) -> Result<u64, StoreError> {
         let done = sqlx::query(sql)
             .execute(&self.pool)
