@@ -581,6 +581,70 @@ impl BreakerStore for SqlBreakers {
     }
 }
 
+/// [`SqlBreakers`] that connect (and create their table) on first use: for a caller that builds
+/// its agents before it may await, like the command line.
+pub struct LazySqlBreakers {
+    dsn: String,
+    table: Option<String>,
+    cell: tokio::sync::OnceCell<SqlBreakers>,
+}
+
+impl fmt::Debug for LazySqlBreakers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazySqlBreakers")
+            .field("dsn", &courier_core::redact(&self.dsn))
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LazySqlBreakers {
+    /// Breakers on the database of `dsn`, connected on first use.
+    #[must_use]
+    pub fn new(dsn: impl Into<String>, table: Option<&str>) -> Self {
+        Self {
+            dsn: dsn.into(),
+            table: table.map(str::to_owned),
+            cell: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn get(&self) -> Result<&SqlBreakers, BreakerError> {
+        self.cell
+            .get_or_try_init(|| SqlBreakers::connect(&self.dsn, self.table.as_deref()))
+            .await
+    }
+}
+
+#[async_trait]
+impl BreakerStore for LazySqlBreakers {
+    async fn acquire(
+        &self,
+        provider: &str,
+        policy: &BreakerPolicy,
+        now: i64,
+    ) -> Result<Permit, BreakerError> {
+        self.get().await?.acquire(provider, policy, now).await
+    }
+
+    async fn failure(
+        &self,
+        provider: &str,
+        policy: &BreakerPolicy,
+        now: i64,
+    ) -> Result<(), BreakerError> {
+        self.get().await?.failure(provider, policy, now).await
+    }
+
+    async fn success(&self, provider: &str, permit: Permit, now: i64) -> Result<(), BreakerError> {
+        self.get().await?.success(provider, permit, now).await
+    }
+
+    async fn rows(&self) -> Result<Vec<BreakerRow>, BreakerError> {
+        self.get().await?.rows().await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

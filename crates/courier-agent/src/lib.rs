@@ -49,7 +49,7 @@ mod tool;
 mod wire;
 
 pub use agent::{BuildError, DEFAULT_MAX_TURNS, LlmAgent, LlmAgentBuilder, MODEL_STEP};
-pub use breaker::{BreakerPolicy, BreakerStore, MemoryBreakers, SqlBreakers};
+pub use breaker::{BreakerPolicy, BreakerStore, LazySqlBreakers, MemoryBreakers, SqlBreakers};
 pub use call::IDEMPOTENCY_HEADER;
 pub use config::{AgentConfig, BreakerConfig, BudgetConfig, ProviderConfig};
 pub use provider::{ApiKey, DEFAULT_TIMEOUT, Price, Provider};

@@ -109,6 +109,23 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// The same context over another wiring (the app's, with the configured agents).
+    #[cfg(feature = "agent")]
+    pub(crate) fn with_app<'b>(self, app: &'b Wiring) -> Ctx<'b>
+    where
+        'a: 'b,
+    {
+        Ctx {
+            app,
+            config: self.config,
+            source: self.source,
+            format: self.format,
+            quiet: self.quiet,
+            verbose: self.verbose,
+            registry: self.registry,
+        }
+    }
+
     /// Whether JSON output was asked for.
     pub(crate) fn json(&self) -> bool {
         self.format == Format::Json

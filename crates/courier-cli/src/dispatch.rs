@@ -63,6 +63,13 @@ fn execute(app: &Wiring, cli: Cli) -> CliResult {
             Command::Demo(_) => Err(CliError::usage("`demo` needs the `runs` feature")),
             ref command => {
                 let ctx = Ctx::load(app, &cli)?;
+                #[cfg(feature = "agent")]
+                let configured = crate::agents::wiring(&ctx)?;
+                #[cfg(feature = "agent")]
+                let ctx = match &configured {
+                    Some(wiring) => ctx.with_app(wiring),
+                    None => ctx,
+                };
                 commands::run(&ctx, command).await
             }
         }

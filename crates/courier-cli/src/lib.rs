@@ -31,6 +31,8 @@
 //! (`courier.toml.stop-workers`, or `./courier.stop-workers` with the embedded configuration),
 //! which such a `consume` checks twice a second.
 
+#[cfg(feature = "agent")]
+mod agents;
 mod app;
 mod cli;
 mod commands;

@@ -17,6 +17,7 @@ pub(crate) type RelayHook = Arc<
 >;
 
 /// An application's handlers, messages, transports and agents.
+#[derive(Clone)]
 pub(crate) struct Wiring {
     /// Applied, in order, to every bus the CLI builds.
     pub(crate) bus_hooks: Vec<BusHook>,

@@ -25,7 +25,8 @@
 //!
 //! Strings may use `${VAR}` and `${VAR:-default}`; an unset variable without a default is an
 //! error naming it. Durations are humantime strings (`250ms`, `30s`, `10min`). Unknown keys are
-//! errors naming the key. The `[runs]` table is kept as-is for `courier-runs` to validate.
+//! errors naming the key. The `[runs]` table is kept as-is for `courier-runs` to validate, the
+//! `[agents.NAME]` tables for `courier-agent`.
 
 mod buses;
 mod rate_limit;
@@ -103,6 +104,20 @@ pub struct Config {
     /// `[schedules.NAME]`: recurring messages ([`ScheduleConfig`]).
     #[serde(default)]
     pub schedules: BTreeMap<String, ScheduleConfig>,
+    /// `[agents.NAME]`: agent tables kept as-is for `courier-agent` to validate.
+    #[serde(default)]
+    pub agents: AgentTables,
+}
+
+/// The `[agents.NAME]` tables, kept as-is. They hold API keys: `Debug` shows their names only.
+#[derive(Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct AgentTables(pub BTreeMap<String, toml::Table>);
+
+impl std::fmt::Debug for AgentTables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
 }
 
 /// One `[transports.NAME]` table.
@@ -748,6 +763,18 @@ mod tests {
         assert!(
             err.contains("transports.a.failure_transport: unknown transport `f`"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn agent_tables_are_kept_and_never_shown() {
+        let text = "[agents.a]\nmodel = \"m\"\n[[agents.a.providers]]\nbase_url = \"http://127.0.0.1/v1\"\napi_key = \"${KEY}\"";
+        let config = Config::parse_with(text, |v| (v == "KEY").then(|| "sk-agent-key".to_owned()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(config.agents.0["a"]["model"].as_str(), Some("m"));
+        assert!(
+            !format!("{config:?}").contains("sk-agent-key"),
+            "{config:?}"
         );
     }
 
