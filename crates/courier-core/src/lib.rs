@@ -53,6 +53,7 @@ pub mod retry;
 pub mod schedule;
 pub mod signing;
 mod stamp;
+pub mod testing;
 pub mod trace;
 mod transport;
 pub mod worker;

@@ -88,6 +88,17 @@ struct Entry {
     delivery: Option<(u64, Instant)>,
 }
 
+/// One send, as recorded: the envelope with its id, and whether it was a dispatch or a worker's
+/// [`Transport::retry`] (a retry, or an unstarted message released on stop), which the
+/// assertions of [`crate::testing`] leave out.
+#[derive(Clone)]
+pub(crate) struct SentRecord {
+    pub(crate) envelope: Envelope,
+    pub(crate) retry: bool,
+    /// Checked off by an `assert_dispatched*` call.
+    pub(crate) checked: bool,
+}
+
 #[derive(Default)]
 struct State {
     next_id: u64,
@@ -96,7 +107,7 @@ struct State {
     ready: BTreeSet<Key>,
     /// Live deliveries by deadline, so expiry is found without scanning every entry.
     deliveries: BTreeSet<(Instant, u64)>,
-    sent: Vec<Envelope>,
+    sent: Vec<SentRecord>,
     acked: Vec<Envelope>,
     rejected: Vec<Envelope>,
 }
@@ -105,7 +116,8 @@ struct State {
 ///
 /// Honours [`DelayStamp`] and [`PriorityStamp`] on tokio's clock (so `tokio::time::pause` makes
 /// delay tests instant), redelivers messages not acked within `redeliver_timeout`, and records
-/// every envelope sent, acked and rejected for assertions.
+/// every envelope sent, acked and rejected for assertions: see [`crate::testing`] for typed
+/// assertions on what was dispatched ([`InMemoryTransport::assert_dispatched`]).
 ///
 /// ```
 /// use courier_core::{Envelope, InMemoryTransport, Message, Transport};
@@ -132,6 +144,9 @@ pub struct InMemoryTransport {
     dedup: super::MemoryDeduplicator,
     /// The queue's rate-limit bucket, shared by its clones (the workers of this process).
     limits: super::MemoryRateLimiter,
+    /// Woken at every send, ack and reject (shared by its clones): what a fetch waits on in
+    /// [`crate::testing::run_until_empty`].
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl fmt::Debug for InMemoryTransport {
@@ -165,6 +180,7 @@ impl InMemoryTransport {
             state: Arc::default(),
             dedup: super::MemoryDeduplicator::new(),
             limits: super::MemoryRateLimiter::new(),
+            changed: Arc::default(),
         }
     }
 
@@ -177,7 +193,42 @@ impl InMemoryTransport {
     /// Every envelope sent, in order (with its id).
     #[must_use]
     pub fn sent(&self) -> Vec<Envelope> {
+        self.lock()
+            .sent
+            .iter()
+            .map(|r| r.envelope.clone())
+            .collect()
+    }
+
+    /// The transport's name in errors and assertion messages.
+    pub(crate) fn name(&self) -> &str {
+        &self.options.name
+    }
+
+    /// Every send recorded, in order.
+    pub(crate) fn records(&self) -> Vec<SentRecord> {
         self.lock().sent.clone()
+    }
+
+    /// What is woken at every send, ack and reject.
+    pub(crate) fn changed(&self) -> &tokio::sync::Notify {
+        &self.changed
+    }
+
+    /// The earliest moment something stored becomes due: a delayed message, or a delivery whose
+    /// redelivery window ends (`None`: nothing is stored).
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        let st = self.lock();
+        let ready = st.ready.iter().map(|k| k.1).min();
+        let redelivery = st.deliveries.first().map(|d| d.0);
+        ready.into_iter().chain(redelivery).min()
+    }
+
+    /// Checks off the record at `index` (if it is still there: a [`Self::reset`] forgets it).
+    pub(crate) fn check_off(&self, index: usize) {
+        if let Some(r) = self.lock().sent.get_mut(index) {
+            r.checked = true;
+        }
     }
 
     /// Every envelope acked, in order.
@@ -201,6 +252,8 @@ impl InMemoryTransport {
     pub fn send_raw(&self, encoded: Encoded) -> String {
         let mut st = self.lock();
         let id = Self::insert(&mut st, Stored::Wire(encoded), 0, Duration::ZERO);
+        drop(st);
+        self.changed.notify_waiters();
         id.to_string()
     }
 
@@ -218,6 +271,35 @@ impl InMemoryTransport {
             },
         );
         id
+    }
+
+    /// Stores `envelope` (a dispatch, or a worker's retry) and records the send.
+    fn store(&self, envelope: Envelope, retry: bool) -> Result<Envelope, TransportError> {
+        self.capabilities()
+            .check_delay(&self.options.name, &envelope)?;
+        let delay = envelope
+            .last::<DelayStamp>()
+            .map_or(Duration::ZERO, |d| d.0);
+        let priority = envelope.last::<PriorityStamp>().map_or(0, |p| p.0);
+        let stored = if self.options.serialize {
+            Stored::Wire(
+                crate::codec::encode_with(&envelope, self.options.serializer)
+                    .map_err(|e| self.error(TransportErrorKind::Encode).with_source(e))?,
+            )
+        } else {
+            Stored::Value(Self::strip_local(envelope.clone()))
+        };
+        let mut st = self.lock();
+        let id = Self::insert(&mut st, stored, priority, delay);
+        let sent = envelope.with(TransportMessageIdStamp(id.to_string()));
+        st.sent.push(SentRecord {
+            envelope: sent.clone(),
+            retry,
+            checked: false,
+        });
+        drop(st);
+        self.changed.notify_waiters();
+        Ok(sent)
     }
 
     fn error(&self, kind: TransportErrorKind) -> TransportError {
@@ -270,25 +352,20 @@ impl Transport for InMemoryTransport {
     }
 
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
-        self.capabilities()
-            .check_delay(&self.options.name, &envelope)?;
-        let delay = envelope
-            .last::<DelayStamp>()
-            .map_or(Duration::ZERO, |d| d.0);
-        let priority = envelope.last::<PriorityStamp>().map_or(0, |p| p.0);
-        let stored = if self.options.serialize {
-            Stored::Wire(
-                crate::codec::encode_with(&envelope, self.options.serializer)
-                    .map_err(|e| self.error(TransportErrorKind::Encode).with_source(e))?,
-            )
+        self.store(envelope, false)
+    }
+
+    /// [`Transport::retry`]'s default, with the send recorded as a retry, not a dispatch.
+    async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
+        let old = envelope.clone();
+        let next = envelope.without_all::<DelayStamp>();
+        let next = if delay.is_zero() {
+            next
         } else {
-            Stored::Value(Self::strip_local(envelope.clone()))
+            next.with(DelayStamp(delay))
         };
-        let mut st = self.lock();
-        let id = Self::insert(&mut st, stored, priority, delay);
-        let sent = envelope.with(TransportMessageIdStamp(id.to_string()));
-        st.sent.push(sent.clone());
-        Ok(sent)
+        self.store(next, true)?;
+        self.ack(&old).await
     }
 
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
@@ -335,6 +412,7 @@ impl Transport for InMemoryTransport {
     async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
         if let Some(env) = self.remove_delivery(envelope) {
             self.lock().acked.push(env);
+            self.changed.notify_waiters();
         }
         Ok(())
     }
@@ -342,6 +420,7 @@ impl Transport for InMemoryTransport {
     async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
         if let Some(env) = self.remove_delivery(envelope) {
             self.lock().rejected.push(env);
+            self.changed.notify_waiters();
         }
         Ok(())
     }
@@ -384,6 +463,10 @@ impl Transport for InMemoryTransport {
 
     fn as_rate_limiter(&self) -> Option<&dyn super::RateLimiter> {
         Some(&self.limits)
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 
     fn capabilities(&self) -> Capabilities {

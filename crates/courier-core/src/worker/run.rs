@@ -89,8 +89,9 @@ struct Beside {
     ackers: Vec<Acker>,
     ack_tasks: Vec<JoinHandle<AckStats>>,
     keepalive: Option<AbortOnDrop<()>>,
-    /// Bumps the heartbeat metric every second, beside the loop.
-    heartbeat: AbortOnDrop<()>,
+    /// Bumps the heartbeat metric every second, beside the loop (not under
+    /// [`crate::testing::run_until_empty`]).
+    heartbeat: Option<AbortOnDrop<()>>,
     releases: Vec<JoinHandle<u64>>,
 }
 
@@ -163,7 +164,10 @@ impl Worker {
             ackers,
             ack_tasks,
             keepalive,
-            heartbeat: AbortOnDrop(crate::metrics::spawn_heartbeat()),
+            heartbeat: self
+                .options
+                .heartbeat_metric
+                .then(|| AbortOnDrop(crate::metrics::spawn_heartbeat())),
             releases: Vec::new(),
         }
     }
