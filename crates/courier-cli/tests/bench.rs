@@ -59,6 +59,13 @@ fn bench_raw_reports_produce_and_consume_ratios_on_sqlite() {
     throughput_beside_raw(None);
 }
 
+fn calls_total_of(calls: &Value) -> f64 {
+    calls
+        .as_object()
+        .map(|m| m.values().filter_map(Value::as_f64).sum())
+        .unwrap_or(0.0)
+}
+
 /// `bench --runs` as JSON: every run executed once, its statements counted.
 fn runs_are_counted(dsn: Option<&str>) -> Value {
     let env = Env::empty();
@@ -85,22 +92,27 @@ fn runs_are_counted(dsn: Option<&str>) -> Value {
         "{out}"
     );
     let calls = &out["store_calls_per_run"];
-    // Each run is inserted, claimed and settled exactly once, and checkpoints its 3 steps.
+    // Each run is inserted, claimed and settled exactly once, and journals its 3 durable
+    // steps, each in the write that renews its lease (no separate renewal, no event).
     assert_eq!(calls["insert_queued"], 1.0, "{out}");
     assert_eq!(calls["claim"], 1.0, "{out}");
     assert_eq!(calls["settle"], 1.0, "{out}");
-    assert_eq!(calls["append_event"], 3.0, "{out}");
+    assert_eq!(calls["journal"], 3.0, "{out}");
+    assert!(
+        calls["renew"].is_null() && calls["append_event"].is_null(),
+        "{out}"
+    );
     let submit = out["store_statements"]["submit"].as_f64().unwrap_or(0.0);
     let execute = out["store_statements"]["execute"].as_f64().unwrap_or(0.0);
     assert!(submit > 0.0 && execute > 0.0, "{out}");
     let total = out["store_statements_per_run"].as_f64().unwrap_or(0.0);
     assert!((total - submit - execute).abs() < 1e-9, "{out}");
     // Statements are at least the calls (a call is one statement or more).
-    let calls_total: f64 = calls
-        .as_object()
-        .map(|m| m.values().filter_map(Value::as_f64).sum())
-        .unwrap_or(0.0);
+    let calls_total = calls_total_of(calls);
     assert!(total >= calls_total && calls_total > 0.0, "{out}");
+    // Round trips: at least one per call, at most one per statement.
+    let trips = out["store_round_trips_per_run"].as_f64().unwrap_or(0.0);
+    assert!(trips >= calls_total && trips <= total, "{out}");
     // Each run's RunAgent message was sent once and came back in some batch.
     assert_eq!(out["transport_calls_per_run"]["send"], 1.0, "{out}");
     assert!(positive(&out["transport_calls_per_run"]["get"]), "{out}");

@@ -1,5 +1,5 @@
-//! `courier bench --runs`: N scripted runs of 3 no-op steps (`{"sleep_ms":0}` twice, then
-//! `{"output":"ok"}`), submitted one by one (`Runtime::enqueue`: the run row, then its
+//! `courier bench --runs`: N scripted runs of 3 durable no-op steps (`{"step": ...}`, each
+//! journaled in the write that renews the lease), submitted one by one (`Runtime::enqueue`: the run row, then its
 //! `RunAgent` message), then executed by W in-process workers sharing one bus and one runtime,
 //! the run store and the RunAgent queue on the same database (`--dsn`, SQL only; tables and
 //! queue of their own, dropped after). Reports submitted and executed runs per second, and the
@@ -32,7 +32,7 @@ const STEPS: u64 = 3;
 const STALL: Duration = Duration::from_secs(60);
 
 fn script() -> Value {
-    json!({"steps": [{"sleep_ms": 0}, {"sleep_ms": 0}, {"output": "ok"}]})
+    json!({"steps": [{"step": "one"}, {"step": "two"}, {"step": "three", "result": "ok"}]})
 }
 
 pub(super) async fn measure(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn) -> CliResult {
@@ -144,6 +144,7 @@ async fn execute(
     let per_run = |n: u64| n as f64 / runs as f64;
     let submit_statements = per_run(counting.statements(&submit_store));
     let execute_statements = per_run(counting.statements(&execute_store));
+    let round_trips = per_run(counting.round_trips(&total_store));
     let store_calls = per_method(&STORE_METHODS, &total_store, runs);
     let transport_calls = per_method(&TRANSPORT_METHODS, &total_transport, runs);
     let transport_statements = per_run(CountingTransport::statements(&total_transport));
@@ -164,6 +165,7 @@ async fn execute(
             "runs_per_s": runs_per_s,
             "store_statements_per_run": submit_statements + execute_statements,
             "store_statements": { "submit": submit_statements, "execute": execute_statements },
+            "store_round_trips_per_run": round_trips,
             "store_calls_per_run": store_calls,
             "transport_statements_per_run": transport_statements,
             "transport_calls_per_run": transport_calls,
@@ -174,7 +176,7 @@ async fn execute(
     println!("{:<10} {submit_per_s:>10.0}", "submit");
     println!("{:<10} {runs_per_s:>10.0}", "execute");
     println!(
-        "store statements per run: {:.2} (submit {submit_statements:.2}, execute {execute_statements:.2})",
+        "store statements per run: {:.2} (submit {submit_statements:.2}, execute {execute_statements:.2}); round trips {round_trips:.2}",
         submit_statements + execute_statements
     );
     println!("  calls per run: {}", listing(&store_calls));

@@ -81,9 +81,20 @@ pub(super) struct Runs<DB: RunDialect> {
     /// The database has `INSERT ... RETURNING`: an insert returns the new row (or sequence
     /// number) in the same statement.
     insert_returning: bool,
+    /// SQLite has one writer: this store's journal writes take turns here rather than in
+    /// SQLite's busy handler, which sleeps in steps of milliseconds (None elsewhere).
+    pub(super) writer: Option<tokio::sync::Mutex<()>>,
 }
 
 impl<DB: RunDialect> Runs<DB> {
+    /// This process's turn to write, on SQLite (see `writer`); nothing elsewhere.
+    pub(super) async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match &self.writer {
+            Some(writer) => Some(writer.lock().await),
+            None => None,
+        }
+    }
+
     /// The run tables on `pool`; `insert_returning`: inserts use `INSERT ... RETURNING`
     /// (PostgreSQL, SQLite).
     pub(super) fn new(
@@ -92,6 +103,7 @@ impl<DB: RunDialect> Runs<DB> {
         insert_returning: bool,
     ) -> Self {
         Self {
+            writer: (DB::DIALECT == Dialect::Sqlite).then(|| tokio::sync::Mutex::new(())),
             pool,
             runs: options.runs_table.clone(),
             events: options.events_table.clone(),
@@ -379,6 +391,7 @@ where
                 .bind(worker)
                 .bind(lease_ms(lease))
                 .bind(DB::id(id));
+            let _turn = self.turn().await;
             return in_flight(q.fetch_optional(&self.pool))
                 .await
                 .map_err(rows_error("claim"));
@@ -481,6 +494,7 @@ where
         if let Some(owner) = owner {
             q = q.bind(owner);
         }
+        let _turn = self.turn().await;
         self.matched("settle", in_flight(q.execute(&self.pool)).await)
     }
 
@@ -661,6 +675,7 @@ where
     /// in the same statement (`INSERT ... RETURNING`) where the database can, else read back.
     async fn insert(&self, sql: &str, run: &NewRun) -> Result<Run, StoreError> {
         if self.insert_returning {
+            let _turn = self.turn().await;
             return sqlx::query_as(sql)
                 .bind(DB::id(run.id))
                 .bind(run.agent.as_str())

@@ -299,6 +299,7 @@ where
             }
             let q = bind_renew!(@head q, owner.is_some(), lease, w).bind(DB::id(id));
             let write = async {
+                let _turn = self.turn().await;
                 let mut conn = self.pool.acquire().await?;
                 match q.fetch_all(&mut *conn).await {
                     Ok(rows) => Ok(!rows.is_empty()),
