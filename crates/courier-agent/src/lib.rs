@@ -45,6 +45,8 @@ pub mod breaker;
 mod call;
 mod config;
 mod provider;
+#[cfg(feature = "test-server")]
+pub mod testing;
 mod tool;
 mod wire;
 

@@ -470,15 +470,21 @@ pub(crate) struct ReapArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// Runs to submit
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub(crate) runs: u32,
+    /// Runs to submit (default 200; 12 with --agent llm)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) runs: Option<u32>,
     /// Worker processes to start (`courier consume`); one is killed, another finishes its run
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(2..=64))]
     pub(crate) workers: u16,
     /// Database file (default: courier.db in the working directory)
     #[arg(long, value_name = "FILE")]
     pub(crate) db: Option<PathBuf>,
+    /// `llm`: LLM agent runs against an OpenAI-compatible test server started in-process on
+    /// 127.0.0.1 (tool calls, a 429, a 503 then a fallback, a slow answer), the server's call
+    /// counter showing that the killed worker's run did not call the model again for the steps it
+    /// had finished (feature `agent`)
+    #[arg(long, value_name = "AGENT", value_parser = ["llm"])]
+    pub(crate) agent: Option<String>,
 }
 
 #[derive(Debug, Args)]

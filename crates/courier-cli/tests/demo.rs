@@ -149,3 +149,109 @@ fn the_demo_needs_two_workers() {
     let err = env.run(&["demo", "--runs", "5", "--workers", "1"]);
     assert!(err.fails(2).contains("--workers"), "{}", err.stderr);
 }
+
+/// `courier demo --agent llm`: LLM agent runs against the in-process test server; a worker
+/// process is SIGKILLed in the long run's slow tool; the server's own call counter agrees with
+/// the journal: every call it answered 200 is one model step journaled (none ran twice), and
+/// after the kill it got no call for a model step finished before it.
+#[cfg(all(unix, feature = "agent"))]
+#[test]
+fn the_llm_demo_resumes_the_killed_run_without_calling_the_model_again_for_finished_steps() {
+    let env = Env::empty();
+    let demo = env.spawn(&[
+        "demo",
+        "--agent",
+        "llm",
+        "--runs",
+        "8",
+        "--workers",
+        "2",
+        "--format",
+        "json",
+    ]);
+    let out = wait(demo, Duration::from_secs(110));
+    let s = out.json();
+    let num = |v: &Value| {
+        v.as_u64()
+            .unwrap_or_else(|| panic!("not a number: {v} in {s}"))
+    };
+    assert_eq!(s["agent"], "llm", "{s}");
+    assert_eq!(num(&s["runs"]), 8);
+    assert_eq!(num(&s["completed"]), 8, "every run completed: {s}");
+
+    // The crash: a worker process died of SIGKILL; another reaped and finished its run.
+    let k = &s["killed_worker"];
+    let killed = u32_of(&k["pid"]);
+    assert_eq!(k["signal"], 9, "{s}");
+    assert_eq!(k["finished_status"], "completed", "{s}");
+    assert_ne!(u32_of(&k["finished_by_pid"]), killed, "{s}");
+    let run = env.show(k["run_id"].as_str().expect("run_id"));
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["requeue_count"], 1, "reaped once: {run}");
+    assert_eq!(run["steps_replayed"], k["steps_replayed"], "{run}");
+
+    // The killed run, from the server's record: before the kill, one call per finished model
+    // step; after it, one call per model step that ran after the resume, none for a step the
+    // killed worker had finished (those were replayed from the journal).
+    let kr = &s["killed_run"];
+    let before = num(&kr["model_steps_before_kill"]);
+    assert!(before >= 2, "killed after its second model call: {s}");
+    assert_eq!(num(&kr["server_calls_before_kill"]), before, "{s}");
+    assert_eq!(num(&kr["calls_again_for_finished_steps"]), 0, "{s}");
+    let after = num(&kr["model_steps_ran_after"]);
+    assert!(after >= 1, "{s}");
+    assert_eq!(num(&kr["server_calls_after_kill"]), after, "{s}");
+    let model_steps = |run: &Value| {
+        run["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .filter(|st| st["name"] == "model")
+            .count() as u64
+    };
+    assert_eq!(model_steps(&run), before + after, "{run}");
+    assert!(
+        num(&k["steps_replayed"]) >= before,
+        "the finished model steps were replayed: {s}"
+    );
+
+    // All runs: the server's 200 answers are the model steps journaled in the store (read back
+    // run by run here), each once; the scripted failures were seen and the fallback answered.
+    let runs = env
+        .run(&["runs", "list", "--limit", "100", "--format", "json"])
+        .json();
+    let journaled: u64 = runs
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|r| model_steps(&env.show(r["id"].as_str().expect("id"))))
+        .sum();
+    assert_eq!(num(&s["model_steps_journaled"]), journaled, "{s}");
+    let server = &s["server"];
+    assert_eq!(num(&server["answered"]), journaled, "{s}");
+    assert_eq!(num(&server["by_status"]["200"]), journaled, "{s}");
+    let by_status: u64 = server["by_status"]
+        .as_object()
+        .expect("by_status")
+        .values()
+        .map(num)
+        .sum();
+    assert_eq!(by_status, num(&server["calls"]), "{s}");
+    assert!(
+        num(&server["by_status"]["429"]) >= 2,
+        "a 429 from both providers: {s}"
+    );
+    assert!(num(&server["by_status"]["503"]) >= 1, "{s}");
+    assert!(num(&s["runs_answered_by_fallback"]) >= 1, "{s}");
+    assert!(
+        num(&s["requeued"]) >= 2,
+        "the 429 runs and the killed one: {s}"
+    );
+    let providers: Vec<&str> = s["breakers"]
+        .as_array()
+        .expect("breakers")
+        .iter()
+        .filter_map(|b| b["provider"].as_str())
+        .collect();
+    assert_eq!(providers, ["fallback", "primary"], "{s}");
+}

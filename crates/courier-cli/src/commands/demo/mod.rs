@@ -10,6 +10,8 @@
 //! runs out, a surviving worker's reaper requeues it and a worker finishes it. The demo ends with
 //! a summary read back from the store.
 
+#[cfg(feature = "agent")]
+pub(crate) mod llm;
 mod script;
 mod summary;
 mod workers;
@@ -30,12 +32,22 @@ use crate::wiring::Wiring;
 use summary::{KilledWorker, Tally};
 use workers::{Line, WorkDir, Workers};
 
+/// Runs submitted without --runs.
+const DEFAULT_RUNS: u32 = 200;
 /// The longest the demo may take.
 const DEADLINE: Duration = Duration::from_secs(120);
 /// The longest the demo waits for a worker to be running the long run.
 const CRASH_DEADLINE: Duration = Duration::from_secs(30);
 
 pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &DemoArgs) -> CliResult {
+    if args.agent.is_some() {
+        #[cfg(feature = "agent")]
+        return llm::run(app, cli, args).await;
+        #[cfg(not(feature = "agent"))]
+        return Err(CliError::usage(
+            "`demo --agent llm` needs the `agent` feature (cargo run --features agent -- demo --agent llm)",
+        ));
+    }
     let out = Out::new(cli.format == Format::Text && !cli.quiet);
     let db = args
         .db
@@ -83,7 +95,7 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &DemoArgs) -> CliResult {
     let crash_run = submit(0, script::crash_run()).await?;
     let mut ids = vec![crash_run];
     let mut rng = fastrand::Rng::with_seed(7);
-    for i in 1..args.runs {
+    for i in 1..args.runs.unwrap_or(DEFAULT_RUNS) {
         ids.push(submit(i, script::run(i, &mut rng)).await?);
     }
 
