@@ -359,6 +359,11 @@ impl AmqpOptions {
                 }
                 "max_backoff" => o.max_backoff = parse_duration(value).map_err(|e| bad(&e))?,
                 "serializer" => o.serializer = value.parse().map_err(|e| bad(&format!("{e}")))?,
+                "concurrency_max" | "concurrency_key" | "fair" => {
+                    return Err(format!(
+                        "option `{key}`: a concurrency limit per key or fair claims need a slot store shared by every worker, which RabbitMQ does not have (a per-process limit would be wrong across hosts, so Courier refuses it): use a SQL transport (concurrency_max, concurrency_key, fair) for this queue"
+                    ));
+                }
                 other => {
                     if let Some(q) = bracket(other, "queues") {
                         let i = queue_entry(&mut queues, q);
@@ -454,6 +459,21 @@ mod tests {
         assert_eq!(o.queues[1], QueueOptions::new("b").quorum());
         assert_eq!(o.prefetch, 1);
         assert_eq!(o.confirm_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn a_concurrency_limit_is_refused_not_degraded_to_per_process() {
+        for option in ["concurrency_max=3", "concurrency_key=$.tenant", "fair=true"] {
+            let dsn = Dsn::parse(&format!("amqp://localhost/%2f/jobs?{option}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let e = AmqpOptions::from_dsn("jobs", &dsn)
+                .err()
+                .unwrap_or_default();
+            assert!(
+                e.contains("RabbitMQ does not have") && e.contains("use a SQL transport"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -385,6 +385,11 @@ impl NatsOptions {
                 }
                 "serializer" => o.serializer = value.parse().map_err(|e| bad(&format!("{e}")))?,
                 "token" => o.token = Some(value.clone()),
+                "concurrency_max" | "concurrency_key" | "fair" => {
+                    return Err(format!(
+                        "option `{key}`: a concurrency limit per key or fair claims need a slot store shared by every worker, which NATS JetStream does not have (a per-process limit would be wrong across hosts, so Courier refuses it): use a SQL transport (concurrency_max, concurrency_key, fair) for this queue"
+                    ));
+                }
                 other => {
                     return Err(format!(
                         "unknown option `{other}` (known: {})",
@@ -523,6 +528,19 @@ mod tests {
             "app.orders.delayed",
             "the default delay subject follows the subject"
         );
+    }
+
+    #[test]
+    fn a_concurrency_limit_is_refused_not_degraded_to_per_process() {
+        for option in ["concurrency_max=3", "concurrency_key=$.tenant", "fair=true"] {
+            let e = parse(&format!("nats://localhost:4222/jobs?{option}"))
+                .err()
+                .unwrap_or_default();
+            assert!(
+                e.contains("NATS JetStream does not have") && e.contains("use a SQL transport"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -119,6 +119,14 @@ impl RedisOptions {
     /// # Errors
     /// A reason naming an unknown option or a bad value.
     pub fn from_dsn(mut self, dsn: &Dsn) -> Result<Self, String> {
+        if let Some(key) = ["concurrency_max", "concurrency_key", "fair"]
+            .into_iter()
+            .find(|k| dsn.option(k).is_some())
+        {
+            return Err(format!(
+                "option `{key}`: a concurrency limit per key and fair claims are not built on Redis yet (a per-process limit would be wrong across hosts, so Courier refuses it): use a SQL transport (concurrency_max, concurrency_key, fair) for this queue"
+            ));
+        }
         dsn.check_options(Self::DSN_OPTIONS).map_err(|e| e.reason)?;
         let text = |key: &str| -> Result<Option<String>, String> {
             match dsn.option(key) {
@@ -243,6 +251,22 @@ mod tests {
         assert_eq!(o.effective_claim_interval(), Duration::from_secs(5));
         assert_eq!(o.db, Some(3));
         assert_eq!(o.poll_window, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn a_concurrency_limit_is_refused_not_degraded_to_per_process() {
+        for option in ["concurrency_max=3", "concurrency_key=$.tenant", "fair=true"] {
+            let dsn = Dsn::parse(&format!("redis://localhost/jobs?{option}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let e = RedisOptions::default()
+                .from_dsn(&dsn)
+                .err()
+                .unwrap_or_default();
+            assert!(
+                e.contains("not built on Redis yet") && e.contains("use a SQL transport"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub(crate) struct NewRow {
     pub(crate) priority: i16,
     /// Milliseconds after the database's now.
     pub(crate) delay_ms: i64,
+    /// The concurrency key (written on queues with flow control only).
+    pub(crate) key: Option<String>,
 }
 
 /// A stored message as read back. Body and headers are read as bytes, in a way that cannot
@@ -182,6 +184,13 @@ pub(crate) trait Backend: Send + Sync + Debug {
     ) -> Result<Vec<Option<i64>>, sqlx::Error>;
     /// Inserts rows in one statement (or one transaction); returns their ids in order.
     async fn insert(&self, rows: &[NewRow]) -> Result<Vec<i64>, sqlx::Error>;
+
+    /// After acks freed concurrency slots: wakes the queue's waiting consumers in other
+    /// processes where the database pushes wake-ups (PostgreSQL `NOTIFY`, on a queue with a
+    /// concurrency limit); elsewhere nothing.
+    async fn slots_freed(&self) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
     /// Inserts rows on the caller's connection (`conn` is the dialect's `sqlx` connection, inside
     /// the caller's transaction); returns their ids in order. Not retried, no write turn.
     async fn insert_in(

@@ -131,7 +131,7 @@ pub use error::is_transient;
 pub use factory::{SqlPoolFactory, SqlTransportFactory};
 pub use inbox::{Inbox, InboxOptions, MAX_MESSAGE_ID_LEN};
 pub use limits::limits_table;
-pub use options::{DEFAULT_TABLE, SqlOptions};
+pub use options::{DEFAULT_TABLE, KeyPath, SqlOptions};
 pub use outbox::dispatch_in;
 pub use paused::paused_table;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

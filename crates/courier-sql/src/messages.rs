@@ -241,6 +241,138 @@ impl Statements {
     }
 }
 
+/// The statements of a queue with flow control per key (`concurrency_max`, `fair`): rows carry
+/// a `concurrency_key`, and the claim ranks the claimable rows per key with a window function.
+/// A slot is a delivered row under a live lease (`delivered_at` within the redelivery window):
+/// nothing else holds it, so an ack, a retry or an expired lease frees it and none can leak.
+#[derive(Debug)]
+pub(crate) struct FlowStatements {
+    /// SQLite and PostgreSQL: claims in one statement (binds: queue, redelivery window, limit,
+    /// delivery id). MySQL: the select of the rows to claim (binds: queue, window, queue,
+    /// window, limit); the update follows as in the plain claim.
+    pub(crate) claim: String,
+    /// Serialises the claims of the queue across hosts: PostgreSQL, a transaction-scoped
+    /// advisory lock (bind: the lock's name); MySQL, a named lock of the session (binds: name,
+    /// timeout in seconds). SQLite: `None` (its write lock serialises).
+    pub(crate) lock: Option<String>,
+    /// MySQL: releases the named lock (bind: name).
+    pub(crate) unlock: Option<String>,
+    /// The name of the queue's claim lock.
+    pub(crate) lock_name: String,
+    /// The next due time, leaving out waiting rows of full keys (binds: window, queue, queue,
+    /// window); without a limit, the plain statement's.
+    pub(crate) next_due: Option<String>,
+    /// PostgreSQL: wakes the queue's waiting consumers after an ack freed a slot (binds:
+    /// channel, queue).
+    pub(crate) notify: Option<String>,
+}
+
+impl FlowStatements {
+    pub(crate) fn new(dialect: Dialect, t: &str, max: Option<u32>, fair: bool) -> Self {
+        let r = |template: String| dialect.render(&template);
+        let claimable = "queue_name = ? AND available_at <= {now}                          AND (delivered_at IS NULL OR delivered_at < {now} - ?)";
+        // The key's n-th claimable row (FIFO inside a key), and how many of its rows are
+        // delivered under a live lease: a row may be claimed while n + busy <= max.
+        let full = max.map_or(String::new(), |max| {
+            format!(" WHERE (r.concurrency_key IS NULL OR r.rn + COALESCE(b.busy, 0) <= {max})")
+        });
+        let busy_join = if max.is_some() {
+            format!(
+                " LEFT JOIN (SELECT concurrency_key, COUNT(*) AS busy FROM {t}                  WHERE queue_name = ? AND concurrency_key IS NOT NULL AND delivered_at >= {{now}} - ?                  GROUP BY concurrency_key) b ON b.concurrency_key = r.concurrency_key"
+            )
+        } else {
+            String::new()
+        };
+        let order = if fair {
+            "r.priority DESC, r.rn, r.available_at, r.id"
+        } else {
+            "r.priority DESC, r.available_at, r.id"
+        };
+        let pick = |busy_join: &str| {
+            format!(
+                "SELECT r.id FROM (SELECT id, priority, available_at, concurrency_key,                  ROW_NUMBER() OVER (PARTITION BY concurrency_key ORDER BY priority DESC, available_at, id) AS rn                  FROM {t} WHERE {claimable}) r{busy_join}{full} ORDER BY {order} LIMIT ?"
+            )
+        };
+        // SQLite numbers its binds, so the busy count reuses the queue and the window;
+        // PostgreSQL's are written out; MySQL binds them again.
+        let numbered = |sql: String, marks: &[&str]| {
+            let mut out = String::with_capacity(sql.len());
+            let mut n = 0;
+            for c in sql.chars() {
+                if c == '?' {
+                    out.push_str(marks.get(n).copied().unwrap_or("?"));
+                    n += 1;
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        };
+        let claim = match dialect {
+            Dialect::Sqlite => {
+                let marks: &[&str] = if max.is_some() {
+                    &["?1", "?2", "?1", "?2", "?3"]
+                } else {
+                    &["?1", "?2", "?3"]
+                };
+                r(format!(
+                    "UPDATE {t} SET delivered_at = {{now}}, delivery_id = ?4 WHERE id IN ({})                      RETURNING {COLUMNS}",
+                    numbered(pick(&busy_join), marks)
+                ))
+            }
+            Dialect::Postgres => {
+                let marks: &[&str] = if max.is_some() {
+                    &["$1", "$2", "$1", "$2", "$3"]
+                } else {
+                    &["$1", "$2", "$3"]
+                };
+                // Under the queue's claim lock, so no other claim counts the same slots; the
+                // update checks each row is still claimable (a claim without the lock, of
+                // another version, may have taken it).
+                r(format!(
+                    "WITH picked AS (SELECT ARRAY({}) AS ids)                      UPDATE {t} SET delivered_at = {{now}}, delivery_id = $4 FROM picked                      WHERE {t}.id = ANY(picked.ids) AND ({t}.delivered_at IS NULL OR {t}.delivered_at < {{now}} - $2)                      RETURNING {t}.id, {t}.body, {t}.headers, {t}.priority, {t}.available_at",
+                    numbered(pick(&busy_join), marks)
+                ))
+            }
+            Dialect::Mysql => r(format!(
+                "SELECT {COLUMNS} FROM {t} WHERE id IN (SELECT id FROM ({}) p)",
+                pick(&busy_join)
+            )),
+        };
+        let (lock, unlock) = match dialect {
+            Dialect::Sqlite => (None, None),
+            Dialect::Postgres => (
+                // The transport's sessions plan with `enable_sort = off` (its plain statements
+                // walk indexes); ranking per key sorts, so this transaction turns it back on.
+                Some(
+                    "SELECT set_config('enable_sort', 'on', true), pg_advisory_xact_lock(hashtext($1))"
+                        .to_owned(),
+                ),
+                None,
+            ),
+            Dialect::Mysql => (
+                Some("SELECT GET_LOCK(?, ?)".to_owned()),
+                Some("SELECT RELEASE_LOCK(?)".to_owned()),
+            ),
+        };
+        let next_due = max.map(|max| {
+            r(format!(
+                "SELECT CAST(MIN(CASE WHEN delivered_at IS NULL THEN available_at                  ELSE {{greatest}}(available_at, delivered_at + ?) END) - {{now}} AS {{bigint}})                  FROM {t} WHERE queue_name = ? AND (delivered_at IS NOT NULL OR concurrency_key IS NULL                  OR concurrency_key NOT IN (SELECT concurrency_key FROM {t} WHERE queue_name = ?                  AND concurrency_key IS NOT NULL AND delivered_at >= {{now}} - ?                  GROUP BY concurrency_key HAVING COUNT(*) >= {max}))"
+            ))
+        });
+        Self {
+            claim,
+            lock,
+            unlock,
+            // MySQL lock names are at most 64 characters (a table name is at most 46).
+            lock_name: format!("courier_claim:{t}"),
+            next_due,
+            notify: (dialect == Dialect::Postgres && max.is_some())
+                .then(|| "SELECT pg_notify($1, $2)".to_owned()),
+        }
+    }
+}
+
 /// The message table of one queue on the database `DB`.
 #[derive(Debug)]
 pub(crate) struct Messages<DB: MessageDialect> {
@@ -251,6 +383,8 @@ pub(crate) struct Messages<DB: MessageDialect> {
     pub(crate) redeliver_ms: i64,
     pub(crate) state: DB::State,
     pub(crate) dedup: crate::dedup::DedupStatements,
+    /// Flow control per key, when configured.
+    pub(crate) flow: Option<FlowStatements>,
 }
 
 impl<DB: MessageDialect> Messages<DB> {
@@ -263,6 +397,9 @@ impl<DB: MessageDialect> Messages<DB> {
             redeliver_ms: i64::try_from(o.redeliver_timeout.as_millis()).unwrap_or(i64::MAX),
             state,
             dedup: crate::dedup::DedupStatements::new(DB::DIALECT, &o.table_name),
+            flow: o.keyed().then(|| {
+                FlowStatements::new(DB::DIALECT, &o.table_name, o.concurrency_max, o.fair)
+            }),
         }
     }
 
@@ -325,6 +462,19 @@ where
         .bind(row.headers.as_str())
         .bind(row.priority)
         .bind(row.delay_ms)
+}
+
+/// Binds a row's concurrency key (after [`bind_row`], on a keyed queue).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn bind_key<'q, DB>(
+    q: sqlx::query::Query<'q, DB, DB::Arguments<'q>>,
+    row: &'q NewRow,
+) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
+where
+    DB: sqlx::Database,
+    Option<&'q str>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    q.bind(row.key.as_deref())
 }
 
 fn limit(n: usize) -> i64 {
@@ -548,6 +698,9 @@ where
 
     async fn claim(&self, max: usize, delivery_id: i64) -> Result<Vec<StoredRow>, sqlx::Error> {
         let _turn = self.write_turn().await;
+        if self.flow.is_some() && DB::DIALECT != Dialect::Sqlite {
+            return self.claim_keyed(&[], max, delivery_id).await;
+        }
         if DB::DIALECT == Dialect::Mysql {
             // SELECT ... FOR UPDATE SKIP LOCKED, then one UPDATE, in one READ COMMITTED
             // transaction (no gap locks, so claims, inserts and deletes do not deadlock).
@@ -570,6 +723,9 @@ where
             return self.claim(max, delivery_id).await;
         }
         let _turn = self.write_turn().await;
+        if self.flow.is_some() && DB::DIALECT != Dialect::Sqlite {
+            return self.claim_keyed(deliveries, max, delivery_id).await;
+        }
         if let Some(rows) = DB::delete_and_claim(self, deliveries, max, delivery_id).await {
             let mut rows = rows?;
             sort_claimed(&mut rows);
@@ -600,6 +756,15 @@ where
     }
 
     async fn next_due_in(&self) -> Result<Option<i64>, sqlx::Error> {
+        if let Some(sql) = self.flow.as_ref().and_then(|f| f.next_due.as_ref()) {
+            return sqlx::query_scalar(sql)
+                .bind(self.redeliver_ms)
+                .bind(self.queue.as_str())
+                .bind(self.queue.as_str())
+                .bind(self.redeliver_ms)
+                .fetch_one(&self.pool)
+                .await;
+        }
         sqlx::query_scalar(&self.sql.next_due)
             .bind(self.redeliver_ms)
             .bind(self.queue.as_str())
@@ -700,6 +865,17 @@ where
 
     fn start_listener(&self, wake: &Arc<Wake>) {
         DB::start_listener(self, wake);
+    }
+
+    async fn slots_freed(&self) -> Result<(), sqlx::Error> {
+        if let Some(sql) = self.flow.as_ref().and_then(|f| f.notify.as_ref()) {
+            sqlx::query(sql)
+                .bind(self.table.as_str())
+                .bind(self.queue.as_str())
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
     }
 
     fn connection_ids(&self) -> Vec<u64> {
@@ -838,6 +1014,97 @@ where
         Ok(matched)
     }
 
+    /// MySQL: marks selected rows delivered under `delivery_id`.
+    async fn mark_claimed(
+        &self,
+        conn: &mut DB::Connection,
+        rows: &[StoredRow],
+        delivery_id: i64,
+    ) -> Result<(), sqlx::Error> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let sql = DB::DIALECT.render(&format!(
+            "UPDATE {} SET delivered_at = {{now}}, delivery_id = ? WHERE id IN ({})",
+            self.table,
+            vec!["?"; rows.len()].join(", ")
+        ));
+        let mut q = sqlx::query(&sql).bind(delivery_id);
+        for r in rows {
+            q = q.bind(r.id);
+        }
+        q.execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    /// PostgreSQL and MySQL with flow control: deletes `deliveries` and claims in one
+    /// transaction under the queue's claim lock, so that no two claims count the same free
+    /// slots. PostgreSQL's lock is the transaction's (taken by [`Self::claim_on`], released at
+    /// commit); MySQL's is the session's, released only after the commit, so the next claim
+    /// reads this one's rows.
+    async fn claim_keyed(
+        &self,
+        deliveries: &[(i64, i64)],
+        max: usize,
+        delivery_id: i64,
+    ) -> Result<Vec<StoredRow>, sqlx::Error>
+    where
+        for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
+        for<'r> (Option<i64>,): sqlx::FromRow<'r, DB::Row>,
+        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        use sqlx::Connection as _;
+        let Some(flow) = &self.flow else {
+            return Ok(Vec::new());
+        };
+        let mut conn = self.writes().acquire().await?;
+        let session_lock = flow.unlock.is_some();
+        if session_lock && let Some(lock) = &flow.lock {
+            let (got,): (Option<i64>,) = sqlx::query_as(lock)
+                .bind(flow.lock_name.as_str())
+                .bind(30_i64)
+                .fetch_one(&mut *conn)
+                .await?;
+            if got != Some(1) {
+                return Err(sqlx::Error::Protocol(format!(
+                    "the claim lock `{}` was not granted within 30 s",
+                    flow.lock_name
+                )));
+            }
+        }
+        let claimed = async {
+            let mut tx = conn.begin().await?;
+            if !deliveries.is_empty() {
+                self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
+                    .await?;
+                if let Some(notify) = &flow.notify {
+                    sqlx::query(notify)
+                        .bind(self.table.as_str())
+                        .bind(self.queue.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            let rows = self.claim_on(&mut tx, max, delivery_id).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(rows)
+        }
+        .await;
+        if session_lock && let Some(unlock) = &flow.unlock {
+            let released = sqlx::query(unlock)
+                .bind(flow.lock_name.as_str())
+                .execute(&mut *conn)
+                .await;
+            if released.is_err() {
+                // A session that cannot say it released its lock does not go back to
+                // the pool holding it: closing it releases the lock.
+                let _ = conn.detach().close().await;
+                return Err(released.err().unwrap_or(sqlx::Error::PoolClosed));
+            }
+        }
+        claimed
+    }
+
     /// Claims up to `max` rows on `conn` (MySQL: the select and the update, in the caller's
     /// transaction); returns them in claim order.
     async fn claim_on(
@@ -850,6 +1117,37 @@ where
         for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
         for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     {
+        if let Some(flow) = &self.flow {
+            if DB::DIALECT == Dialect::Postgres
+                && let Some(lock) = &flow.lock
+            {
+                sqlx::query(lock)
+                    .bind(flow.lock_name.as_str())
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            let mut rows: Vec<StoredRow> = if DB::DIALECT == Dialect::Mysql {
+                let mut q = sqlx::query_as(&flow.claim)
+                    .bind(self.queue.as_str())
+                    .bind(self.redeliver_ms);
+                if self.flow.as_ref().is_some_and(|f| f.next_due.is_some()) {
+                    q = q.bind(self.queue.as_str()).bind(self.redeliver_ms);
+                }
+                let rows: Vec<StoredRow> = q.bind(limit(max)).fetch_all(&mut *conn).await?;
+                self.mark_claimed(conn, &rows, delivery_id).await?;
+                rows
+            } else {
+                sqlx::query_as(&flow.claim)
+                    .bind(self.queue.as_str())
+                    .bind(self.redeliver_ms)
+                    .bind(limit(max))
+                    .bind(delivery_id)
+                    .fetch_all(&mut *conn)
+                    .await?
+            };
+            sort_claimed(&mut rows);
+            return Ok(rows);
+        }
         let mut rows: Vec<StoredRow> = if DB::DIALECT == Dialect::Mysql {
             let rows: Vec<StoredRow> = sqlx::query_as(&self.sql.claim)
                 .bind(self.queue.as_str())
@@ -857,19 +1155,7 @@ where
                 .bind(limit(max))
                 .fetch_all(&mut *conn)
                 .await?;
-            if rows.is_empty() {
-                return Ok(rows);
-            }
-            let sql = DB::DIALECT.render(&format!(
-                "UPDATE {} SET delivered_at = {{now}}, delivery_id = ? WHERE id IN ({})",
-                self.table,
-                vec!["?"; rows.len()].join(", ")
-            ));
-            let mut q = sqlx::query(&sql).bind(delivery_id);
-            for r in &rows {
-                q = q.bind(r.id);
-            }
-            q.execute(&mut *conn).await?;
+            self.mark_claimed(conn, &rows, delivery_id).await?;
             rows
         } else {
             sqlx::query_as(&self.sql.claim)

@@ -76,6 +76,18 @@ pub static MESSAGES: Migrations = Migrations {
             mysql: None,
             present_when: None,
         },
+        Migration {
+            version: 11,
+            description: "courier messages concurrency key",
+            sqlite: include_str!("../migrations/sqlite/0011_courier_messages_concurrency_key.sql"),
+            postgres: include_str!(
+                "../migrations/postgres/0011_courier_messages_concurrency_key.sql"
+            ),
+            mysql: Some(include_str!(
+                "../migrations/mysql/0011_courier_messages_concurrency_key.sql"
+            )),
+            present_when: Some(("{messages}", "concurrency_key")),
+        },
     ],
 };
 

@@ -9,7 +9,7 @@ use sqlx::MySql;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 
 use crate::backend::NewRow;
-use crate::messages::{CHUNK, MessageDialect, Messages, bind_row};
+use crate::messages::{CHUNK, MessageDialect, Messages, bind_key, bind_row};
 use crate::pool::{ConnectionIds, Hidden, PoolSettings, explain_timeout, mysql_pool};
 use crate::{Dialect, SqlOptions};
 
@@ -59,11 +59,16 @@ async fn on_pool(
     Ok(Messages::new(pool, o, state))
 }
 
-fn insert_sql(table: &str, rows: usize, returning: bool) -> String {
+fn insert_sql(table: &str, rows: usize, returning: bool, keyed: bool) -> String {
     let now = Dialect::Mysql.now_ms_sql();
-    let values = vec![format!("(?, ?, ?, ?, {now}, {now} + ?)"); rows].join(", ");
+    let (key, mark) = if keyed {
+        (", concurrency_key", ", ?")
+    } else {
+        ("", "")
+    };
+    let values = vec![format!("(?, ?, ?, ?, {now}, {now} + ?{mark})"); rows].join(", ");
     format!(
-        "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at) VALUES {values}{}",
+        "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at{key}) VALUES {values}{}",
         if returning { " RETURNING id" } else { "" }
     )
 }
@@ -84,10 +89,14 @@ impl MessageDialect for MySql {
         // inserts one row per statement.
         let chunk_len = if m.state.mariadb { CHUNK } else { 1 };
         for chunk in rows.chunks(chunk_len) {
-            let sql = insert_sql(&m.table, chunk.len(), m.state.mariadb);
+            let keyed = m.flow.is_some();
+            let sql = insert_sql(&m.table, chunk.len(), m.state.mariadb, keyed);
             let mut q = sqlx::query(&sql);
             for r in chunk {
                 q = bind_row(q, &m.queue, r);
+                if keyed {
+                    q = bind_key(q, r);
+                }
             }
             if m.state.mariadb {
                 let mut got = Vec::with_capacity(chunk.len());

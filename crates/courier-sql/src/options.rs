@@ -13,7 +13,8 @@ use crate::dialect::{invalid_table_name, is_valid_identifier};
 /// `poll_window`, `max_connections`, `min_connections`, `acquire_timeout`, `worker_stale_after`
 /// (the worker registry's), `serializer` (`json`, the default, or `msgpack`: see
 /// [`Serializer`](courier_core::Serializer)), on PostgreSQL `cursor` (a cursor outbox, see
-/// [`SqlOptions::cursor`]), and on SQLite `busy_timeout`. Durations are
+/// [`SqlOptions::cursor`]), `concurrency_max`, `concurrency_key` and `fair` (flow control per
+/// key, see [`SqlOptions::concurrency_max`]), and on SQLite `busy_timeout`. Durations are
 /// humantime strings (`250ms`, `30s`, `1h`).
 ///
 /// ```
@@ -46,6 +47,93 @@ pub struct SqlOptions {
     pub(crate) serializer: courier_core::Serializer,
     pub(crate) cursor: bool,
     pub(crate) listen: bool,
+    pub(crate) concurrency_max: Option<u32>,
+    pub(crate) concurrency_key: Option<KeyPath>,
+    pub(crate) fair: bool,
+}
+
+/// A JSON path to a string field of a message body (`$.tenant_id`, `$.customer.id`): object
+/// members only, each name 1 to 64 ASCII letters, digits, `_` or `-`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPath {
+    path: String,
+    members: Vec<String>,
+}
+
+impl KeyPath {
+    /// Parses `$.name(.name)*`.
+    ///
+    /// # Errors
+    /// A message naming the path and what a path looks like.
+    pub fn parse(path: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "concurrency_key `{path}`: expected a JSON path to a string field of the body, \
+                 like `$.tenant_id` or `$.customer.id` (object members of letters, digits, `_`, `-`)"
+            )
+        };
+        let rest = path.strip_prefix("$.").ok_or_else(bad)?;
+        let members: Vec<String> = rest.split('.').map(str::to_owned).collect();
+        let valid = |m: &String| {
+            !m.is_empty()
+                && m.len() <= 64
+                && m.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
+        if !members.iter().all(valid) {
+            return Err(bad());
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            members,
+        })
+    }
+
+    /// The path as written.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.path
+    }
+
+    /// The key this path finds in a JSON body.
+    ///
+    /// # Errors
+    /// A message saying the field is missing, is not a string, or is not a valid key (empty or
+    /// longer than 200 bytes), or that the body is not a JSON object.
+    pub fn find(&self, body: &str) -> Result<courier_core::ConcurrencyKeyStamp, String> {
+        let value: serde_json::Value = serde_json::from_str(body).map_err(|e| {
+            format!(
+                "concurrency_key `{}`: the body is not JSON ({e})",
+                self.path
+            )
+        })?;
+        let mut at = &value;
+        for m in &self.members {
+            at = at.get(m.as_str()).ok_or_else(|| {
+                format!("concurrency_key `{}`: missing from the message", self.path)
+            })?;
+        }
+        let serde_json::Value::String(key) = at else {
+            return Err(format!(
+                "concurrency_key `{}`: expected a string, found {}",
+                self.path,
+                json_kind(at)
+            ));
+        };
+        courier_core::ConcurrencyKeyStamp::new(key.as_str())
+            .map_err(|e| format!("concurrency_key `{}`: {e}", self.path))
+    }
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
 impl Default for SqlOptions {
@@ -64,6 +152,9 @@ impl Default for SqlOptions {
             serializer: courier_core::Serializer::Json,
             cursor: false,
             listen: true,
+            concurrency_max: None,
+            concurrency_key: None,
+            fair: false,
         }
     }
 }
@@ -86,6 +177,9 @@ pub(crate) const COURIER_OPTIONS: &[&str] = &[
     "serializer",
     "cursor",
     "listen",
+    "concurrency_max",
+    "concurrency_key",
+    "fair",
 ];
 
 impl From<&SqlOptions> for PoolSettings {
@@ -161,6 +255,22 @@ impl SqlOptions {
         if let Some(b) = dsn.parse_option::<bool>("listen")? {
             o.listen = b;
         }
+        if let Some(n) = dsn.parse_option::<u32>("concurrency_max")? {
+            if n == 0 {
+                return Err(bad(
+                    "concurrency_max must be at least 1 (0 would never deliver a keyed message)"
+                        .to_owned(),
+                ));
+            }
+            o.concurrency_max = Some(n);
+        }
+        if let Some(p) = dsn.option("concurrency_key") {
+            o.concurrency_key = Some(KeyPath::parse(p).map_err(bad)?);
+        }
+        if let Some(b) = dsn.parse_option::<bool>("fair")? {
+            o.fair = b;
+        }
+        o.check_flow_control().map_err(bad)?;
         Ok(o)
     }
 
@@ -219,6 +329,68 @@ impl SqlOptions {
     pub fn listen(mut self, on: bool) -> Self {
         self.listen = on;
         self
+    }
+
+    /// Limits how many messages with the same concurrency key (a
+    /// [`ConcurrencyKeyStamp`](courier_core::ConcurrencyKeyStamp), or the field
+    /// [`concurrency_key`](Self::concurrency_key) names) are delivered and not yet acknowledged
+    /// at once, across every worker and host (DSN `concurrency_max=N`, at least 1). The claim
+    /// counts the key's rows under a live delivery lease in the same statement that claims, so
+    /// a slot is the delivered row itself: an ack, reject or retry frees it, and a killed
+    /// worker's frees itself when its lease (the redelivery window) runs out. Messages without
+    /// a key are not limited. A full key's messages wait without holding up other keys.
+    #[must_use]
+    pub fn concurrency_max(mut self, max: u32) -> Self {
+        self.concurrency_max = Some(max.max(1));
+        self
+    }
+
+    /// Derives each message's concurrency key from a string field of its JSON body (DSN
+    /// `concurrency_key=$.tenant_id`); a [`ConcurrencyKeyStamp`](courier_core::ConcurrencyKeyStamp)
+    /// wins over it. A message whose field is missing or not a string is refused at send, with
+    /// an error naming the path.
+    ///
+    /// # Errors
+    /// A message naming a path that [`KeyPath::parse`] refuses.
+    pub fn concurrency_key(mut self, path: &str) -> Result<Self, String> {
+        self.concurrency_key = Some(KeyPath::parse(path)?);
+        Ok(self)
+    }
+
+    /// Claims round-robin across concurrency keys (DSN `fair=true`; default `false`, strict
+    /// FIFO by priority then age): a key's n-th waiting message goes before any key's
+    /// (n+1)-th, FIFO inside a key, so one key's backlog never starves the others. Unkeyed
+    /// messages share one lane. Cost: each claim ranks every claimable row of the queue (a
+    /// window function over the backlog), where FIFO reads only the head of its index.
+    #[must_use]
+    pub fn fair(mut self, on: bool) -> Self {
+        self.fair = on;
+        self
+    }
+
+    /// Whether rows carry a concurrency key (a limit or fairness is configured).
+    pub(crate) fn keyed(&self) -> bool {
+        self.concurrency_max.is_some() || self.fair
+    }
+
+    /// The flow-control options make sense together.
+    pub(crate) fn check_flow_control(&self) -> Result<(), String> {
+        if self.concurrency_key.is_some() && !self.keyed() {
+            return Err(
+                "concurrency_key needs concurrency_max=N or fair=true (a key alone changes nothing)"
+                    .to_owned(),
+            );
+        }
+        if self.concurrency_key.is_some() && self.serializer != courier_core::Serializer::Json {
+            return Err("concurrency_key reads the JSON body: it needs serializer=json".to_owned());
+        }
+        if self.keyed() && self.cursor {
+            return Err(
+                "concurrency_max and fair are for claimed queues, not a cursor outbox (cursor=true)"
+                    .to_owned(),
+            );
+        }
+        Ok(())
     }
 
     /// Whether the queue is a cursor outbox (see [`SqlOptions::cursor`]).

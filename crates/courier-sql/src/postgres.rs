@@ -172,6 +172,12 @@ fn on_pool(pool: PgPool, connect: PgConnectOptions, o: &SqlOptions) -> Messages<
     } else {
         ("", "")
     };
+    // A queue with flow control writes each row's concurrency key (`$7`, one per row).
+    let (key_column, key_value, key_array, key_name) = if o.keyed() {
+        (", concurrency_key", ", x.ckey", ", $7::TEXT[]", ", ckey")
+    } else {
+        ("", "", "", "")
+    };
     let state = PgState {
         cursor: o.cursor.then(|| CursorSql::new(t)),
         connect: Hidden(connect),
@@ -179,10 +185,10 @@ fn on_pool(pool: PgPool, connect: PgConnectOptions, o: &SqlOptions) -> Messages<
         listen: o.listen,
         insert: Dialect::Postgres.render(&format!(
             "WITH ins AS (\
-             INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at{tx_column}) \
-             SELECT $1, x.body, x.headers, x.priority, {{now}}, {{now}} + x.delay{tx_value} \
-             FROM UNNEST($2::TEXT[], $3::TEXT[], $4::INT2[], $5::INT8[]) WITH ORDINALITY \
-             AS x(body, headers, priority, delay, ord) ORDER BY x.ord RETURNING id), \
+             INSERT INTO {t} (queue_name, body, headers, priority, created_at, available_at{tx_column}{key_column}) \
+             SELECT $1, x.body, x.headers, x.priority, {{now}}, {{now}} + x.delay{tx_value}{key_value} \
+             FROM UNNEST($2::TEXT[], $3::TEXT[], $4::INT2[], $5::INT8[]{key_array}) WITH ORDINALITY \
+             AS x(body, headers, priority, delay{key_name}, ord) ORDER BY x.ord RETURNING id), \
              wake AS (SELECT pg_notify($6, $1)) \
              SELECT array_agg(ins.id ORDER BY ins.id) FROM ins CROSS JOIN wake"
         )),
@@ -373,16 +379,20 @@ impl MessageDialect for Postgres {
         let headers: Vec<&str> = rows.iter().map(|r| r.headers.as_str()).collect();
         let priorities: Vec<i16> = rows.iter().map(|r| r.priority).collect();
         let delays: Vec<i64> = rows.iter().map(|r| r.delay_ms).collect();
+        let keys: Vec<Option<&str>> = rows.iter().map(|r| r.key.as_deref()).collect();
         // One row back, the ids as one array, rather than a row per message.
-        let ids: Option<Vec<i64>> = sqlx::query_scalar(&m.state.insert)
+        let q = sqlx::query_scalar(&m.state.insert)
             .bind(&m.queue)
             .bind(bodies)
             .bind(headers)
             .bind(priorities)
             .bind(delays)
-            .bind(&m.table)
-            .fetch_one(&mut *conn)
-            .await?;
+            .bind(&m.table);
+        let ids: Option<Vec<i64>> = if m.flow.is_some() {
+            q.bind(keys).fetch_one(&mut *conn).await?
+        } else {
+            q.fetch_one(&mut *conn).await?
+        };
         // Ids come from one sequence in insertion order.
         Ok(ids.unwrap_or_default())
     }

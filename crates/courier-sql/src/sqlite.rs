@@ -16,7 +16,7 @@ use tokio::sync::{Mutex, Notify};
 use tokio::task::JoinHandle;
 
 use crate::backend::NewRow;
-use crate::messages::{CHUNK, MessageDialect, Messages, bind_row};
+use crate::messages::{CHUNK, MessageDialect, Messages, bind_key, bind_row};
 use crate::pool::{PoolSettings, in_memory, sqlite_pool, sqlite_writer_pool};
 use crate::{Dialect, SqlOptions};
 
@@ -168,22 +168,31 @@ async fn wal_checkpoint(pool: &sqlx::SqlitePool) -> Result<i64, sqlx::Error> {
 /// A multi-row INSERT. When every row shares its priority and delay (the usual batch), the
 /// queue, priority and delay are bound once (`?1`-`?3`) and each row binds only its body and
 /// headers; otherwise each row binds all five.
-fn insert_sql(table: &str, rows: usize, shared: bool) -> String {
+/// With `keyed`, each row's concurrency key follows its other values.
+fn insert_sql_keyed(table: &str, rows: usize, shared: bool, keyed: bool) -> String {
     let now = Dialect::Sqlite.now_ms_sql();
     let mut values = String::with_capacity(rows * 48);
+    let per_row = if keyed { 3 } else { 2 };
     for i in 0..rows {
         if i > 0 {
             values.push_str(", ");
         }
         if shared {
-            let (b, h) = (4 + 2 * i, 5 + 2 * i);
-            let _ = write!(values, "(?1, ?{b}, ?{h}, ?2, {now}, {now} + ?3)");
+            let (b, h) = (4 + per_row * i, 5 + per_row * i);
+            let _ = write!(values, "(?1, ?{b}, ?{h}, ?2, {now}, {now} + ?3");
+            if keyed {
+                let _ = write!(values, ", ?{}", 6 + per_row * i);
+            }
+            values.push(')');
+        } else if keyed {
+            let _ = write!(values, "(?, ?, ?, ?, {now}, {now} + ?, ?)");
         } else {
             let _ = write!(values, "(?, ?, ?, ?, {now}, {now} + ?)");
         }
     }
+    let key = if keyed { ", concurrency_key" } else { "" };
     format!(
-        "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at) VALUES {values}"
+        "INSERT INTO {table} (queue_name, body, headers, priority, created_at, available_at{key}) VALUES {values}"
     )
 }
 
@@ -234,16 +243,23 @@ async fn insert_chunks(
         let shared = chunk
             .iter()
             .all(|r| r.priority == first.priority && r.delay_ms == first.delay_ms);
-        let sql = insert_sql(&m.table, chunk.len(), shared);
+        let keyed = m.flow.is_some();
+        let sql = insert_sql_keyed(&m.table, chunk.len(), shared, keyed);
         let mut q = sqlx::query(&sql);
         if shared {
             q = q.bind(&m.queue).bind(first.priority).bind(first.delay_ms);
             for r in chunk {
                 q = q.bind(&r.body).bind(&r.headers);
+                if keyed {
+                    q = q.bind(r.key.as_deref());
+                }
             }
         } else {
             for r in chunk {
                 q = bind_row(q, &m.queue, r);
+                if keyed {
+                    q = bind_key(q, r);
+                }
             }
         }
         let done = q.execute(&mut *conn).await?;
@@ -277,6 +293,7 @@ mod tests {
             headers: "{}".to_owned(),
             priority: 0,
             delay_ms: 0,
+            key: None,
         }
     }
 

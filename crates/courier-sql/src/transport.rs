@@ -111,6 +111,9 @@ impl SqlTransport {
         registry: Arc<MessageRegistry>,
     ) -> Result<Self, TransportError> {
         let name = name.into();
+        if let Err(e) = options.check_flow_control() {
+            return Err(TransportError::new(TransportErrorKind::Config, name).with_context(e));
+        }
         if options.cursor && !matches!(Dialect::from_scheme(dsn.scheme()), Ok(Dialect::Postgres)) {
             return Err(TransportError::new(TransportErrorKind::Config, name).with_context(
                 "cursor=true needs PostgreSQL (a cursor outbox orders rows by the id of the transaction that wrote them); on SQLite and MySQL / MariaDB the relay claims or takes rows instead",
@@ -410,7 +413,38 @@ impl SqlTransport {
             headers: encoded.headers,
             priority: i16::from(envelope.last::<PriorityStamp>().map_or(0, |p| p.0)),
             delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 4),
+            key: None,
         })
+    }
+
+    /// A message's concurrency key on a queue with flow control: its
+    /// [`ConcurrencyKeyStamp`](courier_core::ConcurrencyKeyStamp) (checked again: 1 to 200
+    /// bytes), else the body field `concurrency_key` names. A message whose field is missing
+    /// or not a string is refused, naming the path and the message.
+    fn concurrency_key(
+        &self,
+        envelope: &Envelope,
+        body: &str,
+    ) -> Result<Option<String>, TransportError> {
+        if !self.options.keyed() {
+            return Ok(None);
+        }
+        let refuse = |reason: String| {
+            TransportError::new(TransportErrorKind::Encode, self.name.clone())
+                .with_context(format!("message {}: {reason}", envelope.message_name()))
+        };
+        if let Some(stamp) = envelope.last::<courier_core::ConcurrencyKeyStamp>() {
+            let key = courier_core::ConcurrencyKeyStamp::new(stamp.as_str())
+                .map_err(|e| refuse(e.to_string()))?;
+            return Ok(Some(String::from(key)));
+        }
+        match &self.options.concurrency_key {
+            Some(path) => path
+                .find(body)
+                .map(|key| Some(String::from(key)))
+                .map_err(refuse),
+            None => Ok(None),
+        }
     }
 
     /// The rows of envelopes to insert (delay and priority from their stamps).
@@ -422,7 +456,9 @@ impl SqlTransport {
             let delay = envelope
                 .last::<DelayStamp>()
                 .map_or(Duration::ZERO, |d| d.0);
-            rows.push(self.new_row(envelope, delay)?);
+            let mut row = self.new_row(envelope, delay)?;
+            row.key = self.concurrency_key(envelope, &row.body)?;
+            rows.push(row);
         }
         Ok(rows)
     }
@@ -744,6 +780,20 @@ impl SqlTransport {
             .collect())
     }
 
+    /// After acks deleted `deleted` delivered rows of a queue with a concurrency limit: their
+    /// slots are free, so waiting consumers are woken (this process's at once, other
+    /// processes' by `NOTIFY` on PostgreSQL; on SQLite and MySQL they poll).
+    async fn slots_freed(&self, deleted: u64) {
+        if deleted == 0 || self.options.concurrency_max.is_none() {
+            return;
+        }
+        self.wake.bump();
+        if let Err(e) = self.backend.slots_freed().await {
+            tracing::debug!(transport = %self.name, error = %e,
+                "could not wake other consumers after an ack; they find the free slot at their next poll");
+        }
+    }
+
     async fn remove_delivery(
         &self,
         envelope: &Envelope,
@@ -751,10 +801,13 @@ impl SqlTransport {
     ) -> Result<(), TransportError> {
         let deleted = match Self::delivery(envelope) {
             (Some(id), Some(delivery)) => {
-                self.attempt("deleting a message", || {
-                    self.backend.delete_one(id, delivery)
-                })
-                .await?
+                let deleted = self
+                    .attempt("deleting a message", || {
+                        self.backend.delete_one(id, delivery)
+                    })
+                    .await?;
+                self.slots_freed(deleted).await;
+                deleted
             }
             (Some(id), None) => {
                 self.attempt("deleting a message", || {
@@ -842,8 +895,10 @@ impl Transport for SqlTransport {
         }
         if max == 0 {
             if !pairs.is_empty() {
-                self.attempt("deleting messages", || self.backend.delete(&pairs))
+                let deleted = self
+                    .attempt("deleting messages", || self.backend.delete(&pairs))
                     .await?;
+                self.slots_freed(deleted).await;
             }
             return Ok(Vec::new());
         }
@@ -880,6 +935,7 @@ impl Transport for SqlTransport {
         let deleted = self
             .attempt("deleting messages", || self.backend.delete(&pairs))
             .await?;
+        self.slots_freed(deleted).await;
         if deleted < pairs.len() as u64 {
             tracing::debug!(
                 messaging.destination.name = %self.name,

@@ -306,6 +306,80 @@ impl Stamp for PriorityStamp {
     const NAME: &'static str = "priority";
 }
 
+/// The message's concurrency key: on a transport with a concurrency limit (SQL
+/// `concurrency_max`), at most that many messages with the same key are delivered and not yet
+/// acknowledged at once, across every worker and host. 1 to [`Self::MAX_LEN`] bytes.
+///
+/// On the wire: `x-courier-stamp-concurrency-key: ["tenant-42"]`.
+///
+/// ```
+/// use courier_core::ConcurrencyKeyStamp;
+///
+/// assert_eq!(ConcurrencyKeyStamp::new("tenant-42")?.as_str(), "tenant-42");
+/// assert!(ConcurrencyKeyStamp::new("").is_err());
+/// assert!(ConcurrencyKeyStamp::new("k".repeat(201)).is_err());
+/// # Ok::<(), courier_core::InvalidConcurrencyKey>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ConcurrencyKeyStamp(String);
+
+/// A concurrency key that is empty or longer than [`ConcurrencyKeyStamp::MAX_LEN`] bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid concurrency key: {0}")]
+pub struct InvalidConcurrencyKey(String);
+
+impl ConcurrencyKeyStamp {
+    /// The longest key, in bytes.
+    pub const MAX_LEN: usize = 200;
+
+    /// A key of 1 to [`Self::MAX_LEN`] bytes.
+    ///
+    /// # Errors
+    /// [`InvalidConcurrencyKey`] for an empty key or one longer than [`Self::MAX_LEN`] bytes
+    /// (the message shows the key's length and its first 32 characters).
+    pub fn new(key: impl Into<String>) -> Result<Self, InvalidConcurrencyKey> {
+        let key = key.into();
+        if key.is_empty() {
+            return Err(InvalidConcurrencyKey(
+                "empty, expected 1 to 200 bytes".to_owned(),
+            ));
+        }
+        if key.len() > Self::MAX_LEN {
+            let head: String = key.chars().take(32).collect();
+            return Err(InvalidConcurrencyKey(format!(
+                "`{head}...` is {} bytes, expected at most {}",
+                key.len(),
+                Self::MAX_LEN
+            )));
+        }
+        Ok(Self(key))
+    }
+
+    /// The key.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ConcurrencyKeyStamp {
+    type Error = InvalidConcurrencyKey;
+    fn try_from(key: String) -> Result<Self, Self::Error> {
+        Self::new(key)
+    }
+}
+
+impl From<ConcurrencyKeyStamp> for String {
+    fn from(key: ConcurrencyKeyStamp) -> Self {
+        key.0
+    }
+}
+
+impl Stamp for ConcurrencyKeyStamp {
+    const NAME: &'static str = "concurrency-key";
+}
+
 /// W3C trace context (`traceparent`, optional `tracestate`) carried with the message.
 ///
 /// The worker makes a received message's trace context current while it is handled, and the bus

@@ -1,0 +1,385 @@
+//! Flow control per key on every dialect: `concurrency_max` holds across workers with pools of
+//! their own (separate processes, as far as the database can tell), a dead worker's slot frees
+//! itself when its lease runs out, bad keys and options get clear errors, and `fair=true` claims
+//! round-robin across keys so that one key's backlog does not starve the others (pickup latency
+//! p99 printed beside plain FIFO's).
+
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use courier_core::{ConcurrencyKeyStamp, Envelope, Transport};
+use courier_sql::SqlTransport;
+use courier_test::TestMessage;
+
+async fn timeout<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("operation timed out")
+}
+
+fn keyed(seq: u64, key: &str) -> Envelope {
+    Envelope::new(TestMessage::new(seq)).with(ConcurrencyKeyStamp::new(key).unwrap())
+}
+
+fn key_of(e: &Envelope) -> String {
+    e.last::<ConcurrencyKeyStamp>()
+        .map(|k| k.as_str().to_owned())
+        .unwrap_or_default()
+}
+
+const WORKERS: usize = 6;
+const KEYS: u64 = 20;
+const MESSAGES: u64 = 600;
+const MAX: usize = 3;
+
+/// 6 workers, each on a pool of its own, 600 messages over 20 keys, at most 3 per key: sampled
+/// in the handler, never more than 3 of a key between claim and ack; every message handled
+/// once; some key does reach 3 (the limit is used, not just respected by a serial run).
+async fn at_most_max_per_key_are_in_flight_across_workers(h: &common::SqlHarness) {
+    let (most, limited) = run_workers(h, &format!("&concurrency_max={MAX}")).await;
+    let over: Vec<_> = most.iter().filter(|(_, n)| **n > MAX).collect();
+    assert!(over.is_empty(), "more than {MAX} in flight: {over:?}");
+    assert!(
+        most.values().any(|n| *n == MAX),
+        "no key ever had {MAX} in flight: {most:?}"
+    );
+    let (most, unlimited) = run_workers(h, "").await;
+    assert!(
+        most.values().any(|n| *n > MAX),
+        "the same run without a limit goes over {MAX} (the check can fail): {most:?}"
+    );
+    println!(
+        "{MESSAGES} messages over {KEYS} keys by {WORKERS} workers: concurrency_max={MAX} {limited:?}, \
+         unlimited {unlimited:?}"
+    );
+}
+
+/// Runs the workers on a fresh table with `options`; returns the most in flight seen per key
+/// and the time it took.
+async fn run_workers(h: &common::SqlHarness, options: &str) -> (HashMap<String, usize>, Duration) {
+    let (first, table) = h.make(options).await;
+    let batch: Vec<Envelope> = (0..MESSAGES)
+        .map(|i| keyed(i, &format!("tenant-{}", i % KEYS)))
+        .collect();
+    timeout(first.send_batch(batch)).await.unwrap();
+    let mut workers: Vec<Arc<SqlTransport>> = vec![first];
+    for _ in 1..WORKERS {
+        workers.push(h.reuse_with(&table, options).await);
+    }
+    let in_flight: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let most: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let handled: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for t in workers {
+        let (in_flight, most, handled) = (in_flight.clone(), most.clone(), handled.clone());
+        tasks.push(tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                if handled.lock().unwrap().len() as u64 >= MESSAGES {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "not every message was handled");
+                let got = timeout(t.get(10)).await.unwrap();
+                for e in &got {
+                    let key = key_of(e);
+                    let mut live = in_flight.lock().unwrap();
+                    let n = live.entry(key.clone()).or_default();
+                    *n += 1;
+                    let mut most = most.lock().unwrap();
+                    let m = most.entry(key).or_default();
+                    *m = (*m).max(*n);
+                }
+                // The handler's work, with the messages held.
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(20..60))).await;
+                for e in &got {
+                    *in_flight.lock().unwrap().get_mut(&key_of(e)).unwrap() -= 1;
+                    let seq = e.message::<TestMessage>().unwrap().seq;
+                    *handled.lock().unwrap().entry(seq).or_default() += 1;
+                }
+                timeout(t.ack_batch(&got)).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let most = most.lock().unwrap().clone();
+    let handled = handled.lock().unwrap().clone();
+    assert_eq!(handled.len() as u64, MESSAGES);
+    let twice: Vec<_> = handled.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "handled more than once: {twice:?}");
+    assert_eq!(h.admin.count(&table).await, 0);
+    (most, elapsed)
+}
+
+/// A worker that dies holding a key's only slot (max 1): its pool closed, nothing acked. The
+/// key's other message waits, and another worker gets nothing of that key while the lease
+/// lives; once it runs out, the slot is free: the dead worker's message is redelivered first
+/// (FIFO inside the key), and the next one still waits for its ack.
+async fn a_dead_workers_slot_frees_itself_when_its_lease_ends(h: &common::SqlHarness) {
+    let options = "&concurrency_max=1&redeliver_timeout=2s";
+    let (first, table) = h.make(options).await;
+    timeout(first.send_batch(vec![keyed(1, "k"), keyed(2, "k"), keyed(3, "other")]))
+        .await
+        .unwrap();
+    let doomed = h.reuse_with(&table, options).await;
+    let got = timeout(doomed.get(10)).await.unwrap();
+    let seqs: Vec<u64> = got
+        .iter()
+        .map(|e| e.message::<TestMessage>().unwrap().seq)
+        .collect();
+    assert_eq!(seqs, vec![1, 3], "one of key k, one of key other");
+    timeout(doomed.ack(&got[1])).await.unwrap();
+    // The worker dies: its connections close, message 1 is never acked.
+    drop(got);
+    drop(doomed);
+    let survivor = h.reuse_with(&table, options).await;
+    let none = timeout(survivor.get(10)).await.unwrap();
+    assert!(
+        none.is_empty(),
+        "key k's slot is held by the dead worker's live lease"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let redelivered = loop {
+        let got = timeout(survivor.get(10)).await.unwrap();
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead worker's slot never came back"
+        );
+    };
+    let seqs: Vec<u64> = redelivered
+        .iter()
+        .map(|e| e.message::<TestMessage>().unwrap().seq)
+        .collect();
+    assert_eq!(
+        seqs,
+        vec![1],
+        "the dead worker's message, alone: message 2 waits for its slot"
+    );
+    timeout(survivor.ack(&redelivered[0])).await.unwrap();
+    let next = timeout(survivor.get(10)).await.unwrap();
+    let seqs: Vec<u64> = next
+        .iter()
+        .map(|e| e.message::<TestMessage>().unwrap().seq)
+        .collect();
+    assert_eq!(seqs, vec![2], "the ack freed the slot");
+    timeout(survivor.ack(&next[0])).await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 0);
+}
+
+/// Bad options fail at connect naming the option; a message whose key path is missing, not a
+/// string, or too long is refused at send naming the path (nothing stored, nothing stuck); a
+/// good message still goes through; the key comes from the body when no stamp overrides it.
+async fn bad_keys_and_options_get_clear_errors(h: &common::SqlHarness) {
+    let table = h.table("courier_t");
+    for (options, expected) in [
+        ("&concurrency_max=0", "concurrency_max must be at least 1"),
+        (
+            "&concurrency_max=2&concurrency_key=tenant_id",
+            "concurrency_key `tenant_id`: expected a JSON path",
+        ),
+        (
+            "&concurrency_max=2&concurrency_key=$.a..b",
+            "concurrency_key `$.a..b`: expected a JSON path",
+        ),
+        (
+            "&concurrency_key=$.text",
+            "concurrency_key needs concurrency_max=N or fair=true",
+        ),
+    ] {
+        let dsn = format!("{}?table_name={table}{}{options}", h.base, h.extra);
+        let dsn = courier_core::Dsn::parse(&dsn).unwrap();
+        let err = SqlTransport::connect("jobs", &dsn, courier_test::registry())
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| panic!("{options} was accepted"));
+        assert!(err.contains(expected), "{options}: {err}");
+    }
+    let (t, table) = h.make("&concurrency_max=1&concurrency_key=$.text").await;
+    let (missing, _) = h.make("&concurrency_max=1&concurrency_key=$.tenant").await;
+    let err = missing
+        .send(Envelope::new(TestMessage::new(1)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("concurrency_key `$.tenant`: missing from the message")
+            && err.contains("courier.test"),
+        "{err}"
+    );
+    let (number, _) = h.make("&concurrency_max=1&concurrency_key=$.seq").await;
+    let err = number
+        .send(Envelope::new(TestMessage::new(1)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("concurrency_key `$.seq`: expected a string, found a number"),
+        "{err}"
+    );
+    let long = TestMessage {
+        seq: 1,
+        text: "x".repeat(201),
+    };
+    let err = t.send(Envelope::new(long)).await.unwrap_err().to_string();
+    assert!(err.contains("201 bytes, expected at most 200"), "{err}");
+    assert!(ConcurrencyKeyStamp::new("").is_err());
+    assert!(ConcurrencyKeyStamp::new("k".repeat(201)).is_err());
+    assert!(ConcurrencyKeyStamp::new("k".repeat(200)).is_ok());
+    assert_eq!(h.admin.count(&table).await, 0, "nothing stored");
+    // The key comes from the body: two messages with the same text share one slot, a stamp
+    // overrides the body.
+    let same = |seq| TestMessage {
+        seq,
+        text: "tenant-1".to_owned(),
+    };
+    timeout(t.send_batch(vec![
+        Envelope::new(same(1)),
+        Envelope::new(same(2)),
+        Envelope::new(same(3)).with(ConcurrencyKeyStamp::new("tenant-2").unwrap()),
+    ]))
+    .await
+    .unwrap();
+    let got = timeout(t.get(10)).await.unwrap();
+    let seqs: Vec<u64> = got
+        .iter()
+        .map(|e| e.message::<TestMessage>().unwrap().seq)
+        .collect();
+    assert_eq!(seqs, vec![1, 3]);
+    timeout(t.ack_batch(&got)).await.unwrap();
+    let got = timeout(t.get(10)).await.unwrap();
+    assert_eq!(got.len(), 1);
+    timeout(t.ack_batch(&got)).await.unwrap();
+}
+
+const BACKLOG: u64 = 20_000;
+const OTHERS: [&str; 10] = ["B", "C", "D", "E", "F", "G", "H", "I", "J", "K"];
+const EACH: u64 = 100;
+
+/// Consumes until every B-K message is handled; returns how many of A's were handled by then
+/// and the B-K pickup latencies (from their send to their handling).
+async fn consume_until_the_others_are_done(
+    t: &SqlTransport,
+    sent_at: Instant,
+) -> (u64, Vec<Duration>) {
+    let mut a_handled = 0;
+    let mut latencies = Vec::new();
+    let mut acks: Vec<Envelope> = Vec::new();
+    let others = OTHERS.len() as u64 * EACH;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while (latencies.len() as u64) < others {
+        assert!(
+            Instant::now() < deadline,
+            "the other tenants were not served"
+        );
+        let got = timeout(t.ack_and_get(&acks, 50)).await.unwrap();
+        for e in &got {
+            if key_of(e) == "A" {
+                a_handled += 1;
+            } else {
+                latencies.push(sent_at.elapsed());
+            }
+        }
+        acks = got;
+    }
+    timeout(t.ack_batch(&acks)).await.unwrap();
+    (a_handled, latencies)
+}
+
+fn p99(mut latencies: Vec<Duration>) -> Duration {
+    latencies.sort_unstable();
+    let at = (latencies.len() * 99).div_ceil(100).saturating_sub(1);
+    latencies.get(at).copied().unwrap_or_default()
+}
+
+/// Tenant A has 20,000 queued, then B to K enqueue 100 each: with `fair=true` every B-K message
+/// is handled before 10 % of A's backlog is. The same run in plain FIFO order serves A's whole
+/// backlog first; both B-K pickup latency p99s are printed.
+async fn fair_claims_serve_every_tenant_before_a_tenth_of_a_backlog(h: &common::SqlHarness) {
+    let mut p99s = Vec::new();
+    for fair in [true, false] {
+        let options = if fair { "&fair=true" } else { "" };
+        let (t, _table) = h.make(options).await;
+        for chunk in 0..BACKLOG / 1_000 {
+            let batch: Vec<Envelope> = (chunk * 1_000..(chunk + 1) * 1_000)
+                .map(|i| keyed(i, "A"))
+                .collect();
+            timeout(t.send_batch(batch)).await.unwrap();
+        }
+        let batch: Vec<Envelope> = OTHERS
+            .iter()
+            .enumerate()
+            .flat_map(|(n, k)| (0..EACH).map(move |i| keyed(BACKLOG + n as u64 * EACH + i, k)))
+            .collect();
+        let sent_at = Instant::now();
+        timeout(t.send_batch(batch)).await.unwrap();
+        let (a_handled, latencies) = consume_until_the_others_are_done(&t, sent_at).await;
+        if fair {
+            assert!(
+                a_handled < BACKLOG / 10,
+                "fair: {a_handled} of A's {BACKLOG} were handled before B-K were"
+            );
+        } else {
+            assert!(a_handled >= BACKLOG, "FIFO serves A's backlog first");
+        }
+        p99s.push((fair, a_handled, p99(latencies)));
+    }
+    for (fair, a_handled, p99) in p99s {
+        println!(
+            "{}: B-K pickup latency p99 {p99:?}, A handled before B-K were done: {a_handled}",
+            if fair { "fair=true" } else { "FIFO" }
+        );
+    }
+}
+
+macro_rules! on_every_dialect {
+    ($($case:ident),*) => {
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&crate::common::sqlite().await).await;
+                }
+            )*
+        }
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+                async fn $case() {
+                    super::$case(&crate::common::postgres().await).await;
+                }
+            )*
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs mysql: set COURIER_TEST_MYSQL_URL"]
+                async fn $case() {
+                    super::$case(&crate::common::mysql().await).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_dialect!(
+    at_most_max_per_key_are_in_flight_across_workers,
+    a_dead_workers_slot_frees_itself_when_its_lease_ends,
+    bad_keys_and_options_get_clear_errors,
+    fair_claims_serve_every_tenant_before_a_tenth_of_a_backlog
+);

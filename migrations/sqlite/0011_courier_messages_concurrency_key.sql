@@ -1,0 +1,7 @@
+-- Flow control per key (`concurrency_max`, `fair`): each row's concurrency key (NULL: none). A
+-- concurrency slot is a row of the key delivered under a live lease, counted by the claim
+-- itself, so nothing else holds a slot. The index serves that count per key.
+ALTER TABLE {messages} ADD COLUMN concurrency_key TEXT NULL;
+
+CREATE INDEX IF NOT EXISTS {messages}_concurrency_idx
+    ON {messages} (queue_name, concurrency_key, delivered_at);
