@@ -83,6 +83,63 @@ impl State {
     }
 }
 
+impl State {
+    /// Its value in the [`STATE_GAUGE`]: 0 closed, 1 half-open, 2 open.
+    #[must_use]
+    pub fn gauge_value(self) -> f64 {
+        match self {
+            Self::Closed => 0.0,
+            Self::HalfOpen => 1.0,
+            Self::Open => 2.0,
+        }
+    }
+}
+
+/// The gauge of each provider's breaker state, label `provider`: 0 closed, 1 half-open, 2 open
+/// ([`State::gauge_value`]).
+pub const STATE_GAUGE: &str = "courier_agent_breaker_state";
+/// The gauge of each provider's failures in its breaker's current window, label `provider`.
+pub const FAILURES_GAUGE: &str = "courier_agent_breaker_failures";
+
+/// Reads every breaker of `store` and sets [`STATE_GAUGE`] and [`FAILURES_GAUGE`] for each
+/// provider through the `metrics` facade (nothing is recorded without a recorder); returns the
+/// rows.
+///
+/// # Errors
+/// The store failed.
+pub async fn record_gauges(store: &dyn BreakerStore) -> Result<Vec<BreakerRow>, BreakerError> {
+    let rows = store.rows().await?;
+    for row in &rows {
+        metrics::gauge!(STATE_GAUGE, "provider" => row.provider.clone())
+            .set(row.state.gauge_value());
+        metrics::gauge!(FAILURES_GAUGE, "provider" => row.provider.clone())
+            .set(f64::from(row.failures));
+    }
+    Ok(rows)
+}
+
+/// Calls [`record_gauges`] every `every` until `stop` is cancelled (a failed read is logged and
+/// retried at the next tick). `courier consume --metrics` runs it when an agent has breakers.
+pub fn spawn_gauges(
+    store: Arc<dyn BreakerStore>,
+    every: Duration,
+    stop: courier_core::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = record_gauges(store.as_ref()).await {
+                tracing::warn!(error = %e, "reading the circuit breakers for their gauges failed");
+            }
+        }
+    })
+}
+
 impl fmt::Display for State {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

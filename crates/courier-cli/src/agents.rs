@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use courier_agent::{AgentConfig, LazySqlBreakers, LlmAgent};
+use courier_agent::breaker::BreakerRow;
+use courier_agent::{AgentConfig, BreakerStore, LazySqlBreakers, LlmAgent};
 
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, remember_secret};
@@ -50,4 +51,32 @@ pub(crate) fn build(name: &str, table: &toml::Table, store_dsn: &str) -> CliResu
     builder
         .build()
         .map_err(|e| CliError::usage(format!("agents.{name}: {e}")))
+}
+
+/// The breakers of the configured agents (in the run store's database) when one of them has a
+/// `breaker`; `None` otherwise.
+pub(crate) fn breaker_store(ctx: &Ctx<'_>) -> CliResult<Option<Arc<dyn BreakerStore>>> {
+    if !ctx
+        .config
+        .agents
+        .0
+        .values()
+        .any(|table| table.contains_key("breaker"))
+    {
+        return Ok(None);
+    }
+    let runs = crate::runs::settings(ctx)?;
+    let dsn = crate::runs::store_dsn(runs.store.as_deref());
+    Ok(Some(Arc::new(LazySqlBreakers::new(dsn, None))))
+}
+
+/// Every breaker of the configured agents, read (and sampled into the breaker gauges); empty
+/// when no agent has a `breaker`.
+pub(crate) async fn breakers(ctx: &Ctx<'_>) -> CliResult<Vec<BreakerRow>> {
+    let Some(store) = breaker_store(ctx)? else {
+        return Ok(Vec::new());
+    };
+    courier_agent::breaker::record_gauges(store.as_ref())
+        .await
+        .map_err(|e| CliError::runtime(format!("reading the agents' circuit breakers: {e}")))
 }

@@ -90,6 +90,10 @@ pub(crate) enum Command {
     /// JSON: {transport: count | null}; with --oldest, {transport: {"messages": count | null,
     /// "oldest_s": seconds | null}} (null: empty, or the transport cannot tell; SQL can). For
     /// an outbox queue, the count is its backlog and the oldest age the relay's lag.
+    /// When an `[agents.NAME]` table has a `breaker`, the text output adds each provider's
+    /// circuit breaker (state, failures in its window, when it last opened); --breakers shows
+    /// only them, in JSON [{"provider", "state": "closed" | "open" | "half_open", "failures",
+    /// "opened_at": RFC 3339 | null}].
     #[command(verbatim_doc_comment)]
     Stats {
         /// Transports to count (default: all)
@@ -98,6 +102,9 @@ pub(crate) enum Command {
         /// always shows it)
         #[arg(long)]
         oldest: bool,
+        /// Only the agents' circuit breakers (feature `agent`)
+        #[arg(long, conflicts_with_all = ["transports", "oldest"])]
+        breakers: bool,
     },
     /// Inspect, retry or remove messages in failure transports
     #[command(subcommand)]

@@ -133,3 +133,110 @@ fn a_refused_key_fails_the_run_as_auth_and_is_never_printed() {
     assert_eq!(run["error_class"], "auth");
     assert_eq!(seen.lock().expect("lock").len(), 1, "not retried");
 }
+
+/// The agent of `config`, its one provider behind a breaker of `policy` (the run store's
+/// database keeps it).
+fn breaker_config(base_url: &str, policy: &str) -> String {
+    config(base_url).replace(
+        "max_turns = 3\n",
+        &format!("max_turns = 3\nbreaker = {{ {policy} }}\n"),
+    )
+}
+
+/// The value of `name{provider="local"}` in a Prometheus scrape of 127.0.0.1:`port`.
+#[cfg(unix)]
+fn scrape(port: u16, name: &str) -> Option<f64> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let series = format!("{name}{{provider=\"local\"}} ");
+    response
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A provider answering 503: its breaker opens after 2 failures (the server sees 2 calls, no
+/// third); `courier stats` shows it open with its failures and when it opened, `stats --breakers
+/// --format json` gives it as data, and `consume --metrics` exports its state as the gauge
+/// `courier_agent_breaker_state{provider="local"}` (2: open).
+#[cfg(unix)]
+#[test]
+fn an_open_breaker_shows_in_stats_and_in_the_metrics() {
+    let (url, seen) = server(vec![(503, "{}".to_owned()); 8]);
+    let env = Env::empty();
+    env.write(
+        "courier.toml",
+        &breaker_config(&url, r#"failures = 2, window = "60s", cooldown = "10m""#),
+    );
+    let submitted = run(
+        &env,
+        &["runs", "submit", "helper", "--input", r#"{"prompt":"hi"}"#],
+    );
+    submitted.ok();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = env
+        .command(&["consume", "--metrics", &addr, "--sleep", "20ms", "--quiet"])
+        .env("COURIER_TEST_AGENT_KEY", KEY)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    common::eventually("the breaker gauge to say open", || {
+        scrape(port, "courier_agent_breaker_state") == Some(2.0)
+    });
+    assert_eq!(
+        scrape(port, "courier_agent_breaker_failures"),
+        Some(2.0),
+        "two failures in the window"
+    );
+    common::signal(&child, "TERM");
+    let consumed = wait(child, Duration::from_secs(30));
+    assert_no_key(&consumed);
+    assert_eq!(
+        seen.lock().expect("lock").len(),
+        2,
+        "the open breaker kept every later attempt off the server"
+    );
+
+    let stats = run(&env, &["stats"]);
+    assert_no_key(&stats);
+    let text = stats.ok();
+    assert!(text.contains("BREAKER"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("local"))
+        .unwrap_or_else(|| panic!("no breaker line for `local` in {text}"));
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&cells[..3], ["local", "open", "2"], "{text}");
+    assert!(cells[3].starts_with("20"), "opened at a date: {text}");
+    assert!(
+        text.contains("async"),
+        "the transports are still counted: {text}"
+    );
+
+    let json = run(&env, &["stats", "--breakers", "--format", "json"]).json();
+    assert_eq!(json.as_array().map(Vec::len), Some(1), "{json}");
+    assert_eq!(json[0]["provider"], "local", "{json}");
+    assert_eq!(json[0]["state"], "open", "{json}");
+    assert_eq!(json[0]["failures"], 2, "{json}");
+    assert!(json[0]["opened_at"].is_string(), "{json}");
+}
+
+/// Without a `breaker` in any agent table, `stats` shows no breaker and `--breakers` says why.
+#[test]
+fn stats_without_breakers_shows_none() {
+    let (url, _seen) = server(Vec::new());
+    let env = Env::empty();
+    env.write("courier.toml", &config(&url));
+    let text = run(&env, &["stats"]).ok().to_owned();
+    assert!(!text.contains("BREAKER"), "{text}");
+    let refused = run(&env, &["stats", "--breakers"]);
+    assert!(refused.fails(2).contains("breaker"), "{}", refused.stderr);
+}

@@ -184,6 +184,12 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &ConsumeArgs) -> CliResult {
             .map(|(name, t)| (name.clone(), t.clone()))
             .collect();
         tasks.push(("metrics exporter", exporter.spawn(all, helpers.clone())));
+        #[cfg(feature = "agent")]
+        if let Some(store) = crate::agents::breaker_store(ctx)? {
+            let every = crate::metrics::DEPTH_EVERY;
+            let task = courier_agent::breaker::spawn_gauges(store, every, helpers.clone());
+            tasks.push(("breaker gauges", task));
+        }
     }
     #[cfg(feature = "runs")]
     if let Some(task) = runs.spawn_reaper(helpers.clone(), ctx.quiet) {

@@ -33,7 +33,11 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
         Command::Setup { transports, .. } => setup::run(ctx, transports).await,
         Command::Consume(args) => consume::run(ctx, args).await,
         Command::Relay(args) => relay::run(ctx, args).await,
-        Command::Stats { transports, oldest } => stats::run(ctx, transports, *oldest).await,
+        Command::Stats {
+            transports,
+            oldest,
+            breakers,
+        } => stats::run(ctx, transports, *oldest, *breakers).await,
         Command::Failed(cmd) => failed::run(ctx, cmd).await,
         Command::StopWorkers => stop::run(ctx).await,
         Command::Workers => workers::run(ctx).await,

@@ -27,7 +27,15 @@ struct Line {
     oldest_s: Option<f64>,
 }
 
-pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String], oldest: bool) -> CliResult {
+pub(crate) async fn run(
+    ctx: &Ctx<'_>,
+    names: &[String],
+    oldest: bool,
+    breakers: bool,
+) -> CliResult {
+    if breakers {
+        return breakers_only(ctx).await;
+    }
     ctx.check_transports(names)?;
     let transports = ctx.connect().await?;
     let counts = transports.message_counts(names).await?;
@@ -69,10 +77,76 @@ pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String], oldest: bool) -> CliRes
             ]);
         }
         print!("{}", table.render());
+        #[cfg(feature = "agent")]
+        {
+            let rows = crate::agents::breakers(ctx).await?;
+            if !rows.is_empty() {
+                print!("\n{}", breaker_table(&rows));
+            }
+        }
     }
     #[cfg(feature = "runs")]
     settled_leftovers(ctx, &transports, &counts).await;
     Ok(())
+}
+
+/// `stats --breakers`.
+async fn breakers_only(ctx: &Ctx<'_>) -> CliResult {
+    #[cfg(feature = "agent")]
+    {
+        if crate::agents::breaker_store(ctx)?.is_none() {
+            return Err(crate::error::CliError::usage(
+                "--breakers: no [agents.NAME] table of the configuration has a `breaker`",
+            ));
+        }
+        let rows = crate::agents::breakers(ctx).await?;
+        if ctx.json() {
+            let rows: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "provider": r.provider,
+                        "state": r.state.as_str(),
+                        "failures": r.failures,
+                        "opened_at": opened_at(r.opened_at),
+                    })
+                })
+                .collect();
+            ctx.print_json(&rows)?;
+        } else {
+            print!("{}", breaker_table(&rows));
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "agent"))]
+    {
+        let _ = ctx;
+        Err(crate::error::CliError::usage(
+            "--breakers needs the `agent` feature",
+        ))
+    }
+}
+
+/// When a breaker last opened (epoch ms, 0: never), RFC 3339.
+#[cfg(feature = "agent")]
+fn opened_at(ms: i64) -> Option<String> {
+    let ms = u64::try_from(ms).ok().filter(|ms| *ms > 0)?;
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    Some(humantime::format_rfc3339_millis(at).to_string())
+}
+
+#[cfg(feature = "agent")]
+fn breaker_table(rows: &[courier_agent::breaker::BreakerRow]) -> String {
+    let mut table = Table::new(&["BREAKER", "STATE", "FAILURES", "OPENED AT"]);
+    for r in rows {
+        table.row(vec![
+            r.provider.clone(),
+            r.state.as_str().to_owned(),
+            r.failures.to_string(),
+            opened_at(r.opened_at).unwrap_or_else(|| "-".to_owned()),
+        ]);
+    }
+    table.render()
 }
 
 /// Notes, per transport, the pending `RunAgent` messages whose run is already terminal.
