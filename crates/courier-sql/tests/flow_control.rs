@@ -383,3 +383,38 @@ on_every_dialect!(
     bad_keys_and_options_get_clear_errors,
     fair_claims_serve_every_tenant_before_a_tenth_of_a_backlog
 );
+
+/// PostgreSQL: a worker waiting for a full key's slot is woken by the ack that frees it (a
+/// `NOTIFY`), not by polling: its poll window is 60 s, as is the lease, and the only due time
+/// it could wake for is the lease's end. Without the notification its `get` would return at
+/// the window's end (60 s); with it, it returns within 15 s (in practice milliseconds).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+async fn postgres_an_ack_wakes_a_worker_waiting_for_the_slot() {
+    let h = common::postgres().await;
+    let options = "&concurrency_max=1&redeliver_timeout=60s";
+    let (holder, table) = h.make(options).await;
+    timeout(holder.send_batch(vec![keyed(1, "k"), keyed(2, "k")]))
+        .await
+        .unwrap();
+    let held = timeout(holder.get(10)).await.unwrap();
+    assert_eq!(held.len(), 1, "one slot");
+    let waiter = h
+        .reuse_with(&table, &format!("{options}&poll_window=60s"))
+        .await;
+    let waiting = tokio::spawn(async move { waiter.get(10).await.unwrap() });
+    // Let the waiter claim nothing and settle into its wait before the ack.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the key is full: the waiter waits");
+    timeout(holder.ack(&held[0])).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the ack did not wake the waiting worker")
+        .unwrap();
+    let seqs: Vec<u64> = got
+        .iter()
+        .map(|e| e.message::<TestMessage>().unwrap().seq)
+        .collect();
+    assert_eq!(seqs, vec![2], "woken within its poll window by the ack");
+}
