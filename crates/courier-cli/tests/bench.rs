@@ -102,6 +102,8 @@ fn runs_are_counted(dsn: Option<&str>) -> Value {
         calls["renew"].is_null() && calls["append_event"].is_null(),
         "{out}"
     );
+    // A fresh run's claim says it has no journaled step: its first step reads no journal.
+    assert!(calls["steps"].is_null(), "{out}");
     let submit = out["store_statements"]["submit"].as_f64().unwrap_or(0.0);
     let execute = out["store_statements"]["execute"].as_f64().unwrap_or(0.0);
     assert!(submit > 0.0 && execute > 0.0, "{out}");

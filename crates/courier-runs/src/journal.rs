@@ -44,7 +44,8 @@ pub(crate) struct Journal {
 impl Journal {
     pub(crate) fn new(run: &crate::Run, max_result: usize) -> Self {
         Self {
-            rows: None,
+            // A claim that found no journaled step: nothing to read.
+            rows: (run.journaled == Some(false)).then(Vec::new),
             next: 1,
             usage: run.usage,
             budget: run.budget.unwrap_or_default(),

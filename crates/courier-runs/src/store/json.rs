@@ -135,6 +135,7 @@ mod tests {
             usage: crate::Usage::default(),
             steps_replayed: 0,
             wait_signal: None,
+            journaled: None,
         };
         let v = run.to_json_with_events(&[]);
         assert_eq!(v["created_at"], "1970-01-01T00:00:01.000Z");

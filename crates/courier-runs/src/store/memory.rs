@@ -138,6 +138,7 @@ impl MemoryRunStore {
             usage: Usage::default(),
             steps_replayed: 0,
             wait_signal: None,
+            journaled: None,
         }
     }
 }
@@ -246,7 +247,7 @@ impl RunStore for MemoryRunStore {
         worker: &str,
         lease: Duration,
     ) -> Result<Option<Run>, StoreError> {
-        Ok(self.guarded_returning(
+        let claimed = self.guarded_returning(
             id,
             |r, _| r.status == RunStatus::Queued,
             |r, now| {
@@ -255,7 +256,11 @@ impl RunStore for MemoryRunStore {
                 r.lease_expires = now + lease_ms(lease);
                 r.started_at.get_or_insert(now);
             },
-        ))
+        );
+        Ok(claimed.map(|mut run| {
+            run.journaled = Some(self.lock().steps.get(&id).is_some_and(|s| !s.is_empty()));
+            run
+        }))
     }
 
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {

@@ -67,6 +67,12 @@ pub struct Run {
     pub steps_replayed: u64,
     /// The signal a run in a durable wait waits for.
     pub wait_signal: Option<String>,
+    /// Whether the run had journaled steps when this worker claimed it, read by the claim's
+    /// own statement (PostgreSQL, SQLite, memory): `Some(false)` spares its first step the
+    /// journal read. None (any other read, MySQL's claim): not known; the journal is read at the
+    /// first step. Not stored.
+    #[serde(skip)]
+    pub journaled: Option<bool>,
 }
 
 /// One persisted step of a run.

@@ -209,6 +209,11 @@ where
         },
         steps_replayed: counter(row, "steps_replayed")?,
         wait_signal: column(row, "wait_signal")?,
+        // Only a claim returns it (a missing column is "not known").
+        journaled: column::<_, Option<i64>>(row, "has_steps")
+            .ok()
+            .flatten()
+            .map(|n| n != 0),
     })
 }
 

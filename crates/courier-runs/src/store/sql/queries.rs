@@ -68,9 +68,17 @@ impl Queries {
                     .replace("{returning_seq}", &returning(insert_returning, "seq"))
                     .replace("{returning_run}", &insert_returns_run)
                     // Without UPDATE ... RETURNING, the claimed row is read back instead.
+                    // A claim also says whether the run has journaled steps, so that a fresh
+                    // run's first step does not read an empty journal.
                     .replace(
                         "{returning_claimed}",
-                        &returning(update_returning, "{cols}"),
+                        &returning(
+                            update_returning,
+                            &format!(
+                                "{{cols}}, CAST(CASE WHEN EXISTS (SELECT 1 FROM {runs}_steps \
+                                 WHERE run_id = {runs}.id) THEN 1 ELSE 0 END AS BIGINT) AS has_steps"
+                            ),
+                        ),
                     )
                     .replace("{cols}", COLUMNS),
             )
