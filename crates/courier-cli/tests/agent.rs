@@ -240,3 +240,112 @@ fn stats_without_breakers_shows_none() {
     let refused = run(&env, &["stats", "--breakers"]);
     assert!(refused.fails(2).contains("breaker"), "{}", refused.stderr);
 }
+
+/// A worker process of `env` consuming until `done` holds for the runs it shows; then stopped.
+#[cfg(unix)]
+fn consume_until(env: &Env, what: &str, done: impl Fn() -> bool) -> Run {
+    let child = env
+        .command(&["consume", "--sleep", "20ms", "--quiet"])
+        .env("COURIER_TEST_AGENT_KEY", KEY)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    common::eventually(what, &done);
+    common::signal(&child, "TERM");
+    let run = wait(child, Duration::from_secs(30));
+    assert_no_key(&run);
+    run
+}
+
+fn submit(env: &Env) -> String {
+    let submitted = run(
+        env,
+        &[
+            "runs",
+            "submit",
+            "helper",
+            "--input",
+            r#"{"prompt":"hi"}"#,
+            "--format",
+            "json",
+        ],
+    );
+    submitted.json()["id"].as_str().expect("id").to_owned()
+}
+
+fn breakers(env: &Env) -> serde_json::Value {
+    run(env, &["stats", "--breakers", "--format", "json"]).json()
+}
+
+/// One breaker shared by worker processes through the SQLite run store: process A's two 503s
+/// open it; process B, which never saw a failure, then skips the provider (the server's counter
+/// does not move, B's run fails `circuit_open`); after the cooldown, with two processes
+/// consuming, one call probes (half-open), the server answers, the breaker closes and both runs
+/// complete.
+#[cfg(unix)]
+#[test]
+fn a_breaker_opened_by_one_worker_process_is_open_for_another() {
+    let answer = r#"{"choices":[{"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#;
+    let mut script = vec![(503, "{}".to_owned()); 2];
+    script.extend(vec![(200, answer.to_owned()); 4]);
+    let (url, seen) = server(script);
+    let calls = || seen.lock().expect("lock").len();
+    let env = Env::empty();
+    let cooldown = Duration::from_secs(6);
+    env.write(
+        "courier.toml",
+        &breaker_config(&url, r#"failures = 2, window = "60s", cooldown = "6s""#),
+    );
+    let show = |id: &str| run(&env, &["runs", "show", id, "--format", "json"]).json();
+    let status = |id: &str| show(id)["status"].as_str().unwrap_or("").to_owned();
+
+    // Process A: two 503s open the breaker; its later attempts are refused without a call.
+    let first = submit(&env);
+    consume_until(&env, "run 1 to fail", || status(&first) == "failed");
+    assert_eq!(calls(), 2, "two calls, then the open breaker");
+    let b = breakers(&env);
+    assert_eq!(
+        (b[0]["state"].as_str(), b[0]["failures"].as_u64()),
+        (Some("open"), Some(2)),
+        "{b}"
+    );
+    let opened_at = b[0]["opened_at"].clone();
+
+    // Process B: a fresh process, no failure of its own: the provider is skipped.
+    let second = submit(&env);
+    consume_until(&env, "run 2 to fail", || status(&second) == "failed");
+    assert_eq!(calls(), 2, "process B never called the provider");
+    let shown = show(&second);
+    assert_eq!(shown["error_class"], "circuit_open", "{shown}");
+    assert_eq!(breakers(&env)[0]["opened_at"], opened_at, "not reopened");
+
+    // After the cooldown, two processes: one probe, answered, closes it for both.
+    std::thread::sleep(cooldown);
+    // Room for the run refused while the other probes to be requeued until the breaker closes.
+    env.write(
+        "courier.toml",
+        &breaker_config(&url, r#"failures = 2, window = "60s", cooldown = "6s""#)
+            .replace("[runs]\n", "[runs]\nmax_requeues = 50\n"),
+    );
+    let (third, fourth) = (submit(&env), submit(&env));
+    let other = env
+        .command(&["consume", "--sleep", "20ms", "--quiet"])
+        .env("COURIER_TEST_AGENT_KEY", KEY)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    consume_until(&env, "runs 3 and 4 to complete", || {
+        status(&third) == "completed" && status(&fourth) == "completed"
+    });
+    common::signal(&other, "TERM");
+    assert_no_key(&wait(other, Duration::from_secs(30)));
+    assert_eq!(calls(), 4, "one probe, then one call for the other run");
+    let b = breakers(&env);
+    assert_eq!(
+        (b[0]["state"].as_str(), b[0]["failures"].as_u64()),
+        (Some("closed"), Some(0)),
+        "{b}"
+    );
+}
