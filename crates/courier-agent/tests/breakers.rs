@@ -60,11 +60,29 @@ fn now_ms() -> i64 {
 
 #[tokio::test]
 async fn a_breaker_opens_half_opens_for_one_worker_and_closes_across_two_store_handles() {
-    let server = Server::start().await;
     let dir = tempfile::tempdir().unwrap();
     let dsn = format!("sqlite://{}?mode=rwc", dir.path().join("runs.db").display());
-    let a = SqlBreakers::connect(&dsn, None).await.unwrap();
-    let b = SqlBreakers::connect(&dsn, None).await.unwrap();
+    shared_breaker_cycle(&dsn, None).await;
+}
+
+/// The same on PostgreSQL: two handles, each with its own pool (two workers), on one table.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+async fn a_postgres_breaker_opens_half_opens_for_one_worker_and_closes_across_two_pools() {
+    let cleanup = courier_test::Cleanup::new();
+    let table = cleanup.postgres_table("agent_breakers");
+    let url = courier_test::env::postgres_url();
+    shared_breaker_cycle(&url, Some(&table)).await;
+}
+
+/// Two independent handles on the breakers of `dsn` (table `table`): opens after two failures,
+/// the other handle skips the provider, one of two racing handles probes, a dead prober is
+/// replaced, a real probe closes it.
+async fn shared_breaker_cycle(dsn: &str, table: Option<&str>) {
+    let server = Server::start().await;
+    let a = SqlBreakers::connect(dsn, table).await.unwrap();
+    let b = SqlBreakers::connect(dsn, table).await.unwrap();
     let closed_for_long = policy(Duration::from_secs(3600));
 
     // Worker A: p1 fails twice (503, then 502), p2 answers.
