@@ -80,3 +80,26 @@ pub(crate) async fn breakers(ctx: &Ctx<'_>) -> CliResult<Vec<BreakerRow>> {
         .await
         .map_err(|e| CliError::runtime(format!("reading the agents' circuit breakers: {e}")))
 }
+
+/// The agents' breakers for the dashboard's workers page.
+#[cfg(feature = "dashboard")]
+pub(crate) struct DashboardBreakers(pub(crate) Arc<dyn BreakerStore>);
+
+#[cfg(feature = "dashboard")]
+#[async_trait::async_trait]
+impl courier_dashboard::BreakerSource for DashboardBreakers {
+    async fn breakers(&self) -> Result<Vec<courier_dashboard::BreakerView>, String> {
+        let rows = courier_agent::breaker::record_gauges(self.0.as_ref())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(rows
+            .into_iter()
+            .map(|r| courier_dashboard::BreakerView {
+                provider: r.provider,
+                state: r.state.as_str().to_owned(),
+                failures: r.failures,
+                opened_at_ms: r.opened_at,
+            })
+            .collect())
+    }
+}

@@ -227,6 +227,41 @@ fn an_open_breaker_shows_in_stats_and_in_the_metrics() {
     assert_eq!(json[0]["state"], "open", "{json}");
     assert_eq!(json[0]["failures"], 2, "{json}");
     assert!(json[0]["opened_at"].is_string(), "{json}");
+
+    // The dashboard's workers page shows it too (and no key).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let dashboard = env
+        .command(&["dashboard", "--listen", &addr])
+        .env("COURIER_TEST_AGENT_KEY", KEY)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut page = String::new();
+    common::eventually("the dashboard's workers page", || {
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let sent = write!(
+            stream,
+            "GET /workers HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        );
+        page.clear();
+        sent.is_ok() && stream.read_to_string(&mut page).is_ok() && page.contains("</html>")
+    });
+    common::signal(&dashboard, "TERM");
+    let served = wait(dashboard, Duration::from_secs(30));
+    assert_no_key(&served);
+    assert!(!page.contains(KEY), "a key on the page");
+    let table = &page[page.find("id=\"breakers\"").expect("a breakers table")..];
+    let row = &table[table.find("local").expect("local")..];
+    let row = &row[..row.find("</tr>").expect("row end")];
+    assert!(row.contains(">open<") && row.contains(">2<"), "{row}");
 }
 
 /// Without a `breaker` in any agent table, `stats` shows no breaker and `--breakers` says why.

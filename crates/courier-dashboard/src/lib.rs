@@ -47,4 +47,4 @@ mod rates;
 mod state;
 
 pub use error::DashboardError;
-pub use state::{Dashboard, DashboardOptions};
+pub use state::{BreakerSource, BreakerView, Dashboard, DashboardOptions};

@@ -39,6 +39,33 @@ pub struct DashboardOptions {
     /// is dispatched, and with the application's agents, which an approved run resumes with.
     /// Without one the run page shows no actions.
     pub runtime: Option<Runtime>,
+    /// The LLM agents' circuit breakers, shown on the workers page (the CLI gives the run
+    /// store's when an `[agents.NAME]` table has a `breaker`).
+    pub breakers: Option<Arc<dyn BreakerSource>>,
+}
+
+/// One provider's circuit breaker, as the workers page shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BreakerView {
+    /// The provider.
+    pub provider: String,
+    /// `closed`, `open` or `half_open`.
+    pub state: String,
+    /// Failures in its current window.
+    pub failures: u32,
+    /// When it last opened, epoch ms (0: never).
+    pub opened_at_ms: i64,
+}
+
+/// Where the dashboard reads circuit breakers from (the dashboard does not depend on the agent
+/// crate: the application adapts its breaker store).
+#[courier_core::async_trait]
+pub trait BreakerSource: Send + Sync + 'static {
+    /// Every breaker, by provider.
+    ///
+    /// # Errors
+    /// The store failed; the text is shown on the page.
+    async fn breakers(&self) -> Result<Vec<BreakerView>, String>;
 }
 
 impl fmt::Debug for DashboardOptions {
@@ -49,6 +76,7 @@ impl fmt::Debug for DashboardOptions {
             .field("page_size", &self.page_size)
             .field("worker_registry", &self.worker_registry.is_some())
             .field("runtime", &self.runtime.is_some())
+            .field("breakers", &self.breakers.is_some())
             .finish()
     }
 }
@@ -85,6 +113,13 @@ impl DashboardOptions {
     #[must_use]
     pub fn runtime(mut self, runtime: Runtime) -> Self {
         self.runtime = Some(runtime);
+        self
+    }
+
+    /// Shows the circuit breakers of `source` on the workers page.
+    #[must_use]
+    pub fn breakers(mut self, source: Arc<dyn BreakerSource>) -> Self {
+        self.breakers = Some(source);
         self
     }
 }

@@ -514,3 +514,61 @@ async fn the_workers_page_lists_the_registry_or_says_there_is_none() {
     let error: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(error["error"], "no worker registry in this configuration");
 }
+
+/// Fixed breakers, or a failure.
+struct FixedBreakers(Result<Vec<courier_dashboard::BreakerView>, String>);
+
+#[async_trait]
+impl courier_dashboard::BreakerSource for FixedBreakers {
+    async fn breakers(&self) -> Result<Vec<courier_dashboard::BreakerView>, String> {
+        self.0.clone()
+    }
+}
+
+#[tokio::test]
+async fn the_workers_page_shows_the_agents_circuit_breakers_when_given() {
+    let fx = Fixture::new().await;
+    let router = fx.dashboard(DashboardOptions::default()).router();
+    let (_, _, page) = get(&router, "/workers").await;
+    assert!(!page.contains("Circuit breakers"), "none given: {page}");
+
+    let view =
+        |provider: &str, state: &str, failures, opened_at_ms| courier_dashboard::BreakerView {
+            provider: provider.into(),
+            state: state.into(),
+            failures,
+            opened_at_ms,
+        };
+    let source = FixedBreakers(Ok(vec![
+        view("fallback", "closed", 0, 0),
+        view("primary", "open", 3, 1_796_421_604_863),
+    ]));
+    let router = fx
+        .dashboard(DashboardOptions::default().breakers(Arc::new(source)))
+        .router();
+    let (status, _, page) = get(&router, "/workers").await;
+    assert_eq!(status, StatusCode::OK);
+    let table = &page[page.find("id=\"breakers\"").expect("a breakers table")..];
+    let primary = &table[table.find("primary").expect("primary")..];
+    let row = &primary[..primary.find("</tr>").expect("row end")];
+    assert!(
+        row.contains(">open<") && row.contains(">3<") && row.contains("2026-12-04"),
+        "{row}"
+    );
+    assert!(
+        table.contains("fallback") && table.contains(">never<"),
+        "{table}"
+    );
+
+    let router = fx
+        .dashboard(
+            DashboardOptions::default().breakers(Arc::new(FixedBreakers(Err("store down".into())))),
+        )
+        .router();
+    let (status, _, page) = get(&router, "/workers").await;
+    assert_eq!(status, StatusCode::OK, "the workers are still shown");
+    assert!(
+        page.contains("The breakers cannot be read: store down"),
+        "{page}"
+    );
+}

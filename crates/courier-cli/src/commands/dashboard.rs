@@ -37,6 +37,12 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &DashboardArgs) -> CliResult {
     let runtime = runtime(ctx, &config, store.clone());
     let _bus = ctx.bus(&transports, |b| runtime.register(b));
     let mut options = DashboardOptions::default().runtime(runtime);
+    #[cfg(feature = "agent")]
+    if let Some(breakers) = crate::agents::breaker_store(ctx)? {
+        options = options.breakers(std::sync::Arc::new(crate::agents::DashboardBreakers(
+            breakers,
+        )));
+    }
     match token {
         Some(t) => options = options.token(t),
         None => options = options.loopback_hosts(addr.port()),

@@ -1,4 +1,5 @@
-//! `/workers`: the live workers of the worker registry, when the configuration has one.
+//! `/workers`: the live workers of the worker registry, when the configuration has one, and the
+//! LLM agents' circuit breakers when the options give them.
 
 use std::sync::Arc;
 
@@ -16,6 +17,10 @@ pub(crate) const NO_REGISTRY: &str = "no worker registry in this configuration";
 pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<String>, PageError> {
     let workers = match shared.registry() {
         Some(r) => Some(r.list().await?),
+        None => None,
+    };
+    let breakers = match &shared.options.breakers {
+        Some(source) => Some(source.breakers().await),
         None => None,
     };
     let now = layout::now_ms();
@@ -52,6 +57,32 @@ pub(crate) async fn page(State(shared): State<Arc<Shared>>) -> Result<Html<Strin
                     }
                 }
             },
+        }
+        @if let Some(breakers) = &breakers {
+            h2 { "Circuit breakers" }
+            @match breakers {
+                Err(e) => div.notice.error #breakers-error { "The breakers cannot be read: " (e) },
+                Ok(list) if list.is_empty() => div.panel {
+                    div.empty { "No provider has been called yet." }
+                },
+                Ok(list) => div.panel {
+                    table #breakers {
+                        thead { tr {
+                            th { "Provider" } th { "State" } th.num { "Failures" } th { "Opened" }
+                        } }
+                        tbody {
+                            @for b in list {
+                                tr {
+                                    td { (b.provider) }
+                                    td { span.badge.{"breaker-" (b.state)} { (b.state) } }
+                                    td.num { (b.failures) }
+                                    td { @if b.opened_at_ms > 0 { (layout::time(b.opened_at_ms)) } @else { "never" } }
+                                }
+                            }
+                        }
+                    }
+                },
+            }
         }
     };
     Ok(super::html(layout::page("Workers", Nav::Workers, body)))
