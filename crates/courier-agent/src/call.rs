@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::breaker::{BreakerPolicy, BreakerStore, Permit};
 use crate::provider::{Price, Provider};
-use crate::wire::{ModelTurn, parse_reply};
+use crate::wire::{ModelTurn, StreamFold, parse_reply};
 
 /// The header carrying the step's idempotency key on every model call.
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
@@ -156,6 +156,10 @@ impl Chain {
     ) -> Result<ModelTurn, ProviderError> {
         let mut body = body.clone();
         body["model"] = Value::String(provider.model.clone());
+        if provider.stream {
+            body["stream"] = Value::Bool(true);
+            body["stream_options"] = serde_json::json!({ "include_usage": true });
+        }
         let bytes = serde_json::to_vec(&body)
             .map_err(|e| ProviderError::Other(format!("request not serialisable: {e}")))?;
         let mut request = self
@@ -188,9 +192,31 @@ impl Chain {
                 s => ProviderError::http(s),
             });
         }
-        let bytes = response.bytes().await.map_err(|e| transport(provider, e))?;
-        let reply = parse_reply(&bytes)
-            .map_err(|d| ProviderError::Protocol(format!("provider `{}`: {d}", provider.name)))?;
+        let protocol =
+            |d: String| ProviderError::Protocol(format!("provider `{}`: {d}", provider.name));
+        let reply = if provider.stream {
+            let mut response = response;
+            let mut fold = StreamFold::default();
+            while let Some(bytes) = response.chunk().await.map_err(|e| transport(provider, e))? {
+                let added = fold.feed(&bytes).map_err(protocol)?;
+                if !added.is_empty() {
+                    tracing::trace!(provider = %provider.name, chars = added.len(), "streamed");
+                }
+            }
+            match fold.finish() {
+                Ok(reply) => reply,
+                Err(Ok(detail)) => return Err(protocol(detail)),
+                Err(Err(cut)) => {
+                    return Err(ProviderError::Connection(Some(Box::new(CallFailed {
+                        provider: provider.name.clone(),
+                        detail: cut,
+                    }))));
+                }
+            }
+        } else {
+            let bytes = response.bytes().await.map_err(|e| transport(provider, e))?;
+            parse_reply(&bytes).map_err(protocol)?
+        };
         let price = self
             .prices
             .get(&provider.model)

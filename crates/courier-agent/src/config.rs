@@ -62,6 +62,8 @@ pub struct ProviderConfig {
     /// The call timeout (default 60 s).
     #[serde(default, deserialize_with = "duration")]
     pub timeout: Option<Duration>,
+    /// Stream the answers (SSE), folded into the same turn (default false).
+    pub stream: Option<bool>,
 }
 
 /// `budget = {...}` of an agent.
@@ -215,7 +217,8 @@ impl AgentConfig {
                     ))
                 })?;
             let mut provider = Provider::new(pname, p.base_url.clone(), model)
-                .timeout(p.timeout.unwrap_or(DEFAULT_TIMEOUT));
+                .timeout(p.timeout.unwrap_or(DEFAULT_TIMEOUT))
+                .stream(p.stream.unwrap_or(false));
             if let Some(key) = p.api_key.clone().filter(|k| !k.expose().is_empty()) {
                 provider = provider.api_key(key);
             }

@@ -85,6 +85,9 @@ pub struct Provider {
     pub api_key: Option<ApiKey>,
     /// How long one call may take, connection and whole answer included.
     pub timeout: Duration,
+    /// Ask for the answer as an SSE stream (`"stream": true`) and fold it into the same turn;
+    /// a stream cut before its `[DONE]` is a `connection` failure.
+    pub stream: bool,
 }
 
 impl fmt::Debug for Provider {
@@ -95,6 +98,7 @@ impl fmt::Debug for Provider {
             .field("model", &self.model)
             .field("api_key", &self.api_key)
             .field("timeout", &self.timeout)
+            .field("stream", &self.stream)
             .finish()
     }
 }
@@ -113,7 +117,15 @@ impl Provider {
             model: model.into(),
             api_key: None,
             timeout: DEFAULT_TIMEOUT,
+            stream: false,
         }
+    }
+
+    /// Streams its answers (see [`Provider::stream`](Self#structfield.stream)).
+    #[must_use]
+    pub fn stream(mut self, stream: bool) -> Self {
+        self.stream = stream;
+        self
     }
 
     /// Sets its key.

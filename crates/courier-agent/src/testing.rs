@@ -80,6 +80,10 @@ pub enum Reply {
     Slow(Duration, Value),
     /// 200 with this raw body (truncated or malformed JSON).
     Raw(String),
+    /// 200 as an SSE stream (`text/event-stream`): each item sent as `data: ITEM` and a blank
+    /// line, flushed one by one, then the connection closes. Without a last `[DONE]` item the
+    /// stream is cut mid-way.
+    Sse(Vec<String>),
 }
 
 impl Reply {
@@ -255,6 +259,21 @@ async fn serve(inner: &Inner, stream: tokio::net::TcpStream) -> std::io::Result<
             (200, String::new(), v.to_string())
         }
         Reply::Raw(text) => (200, String::new(), text),
+        Reply::Sse(items) => {
+            let stream = reader.get_mut();
+            stream
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+                )
+                .await?;
+            for item in items {
+                stream
+                    .write_all(format!("data: {item}\n\n").as_bytes())
+                    .await?;
+                stream.flush().await?;
+            }
+            return stream.shutdown().await;
+        }
     };
     let reply = format!(
         "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{text}",
