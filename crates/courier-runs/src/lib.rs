@@ -103,7 +103,7 @@ pub use step::{
 };
 pub use store::{
     Dialect, Enqueued, Inserted, InvalidCursor, InvalidUnique, MemoryRunStore, NewRun, PageFrom,
-    Run, RunCursor, RunEvent, RunPageQuery, RunStore, Settlement, SqlRunStore, SqlRunStoreOptions,
+    Run, RunCursor, RunEvent, RunPageQuery, RunProbe, RunStore, Settlement, SqlRunStore, SqlRunStoreOptions,
     StoreError, UniqueKey, rfc3339_ms,
 };
 

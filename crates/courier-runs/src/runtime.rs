@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::agent::{
     Agent, AgentError, AgentOutcome, RunContext, RunObserver, StepError, within_lease,
 };
-use crate::watch::{Lost, StepClock, watch_lease, watch_steps};
+use crate::watch::{Held, Lost, StepClock, watch_steps};
 use crate::{
     Backoff, Enqueued, Inserted, NewRun, Outcome, Reaper, Run, RunAgent, RunAgentHandler,
     RunStatus, RunStore, Settlement, StoreError, TerminationReason, UniqueKey, worker_identity,
@@ -39,8 +39,8 @@ pub struct RuntimeOptions {
     /// How often a worker run checks, between step boundaries, that it still owns its row and
     /// was not cancelled, so the agent is stopped promptly when another worker took it or an
     /// operator cancelled it (`courier runs cancel`, on any host): default the shorter of lease / 4
-    /// and [`CANCEL_CHECK_EVERY`] (500 ms), one read by primary key per running run; None: only
-    /// at step boundaries.
+    /// and [`CANCEL_CHECK_EVERY`] (500 ms), one read for all the runs the runtime holds
+    /// ([`RunStore::probe`]); None: only at step boundaries.
     pub lease_check_every: Option<Duration>,
     /// The longest a step may take, from the run's start or its last step boundary to the next
     /// one: a step that takes longer is cancelled and fails the execution as a retryable
@@ -164,6 +164,8 @@ pub(crate) struct Inner {
     pub(crate) observers: Arc<[Arc<dyn RunObserver>]>,
     /// Runs its reapers owe a dispatch (see [`Reaper`]).
     pub(crate) owed: crate::reaper::Owed,
+    /// The runs it executes under a lease, probed together.
+    pub(crate) held: Held,
 }
 
 /// Runs agents durably. Cheap to clone.
@@ -271,6 +273,7 @@ impl RuntimeBuilder {
                 options: self.options,
                 observers: self.observers.into(),
                 owed: crate::reaper::Owed::default(),
+                held: Held::default(),
             }),
             bus: Via::Dispatcher(self.dispatcher),
         }
@@ -837,7 +840,7 @@ impl Runtime {
             provided: resume.input,
             journal: crate::journal::Journal::new(&run_row, self.inner.options.max_step_result),
         };
-        let watch = watch_lease(
+        let watch = self.inner.held.watch(
             self.inner.store.clone(),
             run_id,
             owner.clone(),

@@ -1,15 +1,18 @@
 //! What watches a worker run between its step boundaries, beside the agent: the row (lost
-//! lease, operator cancel) and the step clock (`runs.step_timeout`).
+//! lease, operator cancel: all the runs a runtime holds in one read) and the step clock
+//! (`runs.step_timeout`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::{RunStatus, RunStore};
 
-/// Why [`watch_lease`] stopped an execution.
+/// Why [`Held::watch`] stopped an execution.
 pub(crate) enum Lost {
     /// Another worker owns the run (or it is gone).
     Lease,
@@ -17,35 +20,113 @@ pub(crate) enum Lost {
     Cancelled,
 }
 
-/// Between step boundaries, checks every `every` that the worker still owns the row and that it
-/// was not cancelled; returns (after cancelling `token`) when either changed. Never returns for
-/// interactive runs.
-pub(crate) async fn watch_lease(
-    store: Arc<dyn RunStore>,
-    run_id: Uuid,
-    owner: Option<String>,
-    every: Option<Duration>,
-    token: CancellationToken,
-) -> Lost {
-    let (Some(owner), Some(every)) = (owner, every) else {
-        return std::future::pending().await;
-    };
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = token.cancelled() => return std::future::pending().await,
-        }
-        let Ok(run) = store.find(run_id).await else {
-            continue;
+/// The runs a runtime executes under a lease, watched together between their step boundaries:
+/// every `lease_check_every`, one [`RunStore::probe`] of all of them (not one read per run)
+/// finds those another worker took or an operator cancelled. A ticking task runs while
+/// anything is held, and stops when nothing is.
+#[derive(Clone, Default)]
+pub(crate) struct Held(Arc<Mutex<HeldState>>);
+
+#[derive(Default)]
+struct HeldState {
+    runs: HashMap<Uuid, Entry>,
+    ticking: bool,
+}
+
+struct Entry {
+    owner: String,
+    lost: Option<oneshot::Sender<Lost>>,
+}
+
+impl Held {
+    fn state(&self) -> std::sync::MutexGuard<'_, HeldState> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Returns (after cancelling `token`) once the run is found taken or cancelled; never for
+    /// interactive runs, or without an interval.
+    pub(crate) async fn watch(
+        &self,
+        store: Arc<dyn RunStore>,
+        run_id: Uuid,
+        owner: Option<String>,
+        every: Option<Duration>,
+        token: CancellationToken,
+    ) -> Lost {
+        let (Some(owner), Some(every)) = (owner, every) else {
+            return std::future::pending().await;
         };
-        let lost = match run {
-            Some(r) if r.status == RunStatus::Cancelled => Lost::Cancelled,
-            Some(r)
-                if r.status == RunStatus::Running && r.claimed_by.as_deref() == Some(&owner) =>
-            {
-                continue;
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut state = self.state();
+            state.runs.insert(
+                run_id,
+                Entry {
+                    owner,
+                    lost: Some(tx),
+                },
+            );
+            !std::mem::replace(&mut state.ticking, true)
+        };
+        if start {
+            tokio::spawn(self.clone().tick(store, every));
+        }
+        // Dropped when the execution ends (this future with it): the run is no longer held.
+        let _held = Release(self, run_id);
+        match rx.await {
+            // Cancelled here, in the poll that returns: the execution ends on this outcome,
+            // not on the agent's own reaction to the cancellation.
+            Ok(lost) => {
+                token.cancel();
+                lost
             }
-            _ => Lost::Lease,
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    async fn tick(self, store: Arc<dyn RunStore>, every: Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            let held: Vec<(Uuid, String)> = {
+                let mut state = self.state();
+                if state.runs.is_empty() {
+                    state.ticking = false;
+                    return;
+                }
+                state
+                    .runs
+                    .iter()
+                    .map(|(id, e)| (*id, e.owner.clone()))
+                    .collect()
+            };
+            let ids: Vec<Uuid> = held.iter().map(|(id, _)| *id).collect();
+            // A store that cannot answer now is asked again at the next tick.
+            let Ok(probed) = store.probe(&ids).await else {
+                continue;
+            };
+            let probed: HashMap<Uuid, crate::RunProbe> =
+                probed.into_iter().map(|p| (p.id, p)).collect();
+            for (id, owner) in held {
+                let lost = match probed.get(&id) {
+                    Some(p) if p.status == RunStatus::Cancelled => Lost::Cancelled,
+                    Some(p)
+                        if p.status == RunStatus::Running
+                            && p.claimed_by.as_deref() == Some(owner.as_str()) =>
+                    {
+                        continue;
+                    }
+                    _ => Lost::Lease,
+                };
+                self.lose(id, lost);
+            }
+        }
+    }
+
+    fn lose(&self, run_id: Uuid, lost: Lost) {
+        let Some(mut entry) = self.state().runs.remove(&run_id) else {
+            return;
         };
         match lost {
             Lost::Cancelled => {
@@ -55,8 +136,18 @@ pub(crate) async fn watch_lease(
                 tracing::warn!(courier.run.id = %run_id, "lease lost between step boundaries");
             }
         }
-        token.cancel();
-        return lost;
+        if let Some(tx) = entry.lost.take() {
+            let _ = tx.send(lost);
+        }
+    }
+}
+
+/// Stops holding a run when its execution ends.
+struct Release<'a>(&'a Held, Uuid);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.state().runs.remove(&self.1);
     }
 }
 

@@ -257,6 +257,60 @@ async fn hung_agent_is_cancelled_promptly_when_its_lease_is_lost() {
     assert_eq!(row(&store, id).await.claimed_by.as_deref(), Some(B));
 }
 
+/// The runs a worker holds are checked together: one read per interval for all of them, not
+/// one per run, and the one an operator cancels (and only that one) is stopped.
+#[tokio::test(start_paused = true)]
+async fn held_runs_are_probed_in_one_read_per_interval() {
+    let memory = MemoryRunStore::new();
+    let store = Arc::new(Tweaked {
+        inner: memory.clone(),
+        ..Tweaked::default()
+    });
+    let options = RuntimeOptions {
+        lease_check_every: Some(Duration::from_secs(1)),
+        ..RuntimeOptions::default()
+    };
+    let (rt, _bus, _queue) = queued_runtime(store.clone(), A, options);
+    let mut ids = Vec::new();
+    for _ in 0..8 {
+        let run = NewRun::new(
+            "scripted",
+            json!({"steps": [{"hang_ms": 10_000}, {"output": "done"}]}),
+        );
+        memory.insert_queued(&run).await.unwrap();
+        ids.push(run.id);
+    }
+    let tasks: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let rt = rt.clone();
+            tokio::spawn(async move { rt.run_queued(id).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    assert!(memory.cancel(ids[5]).await.unwrap());
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.unwrap().unwrap());
+    }
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let expected = if i == 5 {
+            Outcome::Cancelled
+        } else {
+            Outcome::Completed {
+                output: json!("done"),
+            }
+        };
+        assert_eq!(*outcome, expected, "run {i}");
+    }
+    let finds = store.finds.load(std::sync::atomic::Ordering::Relaxed);
+    let probes = store.probes.load(std::sync::atomic::Ordering::Relaxed);
+    // 10 s of hanging steps, checked every second: about 10 probes for all 8 runs (one read
+    // per run per second would be about 80 reads).
+    assert_eq!(finds, 0, "no run was read on its own");
+    assert!((8..=12).contains(&probes), "{probes} probes");
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancelled_mid_flight_stops_at_the_next_boundary_which_is_persisted() {
     let store = MemoryRunStore::new();
@@ -736,6 +790,9 @@ struct Tweaked {
     silent_appends: bool,
     silent_settles: bool,
     silent_claims: bool,
+    /// Reads of one run (`find`) and batched reads (`probe`) so far.
+    finds: std::sync::atomic::AtomicU64,
+    probes: std::sync::atomic::AtomicU64,
 }
 
 #[courier_runs::async_trait]
@@ -760,7 +817,14 @@ impl RunStore for Tweaked {
         self.inner.insert_interactive(run).await
     }
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
+        self.finds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.find(id).await
+    }
+    async fn probe(&self, ids: &[Uuid]) -> Result<Vec<courier_runs::RunProbe>, StoreError> {
+        self.probes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.probe(ids).await
     }
     async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError> {
         self.inner.list(status, limit).await

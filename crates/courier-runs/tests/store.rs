@@ -963,6 +963,63 @@ async fn a_unique_run_whose_dispatch_failed_frees_its_key(fx: &Fixture) {
     assert!(matches!(again, Enqueued::Queued(_)), "{again:?}");
 }
 
+/// A batched renewal renews every run the worker holds in one call and reports exactly the
+/// ones it lost: one stolen by another worker after its lease expired, one cancelled, one that
+/// does not exist; a batched probe reads each held run's status and owner.
+async fn a_batched_renewal_reports_exactly_the_lost_runs(fx: &Fixture) {
+    let me = new_worker_identity();
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        let run = fx.queued("scripted").await;
+        assert!(fx.store.claim(run.id, &me, LEASE).await.unwrap().is_some());
+        held.push(run.id);
+    }
+    // The second is stolen: its lease expired, the reaper requeued it, another worker claimed it.
+    let (stolen, cancelled, gone) = (held[1], held[3], Uuid::new_v4());
+    fx.set_lease(stolen, 1).await;
+    assert!(fx.store.requeue_stale(stolen).await.unwrap());
+    let thief = new_worker_identity();
+    assert!(
+        fx.store
+            .claim(stolen, &thief, LEASE)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(fx.store.cancel(cancelled).await.unwrap());
+    let before = fx.run(held[0]).await.lease_expires;
+    let mut asked = held.clone();
+    asked.push(gone);
+
+    let lost = fx
+        .store
+        .renew_many(&asked, &me, LEASE + Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(lost, vec![stolen, cancelled, gone]);
+    for id in [held[0], held[2], held[4]] {
+        let run = fx.run(id).await;
+        assert!(run.lease_expires > before, "{id} was not renewed");
+        assert_eq!(run.claimed_by.as_deref(), Some(me.as_str()));
+    }
+    assert_eq!(
+        fx.run(stolen).await.claimed_by.as_deref(),
+        Some(thief.as_str()),
+        "the thief keeps the stolen run"
+    );
+
+    let mut probed = fx.store.probe(&asked).await.unwrap();
+    probed.sort_by_key(|p| asked.iter().position(|id| *id == p.id));
+    let seen: Vec<(Uuid, RunStatus, Option<String>)> = probed
+        .into_iter()
+        .map(|p| (p.id, p.status, p.claimed_by))
+        .collect();
+    assert_eq!(seen.len(), 5, "the missing run is left out: {seen:?}");
+    assert_eq!(seen[1], (stolen, RunStatus::Running, Some(thief.clone())));
+    assert_eq!(seen[3].1, RunStatus::Cancelled);
+    assert_eq!(seen[4], (held[4], RunStatus::Running, Some(me.clone())));
+}
+
 macro_rules! store_tests {
     ($fixture:path, $ignore:tt, [$($name:ident),* $(,)?]) => {
         $(
@@ -1006,6 +1063,7 @@ macro_rules! all_store_tests {
             claim_exactly_once,
             claim_sets_a_lease_from_the_store_clock,
             claim_and_inserts_return_the_row_as_stored,
+            a_batched_renewal_reports_exactly_the_lost_runs,
             renew_needs_the_owner_and_same_millisecond_renewal_still_holds,
             owner_requeue_clears_claim_and_keeps_input,
             stale_select_sees_only_expired_worker_leases,

@@ -75,6 +75,17 @@ pub struct Run {
     pub journaled: Option<bool>,
 }
 
+/// What [`RunStore::probe`] reads of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunProbe {
+    /// The run.
+    pub id: Uuid,
+    /// Its status.
+    pub status: RunStatus,
+    /// The worker holding its lease, if any.
+    pub claimed_by: Option<String>,
+}
+
 /// One persisted step of a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunEvent {
@@ -239,6 +250,41 @@ pub trait RunStore: Send + Sync + std::fmt::Debug + 'static {
     async fn insert_interactive(&self, run: &NewRun) -> Result<Run, StoreError>;
     /// Finds a run.
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError>;
+    /// The status and owner of several runs, in one read where the store can (the SQL store:
+    /// `id IN (...)`, 500 ids a statement): what a worker checks of the runs it holds between
+    /// their step boundaries. Runs that do not exist are left out. The default reads them one
+    /// by one.
+    async fn probe(&self, ids: &[Uuid]) -> Result<Vec<RunProbe>, StoreError> {
+        let mut found = Vec::with_capacity(ids.len());
+        for &id in ids {
+            if let Some(run) = self.find(id).await? {
+                found.push(RunProbe {
+                    id,
+                    status: run.status,
+                    claimed_by: run.claimed_by,
+                });
+            }
+        }
+        Ok(found)
+    }
+    /// Renews the leases of several runs `worker` holds, in one statement where the store can
+    /// (`id IN (...) AND status = 'running' AND claimed_by = worker`, 500 ids a statement):
+    /// returns the ids the guard refused, the leases `worker` lost (stolen, cancelled, gone).
+    /// The default renews them one by one.
+    async fn renew_many(
+        &self,
+        ids: &[Uuid],
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let mut lost = Vec::new();
+        for &id in ids {
+            if !self.renew(id, worker, lease).await? {
+                lost.push(id);
+            }
+        }
+        Ok(lost)
+    }
     /// Lists runs, newest first.
     async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError>;
     /// A page of runs, newest first: those matching the query's filters, from its cursor (keyset

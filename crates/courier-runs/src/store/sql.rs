@@ -349,6 +349,19 @@ impl RunStore for SqlRunStore {
         self.engine.renew(id, worker, lease).await
     }
 
+    async fn renew_many(
+        &self,
+        ids: &[Uuid],
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        self.engine.renew_many(ids, worker, lease).await
+    }
+
+    async fn probe(&self, ids: &[Uuid]) -> Result<Vec<crate::RunProbe>, StoreError> {
+        self.engine.probe(ids).await
+    }
+
     async fn requeue_owned(
         &self,
         id: Uuid,

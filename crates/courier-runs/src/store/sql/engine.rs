@@ -217,6 +217,14 @@ where
     })
 }
 
+/// The most ids one `id IN (...)` statement binds.
+const MAX_IDS_PER_STATEMENT: usize = 500;
+
+/// `n` placeholders, comma-separated.
+fn marks(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
 /// A usage counter (a BIGINT that is never negative).
 fn counter<'r, R>(row: &'r R, col: &str) -> Result<u64, StoreError>
 where
@@ -362,6 +370,87 @@ where
         in_flight(q.fetch_optional(&self.pool))
             .await
             .map_err(rows_error("find run"))
+    }
+
+    async fn probe(&self, ids: &[Uuid]) -> Result<Vec<crate::RunProbe>, StoreError> {
+        let mut found = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(MAX_IDS_PER_STATEMENT) {
+            let sql = DB::DIALECT.render(&format!(
+                "SELECT id, status, claimed_by FROM {} WHERE id IN ({})",
+                self.runs,
+                marks(chunk.len())
+            ));
+            let mut q = sqlx::query(&sql);
+            for &id in chunk {
+                q = q.bind(DB::id(id));
+            }
+            let rows = in_flight(q.fetch_all(&self.pool))
+                .await
+                .map_err(db("probe runs"))?;
+            for row in &rows {
+                let status: String = column(row, "status")?;
+                found.push(crate::RunProbe {
+                    id: DB::uuid(column(row, "id")?),
+                    status: status
+                        .parse()
+                        .map_err(|e| StoreError::Corrupt(format!("{e}")))?,
+                    claimed_by: column(row, "claimed_by")?,
+                });
+            }
+        }
+        Ok(found)
+    }
+
+    async fn renew_many(
+        &self,
+        ids: &[Uuid],
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let mut held = std::collections::HashSet::with_capacity(ids.len());
+        let mysql = DB::DIALECT == Dialect::Mysql;
+        for chunk in ids.chunks(MAX_IDS_PER_STATEMENT) {
+            let marks = marks(chunk.len());
+            let guard = format!("id IN ({marks}) AND status = 'running' AND claimed_by = ?");
+            let update = DB::DIALECT.render(&format!(
+                "UPDATE {} SET lease_expires = {{now}} + ?, updated_at = {{now}} WHERE {guard}{}",
+                self.runs,
+                if mysql { "" } else { " RETURNING id" }
+            ));
+            let mut q = sqlx::query(&update).bind(lease_ms(lease));
+            for &id in chunk {
+                q = q.bind(DB::id(id));
+            }
+            let q = q.bind(worker);
+            let rows = if mysql {
+                // No UPDATE ... RETURNING: the renew, then a read of the runs still held.
+                in_flight(q.execute(&self.pool))
+                    .await
+                    .map_err(db("renew runs"))?;
+                let select =
+                    DB::DIALECT.render(&format!("SELECT id FROM {} WHERE {guard}", self.runs));
+                let mut q = sqlx::query(&select);
+                for &id in chunk {
+                    q = q.bind(DB::id(id));
+                }
+                in_flight(q.bind(worker).fetch_all(&self.pool))
+                    .await
+                    .map_err(db("renew runs"))?
+            } else {
+                let _turn = self.turn().await;
+                in_flight(q.fetch_all(&self.pool))
+                    .await
+                    .map_err(db("renew runs"))?
+            };
+            for row in &rows {
+                held.insert(DB::uuid(column(row, "id")?));
+            }
+        }
+        Ok(ids
+            .iter()
+            .copied()
+            .filter(|id| !held.contains(id))
+            .collect())
     }
 
     async fn list(&self, status: Option<RunStatus>, n: usize) -> Result<Vec<Run>, StoreError> {
