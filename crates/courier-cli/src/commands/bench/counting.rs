@@ -6,7 +6,8 @@
 //! [`SqlRunStore::insert_returning`] is false), `insert_queued`, `insert_interactive` and
 //! `append_event` are two (the INSERT, then a SELECT of the new row or of the sequence number it
 //! got); on MySQL/MariaDB (no `UPDATE ... RETURNING`) `claim` is two (the guarded UPDATE, then a
-//! SELECT of the claimed row; one when the guard matched nothing, counted as two all the same).
+//! SELECT of the claimed row; one when the guard matched nothing, counted as two all the same),
+//! and so is `renew_many` (the UPDATE, then a SELECT of the runs still held; up to 500 runs).
 //! `journal` (a durable step) is one statement on PostgreSQL (a data-modifying CTE) and four
 //! elsewhere (BEGIN, the guarded renew, the step row's write, COMMIT); SQLite sends its four as
 //! one script, one round trip to the connection's thread.
@@ -33,12 +34,14 @@ use courier_runs::{
 use uuid::Uuid;
 
 /// The run store methods, in the order of [`CountingStore::calls`].
-pub(super) const STORE_METHODS: [&str; 31] = [
+pub(super) const STORE_METHODS: [&str; 33] = [
     "setup",
     "now_ms",
     "insert_queued",
     "insert_interactive",
     "find",
+    "probe",
+    "renew_many",
     "list",
     "claim",
     "renew",
@@ -134,7 +137,7 @@ impl CountingStore {
                     {
                         2
                     }
-                    "claim" if self.dialect == Dialect::Mysql => 2,
+                    "claim" | "renew_many" if self.dialect == Dialect::Mysql => 2,
                     // One CTE on PostgreSQL; elsewhere BEGIN, the renew, the step row, COMMIT.
                     "journal" if self.dialect != Dialect::Postgres => 4,
                     // Select, then BEGIN, three deletes, COMMIT.
@@ -191,6 +194,19 @@ impl RunStore for CountingStore {
     async fn find(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
         self.bump("find");
         self.inner.find(id).await
+    }
+    async fn probe(&self, ids: &[Uuid]) -> Result<Vec<courier_runs::RunProbe>, StoreError> {
+        self.bump("probe");
+        self.inner.probe(ids).await
+    }
+    async fn renew_many(
+        &self,
+        ids: &[Uuid],
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        self.bump("renew_many");
+        self.inner.renew_many(ids, worker, lease).await
     }
     async fn list(&self, status: Option<RunStatus>, limit: usize) -> Result<Vec<Run>, StoreError> {
         self.bump("list");
