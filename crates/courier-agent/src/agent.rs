@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use crate::breaker::{BreakerPolicy, BreakerStore};
 use crate::call::{Chain, http_client};
 use crate::provider::{Price, Provider};
+use crate::streams::StreamStore;
 use crate::tool::Tool;
 use crate::wire::ModelTurn;
 
@@ -72,6 +73,7 @@ pub struct LlmAgentBuilder {
     breakers: Option<Arc<dyn BreakerStore>>,
     policy: BreakerPolicy,
     temperature: Option<f64>,
+    streams: Option<(Arc<dyn StreamStore>, std::time::Duration)>,
 }
 
 /// An agent cannot be built as configured.
@@ -149,6 +151,13 @@ impl LlmAgentBuilder {
         self
     }
 
+    /// Where streaming providers' chunks go ([`streams`](crate::streams)): each event kept
+    /// for `ttl`.
+    pub fn streams(mut self, store: Arc<dyn StreamStore>, ttl: std::time::Duration) -> Self {
+        self.streams = Some((store, ttl));
+        self
+    }
+
     /// The agent.
     ///
     /// # Errors
@@ -184,6 +193,7 @@ impl LlmAgentBuilder {
                     breakers: self.breakers,
                     policy: self.policy,
                     prices: self.prices,
+                    streams: self.streams,
                 },
                 system: self.system,
                 tools: self.tools,

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::breaker::{BreakerPolicy, BreakerStore, Permit};
 use crate::provider::{Price, Provider};
+use crate::streams::{StreamKind, StreamStore};
 use crate::wire::{ModelTurn, StreamFold, parse_reply};
 
 /// The header carrying the step's idempotency key on every model call.
@@ -43,6 +44,41 @@ pub(crate) struct Chain {
     pub(crate) breakers: Option<Arc<dyn BreakerStore>>,
     pub(crate) policy: BreakerPolicy,
     pub(crate) prices: HashMap<String, Price>,
+    /// Where streaming providers' chunks go, and for how long.
+    pub(crate) streams: Option<(Arc<dyn StreamStore>, Duration)>,
+}
+
+/// A streamed call's events in its run's stream (best effort: a failing store is logged).
+struct Sink<'a> {
+    store: &'a dyn StreamStore,
+    ttl: Duration,
+    run: &'a str,
+    step: i64,
+}
+
+impl Sink<'_> {
+    async fn append(&self, kind: StreamKind, data: &str) {
+        if let Err(e) = self
+            .store
+            .append(self.run, self.step, kind, data, now_ms(), self.ttl)
+            .await
+        {
+            tracing::warn!(error = %error_chain(&e), "token stream not appended");
+        }
+    }
+
+    /// Before a call: a `retry` marker when an earlier attempt of this step left output.
+    async fn begin(&self) {
+        match self.store.read(self.run, 0, usize::MAX, now_ms()).await {
+            Ok(events) => {
+                let last = events.iter().rev().find(|e| e.step == self.step);
+                if last.is_some_and(|e| e.kind != StreamKind::Retry) {
+                    self.append(StreamKind::Retry, "").await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %error_chain(&e), "token stream not read"),
+        }
+    }
 }
 
 fn now_ms() -> i64 {
@@ -197,11 +233,26 @@ impl Chain {
         let reply = if provider.stream {
             let mut response = response;
             let mut fold = StreamFold::default();
+            let sink = match (&self.streams, key.rsplit_once(':')) {
+                (Some((store, ttl)), Some((run, step))) => step.parse().ok().map(|step| Sink {
+                    store: store.as_ref(),
+                    ttl: *ttl,
+                    run,
+                    step,
+                }),
+                _ => None,
+            };
+            if let Some(sink) = &sink {
+                sink.begin().await;
+            }
             while let Some(bytes) = response.chunk().await.map_err(|e| transport(provider, e))? {
                 let added = fold.feed(&bytes).map_err(protocol)?;
-                if !added.is_empty() {
-                    tracing::trace!(provider = %provider.name, chars = added.len(), "streamed");
+                if let (Some(sink), false) = (&sink, added.is_empty()) {
+                    sink.append(StreamKind::Chunk, &added).await;
                 }
+            }
+            if let (Some(sink), true) = (&sink, fold.is_complete()) {
+                sink.append(StreamKind::Done, "").await;
             }
             match fold.finish() {
                 Ok(reply) => reply,

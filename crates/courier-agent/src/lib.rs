@@ -45,6 +45,7 @@ pub mod breaker;
 mod call;
 mod config;
 mod provider;
+pub mod streams;
 #[cfg(feature = "test-server")]
 pub mod testing;
 mod tool;
@@ -55,5 +56,6 @@ pub use breaker::{BreakerPolicy, BreakerStore, LazySqlBreakers, MemoryBreakers, 
 pub use call::IDEMPOTENCY_HEADER;
 pub use config::{AgentConfig, BreakerConfig, BudgetConfig, ProviderConfig};
 pub use provider::{ApiKey, DEFAULT_TIMEOUT, Price, Provider};
+pub use streams::{MemoryStreams, SqlStreams, StreamEvent, StreamKind, StreamStore};
 pub use tool::{Tool, ToolFuture};
 pub use wire::{ModelTurn, ToolCall};

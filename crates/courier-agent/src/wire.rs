@@ -236,6 +236,11 @@ impl StreamFold {
         Ok(added)
     }
 
+    /// Whether `[DONE]` arrived.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.done
+    }
+
     /// The folded answer; `Err(true)` when the stream ended before `[DONE]` (cut mid-way),
     /// `Err(false)` with a detail when what came breaks the protocol.
     pub(crate) fn finish(mut self) -> Result<Reply, Result<String, String>> {

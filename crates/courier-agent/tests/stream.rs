@@ -181,3 +181,129 @@ async fn a_stream_whose_chunk_is_not_json_breaks_the_protocol() {
         other => panic!("expected a protocol failure, got {other:?}"),
     }
 }
+
+/// A streaming step's chunks go to its run's stream in the run store's database (SQLite here,
+/// two pools: the worker's and a reader's, as a dashboard process would have): offsets 1, 2, ...
+/// with no gap; the retried step first publishes a `retry` marker (a reader drops the partial
+/// output before it); the completed step ends with `done` and its journaled result holds the
+/// whole text; a reader resuming after an offset gets exactly the rest; events expire after
+/// their TTL, and pruning never lets an offset be reused.
+#[tokio::test]
+async fn a_streamed_step_appends_offsets_a_retry_marker_and_done_to_its_runs_stream() {
+    use courier_agent::{SqlStreams, StreamKind, StreamStore};
+    let server = TestServer::start(|req| match req.attempt {
+        1 => Reply::Sse(vec![
+            delta(json!({"content": "Partial "})),
+            delta(json!({"content": "ans"})),
+        ]),
+        _ => Reply::Sse(streamed_answer(&["Whole ", "answer."])),
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dsn = format!("sqlite://{}?mode=rwc", dir.path().join("runs.db").display());
+    let pool = || async {
+        courier_sql::sqlite_pool(&dsn, &courier_sql::PoolSettings::default())
+            .await
+            .unwrap()
+    };
+    let writer = SqlStreams::new(pool().await, None).unwrap();
+    writer.setup().await.unwrap();
+    let reader = SqlStreams::new(pool().await, None).unwrap();
+    let ttl = std::time::Duration::from_secs(600);
+    let agent = LlmAgent::builder()
+        .provider(streaming(&server, "p1"))
+        .streams(Arc::new(writer.clone()), ttl)
+        .build()
+        .unwrap();
+    let store = Arc::new(MemoryRunStore::new());
+    let (rt, _bus) = runtime(store.clone(), "worker:a", agent);
+    let id = rt
+        .submit(NewRun::new("llm", json!({"prompt": "hi"})))
+        .await
+        .unwrap();
+    let first = rt.run_queued(id).await.unwrap();
+    assert!(matches!(first, Outcome::Requeued { .. }), "{first:?}");
+    let second = rt.run_queued(id).await.unwrap();
+    assert!(matches!(second, Outcome::Completed { .. }), "{second:?}");
+
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let run = id.to_string();
+    let events = reader.read(&run, 0, 1000, now).await.unwrap();
+    let offsets: Vec<i64> = events.iter().map(|e| e.offset).collect();
+    assert_eq!(
+        offsets,
+        (1..=offsets.len() as i64).collect::<Vec<_>>(),
+        "no gap"
+    );
+    assert!(events.iter().all(|e| e.step == 1), "{events:?}");
+    let retry = events
+        .iter()
+        .position(|e| e.kind == StreamKind::Retry)
+        .expect("a retry marker");
+    let text = |es: &[courier_agent::StreamEvent]| -> String {
+        es.iter()
+            .filter(|e| e.kind == StreamKind::Chunk)
+            .map(|e| e.data.as_str())
+            .collect()
+    };
+    assert_eq!(
+        text(&events[..retry]),
+        "Partial ans",
+        "the cut attempt's output"
+    );
+    assert_eq!(
+        text(&events[retry..]),
+        "Whole answer.",
+        "the retry's output"
+    );
+    assert_eq!(events.last().map(|e| e.kind), Some(StreamKind::Done));
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.kind == StreamKind::Retry)
+            .count(),
+        1
+    );
+    let steps = store.steps(id).await.unwrap();
+    assert_eq!(
+        steps[0].output.as_ref().unwrap()["content"],
+        "Whole answer.",
+        "folded into the step's result"
+    );
+
+    // A reader resuming after each offset gets exactly the rest.
+    for seen in 0..events.len() {
+        let rest = reader
+            .read(&run, events[seen].offset, 1000, now)
+            .await
+            .unwrap();
+        assert_eq!(
+            rest,
+            events[seen + 1..],
+            "resumed after offset {}",
+            events[seen].offset
+        );
+    }
+
+    // Expired after the TTL; pruned, and the next offset still follows the last one.
+    let later = now + 601_000;
+    assert!(reader.read(&run, 0, 1000, later).await.unwrap().is_empty());
+    let pruned = reader.prune(later).await.unwrap();
+    assert_eq!(
+        pruned,
+        events.len() as u64 - 1,
+        "the newest stays as a tombstone"
+    );
+    let next = writer
+        .append(&run, 3, StreamKind::Done, "", later, ttl)
+        .await
+        .unwrap();
+    assert_eq!(next, events.len() as i64 + 1, "offsets are never reused");
+}
