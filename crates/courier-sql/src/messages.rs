@@ -417,6 +417,31 @@ impl<DB: MessageDialect> Messages<DB> {
     }
 }
 
+/// A pooled connection that may hold MySQL's claim lock (a lock of the session, not of a
+/// transaction): dropped while it may (a claim cancelled or failed between `GET_LOCK` and
+/// `RELEASE_LOCK`), it leaves the pool and closes, and the server releases the lock, rather than
+/// going back to the pool still holding it and stopping every other claim of the queue.
+struct SessionGuard<DB: sqlx::Database> {
+    conn: Option<sqlx::pool::PoolConnection<DB>>,
+    may_hold: bool,
+}
+
+impl<DB: sqlx::Database> SessionGuard<DB> {
+    fn conn(&mut self) -> Result<&mut DB::Connection, sqlx::Error> {
+        self.conn.as_deref_mut().ok_or(sqlx::Error::PoolClosed)
+    }
+}
+
+impl<DB: sqlx::Database> Drop for SessionGuard<DB> {
+    fn drop(&mut self) {
+        if self.may_hold
+            && let Some(conn) = self.conn.take()
+        {
+            drop(conn.detach());
+        }
+    }
+}
+
 /// `(delivery_id = ? AND id IN (?, ...)) OR ...`, grouping the pairs by delivery id (a fetched
 /// batch shares one); returns the predicate and the values to bind in order.
 pub(crate) fn grouped_deliveries(deliveries: &[(i64, i64)]) -> (String, Vec<i64>) {
@@ -1057,15 +1082,22 @@ where
         let Some(flow) = &self.flow else {
             return Ok(Vec::new());
         };
-        let mut conn = self.writes().acquire().await?;
+        let mut guard = SessionGuard {
+            conn: Some(self.writes().acquire().await?),
+            may_hold: false,
+        };
         let session_lock = flow.unlock.is_some();
         if session_lock && let Some(lock) = &flow.lock {
+            // From the moment the lock is asked for: a claim cancelled now must not hand the
+            // session back to the pool holding it.
+            guard.may_hold = true;
             let (got,): (Option<i64>,) = sqlx::query_as(lock)
                 .bind(flow.lock_name.as_str())
                 .bind(30_i64)
-                .fetch_one(&mut *conn)
+                .fetch_one(guard.conn()?)
                 .await?;
             if got != Some(1) {
+                guard.may_hold = false;
                 return Err(sqlx::Error::Protocol(format!(
                     "the claim lock `{}` was not granted within 30 s",
                     flow.lock_name
@@ -1073,7 +1105,7 @@ where
             }
         }
         let claimed = async {
-            let mut tx = conn.begin().await?;
+            let mut tx = guard.conn()?.begin().await?;
             if !deliveries.is_empty() {
                 self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
                     .await?;
@@ -1091,16 +1123,12 @@ where
         }
         .await;
         if session_lock && let Some(unlock) = &flow.unlock {
-            let released = sqlx::query(unlock)
+            // On failure the guard closes the session, which releases the lock.
+            sqlx::query(unlock)
                 .bind(flow.lock_name.as_str())
-                .execute(&mut *conn)
-                .await;
-            if released.is_err() {
-                // A session that cannot say it released its lock does not go back to
-                // the pool holding it: closing it releases the lock.
-                let _ = conn.detach().close().await;
-                return Err(released.err().unwrap_or(sqlx::Error::PoolClosed));
-            }
+                .execute(guard.conn()?)
+                .await?;
+            guard.may_hold = false;
         }
         claimed
     }

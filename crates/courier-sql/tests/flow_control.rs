@@ -36,6 +36,7 @@ const WORKERS: usize = 6;
 const KEYS: u64 = 20;
 const MESSAGES: u64 = 600;
 const MAX: usize = 3;
+const KILL_EVERY_MS: u64 = 100;
 
 /// 6 workers, each on a pool of its own, 600 messages over 20 keys, at most 3 per key: sampled
 /// in the handler, never more than 3 of a key between claim and ack; every message handled
@@ -343,6 +344,146 @@ async fn fair_claims_serve_every_tenant_before_a_tenth_of_a_backlog(h: &common::
     }
 }
 
+/// What one worker holds: decremented from the per-key count when its handler is done, or
+/// when the worker is killed holding it (then its messages are abandoned: they may be handled
+/// again once their lease runs out).
+struct Held {
+    keys: Vec<String>,
+    seqs: Vec<u64>,
+    in_flight: Arc<Mutex<HashMap<String, usize>>>,
+    abandoned: Arc<Mutex<std::collections::HashSet<u64>>>,
+    counted: bool,
+    acked: bool,
+}
+
+impl Held {
+    fn release(&mut self) {
+        if self.counted {
+            let mut live = self.in_flight.lock().unwrap();
+            for k in &self.keys {
+                *live.get_mut(k).unwrap() -= 1;
+            }
+            self.counted = false;
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release();
+        if !self.acked {
+            self.abandoned.lock().unwrap().extend(&self.seqs);
+        }
+    }
+}
+
+/// The concurrency run with workers killed: every 400 ms one of 4 workers is aborted
+/// mid-batch and its pool dropped (to the database, a killed process: its deliveries are never
+/// acked), and a new worker with a pool of its own takes its place. Sampled in the handler,
+/// never more than 3 of a key in flight; every message is acked in the end, handled more than
+/// once only if a killed worker held it; the table is empty, so no slot is held.
+async fn killed_workers_leak_no_slot(h: &common::SqlHarness) {
+    const LIVE: usize = 4;
+    let options = format!("&concurrency_max={MAX}&redeliver_timeout=2s");
+    let (first, table) = h.make(&options).await;
+    let batch: Vec<Envelope> = (0..MESSAGES)
+        .map(|i| keyed(i, &format!("tenant-{}", i % KEYS)))
+        .collect();
+    timeout(first.send_batch(batch)).await.unwrap();
+    let in_flight: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let most: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let handled: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
+    let acked: Arc<Mutex<std::collections::HashSet<u64>>> = Arc::default();
+    let abandoned: Arc<Mutex<std::collections::HashSet<u64>>> = Arc::default();
+    let spawn = |t: Arc<SqlTransport>| {
+        let (in_flight, most, handled, acked, abandoned) = (
+            in_flight.clone(),
+            most.clone(),
+            handled.clone(),
+            acked.clone(),
+            abandoned.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let got = timeout(t.get(10)).await.unwrap();
+                let mut held = Held {
+                    keys: got.iter().map(key_of).collect(),
+                    seqs: got
+                        .iter()
+                        .map(|e| e.message::<TestMessage>().unwrap().seq)
+                        .collect(),
+                    in_flight: in_flight.clone(),
+                    abandoned: abandoned.clone(),
+                    counted: true,
+                    acked: false,
+                };
+                {
+                    let mut live = in_flight.lock().unwrap();
+                    let mut most = most.lock().unwrap();
+                    for k in &held.keys {
+                        let n = live.entry(k.clone()).or_default();
+                        *n += 1;
+                        let m = most.entry(k.clone()).or_default();
+                        *m = (*m).max(*n);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(20..60))).await;
+                held.release();
+                for seq in &held.seqs {
+                    *handled.lock().unwrap().entry(*seq).or_default() += 1;
+                }
+                timeout(t.ack_batch(&got)).await.unwrap();
+                held.acked = true;
+                acked.lock().unwrap().extend(&held.seqs);
+            }
+        })
+    };
+    let mut workers = vec![spawn(first)];
+    for _ in 1..LIVE {
+        workers.push(spawn(h.reuse_with(&table, &options).await));
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut kills = 0;
+    // Until the table is empty: a worker killed after its ack committed but before it noted
+    // the ack is done with its messages all the same.
+    while h.admin.count(&table).await > 0 {
+        assert!(Instant::now() < deadline, "not every message was acked");
+        tokio::time::sleep(Duration::from_millis(KILL_EVERY_MS)).await;
+        let victim = fastrand::usize(..LIVE);
+        workers[victim].abort();
+        kills += 1;
+        let replacement = spawn(h.reuse_with(&table, &options).await);
+        workers[victim] = replacement;
+    }
+    for w in &workers {
+        w.abort();
+    }
+    for w in workers {
+        let _ = w.await;
+    }
+    let most = most.lock().unwrap().clone();
+    let over: Vec<_> = most.iter().filter(|(_, n)| **n > MAX).collect();
+    assert!(over.is_empty(), "more than {MAX} in flight: {over:?}");
+    let handled = handled.lock().unwrap().clone();
+    let abandoned = abandoned.lock().unwrap().clone();
+    assert_eq!(handled.len() as u64, MESSAGES, "every message handled");
+    let again: Vec<_> = handled
+        .iter()
+        .filter(|(seq, n)| **n > 1 && !abandoned.contains(seq))
+        .collect();
+    assert!(again.is_empty(), "handled twice without a kill: {again:?}");
+    assert_eq!(
+        h.admin.count(&table).await,
+        0,
+        "every message acked, every slot free"
+    );
+    println!(
+        "{kills} workers killed; {} messages abandoned by them, {} handled again",
+        abandoned.len(),
+        handled.values().filter(|n| **n > 1).count()
+    );
+}
+
 macro_rules! on_every_dialect {
     ($($case:ident),*) => {
         #[cfg(feature = "sqlite")]
@@ -381,7 +522,8 @@ on_every_dialect!(
     at_most_max_per_key_are_in_flight_across_workers,
     a_dead_workers_slot_frees_itself_when_its_lease_ends,
     bad_keys_and_options_get_clear_errors,
-    fair_claims_serve_every_tenant_before_a_tenth_of_a_backlog
+    fair_claims_serve_every_tenant_before_a_tenth_of_a_backlog,
+    killed_workers_leak_no_slot
 );
 
 /// PostgreSQL: a worker waiting for a full key's slot is woken by the ack that frees it (a
