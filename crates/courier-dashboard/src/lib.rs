@@ -45,6 +45,9 @@ mod guard;
 mod pages;
 mod rates;
 mod state;
+mod stream;
 
 pub use error::DashboardError;
-pub use state::{BreakerSource, BreakerView, Dashboard, DashboardOptions};
+pub use state::{
+    BreakerSource, BreakerView, Dashboard, DashboardOptions, StreamEventView, StreamSource,
+};

@@ -42,6 +42,35 @@ pub struct DashboardOptions {
     /// The LLM agents' circuit breakers, shown on the workers page (the CLI gives the run
     /// store's when an `[agents.NAME]` table has a `breaker`).
     pub breakers: Option<Arc<dyn BreakerSource>>,
+    /// The runs' token streams, served at `GET /runs/ID/stream` (the CLI gives the run store's
+    /// when an agent streams).
+    pub streams: Option<Arc<dyn StreamSource>>,
+}
+
+/// One event of a run's token stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEventView {
+    /// Its offset in the run's stream (the SSE `id`).
+    pub offset: i64,
+    /// `chunk`, `retry` or `done` (the SSE `event`).
+    pub kind: String,
+    /// Its text.
+    pub data: String,
+}
+
+/// Where the dashboard reads runs' token streams from (the application adapts its store).
+#[courier_core::async_trait]
+pub trait StreamSource: Send + Sync + 'static {
+    /// The unexpired events of run `run` after offset `after`, at most `limit`, in order.
+    ///
+    /// # Errors
+    /// The store failed.
+    async fn read(
+        &self,
+        run: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<StreamEventView>, String>;
 }
 
 /// One provider's circuit breaker, as the workers page shows it.
@@ -77,6 +106,7 @@ impl fmt::Debug for DashboardOptions {
             .field("worker_registry", &self.worker_registry.is_some())
             .field("runtime", &self.runtime.is_some())
             .field("breakers", &self.breakers.is_some())
+            .field("streams", &self.streams.is_some())
             .finish()
     }
 }
@@ -113,6 +143,13 @@ impl DashboardOptions {
     #[must_use]
     pub fn runtime(mut self, runtime: Runtime) -> Self {
         self.runtime = Some(runtime);
+        self
+    }
+
+    /// Serves the token streams of `source` at `GET /runs/ID/stream`.
+    #[must_use]
+    pub fn streams(mut self, source: Arc<dyn StreamSource>) -> Self {
+        self.streams = Some(source);
         self
     }
 
@@ -226,6 +263,7 @@ impl Dashboard {
             .route("/", get(pages::overview::page))
             .route("/runs", get(pages::runs::page))
             .route("/runs/{id}", get(pages::run::page))
+            .route("/runs/{id}/stream", get(crate::stream::stream))
             .route("/runs/{id}/signal", post(pages::run_actions::signal))
             .route("/runs/{id}/resolve", post(pages::run_actions::resolve))
             .route("/runs/{id}/approve", post(pages::run_actions::approve))
