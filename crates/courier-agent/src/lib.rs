@@ -56,6 +56,9 @@ pub use breaker::{BreakerPolicy, BreakerStore, LazySqlBreakers, MemoryBreakers, 
 pub use call::IDEMPOTENCY_HEADER;
 pub use config::{AgentConfig, BreakerConfig, BudgetConfig, ProviderConfig};
 pub use provider::{ApiKey, DEFAULT_TIMEOUT, Price, Provider};
-pub use streams::{MemoryStreams, SqlStreams, StreamEvent, StreamKind, StreamStore};
+pub use streams::{
+    DEFAULT_STREAM_TTL, LazySqlStreams, MemoryStreams, SqlStreams, StreamEvent, StreamKind,
+    StreamStore,
+};
 pub use tool::{Tool, ToolFuture};
 pub use wire::{ModelTurn, ToolCall};

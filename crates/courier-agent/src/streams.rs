@@ -247,6 +247,53 @@ impl SqlStreams {
         })
     }
 
+    /// Connects a small pool of its own to `dsn` (the run store's: `sqlite://`, `postgres://`)
+    /// and creates the table when missing.
+    ///
+    /// # Errors
+    /// An unsupported DSN, the database failed.
+    pub async fn connect(dsn: &str, table: Option<&str>) -> Result<Self, StreamError> {
+        let settings = courier_sql::PoolSettings {
+            max_connections: Some(2),
+            ..courier_sql::PoolSettings::default()
+        };
+        let unsupported = || StreamError {
+            doing: "connecting",
+            source: format!(
+                "token streams need a SQLite or PostgreSQL run store, not `{}`",
+                courier_core::redact(dsn)
+            )
+            .into(),
+        };
+        let pool: courier_sql::SqlPool = if dsn.starts_with("sqlite:") {
+            #[cfg(feature = "sqlite")]
+            {
+                courier_sql::sqlite_pool(dsn, &settings)
+                    .await
+                    .map_err(db("connecting"))?
+                    .into()
+            }
+            #[cfg(not(feature = "sqlite"))]
+            return Err(unsupported());
+        } else if dsn.starts_with("postgres:") || dsn.starts_with("postgresql:") {
+            #[cfg(feature = "postgres")]
+            {
+                courier_sql::postgres_pool(dsn, &settings)
+                    .await
+                    .map_err(db("connecting"))?
+                    .0
+                    .into()
+            }
+            #[cfg(not(feature = "postgres"))]
+            return Err(unsupported());
+        } else {
+            return Err(unsupported());
+        };
+        let streams = Self::new(pool, table)?;
+        streams.setup().await?;
+        Ok(streams)
+    }
+
     /// Creates the table when missing.
     ///
     /// # Errors
@@ -363,5 +410,75 @@ impl StreamStore for SqlStreams {
             .await
             .map(|r| r.rows_affected())
             .map_err(db("pruning the streams")))
+    }
+}
+
+/// How long a stream event is kept by default.
+pub const DEFAULT_STREAM_TTL: Duration = Duration::from_secs(3600);
+
+/// [`SqlStreams`] that connect (and create their table) on first use: for a caller that builds
+/// its agents before it may await, like the command line.
+pub struct LazySqlStreams {
+    dsn: String,
+    table: Option<String>,
+    cell: tokio::sync::OnceCell<SqlStreams>,
+}
+
+impl fmt::Debug for LazySqlStreams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazySqlStreams")
+            .field("dsn", &courier_core::redact(&self.dsn))
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LazySqlStreams {
+    /// Streams on the database of `dsn`, connected on first use.
+    #[must_use]
+    pub fn new(dsn: impl Into<String>, table: Option<&str>) -> Self {
+        Self {
+            dsn: dsn.into(),
+            table: table.map(str::to_owned),
+            cell: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn get(&self) -> Result<&SqlStreams, StreamError> {
+        self.cell
+            .get_or_try_init(|| SqlStreams::connect(&self.dsn, self.table.as_deref()))
+            .await
+    }
+}
+
+#[async_trait]
+impl StreamStore for LazySqlStreams {
+    async fn append(
+        &self,
+        run: &str,
+        step: i64,
+        kind: StreamKind,
+        data: &str,
+        now: i64,
+        ttl: Duration,
+    ) -> Result<i64, StreamError> {
+        self.get()
+            .await?
+            .append(run, step, kind, data, now, ttl)
+            .await
+    }
+
+    async fn read(
+        &self,
+        run: &str,
+        after: i64,
+        limit: usize,
+        now: i64,
+    ) -> Result<Vec<StreamEvent>, StreamError> {
+        self.get().await?.read(run, after, limit, now).await
+    }
+
+    async fn prune(&self, now: i64) -> Result<u64, StreamError> {
+        self.get().await?.prune(now).await
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use courier_agent::breaker::BreakerRow;
-use courier_agent::{AgentConfig, BreakerStore, LazySqlBreakers, LlmAgent};
+use courier_agent::{AgentConfig, BreakerStore, LazySqlBreakers, LazySqlStreams, LlmAgent};
 
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, remember_secret};
@@ -43,6 +43,12 @@ pub(crate) fn build(name: &str, table: &toml::Table, store_dsn: &str) -> CliResu
         builder = builder.breakers(
             Arc::new(LazySqlBreakers::new(store_dsn.to_owned(), None)),
             breaker.policy(),
+        );
+    }
+    if config.providers.iter().any(|p| p.stream == Some(true)) {
+        builder = builder.streams(
+            Arc::new(LazySqlStreams::new(store_dsn.to_owned(), None)),
+            courier_agent::DEFAULT_STREAM_TTL,
         );
     }
     if name == crate::commands::demo::llm::AGENT {
@@ -99,6 +105,60 @@ impl courier_dashboard::BreakerSource for DashboardBreakers {
                 state: r.state.as_str().to_owned(),
                 failures: r.failures,
                 opened_at_ms: r.opened_at,
+            })
+            .collect())
+    }
+}
+
+/// The runs' token streams (in the run store's database) when a configured agent has a
+/// streaming provider; `None` otherwise.
+pub(crate) fn stream_store(
+    ctx: &Ctx<'_>,
+) -> CliResult<Option<Arc<dyn courier_agent::StreamStore>>> {
+    let streams = ctx.config.agents.0.values().any(|table| {
+        table
+            .get("providers")
+            .and_then(toml::Value::as_array)
+            .is_some_and(|ps| {
+                ps.iter()
+                    .any(|p| p.get("stream").and_then(toml::Value::as_bool) == Some(true))
+            })
+    });
+    if !streams {
+        return Ok(None);
+    }
+    let runs = crate::runs::settings(ctx)?;
+    let dsn = crate::runs::store_dsn(runs.store.as_deref());
+    Ok(Some(Arc::new(LazySqlStreams::new(dsn, None))))
+}
+
+/// The runs' token streams for the dashboard's `GET /runs/ID/stream`.
+#[cfg(feature = "dashboard")]
+pub(crate) struct DashboardStreams(pub(crate) Arc<dyn courier_agent::StreamStore>);
+
+#[cfg(feature = "dashboard")]
+#[async_trait::async_trait]
+impl courier_dashboard::StreamSource for DashboardStreams {
+    async fn read(
+        &self,
+        run: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<courier_dashboard::StreamEventView>, String> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let events = self
+            .0
+            .read(run, after, limit, now)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(events
+            .into_iter()
+            .map(|e| courier_dashboard::StreamEventView {
+                offset: e.offset,
+                kind: e.kind.as_str().to_owned(),
+                data: e.data,
             })
             .collect())
     }

@@ -384,3 +384,99 @@ fn a_breaker_opened_by_one_worker_process_is_open_for_another() {
         "{b}"
     );
 }
+
+/// `GET path` on the dashboard at 127.0.0.1:`port` (`Connection: close`): the raw response.
+#[cfg(unix)]
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
+/// A provider with `stream = true`: the run completes with the folded answer, its chunks are in
+/// the run store's database, and `courier dashboard` serves them at `GET /runs/ID/stream` as SSE
+/// (ids 1, 2, ..., `done` last), resuming after `?after=`.
+#[cfg(unix)]
+#[test]
+fn a_streaming_agents_tokens_are_served_by_the_dashboard() {
+    let chunk = |text: &str| {
+        format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n")
+    };
+    let body = format!(
+        "{}{}data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":5,\"completion_tokens\":2}}}}\n\ndata: [DONE]\n\n",
+        chunk("Hel"),
+        chunk("lo")
+    );
+    let (url, seen) = server(vec![(200, body)]);
+    let env = Env::empty();
+    env.write(
+        "courier.toml",
+        &config(&url).replace("timeout = \"5s\"\n", "timeout = \"5s\"\nstream = true\n"),
+    );
+    let shown = submit_and_consume(&env);
+    assert_eq!(shown["status"], "completed", "{shown}");
+    assert_eq!(shown["output"]["answer"], "Hello", "folded");
+    assert_eq!(seen.lock().expect("lock").len(), 1);
+    let id = shown["id"].as_str().expect("id").to_owned();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dashboard = env
+        .command(&["dashboard", "--listen", &format!("127.0.0.1:{port}")])
+        .env("COURIER_TEST_AGENT_KEY", KEY)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut response = String::new();
+    common::eventually("the dashboard to serve the stream", || {
+        response = http_get(port, &format!("/runs/{id}/stream")).unwrap_or_default();
+        response.contains("event: done")
+    });
+    let resumed = http_get(port, &format!("/runs/{id}/stream?after=1")).unwrap_or_default();
+    common::signal(&dashboard, "TERM");
+    assert_no_key(&wait(dashboard, Duration::from_secs(30)));
+    assert!(response.contains("text/event-stream"), "{response}");
+    let events: Vec<(i64, String, String)> = {
+        let mut out = Vec::new();
+        let (mut id, mut kind) = (0, String::new());
+        for line in response.lines() {
+            if let Some(v) = line.strip_prefix("id: ") {
+                id = v.parse().expect("an offset");
+            } else if let Some(v) = line.strip_prefix("event: ") {
+                kind = v.to_owned();
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                out.push((id, kind.clone(), v.to_owned()));
+            }
+        }
+        out
+    };
+    let ids: Vec<i64> = events.iter().map(|e| e.0).collect();
+    assert_eq!(
+        ids,
+        (1..=ids.len() as i64).collect::<Vec<_>>(),
+        "{response}"
+    );
+    let text: String = events
+        .iter()
+        .filter(|e| e.1 == "chunk")
+        .map(|e| e.2.as_str())
+        .collect();
+    assert_eq!(text, "Hello", "{response}");
+    assert_eq!(events.last().map(|e| e.1.as_str()), Some("done"));
+    assert!(
+        !resumed.contains("id: 1\n") && resumed.contains("id: 2\n"),
+        "{resumed}"
+    );
+}

@@ -38,6 +38,12 @@ pub(crate) async fn run(ctx: &Ctx<'_>, args: &DashboardArgs) -> CliResult {
     let _bus = ctx.bus(&transports, |b| runtime.register(b));
     let mut options = DashboardOptions::default().runtime(runtime);
     #[cfg(feature = "agent")]
+    if let Some(streams) = crate::agents::stream_store(ctx)? {
+        options = options.streams(std::sync::Arc::new(crate::agents::DashboardStreams(
+            streams,
+        )));
+    }
+    #[cfg(feature = "agent")]
     if let Some(breakers) = crate::agents::breaker_store(ctx)? {
         options = options.breakers(std::sync::Arc::new(crate::agents::DashboardBreakers(
             breakers,
