@@ -88,6 +88,18 @@ pub static MESSAGES: Migrations = Migrations {
             )),
             present_when: Some(("{messages}", "concurrency_key")),
         },
+        Migration {
+            version: 12,
+            description: "courier messages fair index",
+            sqlite: include_str!("../migrations/sqlite/0012_courier_messages_fair_index.sql"),
+            // PostgreSQL sorts a keyed claim's ranking (its 0011 index is partial, costing
+            // nothing to queues without keys).
+            postgres: "",
+            mysql: Some(include_str!(
+                "../migrations/mysql/0012_courier_messages_fair_index.sql"
+            )),
+            present_when: None,
+        },
     ],
 };
 
