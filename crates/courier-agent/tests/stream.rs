@@ -307,3 +307,59 @@ async fn a_streamed_step_appends_offsets_a_retry_marker_and_done_to_its_runs_str
         .unwrap();
     assert_eq!(next, events.len() as i64 + 1, "offsets are never reused");
 }
+
+/// `SqlStreams` on PostgreSQL: two pools (a worker's, a reader's) on one table: consecutive
+/// offsets per run, a resumed read gets exactly the rest, expiry, pruning keeps the newest so
+/// that no offset is reused.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+async fn postgres_streams_keep_offsets_across_pools() {
+    use courier_agent::{SqlStreams, StreamKind, StreamStore};
+    let cleanup = courier_test::Cleanup::new();
+    let table = cleanup.postgres_table("agent_streams");
+    let url = courier_test::env::postgres_url();
+    let writer = SqlStreams::connect(&url, Some(&table)).await.unwrap();
+    let reader = SqlStreams::connect(&url, Some(&table)).await.unwrap();
+    let ttl = std::time::Duration::from_secs(60);
+    let (now, run) = (1_000_000_i64, uuid::Uuid::new_v4().to_string());
+    let other = uuid::Uuid::new_v4().to_string();
+    for (i, (kind, data)) in [
+        (StreamKind::Chunk, "Hel"),
+        (StreamKind::Retry, ""),
+        (StreamKind::Chunk, "Hello"),
+        (StreamKind::Done, ""),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let offset = writer.append(&run, 1, kind, data, now, ttl).await.unwrap();
+        assert_eq!(offset, i as i64 + 1);
+    }
+    assert_eq!(
+        writer
+            .append(&other, 1, StreamKind::Chunk, "x", now, ttl)
+            .await
+            .unwrap(),
+        1,
+        "offsets are per run"
+    );
+    let all = reader.read(&run, 0, 100, now).await.unwrap();
+    assert_eq!(all.len(), 4);
+    assert_eq!(reader.read(&run, 2, 100, now).await.unwrap(), all[2..]);
+    assert_eq!(all[1].kind, StreamKind::Retry);
+    let later = now + 61_000;
+    assert!(reader.read(&run, 0, 100, later).await.unwrap().is_empty());
+    assert_eq!(
+        reader.prune(later).await.unwrap(),
+        3,
+        "the newest of each run stays"
+    );
+    assert_eq!(
+        writer
+            .append(&run, 2, StreamKind::Chunk, "y", later, ttl)
+            .await
+            .unwrap(),
+        5
+    );
+}
