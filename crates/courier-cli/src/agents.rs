@@ -112,6 +112,7 @@ impl courier_dashboard::BreakerSource for DashboardBreakers {
 
 /// The runs' token streams (in the run store's database) when a configured agent has a
 /// streaming provider; `None` otherwise.
+#[cfg(feature = "dashboard")]
 pub(crate) fn stream_store(
     ctx: &Ctx<'_>,
 ) -> CliResult<Option<Arc<dyn courier_agent::StreamStore>>> {
