@@ -103,8 +103,8 @@ pub use step::{
 };
 pub use store::{
     Dialect, Enqueued, Inserted, InvalidCursor, InvalidUnique, MemoryRunStore, NewRun, PageFrom,
-    Run, RunCursor, RunEvent, RunPageQuery, RunProbe, RunStore, Settlement, SqlRunStore, SqlRunStoreOptions,
-    StoreError, UniqueKey, rfc3339_ms,
+    Run, RunCursor, RunEvent, RunPageQuery, RunProbe, RunStore, Settlement, SqlRunStore,
+    SqlRunStoreOptions, StoreError, UniqueKey, rfc3339_ms,
 };
 
 /// Re-exported for implementing [`Agent`].
