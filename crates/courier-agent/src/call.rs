@@ -17,8 +17,21 @@ use crate::wire::{ModelTurn, StreamFold, parse_reply};
 /// The header carrying the step's idempotency key on every model call.
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 
+/// Makes rustls' ring provider the process's default, unless one is installed already.
+///
+/// This crate builds reqwest without a crypto provider of its own (its `rustls` feature would
+/// bring aws-lc) and hands its client a ring configuration. Cargo unifies features, so every
+/// other reqwest client of the process (the OTLP exporter's, for one) is then built without a
+/// provider too and panics unless a default is installed: call this at startup, before any
+/// such client is built (`courier` does; building an agent's client does too).
+pub fn install_crypto_provider() {
+    // Err: a provider is installed already, which is all this asks for.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The HTTP client: HTTP/1, rustls on the ring provider with the webpki roots.
 pub(crate) fn http_client() -> Result<reqwest::Client, ProviderError> {
+    install_crypto_provider();
     let roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };

@@ -53,7 +53,7 @@ mod wire;
 
 pub use agent::{BuildError, DEFAULT_MAX_TURNS, LlmAgent, LlmAgentBuilder, MODEL_STEP};
 pub use breaker::{BreakerPolicy, BreakerStore, LazySqlBreakers, MemoryBreakers, SqlBreakers};
-pub use call::IDEMPOTENCY_HEADER;
+pub use call::{IDEMPOTENCY_HEADER, install_crypto_provider};
 pub use config::{AgentConfig, BreakerConfig, BudgetConfig, ProviderConfig};
 pub use provider::{ApiKey, DEFAULT_TIMEOUT, Price, Provider};
 pub use streams::{

@@ -12,6 +12,10 @@ pub(crate) struct Telemetry {
 
 /// Installs the global subscriber (unless one is installed already).
 pub(crate) fn init(level: LevelFilter, with_target: bool) -> Telemetry {
+    // Before any HTTP client is built (the OTLP exporter's below): with the agent's reqwest
+    // features unified in, reqwest has no crypto provider of its own.
+    #[cfg(feature = "agent")]
+    courier_agent::install_crypto_provider();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     #[cfg(feature = "otel")]
     if let Some(otlp) = otlp(level, ansi, with_target) {

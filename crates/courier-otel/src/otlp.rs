@@ -51,7 +51,9 @@ pub struct OtlpError(#[source] ExporterBuildError);
 /// (the collector's base URL, default `http://localhost:4318`; spans go to `/v1/traces`) or
 /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL), `OTEL_EXPORTER_OTLP_HEADERS`,
 /// `OTEL_EXPORTER_OTLP_TIMEOUT`. The resource's `service.name` is `OTEL_SERVICE_NAME` when set,
-/// else `service_name`. Plain `http://` only: this build carries no TLS.
+/// else `service_name`. Plain `http://` only: this build carries no TLS. In a process that also
+/// uses `courier-agent` (whose reqwest features are unified with the exporter's), call
+/// `courier_agent::install_crypto_provider()` first.
 ///
 /// # Errors
 /// [`OtlpError`] when the exporter cannot be built from its settings.
