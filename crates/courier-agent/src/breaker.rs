@@ -365,29 +365,19 @@ fn db(doing: &'static str) -> impl FnOnce(sqlx::Error) -> BreakerError {
     }
 }
 
-/// Runs the same query text on whichever pool (`$N` parameters; SQLite gets `?N`).
+/// Runs the same query text on whichever pool (see [`crate::sql::on_dialect`]).
 macro_rules! on_pool {
-    ($self:ident, $sql:expr, |$q:ident, $pool:ident| $body:expr) => {{
-        match &$self.pool {
-            #[cfg(feature = "sqlite")]
-            courier_sql::SqlPool::Sqlite($pool) => {
-                let text = $sql.replace('$', "?");
-                let $q = sqlx::query(&text);
-                $body
-            }
-            #[cfg(feature = "postgres")]
-            courier_sql::SqlPool::Postgres($pool) => {
-                let text = $sql;
-                let $q = sqlx::query(&text);
-                $body
-            }
-            #[allow(unreachable_patterns, reason = "other dialects may be enabled in courier-sql")]
-            _ => Err(BreakerError {
+    ($self:ident, $sql:expr, |$q:ident, $pool:ident| $body:expr) => {
+        crate::sql::on_dialect!(
+            &$self.pool,
+            $sql,
+            BreakerError {
                 doing: "choosing a dialect",
                 source: "circuit breakers need SQLite or PostgreSQL".into(),
-            }),
-        }
-    }};
+            },
+            |$q, $pool| $body
+        )
+    };
 }
 
 impl SqlBreakers {

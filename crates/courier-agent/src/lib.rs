@@ -46,6 +46,7 @@ mod call;
 mod config;
 mod provider;
 pub mod streams;
+mod sql;
 #[cfg(feature = "test-server")]
 pub mod testing;
 mod tool;

@@ -200,29 +200,19 @@ fn db(doing: &'static str) -> impl FnOnce(sqlx::Error) -> StreamError {
     }
 }
 
-/// Runs the same query text on whichever pool (`$N` parameters; SQLite gets `?N`).
+/// Runs the same query text on whichever pool (see [`crate::sql::on_dialect`]).
 macro_rules! on_pool {
-    ($self:ident, $sql:expr, |$q:ident, $pool:ident| $body:expr) => {{
-        match &$self.pool {
-            #[cfg(feature = "sqlite")]
-            courier_sql::SqlPool::Sqlite($pool) => {
-                let text = $sql.replace('$', "?");
-                let $q = sqlx::query(&text);
-                $body
-            }
-            #[cfg(feature = "postgres")]
-            courier_sql::SqlPool::Postgres($pool) => {
-                let text = $sql;
-                let $q = sqlx::query(&text);
-                $body
-            }
-            #[allow(unreachable_patterns, reason = "other dialects may be enabled in courier-sql")]
-            _ => Err(StreamError {
+    ($self:ident, $sql:expr, |$q:ident, $pool:ident| $body:expr) => {
+        crate::sql::on_dialect!(
+            &$self.pool,
+            $sql,
+            StreamError {
                 doing: "choosing a dialect",
                 source: "token streams need SQLite or PostgreSQL".into(),
-            }),
-        }
-    }};
+            },
+            |$q, $pool| $body
+        )
+    };
 }
 
 impl SqlStreams {
