@@ -45,8 +45,8 @@ pub mod breaker;
 mod call;
 mod config;
 mod provider;
-pub mod streams;
 mod sql;
+pub mod streams;
 #[cfg(feature = "test-server")]
 pub mod testing;
 mod tool;
