@@ -22,11 +22,10 @@ use courier_core::MessageRegistry;
 use courier_core::config::Config;
 use courier_runs::{Effect, RunAgent, RunStatus, RunStore, RunsConfig, StepStatus};
 use serde_json::json;
-use uuid::Uuid;
 
-use super::summary::{self, KilledWorker, Tally};
+use super::summary::{self, KilledWorker};
 use super::workers::{self, WorkDir, Workers};
-use super::{DEADLINE, Out, Watch, find, pids, short};
+use super::{Crash, Out, Watch, drive, find, pids, short};
 use crate::cli::{Cli, DemoArgs, Format};
 use crate::error::{CliError, CliResult, chain};
 use crate::wiring::Wiring;
@@ -294,17 +293,12 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &DemoArgs) -> CliResult {
         killed: None,
         reaped: 0,
     };
-    let mut kill = KillPoint::default();
-    let driven = drive(
-        &out,
-        &store,
-        &server,
-        &ids,
-        &mut watch,
-        &mut kill,
-        &mut workers,
-    )
-    .await;
+    let mut crash = SlowTool {
+        server: &server,
+        kill: KillPoint::default(),
+    };
+    let driven = drive(&out, &store, &ids, &mut watch, &mut crash, &mut workers).await;
+    let kill = crash.kill;
     let elapsed = started.elapsed();
     let worker_pids = workers.pids();
     let registry = transports
@@ -434,60 +428,21 @@ impl KillPoint {
     }
 }
 
-/// Watches the store until every run is terminal: kills the worker running the long run once it
-/// runs its slow tool, then follows that run.
-async fn drive(
-    out: &Out,
-    store: &Arc<dyn RunStore>,
-    server: &TestServer,
-    ids: &[Uuid],
-    watch: &mut Watch,
-    kill: &mut KillPoint,
-    workers: &mut Workers,
-) -> CliResult {
-    let started = watch.started;
-    let mut tally = Tally::new(ids);
-    let mut last_progress = Instant::now();
-    loop {
-        for line in workers.drain() {
-            watch.line(out, &line);
-        }
-        workers.check_alive().await?;
-        match &watch.killed {
-            None => try_kill(out, store, server, watch, kill, workers).await?,
-            Some(_) => watch.follow(out, store).await?,
-        }
-        let (counts, done) = tally.refresh(store).await?;
-        if out.on
-            && (out.tty || last_progress.elapsed() >= Duration::from_secs(2) || done == ids.len())
-        {
-            out.progress(&summary::progress_line(
-                &counts,
-                ids.len(),
-                started.elapsed(),
-            ));
-            last_progress = Instant::now();
-        }
-        if done == ids.len() && watch.killed.is_some() {
-            watch.follow(out, store).await?;
-            out.end_progress();
-            return Ok(());
-        }
-        if started.elapsed() > DEADLINE {
-            return Err(CliError::runtime(format!(
-                "the demo did not finish within {} ({done} of {} runs done)",
-                humantime::format_duration(DEADLINE),
-                ids.len()
-            )));
-        }
-        let tick = if watch.killed.is_none() { 50 } else { 200 };
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_millis(tick)) => {}
-            _ = tokio::signal::ctrl_c() => {
-                out.end_progress();
-                return Err(CliError::runtime("interrupted (the worker processes were asked to stop)"));
-            }
-        }
+/// The LLM demo's crash: the worker running the long run is killed once it runs its slow tool.
+struct SlowTool<'a> {
+    server: &'a TestServer,
+    kill: KillPoint,
+}
+
+impl Crash for SlowTool<'_> {
+    async fn try_kill(
+        &mut self,
+        out: &Out,
+        store: &Arc<dyn RunStore>,
+        watch: &mut Watch,
+        workers: &mut Workers,
+    ) -> CliResult {
+        try_kill(out, store, self.server, watch, &mut self.kill, workers).await
     }
 }
 

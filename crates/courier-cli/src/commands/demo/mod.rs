@@ -117,7 +117,7 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &DemoArgs) -> CliResult {
         killed: None,
         reaped: 0,
     };
-    let driven = drive(&out, &store, &ids, &mut watch, &mut workers).await;
+    let driven = drive(&out, &store, &ids, &mut watch, &mut MidRun, &mut workers).await;
     let elapsed = started.elapsed();
     let worker_pids = workers.pids();
     // Stop the workers whatever happened, so none is left behind.
@@ -149,13 +149,41 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &DemoArgs) -> CliResult {
     Ok(())
 }
 
-/// Watches the store until every run is terminal: kills the worker running the crash run once it
-/// is mid-run, then follows that run; shows progress and the workers' reaper reports.
+/// When a demo kills the worker running its crash run: asked at every tick until it has.
+trait Crash {
+    /// Kills the worker now if the run is where the demo wants it killed.
+    async fn try_kill(
+        &mut self,
+        out: &Out,
+        store: &Arc<dyn RunStore>,
+        watch: &mut Watch,
+        workers: &mut Workers,
+    ) -> CliResult;
+}
+
+/// The main demo's crash: the worker is killed once the run is mid-run.
+struct MidRun;
+
+impl Crash for MidRun {
+    async fn try_kill(
+        &mut self,
+        out: &Out,
+        store: &Arc<dyn RunStore>,
+        watch: &mut Watch,
+        workers: &mut Workers,
+    ) -> CliResult {
+        watch.try_kill(out, store, workers).await
+    }
+}
+
+/// Watches the store until every run is terminal: kills the worker running the crash run when
+/// `crash` says, then follows that run; shows progress and the workers' reaper reports.
 async fn drive(
     out: &Out,
     store: &Arc<dyn RunStore>,
     ids: &[Uuid],
     watch: &mut Watch,
+    crash: &mut impl Crash,
     workers: &mut Workers,
 ) -> CliResult {
     let started = watch.started;
@@ -167,7 +195,7 @@ async fn drive(
         }
         workers.check_alive().await?;
         match &watch.killed {
-            None => watch.try_kill(out, store, workers).await?,
+            None => crash.try_kill(out, store, watch, workers).await?,
             Some(_) => watch.follow(out, store).await?,
         }
         let (counts, done) = tally.refresh(store).await?;
