@@ -61,6 +61,10 @@
 
 pub use courier_core::*;
 
+// The README's and the book's Rust blocks as doctests (`cargo test --doc --all-features`).
+#[cfg(all(doctest, feature = "full"))]
+mod doctests;
+
 #[cfg(feature = "agent")]
 pub use courier_agent as agent;
 #[cfg(feature = "amqp")]

@@ -42,6 +42,8 @@ mod dispatch;
 mod error;
 mod metrics;
 mod raw;
+#[cfg(test)]
+mod reference;
 mod registry;
 #[cfg(feature = "runs")]
 mod runs;
