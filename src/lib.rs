@@ -47,6 +47,7 @@
 //! | `nats` | `nats::NatsTransport` (NATS JetStream) |
 //! | `runs` (default) | [`runs`]: durable runs under a lease, heartbeat, reaper, retry per failure class |
 //! | `cli` (default) | [`cli`]: the `courier` command line as a library (clap, tracing-subscriber; the binary adds mimalloc) |
+//! | `dashboard` (default) | `courier dashboard` (`courier-dashboard`: axum, maud): transports, runs, failed messages and workers in the browser, with a read-only JSON API; implies `cli` and `runs` |
 //! | `otel` | `otel` (`courier-otel`): OpenTelemetry spans and W3C trace context across transports, an OTLP exporter; with `cli`, `courier` exports to `OTEL_EXPORTER_OTLP_ENDPOINT` when it is set |
 //! | `agent` | `agent` (`courier-agent`): an OpenAI-compatible tool-calling agent on durable steps, with provider fallback and shared circuit breakers (reqwest, rustls on ring); with `cli`, `[agents.NAME]` tables |
 //! | `full` | everything |

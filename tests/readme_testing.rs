@@ -1,6 +1,6 @@
-//! The README's "Testing your handlers" snippet, compiled and run: the code between the
-//! `README snippet` markers below is the README's code block, character for character (the
-//! last test checks that the README shows it).
+//! The book's "Testing your handlers" snippet (docs/src/guides/testing.md), compiled and run as
+//! a test: the code between the `README snippet` markers below is that page's code block,
+//! character for character (the last test checks that the page shows it).
 
 // README snippet begins
 use courier::testing::run_until_empty;
@@ -74,16 +74,16 @@ async fn signup_mails_now_and_in_three_days() {
 // README snippet ends
 
 #[test]
-fn the_readme_shows_this_snippet() {
+fn the_testing_guide_shows_this_snippet() {
     let me = include_str!("readme_testing.rs");
     let begin = "// README snippet begins\n";
     let start = me.find(begin).expect("begin marker") + begin.len();
     let end = me.find("// README snippet ends").expect("end marker");
     let snippet = format!("```rust\n{}```", &me[start..end]);
-    let readme = include_str!("../README.md");
+    let page = include_str!("../docs/src/guides/testing.md");
     assert!(
-        readme.contains(&snippet),
-        "README.md's \"Testing your handlers\" block must be tests/readme_testing.rs's snippet, \
+        page.contains(&snippet),
+        "docs/src/guides/testing.md's code block must be tests/readme_testing.rs's snippet, \
          verbatim:\n{snippet}"
     );
 }

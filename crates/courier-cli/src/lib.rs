@@ -7,9 +7,11 @@
 //! }
 //! ```
 //!
-//! Commands: `setup`, `consume`, `stats`, `failed show|retry|remove`, `workers`, `stop-workers`,
-//! `runs submit|show|list|events|cancel|requeue`, `reap`, `dashboard` (feature `dashboard`),
-//! `demo`, `bench`. Global flags:
+//! Commands: `setup`, `consume`, `relay`, `stats`, `failed show|retry|remove`, `stop-workers`,
+//! `workers`, `schedules`, `pause`, `resume`,
+//! `runs submit|show|list|events|cancel|requeue|signal|resolve|fork|approve|input|prune`, `reap`,
+//! `demo`, `dashboard` (feature `dashboard`), `bench`; every flag is in the book's command-line
+//! reference (`docs/src/reference/cli.md`, generated from these definitions). Global flags:
 //! `--config FILE` (else `COURIER_CONFIG`, else `./courier.toml`, else [`EMBEDDED_CONFIG`]),
 //! `-v`/`-q`, `--format text|json`. Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration
 //! error, 130 a `consume` forced to exit by a second SIGINT/SIGTERM.

@@ -96,8 +96,11 @@
 //!
 //! See [`SqlOptions`]: `table_name`, `queue_name`, `redeliver_timeout`, `auto_setup`,
 //! `poll_window`, `max_connections`, `min_connections`, `acquire_timeout`, `busy_timeout`
-//! (SQLite), `listen` (PostgreSQL: `false` polls instead of holding a connection for `LISTEN`). Other query options go to the driver (`sslmode`, `application_name`, ...); unknown
-//! ones are an error naming them. The password never appears in errors or logs.
+//! (SQLite), `worker_stale_after` (the worker registry's), `serializer` (`json` or `msgpack`),
+//! `listen` (PostgreSQL: `false` polls instead of holding a connection for `LISTEN`), `cursor`
+//! (PostgreSQL: a cursor outbox), and `concurrency_max`, `concurrency_key`, `fair` (flow
+//! control per key). Other query options go to the driver (`sslmode`, `application_name`,
+//! ...); unknown ones are an error naming them. The password never appears in errors or logs.
 
 mod backend;
 mod connect;
