@@ -110,7 +110,9 @@ fn every_toml_block_loads_with_the_real_config_types() {
             checked += 1;
             let fragment = tags.any(|t| t == "fragment");
             let result = if fragment {
-                toml::from_str::<toml::Table>(&block.text).map(drop).map_err(|e| e.to_string())
+                toml::from_str::<toml::Table>(&block.text)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
             } else {
                 load(&block.text)
             };
@@ -124,7 +126,10 @@ fn every_toml_block_loads_with_the_real_config_types() {
             }
         }
     }
-    assert!(checked > 10, "found only {checked} TOML blocks: is docs/src there?");
+    assert!(
+        checked > 10,
+        "found only {checked} TOML blocks: is docs/src there?"
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -211,7 +216,11 @@ fn every_internal_link_and_anchor_exists() {
         }
     }
     assert!(checked > 20, "found only {checked} internal links");
-    assert!(failures.is_empty(), "broken links:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "broken links:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -267,5 +276,20 @@ fn no_rust_block_is_ignored() {
     assert!(
         ignored.is_empty(),
         "```rust,ignore blocks (use no_run): {ignored:?}"
+    );
+}
+
+#[test]
+fn the_configuration_reference_shows_the_embedded_default_as_it_is() {
+    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/src/operations/config.md"))
+        .expect("the configuration reference");
+    let embedded: Vec<&str> = courier::cli::EMBEDDED_CONFIG
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    let block = format!("```toml\n{}\n```", embedded.join("\n").trim());
+    assert!(
+        page.contains(&block),
+        "docs/src/operations/config.md must show courier_cli::EMBEDDED_CONFIG as it is:\n{block}"
     );
 }

@@ -6,7 +6,10 @@ use clap::{Command, CommandFactory};
 use crate::cli::Cli;
 
 /// Where the page lives, from this crate.
-const PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/src/reference/cli.md");
+const PAGE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../docs/src/reference/cli.md"
+);
 
 /// The command that rewrites the page.
 const REGENERATE: &str = "COURIER_UPDATE_DOCS=1 cargo test -p courier-cli --lib reference";
