@@ -293,3 +293,19 @@ fn the_configuration_reference_shows_the_embedded_default_as_it_is() {
         "docs/src/operations/config.md must show courier_cli::EMBEDDED_CONFIG as it is:\n{block}"
     );
 }
+
+#[test]
+fn the_readme_is_short_and_keeps_the_two_commands() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).expect("README.md");
+    assert!(
+        readme.len() <= 12 * 1024,
+        "README.md is {} bytes: at most 12 KB, the rest belongs in the book (docs/src)",
+        readme.len()
+    );
+    for command in ["cargo run --release -- demo", "scripts/test"] {
+        assert!(
+            readme.lines().any(|l| l.starts_with(command)),
+            "README.md must show `{command}` at the start of a line"
+        );
+    }
+}
