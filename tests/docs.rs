@@ -309,3 +309,20 @@ fn the_readme_is_short_and_keeps_the_two_commands() {
         );
     }
 }
+
+#[test]
+fn the_readme_lists_every_example() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).expect("README.md");
+    let missing: Vec<String> = std::fs::read_dir(Path::new(ROOT).join("examples"))
+        .expect("examples/")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".rs").map(str::to_owned)
+        })
+        .filter(|name| !readme.contains(&format!("  - `{name}`: ")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "examples missing from README.md's list (`  - `NAME`: what it shows`): {missing:?}"
+    );
+}
