@@ -1,10 +1,11 @@
 //! The reaper and the dashboard's reads at scale: with 1,000,000 finished runs, 100,000 queued
 //! and a few thousand running or waiting, a real reaper pass and the dashboard's runs list and
-//! run page are planned on indexes, never a full read of the runs table.
+//! run page are planned on indexes: no full read of the runs table, and no sort (a sort under a
+//! `LIMIT` reads every row that matches before it returns the first).
 //!
-//! The statements are the store's own: the test runs the real [`Reaper::reap`] and
-//! [`RunStore::page`] / [`RunStore::find`], records every statement sqlx logs for this test's
-//! tables, and asks the database for each one's plan (`EXPLAIN QUERY PLAN` on SQLite; on
+//! The statements are the store's own: the test runs the real `Reaper::reap` and
+//! `RunStore::page` / `find` / `events` / `steps`, records every statement sqlx logs that names
+//! this test's runs table, and asks the database for each one's plan (`EXPLAIN QUERY PLAN` on SQLite; on
 //! PostgreSQL `EXPLAIN (FORMAT JSON)` of the prepared statement's generic plan, the plan that
 //! does not depend on the values bound and the one a pooled connection settles on). It prints
 //! the measured times (the figures are not asserted: the machine varies).
@@ -574,8 +575,9 @@ async fn reaper_pass_and_dashboard_pages_are_planned_on_indexes(fx: &Fixture, mu
     let mut refused = check("reaper", &reap, &runs, &mut ex).await;
     refused.extend(check("dashboard", &dashboard, &runs, &mut ex).await);
     let _ = check("overview", &overview, &runs, &mut ex).await;
+    // The stale, overdue and due selects and the prune's, at least: the recorder saw the pass.
     assert!(
-        !reap.is_empty() && !dashboard.is_empty(),
+        reap.len() >= 4 && !dashboard.is_empty(),
         "statements recorded"
     );
     assert!(
