@@ -622,7 +622,7 @@ async fn at_scale(fx: Fixture, ex: Explainer) {
 
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fills 1,102,030 runs (about a minute): run with --include-ignored"]
+#[ignore = "fills 1,102,030 runs (half a minute): run with --include-ignored"]
 async fn sqlite_reaper_pass_and_dashboard_pages_are_planned_on_indexes() {
     let dir = support::TempDir::new();
     let dsn = format!("sqlite://{}?mode=rwc", dir.0.join("runs.db").display());

@@ -28,21 +28,34 @@ pub(super) struct PageQueries {
     count_by_status: String,
 }
 
-/// The statuses a page filters by: none, then each of [`RunStatus::ALL`].
-const FILTERS: usize = RunStatus::ALL.len() + 1;
+/// The status filters of a page: none, or one of the eight statuses.
+const FILTERS: usize = 9;
 
-/// Where the statement of a page sits: status 0 (none) or 1 + its place in
-/// [`RunStatus::ALL`], agent filtered or not, from 0 newest, 1 before, 2 after.
+/// The status filter's place among the statements: an exhaustive match, so that a new status
+/// does not compile until it has its own (a status without one would page every run).
+fn status_slot(status: Option<RunStatus>) -> usize {
+    match status {
+        None => 0,
+        Some(RunStatus::Queued) => 1,
+        Some(RunStatus::Running) => 2,
+        Some(RunStatus::WaitingForApproval) => 3,
+        Some(RunStatus::WaitingForInput) => 4,
+        Some(RunStatus::Waiting) => 5,
+        Some(RunStatus::Completed) => 6,
+        Some(RunStatus::Failed) => 7,
+        Some(RunStatus::Cancelled) => 8,
+    }
+}
+
+/// Where the statement of a page sits: by status filter, agent filtered or not, and from: 0
+/// newest, 1 before, 2 after.
 fn slot(status: Option<RunStatus>, agent: bool, from: PageFrom) -> usize {
     let from = match from {
         PageFrom::Newest => 0,
         PageFrom::Before(_) => 1,
         PageFrom::After(_) => 2,
     };
-    let status = status
-        .and_then(|s| RunStatus::ALL.iter().position(|&a| a == s))
-        .map_or(0, |i| i + 1);
-    (status * 2 + usize::from(agent)) * 3 + from
+    (status_slot(status) * 2 + usize::from(agent)) * 3 + from
 }
 
 impl PageQueries {
