@@ -60,9 +60,10 @@ pub mod worker;
 
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
-    BatchHandler, BatchItem, BatchOptions, BusLink, DEFAULT_BUS, Dispatcher, HandledResultStamp,
-    Handler, HandlerOptions, MessageBus, MessageBusBuilder, Middleware, Next, Prepared, QueryError,
-    QueryHandler, Router, SendHook, Sending, with_trace_context,
+    BatchHandler, BatchItem, BatchOptions, BusError, BusLink, DEFAULT_BUS, Dispatcher,
+    HandledResultStamp, Handler, HandlerFailure, HandlerOptions, MessageBus, MessageBusBuilder,
+    Middleware, Next, Prepared, QueryError, QueryHandler, Router, SendHook, Sending,
+    with_trace_context,
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,
@@ -74,8 +75,8 @@ pub use codec::{
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;
 pub use error::{
-    BoxError, BusError, ErrorChain, HandlerError, HandlerFailure, HandlerResultExt, HandlerTimeout,
-    TransportError, TransportErrorKind, error_chain,
+    BoxError, ErrorChain, HandlerError, HandlerResultExt, HandlerTimeout, TransportError,
+    TransportErrorKind, error_chain,
 };
 pub use failed::{rfc3339, rfc3339_ms};
 pub use message::Message;

@@ -41,7 +41,7 @@ pub use metrics::SharedString;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::message::Payload;
+use crate::envelope::Payload;
 use crate::{Envelope, Transport};
 
 /// Messages sent by the bus to a transport (counter; `transport`, `message_type`).

@@ -5,16 +5,22 @@
 //! Acks of one fetched batch are gathered and handed to the receiver's ack flusher together
 //! ([`Acker`]); the route decides when, and whether some ride on a fetch instead.
 
+use std::sync::Arc;
+
 use super::beside::Beside;
-use super::fetch::Carried;
-use super::io::Acker;
+use super::io::{Acker, Held};
 use super::process::{Done, Outcome};
-use super::{Worker, state::RunState};
+use super::state::RunState;
+use super::{StopReason, Worker};
+use crate::Envelope;
 
 /// How many acks may gather across small batches while the next fetch is under way (up to
 /// the linger) before they are flushed: at a fetch size of 1, one ack statement per this many
 /// messages instead of one each.
 const MIN_ACK_GATHER: usize = 16;
+
+/// Acks of the first receiver handed to the next fetch, to go in its round trip.
+pub(super) type Carried = Option<(Arc<Held>, Vec<(u64, Envelope)>)>;
 
 /// The route of a worker's acks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,7 +233,7 @@ impl Worker {
             state.stats.failed += 1;
         }
         if done.stop {
-            state.stop.get_or_insert(super::StopReason::StopRequested);
+            state.stop.get_or_insert(StopReason::StopRequested);
         }
         if done.skipped {
             state.stats.skipped += 1;

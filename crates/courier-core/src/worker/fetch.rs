@@ -5,12 +5,11 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
-use super::ack::{Acks, ForFetch};
+use super::ack::{Acks, Carried, ForFetch};
 use super::beside::Beside;
-use super::io::{AbortOnDrop, Held};
+use super::io::AbortOnDrop;
 use super::state::RunState;
 use super::{Worker, WorkerEvent};
 use crate::transport::{NO_ANSWER_AFTER, answered_within};
@@ -39,9 +38,6 @@ impl Fetched {
         }
     }
 }
-
-/// Acks of the first receiver handed to the next fetch, to go in its round trip.
-pub(super) type Carried = Option<(Arc<Held>, Vec<(u64, Envelope)>)>;
 
 /// The next fetch: on a task of its own while handlers run (so it makes progress beside them),
 /// polled by the loop itself when there is nothing else to do.
