@@ -89,12 +89,12 @@ pub use signing::{SignatureStamp, Signing, SigningKeys};
 pub use stamp::*;
 pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{
-    Capabilities, CursorLease, CursorPosition, CursorSource, DEFAULT_WORKER_STALE_AFTER,
-    Deduplicate, Drain, DrainHold, Drained, FactoryContext, Heartbeat, InMemoryOptions,
-    InMemoryTransport, InMemoryWorkerRegistry, Listable, MemoryDeduplicator, MemoryRateLimiter,
-    MessageCount, NO_ANSWER_AFTER, PAUSE_CHECK, Pausable, PauseGate, Queues, RateLimit,
-    RateLimitGate, RateLimiter, Setup, SyncTransport, Taken, Transport, TransportFactory,
-    TransportRegistry, WorkerRecord, WorkerRegistry, retry_count, shared_worker_registry,
+    Capabilities, DEFAULT_WORKER_STALE_AFTER, Deduplicate, FactoryContext, Heartbeat,
+    InMemoryOptions, InMemoryTransport, InMemoryWorkerRegistry, Listable, MemoryDeduplicator,
+    MemoryRateLimiter, MessageCount, NO_ANSWER_AFTER, PAUSE_CHECK, Pausable, PauseGate, Queues,
+    RateLimit, RateLimitGate, RateLimiter, Setup, SyncTransport, Taken, Transport,
+    TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
+    shared_worker_registry,
 };
 pub use worker::{
     CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats,

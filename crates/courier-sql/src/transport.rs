@@ -4,17 +4,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_core::{
-    Backoff, Capabilities, CursorLease, CursorPosition, CursorSource, Deduplicate,
-    DeduplicateStamp, DeduplicatedStamp, DelayStamp, DeliveryTagStamp, Drain, Drained, Dsn,
-    Envelope, Listable, MessageCount, MessageRegistry, PriorityStamp, Queues, SentStamp, Setup,
-    Transport, TransportError, TransportErrorKind, TransportMessageIdStamp, WorkerRegistry,
-    async_trait,
+    Backoff, Capabilities, Deduplicate, DeduplicateStamp, DeduplicatedStamp, DelayStamp,
+    DeliveryTagStamp, Dsn, Envelope, Listable, MessageCount, MessageRegistry, PriorityStamp,
+    Queues, SentStamp, Setup, Transport, TransportError, TransportErrorKind,
+    TransportMessageIdStamp, WorkerRegistry, async_trait,
 };
 use tokio::time::Instant;
 
 use crate::backend::{Backend, NewRow, StoredRow, Wake};
 use crate::error::{retry_transient, transport_error};
 use crate::migrate::Applied;
+use crate::relay::{CursorLease, CursorPosition, CursorSource, Drain, Drained};
 use crate::{Dialect, SqlOptions};
 
 /// The longest pause between two polls of an idle queue when no server push is available.
@@ -80,6 +80,25 @@ impl std::fmt::Debug for SqlTransport {
 }
 
 impl SqlTransport {
+    /// Draining ([`Drain`]: on PostgreSQL, but for a cursor outbox), what a relay reads this
+    /// queue with.
+    #[must_use]
+    pub fn as_drain(&self) -> Option<&dyn Drain> {
+        // A cursor outbox's rows are the cursor's to delete.
+        (matches!(
+            Dialect::from_scheme(self.dsn.scheme()),
+            Ok(Dialect::Postgres)
+        ) && !self.options.cursor)
+            .then_some(self as &dyn Drain)
+    }
+
+    /// Reading by a cursor ([`CursorSource`]: on PostgreSQL with `cursor=true`), what a relay
+    /// reads this queue with, and alone.
+    #[must_use]
+    pub fn as_cursor(&self) -> Option<&dyn CursorSource> {
+        self.backend.cursor().map(|_| self as &dyn CursorSource)
+    }
+
     /// Connects with the options in the DSN's query (see [`SqlOptions::from_dsn`]) and, unless
     /// `auto_setup=false`, creates the table.
     ///
@@ -1054,17 +1073,9 @@ impl Transport for SqlTransport {
         Some(&*self.pauses)
     }
 
-    fn as_drain(&self) -> Option<&dyn Drain> {
-        // A cursor outbox's rows are the cursor's to delete.
-        (matches!(
-            Dialect::from_scheme(self.dsn.scheme()),
-            Ok(Dialect::Postgres)
-        ) && !self.options.cursor)
-            .then_some(self as &dyn Drain)
-    }
-
-    fn as_cursor(&self) -> Option<&dyn CursorSource> {
-        self.backend.cursor().map(|_| self as &dyn CursorSource)
+    fn as_relay_source(&self) -> Option<&dyn courier_core::relay::RelaySource> {
+        (self.as_cursor().is_some() || self.as_drain().is_some())
+            .then_some(self as &dyn courier_core::relay::RelaySource)
     }
 
     fn as_rate_limiter(&self) -> Option<&dyn courier_core::RateLimiter> {

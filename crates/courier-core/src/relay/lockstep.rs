@@ -6,7 +6,7 @@
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Relay, RelayPoint, RelayStats};
+use super::{Forward, Relay, RelayPoint, RelayStats};
 use crate::{Envelope, TransportError};
 
 impl Relay {
@@ -30,7 +30,7 @@ impl Relay {
                 next_lag = Instant::now() + self.options.lag_every;
             }
             let (sent, next) = tokio::join!(
-                self.send(&sending, true, false, shutdown),
+                self.send(&sending, Forward::Claimed, shutdown),
                 self.ack_and_fetch(&acking, want, shutdown),
             );
             let next = next?;

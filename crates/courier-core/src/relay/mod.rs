@@ -20,35 +20,20 @@
 //! The send runs on a task of its own, so on a multi-threaded runtime encoding for the
 //! destination and decoding the next batch use two cores.
 //!
-//! A source that drains ([`Transport::as_drain`]: SQL on PostgreSQL) is read another way:
-//! each batch is locked and deleted (`DELETE ... RETURNING`) in a transaction held open while
-//! it is sent, and committed once the destination confirmed it. One write per row instead of
-//! two (the claim's update, then the delete); a relay that dies leaves its transactions to
-//! roll back, so its batches come back at once. Its stages overlap further: up to two batches
-//! are drained ahead, the next drain starting as soon as the one before holds its rows (it
-//! then takes the rows behind them, so the order holds), while the server still deletes and
-//! returns them; batch `k - 1` commits while `k` is sent, and `k + 1` is sent only once
-//! `k - 1` committed. A destination that keeps refusing a batch past
-//! [`RelayOptions::hold_limit`] (30 s) does not keep a transaction open through the outage:
-//! the relay rolls back every batch it holds (their rows back in the outbox, locked by
-//! nobody, vacuum free to run), resends the refused batch from memory until the destination
-//! takes it, deletes its rows by id, and drains on from there, in order.
-//!
-//! A source read by a cursor ([`Transport::as_cursor`]: SQL on PostgreSQL with `cursor=true`)
-//! is read a third way, the cheapest: the relay takes the source's cursor (one relay at a
-//! time; another waits until it lets go, at once when it dies), reads each batch past it
-//! without writing anything, and once the destination confirmed a batch moves the cursor past
-//! it, which deletes its rows as one range. The stages overlap as for `get`: while batch `k` is
-//! sent, the cursor moves past `k - 1` and `k + 1` is read. What is left of a message's delay
-//! travels on as its [`DelayStamp`], for the destination to serve.
+//! A source with a way of its own to be relayed offers a [`RelaySource`]
+//! ([`Transport::as_relay_source`]): [`Relay::run`] hands it the relay, and it runs its own
+//! pipeline with the relay's steps ([`Relay::send`], [`Relay::retrying`]...). SQL on PostgreSQL
+//! offers two, in `courier-sql`: it drains each batch in a transaction held while the batch is
+//! sent (one write per row, and a dead relay's batches come back at once), or reads past a
+//! cursor and deletes what was relayed as one range.
 //!
 //! A crash after a confirmation and before the ack sends the batch again once the source's
 //! redelivery window passes, or at once from a draining source (at least once; an inbox on the
 //! consumer side makes it exactly once). Envelopes travel with
 //! every stamp they were written with (the same [`MessageIdStamp`](crate::MessageIdStamp), bus
 //! name, trace context...); only what describes the source delivery is dropped
-//! ([`ReceivedStamp`], [`TransportMessageIdStamp`], [`DeliveryTagStamp`], [`SentStamp`]), and
-//! the [`DelayStamp`], whose delay the source served already. A message whose type the relay
+//! ([`ReceivedStamp`](crate::ReceivedStamp), [`TransportMessageIdStamp`](crate::TransportMessageIdStamp), [`DeliveryTagStamp`](crate::DeliveryTagStamp), [`SentStamp`](crate::SentStamp)), and
+//! the [`DelayStamp`](crate::DelayStamp), whose delay the source served already. A message whose type the relay
 //! does not know travels as it was stored (an undecodable envelope keeps its wire form).
 //!
 //! Order: one send is in flight at a time, so the destination receives a queue's messages in
@@ -79,9 +64,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 
-mod cursor;
-mod drain;
 mod lockstep;
+mod source;
+mod steps;
+
+pub use source::RelaySource;
+pub use steps::Forward;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -90,15 +78,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    Backoff, DelayStamp, DeliveryTagStamp, Envelope, ReceivedStamp, SentStamp, Transport,
-    TransportError, TransportMessageIdStamp,
-};
+use crate::{Backoff, Transport, TransportError};
 
-/// From a draining source, the batches drained ahead of the one being sent, at most (each
-/// holds a source transaction, so a relay holds at most this many plus the batch being sent,
-/// one confirmed and one committing).
-const DRAINS_AHEAD: usize = 2;
+/// The batches a [`RelaySource`] may hold ahead of the one being sent, at most (a draining
+/// source holds each in a transaction): [`Relay::hold_bound`] budgets for their sends.
+pub const BATCHES_AHEAD: usize = 2;
 
 /// The shortest [`Relay::hold_bound`], whatever the hold limit
 /// ([`NO_ANSWER_AFTER`](crate::NO_ANSWER_AFTER), a minute): longer than any source's poll
@@ -308,7 +292,7 @@ impl Relay {
         if batch.is_empty() {
             return Ok(0);
         }
-        self.to.send_batch(outgoing(&batch, false)).await?;
+        self.to.send_batch(steps::outgoing(&batch, false)).await?;
         self.probe(RelayPoint::AfterConfirm).await;
         self.from.ack_batch(&batch).await?;
         self.done(batch.len());
@@ -330,214 +314,17 @@ impl Relay {
     /// (delivered again after its redelivery window), so the relay stops there rather than
     /// skip them.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<RelayStats, TransportError> {
-        if let Some(cursor) = self.from.as_cursor() {
-            return self.run_cursor(cursor, &shutdown).await;
-        }
-        if let Some(drain) = self.from.as_drain() {
-            return self.run_drained(drain, &shutdown).await;
+        if let Some(source) = self.from.as_relay_source() {
+            return source.relay(self, &shutdown).await;
         }
         self.run_lockstep(&shutdown).await
     }
-
-    /// Counts a forwarded batch of `n` messages (`None`: nothing was forwarded).
-    fn count(&self, n: Option<usize>, stats: &mut RelayStats) {
-        if let Some(n) = n {
-            self.done(n);
-            stats.relayed += n as u64;
-            stats.batches += 1;
-        }
-    }
-
-    /// The longest a drained batch may stay held, and a call to the source go unanswered (see
-    /// [`RelayOptions::hold_limit`]): behind the sends of the batches drained before it and its
-    /// own, each bounded by the hold limit, and once more as slack; [`MIN_HOLD_BOUND`] at
-    /// least.
-    fn hold_bound(&self) -> Duration {
-        self.options
-            .hold_limit
-            .saturating_mul(
-                u32::try_from(DRAINS_AHEAD)
-                    .unwrap_or(u32::MAX)
-                    .saturating_add(2),
-            )
-            .max(MIN_HOLD_BOUND)
-    }
-
-    /// Runs a call to the source (a drain, a commit, a fetch, an ack), giving up after
-    /// [`hold_bound`](Self::hold_bound): a connection that answers nothing (a network partition, a connection black-holed by a
-    /// failover) would otherwise keep the relay waiting until TCP gives up (many minutes); a
-    /// drained batch's hold ends on the source's side by then anyway. The timeout is
-    /// transient: the call is tried again (acking twice is harmless), a commit's batch comes
-    /// back.
-    async fn bounded<T>(
-        &self,
-        doing: &'static str,
-        call: impl std::future::Future<Output = Result<T, TransportError>>,
-    ) -> Result<T, TransportError> {
-        crate::transport::answered_within(Some(self.hold_bound()), &self.from_name, doing, call)
-            .await
-    }
-
-    /// How many messages to fetch next: none once shut down or at the limit.
-    fn wanted(&self, left: u64, shutdown: &CancellationToken) -> usize {
-        if shutdown.is_cancelled() {
-            return 0;
-        }
-        usize::try_from(left).map_or(self.options.batch_size, |left| {
-            left.min(self.options.batch_size)
-        })
-    }
-
-    /// Sends a fetched batch to the destination, retrying transient failures (with the batch
-    /// kept alive at the source when `keepalive`: a claimed batch, each attempt bounded by the
-    /// hold limit; a drained one is held by its transaction); returns whether it took a retry.
-    /// `keep_delay`: the batch's [`DelayStamp`]s are what is left of each delay (a cursor
-    /// source's), for the destination to serve; otherwise the source served them.
-    async fn send(
-        &self,
-        batch: &[Envelope],
-        keepalive: bool,
-        keep_delay: bool,
-        shutdown: &CancellationToken,
-    ) -> Result<bool, TransportError> {
-        if batch.is_empty() {
-            return Ok(false);
-        }
-        let mut retried = false;
-        self.retrying("sending", shutdown, |again| {
-            retried |= again;
-            // Copied for each attempt (the destination takes its batch by value).
-            let sending = outgoing(batch, keep_delay);
-            async move {
-                if again
-                    && keepalive
-                    && let Err(e) = self
-                        .bounded("keeping a batch alive", self.from.keepalive_batch(batch))
-                        .await
-                {
-                    tracing::debug!(error = %e, "relay: keepalive of a batch failed");
-                }
-                // On a task of its own: encoding for the destination runs beside the decoding
-                // of the next batch (on another worker thread of a multi-threaded runtime).
-                // Aborted if this attempt is dropped (the hold limit, a relay stopped from
-                // outside): no send outlives its attempt to race the next one.
-                let to = Arc::clone(&self.to);
-                let mut task = crate::worker::AbortOnDrop(tokio::spawn(async move {
-                    to.send_batch(sending).await.map(drop)
-                }));
-                let joined = async {
-                    match (&mut task.0).await {
-                        Ok(sent) => sent,
-                        Err(e) => Err(TransportError::new(
-                            crate::TransportErrorKind::Protocol,
-                            self.to_name.clone(),
-                        )
-                        .with_context(format!("the send task failed: {e}"))),
-                    }
-                };
-                // A claimed batch's attempt that the destination leaves unanswered (a
-                // connection black-holed by a failover) is given up at the hold limit and
-                // tried again, the batch kept alive first; a drained batch's whole send is
-                // bounded by the hold limit already.
-                let limit = keepalive.then_some(self.options.hold_limit);
-                crate::transport::answered_within(limit, &self.to_name, "sending", joined).await
-            }
-        })
-        .await?;
-        Ok(retried)
-    }
-
-    /// Runs `attempt` (told whether it is a retry) until it succeeds, waiting with
-    /// [`RelayOptions::backoff`] after each transient failure; returns a failure that is not
-    /// transient, or any once `shutdown` is cancelled.
-    async fn retrying<T, F>(
-        &self,
-        doing: &str,
-        shutdown: &CancellationToken,
-        mut attempt: impl FnMut(bool) -> F,
-    ) -> Result<T, TransportError>
-    where
-        F: std::future::Future<Output = Result<T, TransportError>>,
-    {
-        let mut waits = self.options.backoff.attempts();
-        let mut again = false;
-        loop {
-            match attempt(again).await {
-                Ok(done) => return Ok(done),
-                Err(e) if e.is_transient() && !shutdown.is_cancelled() => {
-                    self.wait(doing, &e, &mut waits, shutdown).await;
-                    again = true;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn done(&self, n: usize) {
-        self.relayed.increment(n as u64);
-        self.batches.increment(1);
-        tracing::debug!(from = %self.from_name, to = %self.to_name, messages = n, "relayed a batch");
-    }
-
-    async fn sample_lag(&self) {
-        let Some(counter) = self.from.as_message_count() else {
-            return;
-        };
-        match counter.oldest_age().await {
-            Ok(age) => self.lag.set(age.unwrap_or_default().as_secs_f64()),
-            Err(e) => tracing::debug!(from = %self.from_name, error = %e, "relay lag not sampled"),
-        }
-    }
-
-    async fn wait(
-        &self,
-        doing: &str,
-        error: &TransportError,
-        waits: &mut crate::Attempts,
-        shutdown: &CancellationToken,
-    ) {
-        let wait = waits.failed();
-        tracing::warn!(from = %self.from_name, to = %self.to_name, error = %crate::error_chain(error),
-            retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX), "relay: {doing} failed, retrying");
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = shutdown.cancelled() => {}
-        }
-    }
-
-    /// Calls the [`RelayOptions::on_point`] probe, if any, at `point` and waits for it.
-    async fn probe(&self, point: RelayPoint) {
-        if let Some(Probe(probe)) = &self.options.probe {
-            probe(point).await;
-        }
-    }
-}
-
-/// The envelopes to send for a fetched batch: every stamp but those of the source delivery and
-/// the served delay (`keep_delay`: the delay left, from a cursor source, is kept).
-fn outgoing(batch: &[Envelope], keep_delay: bool) -> Vec<Envelope> {
-    batch
-        .iter()
-        .map(|e| {
-            let e = e
-                .clone()
-                .without_all::<ReceivedStamp>()
-                .without_all::<TransportMessageIdStamp>()
-                .without_all::<DeliveryTagStamp>()
-                .without_all::<SentStamp>();
-            if keep_delay {
-                e
-            } else {
-                e.without_all::<DelayStamp>()
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{InMemoryTransport, Message, PriorityStamp};
+    use crate::{Envelope, InMemoryTransport, Message, PriorityStamp};
     use serde::{Deserialize, Serialize};
 
     #[derive(Serialize, Deserialize)]

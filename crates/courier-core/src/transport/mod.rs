@@ -37,9 +37,7 @@ macro_rules! forward_views {
 }
 use forward_views;
 
-mod cursor;
 mod dedup;
-mod drain;
 mod factory;
 mod gate;
 mod limiter;
@@ -56,9 +54,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use cursor::{CursorLease, CursorPosition, CursorSource};
 pub use dedup::{Deduplicate, MemoryDeduplicator};
-pub use drain::{Drain, DrainHold, Drained};
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
 pub use limiter::{MemoryRateLimiter, RateLimit, RateLimiter, Taken};
 pub use memory::{InMemoryOptions, InMemoryTransport};
@@ -405,16 +401,11 @@ pub trait Transport: Send + Sync + Debug {
         None
     }
 
-    /// Taking messages out under a transaction held until committed ([`Drain`]: SQL on
-    /// PostgreSQL), which a relay reads its source with where it can. Gates (pause, rate
+    /// The source's own way of being relayed ([`RelaySource`](crate::relay::RelaySource): SQL
+    /// on PostgreSQL drains its outbox, or reads it by a cursor), which
+    /// [`Relay::run`](crate::relay::Relay::run) uses instead of `get` then `ack_batch`. Gates (pause, rate
     /// limit) do not pass it on, so a gated source is read through `get`, which they govern.
-    fn as_drain(&self) -> Option<&dyn Drain> {
-        None
-    }
-
-    /// Reading by a cursor ([`CursorSource`]: SQL on PostgreSQL with `cursor=true`), which a
-    /// relay prefers to [`as_drain`](Self::as_drain) and `get` where the source offers it.
-    fn as_cursor(&self) -> Option<&dyn CursorSource> {
+    fn as_relay_source(&self) -> Option<&dyn crate::relay::RelaySource> {
         None
     }
 

@@ -1,20 +1,94 @@
-//! The cursor pipeline: a source read by a cursor ([`CursorSource`]: SQL on PostgreSQL with
-//! `cursor=true`), which writes nothing as it reads and removes what was relayed as one range
-//! when the cursor moves past it.
+//! Reading an outbox by a cursor ([`CursorSource`]: SQL on PostgreSQL with `cursor=true`), and
+//! the relay's pipeline over it: the cheapest way out. The relay takes the source's cursor
+//! (one relay at a time; another waits until it lets go, at once when it dies), reads each
+//! batch past it without writing anything, and once the destination confirmed a batch moves
+//! the cursor past it, which deletes its rows as one range. The stages overlap as for `get`:
+//! while batch `k` is sent, the cursor moves past `k - 1` and `k + 1` is read. What is left of
+//! a message's delay travels on as its [`DelayStamp`](courier_core::DelayStamp), for the
+//! destination to serve.
 
 use std::time::Duration;
 
+use async_trait::async_trait;
+use courier_core::relay::{Forward, RelayPoint, RelayStats};
+use courier_core::{CancellationToken, Envelope, TransportError};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use super::{Relay, RelayPoint, RelayStats};
-use crate::{CursorLease, CursorPosition, CursorSource, TransportError};
+use super::Pipe;
+
+/// Where a cursor stands in its source: just after the last message read (or relayed), in the
+/// source's own order. Opaque to the relay, which only hands positions back; the default
+/// stands before every message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CursorPosition {
+    /// The major part of the order (PostgreSQL: the id of the transaction that wrote the
+    /// message).
+    pub major: i64,
+    /// The minor part (PostgreSQL: the row's id).
+    pub minor: i64,
+}
+
+/// A queue read by a cursor rather than taken message by message: reading writes nothing, and
+/// the messages a relay forwarded are removed in bulk when it moves the cursor past them. The
+/// cheapest way out of an outbox: [`Drain`](super::Drain) locks and deletes each row (two
+/// writes of every row), [`get`](courier_core::Transport::get) then `ack_batch` claims and deletes
+/// (two writes and two statements); a cursor reads each row once and deletes a range.
+///
+/// One reader at a time: the cursor is held under a [`CursorLease`]. A second relay waits
+/// until the first lets go of it: at once when the first dies (PostgreSQL: the lease is a lock
+/// of the holder's session, which ends with its process), within the lease when the first is
+/// cut off from the source. It then goes on from where the cursor stands: whatever the first
+/// had sent past it is sent again (at least once).
+///
+/// The order is the source's own and the same for every reader (PostgreSQL: the order of the
+/// writing transactions' ids, then of the rows within one); a message is read only once no
+/// message can appear before it any more (PostgreSQL: once every transaction that began
+/// before it ended), so a reader never skips one that commits late.
+#[async_trait]
+pub trait CursorSource: Send + Sync {
+    /// Takes the cursor for `owner` (a name for operators), to be held while the holder
+    /// answers within `lease`; `None` while another holds it.
+    async fn acquire(
+        &self,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Box<dyn CursorLease>>, TransportError>;
+
+    /// Up to `max` messages after `after`, in the source's order, waiting up to the
+    /// transport's poll window for the first; with the position just after the last (`after`
+    /// itself when there are none). Reading moves nothing: read again from the same position,
+    /// the same messages come back. A message stored with a delay still to run comes with a
+    /// [`DelayStamp`](courier_core::DelayStamp) of what is left of it (its destination serves it); one
+    /// whose delay ran out comes without one.
+    async fn read(
+        &self,
+        after: CursorPosition,
+        max: usize,
+    ) -> Result<(Vec<Envelope>, CursorPosition), TransportError>;
+}
+
+/// A held cursor (see [`CursorSource::acquire`]). Dropping it lets the cursor go.
+#[async_trait]
+pub trait CursorLease: Send {
+    /// Where the cursor stood when it was taken.
+    fn position(&self) -> CursorPosition;
+
+    /// Moves the cursor to `to` and removes every message up to it for good. An error may mean
+    /// the lease is gone (its session ended): drop this lease and take the cursor again, from
+    /// where it stands.
+    async fn advance(&mut self, to: CursorPosition) -> Result<(), TransportError>;
+
+    /// Tells the source the holder is alive, so that the lease does not run out while it has
+    /// nothing to move (call it well within the lease). An error: as for
+    /// [`advance`](Self::advance).
+    async fn renew(&mut self) -> Result<(), TransportError>;
+}
 
 /// How often a relay waiting for a cursor another holds tries to take it.
 const CURSOR_RETAKE: Duration = Duration::from_secs(2);
 
-impl Relay {
+impl Pipe<'_> {
     /// [`run`](Self::run) on a source read by a cursor ([`CursorSource`]: SQL on PostgreSQL
     /// with `cursor=true`). Takes the source's cursor (waiting while another relay holds it),
     /// then pipelines like [`run`](Self::run): while batch `k` is sent, the cursor moves past
@@ -27,10 +101,10 @@ impl Relay {
         source: &dyn CursorSource,
         shutdown: &CancellationToken,
     ) -> Result<RelayStats, TransportError> {
-        let owner = crate::worker::default_worker_id();
+        let owner = courier_core::worker::default_worker_id();
         let mut stats = RelayStats::default();
-        let mut left = self.options.limit.unwrap_or(u64::MAX);
-        let mut waits = self.options.backoff.attempts();
+        let mut left = self.settings().limit.unwrap_or(u64::MAX);
+        let mut waits = self.settings().backoff.attempts();
         loop {
             if self.wanted(left, shutdown) == 0 {
                 return Ok(stats);
@@ -76,7 +150,7 @@ impl Relay {
             match taken {
                 Ok(Some(held)) => {
                     if told {
-                        tracing::info!(from = %self.from_name, to = %self.to_name, "relay: took the outbox's cursor");
+                        tracing::info!(from = %self.source_name(), to = %self.destination_name(), "relay: took the outbox's cursor");
                     }
                     return Ok(Some(held));
                 }
@@ -86,7 +160,7 @@ impl Relay {
             }
             if !told {
                 told = true;
-                tracing::info!(from = %self.from_name, to = %self.to_name,
+                tracing::info!(from = %self.source_name(), to = %self.destination_name(),
                     "relay: another relay holds the outbox's cursor; waiting until it lets go");
             }
             tokio::select! {
@@ -120,7 +194,7 @@ impl Relay {
             }
             if Instant::now() >= next_lag {
                 self.sample_lag().await;
-                next_lag = Instant::now() + self.options.lag_every;
+                next_lag = Instant::now() + self.settings().lag_every;
             }
             let stage_done = Notify::new();
             let (moved, (sent, next)) = tokio::join!(
@@ -141,7 +215,7 @@ impl Relay {
                     }
                 },
                 async {
-                    let done = tokio::join!(self.send(&sending, false, true, shutdown), async {
+                    let done = tokio::join!(self.send(&sending, Forward::Read, shutdown), async {
                         if want == 0 {
                             return Ok((Vec::new(), sent_to));
                         }
@@ -167,7 +241,7 @@ impl Relay {
                 }
                 // The lease broke: what was sent since the last move is sent again from where
                 // the cursor stands, by this relay once it holds it again, or by another.
-                tracing::warn!(from = %self.from_name, to = %self.to_name, error = %crate::error_chain(&e),
+                tracing::warn!(from = %self.source_name(), to = %self.destination_name(), error = %courier_core::error_chain(&e),
                     "relay: the outbox's cursor lease failed; taking the cursor again");
                 let unmoved = confirmed.map_or(0, |(n, _)| n) + sending.len();
                 *left = left.saturating_add(unmoved as u64);

@@ -1,18 +1,137 @@
-//! The drain pipeline: a source that drains ([`Drain`]: SQL on PostgreSQL), each batch held
-//! in a source transaction while it is sent and committed once the destination confirmed it.
+//! Draining an outbox: taking messages out under a transaction held until committed
+//! ([`Drain`]: SQL on PostgreSQL), and the relay's pipeline over it.
+//!
+//! Each batch is locked and deleted (`DELETE ... RETURNING`) in a transaction held open while
+//! it is sent, and committed once the destination confirmed it. One write per row instead of
+//! two (the claim's update, then the delete); a relay that dies leaves its transactions to
+//! roll back, so its batches come back at once. Its stages overlap further: up to two batches
+//! are drained ahead, the next drain starting as soon as the one before holds its rows (it
+//! then takes the rows behind them, so the order holds), while the server still deletes and
+//! returns them; batch `k - 1` commits while `k` is sent, and `k + 1` is sent only once
+//! `k - 1` committed. A destination that keeps refusing a batch past
+//! [`RelayOptions::hold_limit`](courier_core::relay::RelayOptions::hold_limit) (30 s) does not
+//! keep a transaction open through the outage: the relay rolls back every batch it holds
+//! (their rows back in the outbox, locked by nobody, vacuum free to run), resends the refused
+//! batch from memory until the destination takes it, deletes its rows by id, and drains on
+//! from there, in order.
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
+use async_trait::async_trait;
+use courier_core::relay::{BATCHES_AHEAD, Forward, RelayPoint, RelayStats};
+use courier_core::{CancellationToken, Envelope, TransportError};
 use futures_util::StreamExt;
 use futures_util::future::{BoxFuture, OptionFuture};
 use futures_util::stream::FuturesOrdered;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use super::{DRAINS_AHEAD, Relay, RelayPoint, RelayStats};
-use crate::{Drain, Drained, TransportError};
+use super::Pipe;
+
+/// Takes messages out of a queue for good in one step, held back until committed: a
+/// PostgreSQL `DELETE ... RETURNING` of rows locked `FOR UPDATE SKIP LOCKED`, in a transaction
+/// left open until [`Drained::commit`]. Other consumers skip the held rows; dropping the batch
+/// (or the process dying) rolls the transaction back and puts every row back where it was.
+///
+/// Beside `get` then `ack_batch`, this writes each row once (a delete) instead of twice (the
+/// claim's update, then the delete), and a crashed holder's rows come back at once rather than
+/// after the redelivery window. The price: a batch held for long keeps its transaction open,
+/// which on PostgreSQL holds back vacuum. The relay holds one at most
+/// [`RelayOptions::hold_limit`](courier_core::relay::RelayOptions::hold_limit) while its destination
+/// refuses it, then drops the hold; a server that ends the transaction only makes its messages
+/// come back to be relayed again.
+///
+/// A holder cut off from the store (a network partition, a host that froze) cannot roll back,
+/// and the store may not notice for hours (PostgreSQL waits for TCP keepalives, two hours by
+/// default): each drain says how long its batch may stay held (`hold_for`), and the store ends
+/// the hold on its own side past it (PostgreSQL: `idle_in_transaction_session_timeout` on the
+/// drain's transaction), so the messages come back to another relay within that bound.
+///
+/// Drains may overlap without giving up the queue's order: each tells `held` as soon as its
+/// rows are locked, before it reads them back, and a drain started after that skips them and
+/// takes the messages behind them. A relay starts its next drain at that signal, so the
+/// slower half of one drain (the delete, reading the rows back, decoding them) runs beside the
+/// next.
+#[async_trait]
+pub trait Drain: Send + Sync {
+    /// Takes up to `max` messages in the order `get` hands them out, waiting up to the
+    /// transport's poll window for the first; an empty batch when none came. Calls
+    /// `held.notify_one()` once the batch's messages are locked, before they are read back (a
+    /// drain started after that takes the messages behind them); never for an empty batch,
+    /// whose drain may still be waiting for the first message: start the next one when it
+    /// returns. The batch stays held at most `hold_for` while its holder is silent: past it
+    /// the store may end the hold (the messages come back and a later commit fails).
+    async fn drain(
+        &self,
+        max: usize,
+        hold_for: Duration,
+        held: &Notify,
+    ) -> Result<Drained, TransportError>;
+}
+
+/// What holds a drained batch back: committing removes its messages for good.
+#[async_trait]
+pub trait DrainHold: Send {
+    /// Removes the held messages for good (commits the transaction).
+    async fn commit(self: Box<Self>) -> Result<(), TransportError>;
+}
+
+/// A batch taken by [`Drain::drain`]: its messages, and the hold on them.
+pub struct Drained {
+    /// The messages, in queue order.
+    pub envelopes: Vec<Envelope>,
+    hold: Option<Box<dyn DrainHold>>,
+}
+
+impl Drained {
+    /// A batch whose messages stay held by `hold` until [`commit`](Self::commit).
+    #[must_use]
+    pub fn new(envelopes: Vec<Envelope>, hold: Box<dyn DrainHold>) -> Self {
+        Self {
+            envelopes,
+            hold: Some(hold),
+        }
+    }
+
+    /// An empty batch, holding nothing.
+    #[must_use]
+    pub fn empty() -> Self {
+        Self {
+            envelopes: Vec::new(),
+            hold: None,
+        }
+    }
+
+    /// Whether the batch has no messages.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.envelopes.is_empty()
+    }
+
+    /// Removes the batch's messages for good. On an error the hold is gone too (a broken
+    /// connection rolled the transaction back): the messages are back in the queue.
+    ///
+    /// # Errors
+    /// The store's, when the commit failed.
+    pub async fn commit(mut self) -> Result<(), TransportError> {
+        match self.hold.take() {
+            Some(hold) => hold.commit().await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for Drained {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Drained")
+            .field("envelopes", &self.envelopes.len())
+            .field("held", &self.hold.is_some())
+            .finish()
+    }
+}
 
 /// Resolves once `newest` holds its rows (never without one).
 async fn held(newest: Option<&Notify>) {
@@ -22,10 +141,10 @@ async fn held(newest: Option<&Notify>) {
     }
 }
 
-impl Relay {
+impl Pipe<'_> {
     /// [`run`](Self::run) on a source that drains ([`Drain`]: SQL on PostgreSQL): each batch
     /// is held in a source transaction instead of claimed. Three stages overlap: up to
-    /// [`DRAINS_AHEAD`] batches are drained ahead, each drain started once the one before
+    /// [`BATCHES_AHEAD`] batches are drained ahead, each drain started once the one before
     /// holds its rows (so they follow each other in the queue's order); one batch is sent;
     /// the batch confirmed before it commits, deleting its rows. A batch is sent only once the
     /// one two before it committed, so at most one confirmed batch awaits its commit. A commit
@@ -38,7 +157,7 @@ impl Relay {
         shutdown: &CancellationToken,
     ) -> Result<RelayStats, TransportError> {
         let mut stats = RelayStats::default();
-        let mut left = self.options.limit.unwrap_or(u64::MAX);
+        let mut left = self.settings().limit.unwrap_or(u64::MAX);
         while let Some(released) = self
             .drain_pipeline(drain, shutdown, &mut left, &mut stats)
             .await?
@@ -77,9 +196,9 @@ impl Relay {
         loop {
             if Instant::now() >= next_lag {
                 self.sample_lag().await;
-                next_lag = Instant::now() + self.options.lag_every;
+                next_lag = Instant::now() + self.settings().lag_every;
             }
-            while newest.is_none() && draining.len() + ready.len() < DRAINS_AHEAD {
+            while newest.is_none() && draining.len() + ready.len() < BATCHES_AHEAD {
                 let reserved = asked + ready.iter().map(|b| b.envelopes.len() as u64).sum::<u64>();
                 let want = self.wanted(left.saturating_sub(reserved), shutdown);
                 if want == 0 {
@@ -115,8 +234,8 @@ impl Relay {
                     // `Sync` hold. A send still refused at the hold limit gives the batch up.
                     let envelopes = &batch.envelopes;
                     let sent = tokio::time::timeout(
-                        self.options.hold_limit,
-                        self.send(envelopes, false, false, shutdown),
+                        self.settings().hold_limit,
+                        self.send(envelopes, Forward::Held, shutdown),
                     )
                     .await
                     .map_or(Ok(false), |sent| sent.map(|_| true));
@@ -214,12 +333,12 @@ impl Relay {
         let envelopes = std::mem::take(&mut released.envelopes);
         // Rolled back now, not when this function returns.
         drop(released);
-        tracing::warn!(from = %self.from_name, to = %self.to_name, messages = envelopes.len(),
-            hold_limit_ms = u64::try_from(self.options.hold_limit.as_millis()).unwrap_or(u64::MAX),
+        tracing::warn!(from = %self.source_name(), to = %self.destination_name(), messages = envelopes.len(),
+            hold_limit_ms = u64::try_from(self.settings().hold_limit.as_millis()).unwrap_or(u64::MAX),
             "relay: the destination is still refusing; the held batch went back to the source, and is resent from memory until the destination takes it");
-        self.send(&envelopes, false, false, shutdown).await?;
+        self.send(&envelopes, Forward::Held, shutdown).await?;
         self.retrying("deleting a resent batch", shutdown, |_| {
-            self.from.ack_batch(&envelopes)
+            self.source().ack_batch(&envelopes)
         })
         .await?;
         Ok(envelopes.len())
@@ -238,7 +357,7 @@ impl Relay {
         {
             Ok(()) => Some(n),
             Err(e) => {
-                tracing::warn!(from = %self.from_name, to = %self.to_name, error = %crate::error_chain(&e), messages = n,
+                tracing::warn!(from = %self.source_name(), to = %self.destination_name(), error = %courier_core::error_chain(&e), messages = n,
                     "relay: committing a confirmed batch failed; its messages are back at the source and will be relayed again");
                 None
             }
