@@ -336,7 +336,7 @@ fn without_tests(code: &str) -> String {
                 .map_or(after.len(), |c| skip + c + 1);
             skip = close + (after[close..].len() - after[close..].trim_start().len());
         }
-        let end = skip + item_end(after[skip..].as_bytes(), 0);
+        let end = skip + item_end(&after.as_bytes()[skip..], 0);
         rest = &after[end.min(after.len())..];
     }
     out.push_str(rest);
@@ -352,7 +352,7 @@ fn parse(code: &str, module: &mut Module) -> (String, Vec<String>) {
     let mut i = 0;
     let mut last = 0;
     while i < b.len() {
-        if !(i == 0 || !is_ident(b[i - 1])) || !is_ident(b[i]) {
+        if !is_ident(b[i]) || (i != 0 && is_ident(b[i - 1])) {
             i += 1;
             continue;
         }
@@ -399,10 +399,10 @@ fn parse(code: &str, module: &mut Module) -> (String, Vec<String>) {
                     declared.push(next_word.clone());
                 }
             }
-            "struct" | "enum" | "fn" | "trait" | "type" | "const" | "static" | "union" => {
-                if !next_word.is_empty() {
-                    module.defines.insert(next_word.clone());
-                }
+            "struct" | "enum" | "fn" | "trait" | "type" | "const" | "static" | "union"
+                if !next_word.is_empty() =>
+            {
+                module.defines.insert(next_word.clone());
             }
             "macro_rules" => {
                 let name = next.trim_start_matches('!').trim_start();

@@ -352,7 +352,7 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
 }
 
 /// A handler, or the whole handling of a received message, ran past its timeout and its future
-/// was dropped ([`HandlerError::Timeout`], [`BusError::Timeout`]).
+/// was dropped ([`HandlerError::Timeout`], [`BusError::Timeout`](crate::BusError::Timeout)).
 ///
 /// ```
 /// use courier_core::HandlerTimeout;

@@ -89,7 +89,7 @@ pub use signing::{SignatureStamp, Signing, SigningKeys};
 pub use stamp::*;
 pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{
-    Capabilities, DEFAULT_WORKER_STALE_AFTER, Deduplicate, FactoryContext, Heartbeat,
+    Abilities, Capabilities, DEFAULT_WORKER_STALE_AFTER, Deduplicate, FactoryContext, Heartbeat,
     InMemoryOptions, InMemoryTransport, InMemoryWorkerRegistry, Listable, MemoryDeduplicator,
     MemoryRateLimiter, MessageCount, NO_ANSWER_AFTER, PAUSE_CHECK, Pausable, PauseGate, Queues,
     RateLimit, RateLimitGate, RateLimiter, Setup, SyncTransport, Taken, Transport,

@@ -1037,49 +1037,23 @@ impl Transport for SqlTransport {
         Ok(())
     }
 
-    fn as_setup(&self) -> Option<&dyn Setup> {
-        Some(self)
-    }
-
-    fn as_listable(&self) -> Option<&dyn Listable> {
-        Some(self)
-    }
-
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        Some(self)
-    }
-
-    fn as_queues(&self) -> Option<&dyn Queues> {
-        Some(self)
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
-        Some(&*self.workers)
-    }
-
-    fn as_deduplicate(&self) -> Option<&dyn Deduplicate> {
-        Some(self)
-    }
-
-    fn as_schedule_store(&self) -> Option<&dyn courier_core::ScheduleStore> {
-        Some(&*self.schedules)
-    }
-
-    fn as_pausable(&self) -> Option<&dyn courier_core::Pausable> {
-        Some(&*self.pauses)
-    }
-
-    fn as_relay_source(&self) -> Option<&dyn courier_core::relay::RelaySource> {
-        (self.as_cursor().is_some() || self.as_drain().is_some())
-            .then_some(self as &dyn courier_core::relay::RelaySource)
-    }
-
-    fn as_rate_limiter(&self) -> Option<&dyn courier_core::RateLimiter> {
-        Some(&*self.limits)
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        let mut abilities = courier_core::Abilities::none();
+        abilities.setup = Some(self);
+        abilities.listable = Some(self);
+        abilities.message_count = Some(self);
+        abilities.queues = Some(self);
+        abilities.any = Some(self);
+        abilities.worker_registry = Some(&*self.workers);
+        abilities.deduplicate = Some(self);
+        abilities.schedule_store = Some(&*self.schedules);
+        abilities.pausable = Some(&*self.pauses);
+        abilities.relay_source = {
+            (self.as_cursor().is_some() || self.as_drain().is_some())
+                .then_some(self as &dyn courier_core::relay::RelaySource)
+        };
+        abilities.rate_limiter = Some(&*self.limits);
+        abilities
     }
 
     fn capabilities(&self) -> Capabilities {

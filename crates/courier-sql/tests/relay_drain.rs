@@ -118,8 +118,10 @@ impl Transport for Draining {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    fn as_relay_source(&self) -> Option<&dyn RelaySource> {
-        Some(self)
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        let mut abilities = courier_core::Abilities::none();
+        abilities.relay_source = Some(self);
+        abilities
     }
 }
 

@@ -46,7 +46,7 @@ impl BusLink {
 }
 
 /// The bus a producer outside the bus dispatches on, handed out before the bus exists: give it
-/// to [`MessageBusBuilder::dispatcher`], and [`MessageBusBuilder::build`] fills it once. From
+/// to [`MessageBusBuilder::dispatcher`](super::MessageBusBuilder::dispatcher), and [`MessageBusBuilder::build`](super::MessageBusBuilder::build) fills it once. From
 /// then on it holds the bus (a strong handle: the bus lives as long as a dispatcher does), so
 /// a filled dispatcher never loses it. Never put one inside the bus it dispatches on (in a
 /// handler or a transport): that is a cycle the bus is never freed from; a handler reaches its

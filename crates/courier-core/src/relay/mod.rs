@@ -21,7 +21,7 @@
 //! destination and decoding the next batch use two cores.
 //!
 //! A source with a way of its own to be relayed offers a [`RelaySource`]
-//! ([`Transport::as_relay_source`]): [`Relay::run`] hands it the relay, and it runs its own
+//! ([`Abilities::relay_source`](crate::Abilities::relay_source)): [`Relay::run`] hands it the relay, and it runs its own
 //! pipeline with the relay's steps ([`Relay::send`], [`Relay::retrying`]...). SQL on PostgreSQL
 //! offers two, in `courier-sql`: it drains each batch in a transaction held while the batch is
 //! sent (one write per row, and a dead relay's batches come back at once), or reads past a

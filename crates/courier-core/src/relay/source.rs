@@ -8,7 +8,7 @@ use super::{Relay, RelayStats};
 use crate::TransportError;
 
 /// How a relay reads a source that offers one, through
-/// [`Transport::as_relay_source`](crate::Transport::as_relay_source): [`Relay::run`] hands it
+/// [`Abilities::relay_source`](crate::Abilities::relay_source): [`Relay::run`] hands it
 /// the relay, whose steps ([`Relay::send`], [`Relay::retrying`], [`Relay::bounded`],
 /// [`Relay::count`], [`Relay::probe`]...) it runs its pipeline with, and whose options it
 /// honours (the limit, the hold limit, the backoff, the probe points).

@@ -65,8 +65,8 @@ impl Relay {
     }
 
     /// The longest a drained batch may stay held, and a call to the source go unanswered (see
-    /// [`RelayOptions::hold_limit`]): behind the sends of the batches drained before it and its
-    /// own, each bounded by the hold limit, and once more as slack; [`MIN_HOLD_BOUND`] at
+    /// [`RelayOptions::hold_limit`](super::RelayOptions::hold_limit)): behind the sends of the batches drained before it and its
+    /// own, each bounded by the hold limit, and once more as slack; a minute at
     /// least.
     pub fn hold_bound(&self) -> Duration {
         self.options
@@ -109,10 +109,10 @@ impl Relay {
     }
 
     /// Sends a batch taken from the source to the destination, once the destination confirmed
-    /// every message, retrying transient failures with [`RelayOptions::backoff`] (a claimed
+    /// every message, retrying transient failures with [`RelayOptions::backoff`](super::RelayOptions::backoff) (a claimed
     /// batch kept alive at the source between attempts, see [`Forward`]); returns whether it
     /// took a retry. Every stamp of the source delivery is dropped first (see the
-    /// [module docs](self)).
+    /// [module docs](super)).
     ///
     /// # Errors
     /// A failure that is not transient, or any once `shutdown` is cancelled.
@@ -172,7 +172,7 @@ impl Relay {
     }
 
     /// Runs `attempt` (told whether it is a retry) until it succeeds, waiting with
-    /// [`RelayOptions::backoff`] after each transient failure; returns a failure that is not
+    /// [`RelayOptions::backoff`](super::RelayOptions::backoff) after each transient failure; returns a failure that is not
     /// transient, or any once `shutdown` is cancelled.
     ///
     /// # Errors
@@ -236,7 +236,7 @@ impl Relay {
         }
     }
 
-    /// Calls the [`RelayOptions::on_point`] probe, if any, at `point` and waits for it.
+    /// Calls the [`RelayOptions::on_point`](super::RelayOptions::on_point) probe, if any, at `point` and waits for it.
     pub async fn probe(&self, point: RelayPoint) {
         if let Some(Probe(probe)) = &self.options.probe {
             probe(point).await;

@@ -56,7 +56,7 @@ pub struct RateLimitGate {
 
 impl RateLimitGate {
     /// Wraps `inner` under `limit`: the bucket is the transport's own
-    /// ([`Transport::as_rate_limiter`]) or, where it keeps none, a process-local one (logged).
+    /// ([`Abilities::rate_limiter`](crate::Abilities::rate_limiter)) or, where it keeps none, a process-local one (logged).
     #[must_use]
     pub fn wrap(inner: Arc<dyn Transport>, limit: RateLimit) -> Arc<dyn Transport> {
         let shared = inner.as_rate_limiter().is_some();

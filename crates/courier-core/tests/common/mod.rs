@@ -1,8 +1,8 @@
 //! What the worker tests share: a job message and an in-memory queue holding some.
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use courier_core::{

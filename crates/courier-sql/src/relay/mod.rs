@@ -1,5 +1,5 @@
 //! How a relay reads an SQL outbox on PostgreSQL: the two [`RelaySource`]s an
-//! [`SqlTransport`] offers ([`Transport::as_relay_source`](courier_core::Transport::as_relay_source)).
+//! [`SqlTransport`] offers ([`Abilities::relay_source`](courier_core::Abilities::relay_source)).
 //!
 //! A queue with `cursor=true` is read by a cursor ([`CursorSource`]): the relay reads past it
 //! without writing anything and deletes what was relayed as one range; workers do not consume
