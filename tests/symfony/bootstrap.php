@@ -57,8 +57,12 @@ function courier_transport(string $dsn, array $options = []): Symfony\Component\
         [$url, $query] = array_pad(explode('#', $rest, 2), 2, '');
         parse_str($query, $opts);
         $conn = Doctrine\DBAL\DriverManager::getConnection(['url' => $url]);
-        $config = Symfony\Component\Messenger\Bridge\Doctrine\Transport\Connection::buildConfiguration('doctrine://default', $opts + $options);
-        $connection = new Symfony\Component\Messenger\Bridge\Doctrine\Transport\Connection($config, $conn);
+        // What DoctrineTransportFactory picks: LISTEN/NOTIFY's connection on PostgreSQL.
+        $class = $conn->getDatabasePlatform() instanceof Doctrine\DBAL\Platforms\PostgreSQLPlatform
+            ? Symfony\Component\Messenger\Bridge\Doctrine\Transport\PostgreSqlConnection::class
+            : Symfony\Component\Messenger\Bridge\Doctrine\Transport\Connection::class;
+        $config = $class::buildConfiguration('doctrine://default', $opts + $options);
+        $connection = new $class($config, $conn);
 
         return new Symfony\Component\Messenger\Bridge\Doctrine\Transport\DoctrineTransport($connection, $serializer);
     }
@@ -71,4 +75,28 @@ function courier_transport(string $dsn, array $options = []): Symfony\Component\
             Symfony\Component\Messenger\Bridge\Amqp\Transport\Connection::fromDsn($dsn, $options), $serializer);
     }
     courier_fail("unknown DSN scheme: $dsn");
+}
+
+/** A PSR-11 container of a few services (the senders and retry strategies by transport name). */
+final class CourierContainer implements Psr\Container\ContainerInterface
+{
+    public function __construct(private array $services)
+    {
+    }
+
+    public function get(string $id): mixed
+    {
+        return $this->services[$id] ?? courier_fail("no service $id");
+    }
+
+    public function has(string $id): bool
+    {
+        return isset($this->services[$id]);
+    }
+}
+
+/** The retry count of an envelope, as Symfony reads it (its last RedeliveryStamp). */
+function courier_retry_count(Symfony\Component\Messenger\Envelope $envelope): int
+{
+    return Symfony\Component\Messenger\Stamp\RedeliveryStamp::getRetryCountFromEnvelope($envelope);
 }

@@ -31,6 +31,8 @@
 //! # Ok::<(), courier_core::EncodeError>(())
 //! ```
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod doctrine;
 pub mod php_datetime;
 mod php_envelope;
 mod php_json;
@@ -40,6 +42,8 @@ mod serializer;
 mod stamps;
 mod types;
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use doctrine::{DoctrineOptions, DoctrineTransport};
 pub use php_serialize::PhpSerializeError;
 pub use serializer::{PHP_DECODE_ERROR_HEADER, SymfonyEncoded, SymfonySerializer};
 pub use stamps::SYMFONY_STAMP_PREFIX;
