@@ -53,10 +53,10 @@ impl PhpValue {
 
 /// A property's name without its visibility prefix (`\0Class\0` or `\0*\0`).
 pub(crate) fn prop_name(raw: &[u8]) -> &[u8] {
-    if raw.first() == Some(&0) {
-        if let Some(end) = raw[1..].iter().position(|&b| b == 0) {
-            return &raw[end + 2..];
-        }
+    if raw.first() == Some(&0)
+        && let Some(end) = raw[1..].iter().position(|&b| b == 0)
+    {
+        return &raw[end + 2..];
     }
     raw
 }

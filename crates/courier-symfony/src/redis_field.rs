@@ -1,6 +1,6 @@
 //! The `message` field of Symfony's Redis transport: JSON `{"body": ..., "headers": {...}}`,
 //! wrapped by phpredis's PHP serializer (`s:<len>:"<json>";`, its default) unless PHP's DSN says
-//! `serializer=0`. [`read`] detects both; [`write`] writes either.
+//! `serializer=0`. [`read()`] detects both; [`write()`] writes either.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;

@@ -1,17 +1,5 @@
 //! [`DoctrineTransport`]: Symfony's Doctrine table `messenger_messages`, read and written as PHP
 //! does, so that PHP and Courier workers consume one queue together.
-//!
-//! - `send` inserts a row as PHP's `Connection::send` does: `created_at` now and `available_at`
-//!   now plus the `DelayStamp`'s whole seconds, wall-clock in PHP's zone, whole seconds.
-//! - `get` claims rows with PHP's predicate (`queue_name`, `delivered_at` null or older than
-//!   the redelivery horizon, `available_at` due, oldest `available_at` first) by setting
-//!   `delivered_at`, which is the lease; on PostgreSQL with `FOR UPDATE SKIP LOCKED`, so that it
-//!   never waits on a row PHP is claiming, while PHP's own `FOR UPDATE` waits on Courier's claim
-//!   and then finds the row taken.
-//! - `keepalive` sets `delivered_at` to now again; `ack` and `reject` delete the row, as PHP does.
-//! - `retry` sends a new row (with the `RedeliveryStamp` the worker added and a `DelayStamp`),
-//!   then deletes the old one: what PHP's retry listener does, so either side retries what the
-//!   other failed, its count intact.
 
 mod options;
 mod sql;
@@ -31,7 +19,20 @@ use sql::{Pool, Row};
 
 use crate::SymfonySerializer;
 
-/// Symfony's Doctrine transport on PostgreSQL or SQLite (see the [module docs](self)).
+/// Symfony's Doctrine transport on PostgreSQL or SQLite: PHP and Courier workers consume one
+/// queue together.
+///
+/// - `send` inserts a row as PHP's `Connection::send` does: `created_at` now and `available_at`
+///   now plus the `DelayStamp`'s whole seconds, wall-clock in PHP's zone, whole seconds.
+/// - `get` claims rows with PHP's predicate (`queue_name`, `delivered_at` null or older than
+///   the redelivery horizon, `available_at` due, oldest `available_at` first) by setting
+///   `delivered_at`, which is the lease; on PostgreSQL with `FOR UPDATE SKIP LOCKED`, so that it
+///   never waits on a row PHP is claiming, while PHP's own `FOR UPDATE` waits on Courier's claim
+///   and then finds the row taken.
+/// - `keepalive` sets `delivered_at` to now again; `ack` and `reject` delete the row, as PHP does.
+/// - `retry` sends a new row (with the `RedeliveryStamp` the worker added and a `DelayStamp`),
+///   then deletes the old one: what PHP's retry listener does, so either side retries what the
+///   other failed, its count intact.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), courier_core::TransportError> {
