@@ -61,6 +61,62 @@ async fn scalar(db: &Db, kind: Kind, sql: &str) -> i64 {
     }
 }
 
+/// Runs a statement on the database of `db`.
+async fn exec(db: &Db, kind: Kind, sql: &str) {
+    let sql = sql.replace("{t}", &db.table);
+    match kind {
+        Kind::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+            sqlx::query(&sql).execute(&pool).await.unwrap();
+        }
+        Kind::Postgres => {
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            sqlx::query(&sql).execute(&pool).await.unwrap();
+        }
+    }
+}
+
+/// Moves every lease two hours back: past PHP's redelivery horizon of an hour.
+async fn expire_leases(db: &Db, kind: Kind) {
+    let sql = match kind {
+        Kind::Sqlite => "UPDATE {t} SET delivered_at = datetime(delivered_at, '-2 hours')",
+        Kind::Postgres => "UPDATE {t} SET delivered_at = delivered_at - interval '2 hours'",
+    };
+    exec(db, kind, sql).await;
+}
+
+async fn a_message_courier_holds_reaches_php_only_once_its_lease_expires(kind: Kind) {
+    let db = Db::new(kind);
+    let t = db.courier("default", Tz::UTC).await;
+    courier_sends(&t, 1, 1, "+00:00").await;
+    let held = timeout(t.get(1)).await.unwrap();
+    assert_eq!(held.len(), 1);
+    let php_gets = || async {
+        consumed(
+            &php(
+                "consume.php",
+                &[&db.php("default"), "1", "2"],
+                "UTC",
+                PHP_LIMIT,
+            )
+            .await,
+        )
+    };
+    assert!(php_gets().await.is_empty(), "PHP respects Courier's lease");
+
+    expire_leases(&db, kind).await;
+    timeout(t.keepalive(&held[0])).await.unwrap();
+    assert!(
+        php_gets().await.is_empty(),
+        "the keepalive renewed the lease"
+    );
+
+    expire_leases(&db, kind).await;
+    let lines = php_gets().await;
+    assert_eq!(lines.len(), 1, "PHP redelivers past its horizon: {lines:?}");
+    assert_eq!(lines[0].id, Some(1));
+}
+
 async fn php_dispatches_1000_and_courier_consumes_them_all(kind: Kind) {
     let db = Db::new(kind);
     let t = db.courier("default", Tz::UTC).await;
@@ -371,6 +427,7 @@ macro_rules! on_both {
 }
 
 on_both! {
+    a_message_courier_holds_reaches_php_only_once_its_lease_expires;
     php_dispatches_1000_and_courier_consumes_them_all;
     courier_dispatches_1000_and_php_consumes_them_all, "UTC";
     a_retry_crosses_from_php_to_courier_and_back_with_its_count;
