@@ -155,6 +155,18 @@ impl DoctrineTransport {
     }
 }
 
+/// The most rows one INSERT takes (5 parameters each, within SQLite's and PostgreSQL's limits).
+const SEND_CHUNK: usize = 1000;
+
+/// When a message sent `now` is due: PHP's `modify(sprintf('%+d seconds', $delay / 1000))`,
+/// whole seconds of its `DelayStamp`.
+fn available_at(now: SystemTime, envelope: &Envelope) -> SystemTime {
+    let delay = envelope
+        .last::<DelayStamp>()
+        .map_or(0, |DelayStamp(d)| d.as_secs());
+    now + Duration::from_secs(delay)
+}
+
 #[async_trait]
 impl Transport for DoctrineTransport {
     fn messaging_system(&self) -> &'static str {
@@ -170,11 +182,7 @@ impl Transport for DoctrineTransport {
                 TransportError::new(TransportErrorKind::Encode, self.name.clone()).with_source(e)
             })?;
         let now = SystemTime::now();
-        // PHP: `modify(sprintf('%+d seconds', $delay / 1000))`, whole seconds.
-        let delay = envelope
-            .last::<DelayStamp>()
-            .map_or(0, |DelayStamp(d)| d.as_secs());
-        let available = now + Duration::from_secs(delay);
+        let available = available_at(now, &envelope);
         let id = self
             .pool
             .insert(
@@ -188,6 +196,61 @@ impl Transport for DoctrineTransport {
             .await
             .map_err(|e| self.db_error("inserting a message", e))?;
         Ok(envelope.with(TransportMessageIdStamp(id.to_string())))
+    }
+
+    async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
+        let now = SystemTime::now();
+        let mut sent = Vec::with_capacity(envelopes.len());
+        for chunk in envelopes.chunks(SEND_CHUNK) {
+            let mut rows = Vec::with_capacity(chunk.len());
+            for envelope in chunk {
+                self.capabilities().check_delay(&self.name, envelope)?;
+                let wire = self
+                    .serializer
+                    .encode(&self.registry, envelope)
+                    .map_err(|e| {
+                        TransportError::new(TransportErrorKind::Encode, self.name.clone())
+                            .with_source(e)
+                    })?;
+                let headers = wire.headers_json();
+                rows.push((
+                    wire.body,
+                    headers,
+                    self.wall_clock(available_at(now, envelope)),
+                ));
+            }
+            let ids = self
+                .pool
+                .insert_many(
+                    &self.options.table_name,
+                    &rows,
+                    &self.options.queue_name,
+                    &self.wall_clock(now),
+                )
+                .await
+                .map_err(|e| self.db_error("inserting messages", e))?;
+            sent.extend(
+                chunk
+                    .iter()
+                    .zip(ids)
+                    .map(|(e, id)| e.clone().with(TransportMessageIdStamp(id.to_string()))),
+            );
+        }
+        Ok(sent)
+    }
+
+    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        let ids = envelopes
+            .iter()
+            .map(|e| self.row_id(e))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.pool
+            .delete_many(&self.options.table_name, &ids)
+            .await
+            .map_err(|e| self.db_error("acking messages", e))
     }
 
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {

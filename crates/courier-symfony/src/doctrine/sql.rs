@@ -171,6 +171,63 @@ impl Pool {
         }
     }
 
+    /// Inserts rows (`body`, `headers`, `available_at`) in one statement, all created at
+    /// `created`; their ids in order.
+    pub(crate) async fn insert_many(
+        &self,
+        t: &str,
+        rows: &[(String, String, String)],
+        queue: &str,
+        created: &str,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        let mut ids: Vec<i64> = match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                let values: Vec<String> = (0..rows.len())
+                    .map(|i| {
+                        let p = 3 + i * 3;
+                        format!(
+                            "(${}, ${}, $1, $2::timestamp, ${}::timestamp)",
+                            p,
+                            p + 1,
+                            p + 2
+                        )
+                    })
+                    .collect();
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
+                    values.join(", ")
+                );
+                let mut query = sqlx::query_scalar(&sql).bind(queue).bind(created);
+                for (body, headers, available) in rows {
+                    query = query.bind(body).bind(headers).bind(available);
+                }
+                query.fetch_all(pool).await?
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => {
+                let values: Vec<String> = (0..rows.len())
+                    .map(|i| {
+                        let p = 3 + i * 3;
+                        format!("(?{}, ?{}, ?1, ?2, ?{})", p, p + 1, p + 2)
+                    })
+                    .collect();
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
+                    values.join(", ")
+                );
+                let mut query = sqlx::query_scalar(&sql).bind(queue).bind(created);
+                for (body, headers, available) in rows {
+                    query = query.bind(body).bind(headers).bind(available);
+                }
+                query.fetch_all(pool).await?
+            }
+        };
+        // One statement takes its ids in the order of its rows.
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
     pub(crate) async fn claim(
         &self,
         t: &str,
@@ -220,6 +277,18 @@ impl Pool {
                 let sql = format!("DELETE FROM {t} WHERE id = ?1");
                 sqlx::query(&sql).bind(id).execute(pool).await.map(drop)
             }
+        }
+    }
+
+    /// Deletes the rows with these ids, in one statement.
+    pub(crate) async fn delete_many(&self, t: &str, ids: &[i64]) -> Result<(), sqlx::Error> {
+        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+        let sql = format!("DELETE FROM {t} WHERE id IN ({})", list.join(", "));
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => sqlx::query(&sql).execute(pool).await.map(drop),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => sqlx::query(&sql).execute(pool).await.map(drop),
         }
     }
 
