@@ -44,6 +44,7 @@ async fn run(t: &dyn Transport, n: u64) -> anyhow::Result<f64> {
         let envelopes = chunk.iter().map(|&i| Envelope::new(email(i))).collect();
         t.send_batch(envelopes).await?;
     }
+    let sent_in = start.elapsed();
     let mut received = 0;
     while received < n {
         let batch = t.get(100).await?;
@@ -51,7 +52,14 @@ async fn run(t: &dyn Transport, n: u64) -> anyhow::Result<f64> {
         received += batch.len() as u64;
         t.ack_batch(&batch).await?;
     }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+    let total = start.elapsed();
+    println!(
+        "  {}: send {:.0} ms, get + ack {:.0} ms",
+        t.messaging_system(),
+        sent_in.as_secs_f64() * 1e3,
+        (total - sent_in).as_secs_f64() * 1e3
+    );
+    Ok(n as f64 / total.as_secs_f64())
 }
 
 fn serializers(n: u64) -> anyhow::Result<(f64, f64)> {

@@ -80,6 +80,10 @@ impl Pool {
                 let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
                     .map_err(|e| config(format!("invalid SQLite URL: {e}")))?
                     .create_if_missing(true)
+                    // As Courier's own SQL transport: WAL (PHP's PDO connections use it as
+                    // they find it), one fsync per checkpoint rather than per commit.
+                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                    .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
                     .busy_timeout(std::time::Duration::from_secs(30));
                 Ok(Self::Sqlite(
                     sqlx::sqlite::SqlitePoolOptions::new()
