@@ -120,6 +120,7 @@ mod paused;
 mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub mod relay;
 mod schedules;
 mod shared;
 #[cfg(feature = "sqlite")]
