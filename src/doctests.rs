@@ -48,3 +48,6 @@ struct CustomTransport;
 
 #[doc = include_str!("../docs/src/operations/observability.md")]
 struct Observability;
+
+#[doc = include_str!("../docs/src/symfony.md")]
+struct Symfony;
