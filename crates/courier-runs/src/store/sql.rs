@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use courier_sql::migrate::{Applied, Missing};
+use courier_sql::migrate::{Applied, Migrations, Missing};
 use courier_sql::{PoolSettings, invalid_table_name, is_valid_identifier};
 use uuid::Uuid;
 
@@ -22,6 +22,20 @@ mod listing;
 mod queries;
 
 pub use courier_sql::Dialect;
+
+/// The SQL run store's migrations (placeholders `{runs}` and `{events}`, recorded in
+/// `{runs}_migrations`): the files of `migrations/runs/<dialect>/`, found by `build.rs`.
+pub static MIGRATIONS: Migrations = Migrations {
+    main: "{runs}",
+    list: found::RUNS,
+};
+
+/// The list `build.rs` writes from `migrations/runs/`.
+mod found {
+    use courier_sql::migrate::Migration;
+
+    include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+}
 
 /// How long the pool waits for a connection.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -850,7 +850,7 @@ where
             ("{runs}", self.runs.as_str()),
             ("{events}", self.events.as_str()),
         ];
-        migrate::migrate(&self.pool, &migrate::RUNS, &tables)
+        migrate::migrate(&self.pool, &super::MIGRATIONS, &tables)
             .await
             .map_err(db("setup"))
     }
@@ -860,7 +860,7 @@ where
             ("{runs}", self.runs.as_str()),
             ("{events}", self.events.as_str()),
         ];
-        migrate::missing(&self.pool, &migrate::RUNS, &tables)
+        migrate::missing(&self.pool, &super::MIGRATIONS, &tables)
             .await
             .map_err(db("check the schema"))
     }
