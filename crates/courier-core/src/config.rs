@@ -196,6 +196,7 @@ impl RetryConfig {
 /// One transport name or several (fan-out).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
+#[non_exhaustive]
 pub enum RouteTarget {
     /// `"async"`
     One(String),
