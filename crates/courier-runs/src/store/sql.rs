@@ -85,6 +85,7 @@ impl SqlRunStoreOptions {
 trait Engine: RunStore {
     async fn migrate(&self) -> Result<Vec<Applied>, StoreError>;
     async fn missing_migrations(&self) -> Result<Vec<Missing>, StoreError>;
+    #[cfg(feature = "test-util")]
     async fn execute(&self, sql: &str) -> Result<u64, StoreError>;
     async fn explain_stale(&self, limit: usize) -> Result<Vec<String>, StoreError>;
     fn stale_query(&self) -> &str;
@@ -271,11 +272,12 @@ impl SqlRunStore {
         self.engine.page_query(query)
     }
 
-    /// Runs one statement on the store's pool (maintenance, tests, benches); returns the rows
-    /// affected.
+    /// Runs one statement on the store's pool (tests, benches: feature `test-util`); returns
+    /// the rows affected.
     ///
     /// # Errors
     /// The database failed.
+    #[cfg(feature = "test-util")]
     pub async fn execute(&self, sql: &str) -> Result<u64, StoreError> {
         self.engine.execute(sql).await
     }
@@ -290,10 +292,11 @@ impl SqlRunStore {
         self.engine.explain_stale(limit).await
     }
 
-    /// Drops both tables and their migrations table (tests).
+    /// Drops both tables and their migrations table (tests, benches: feature `test-util`).
     ///
     /// # Errors
     /// The database failed.
+    #[cfg(feature = "test-util")]
     pub async fn drop_tables(&self) -> Result<(), StoreError> {
         let runs = &self.options.runs_table;
         for t in [

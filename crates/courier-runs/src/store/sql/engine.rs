@@ -865,6 +865,7 @@ where
             .map_err(db("check the schema"))
     }
 
+    #[cfg(feature = "test-util")]
     async fn execute(&self, sql: &str) -> Result<u64, StoreError> {
         let done = sqlx::query(sql)
             .execute(&self.pool)
