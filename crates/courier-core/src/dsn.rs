@@ -180,6 +180,20 @@ const NOT_UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHA
     .remove(b'_')
     .remove(b'~');
 
+/// What a URL's host may not hold as written but a DSN's may (a SQLite file's directory
+/// `sqlite://dir with space/x.db`): encoded before the URL parser sees it, decoded with the host.
+const NOT_IN_A_HOST: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'<')
+    .add(b'>')
+    .add(b'\\')
+    .add(b'^')
+    .add(b'`')
+    .add(b'{')
+    .add(b'|')
+    .add(b'}');
+
 /// Percent-encodes everything but the unreserved characters of RFC 3986.
 fn percent_encode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, NOT_UNRESERVED).to_string()
@@ -224,7 +238,8 @@ impl std::str::FromStr for Dsn {
         {
             return Err(DsnError::new(raw, "invalid scheme"));
         }
-        let url = url::Url::parse(raw).map_err(|e| url_error(raw, rest, e))?;
+        let escaped = percent_encoding::utf8_percent_encode(raw, NOT_IN_A_HOST).to_string();
+        let url = url::Url::parse(&escaped).map_err(|e| url_error(raw, rest, e))?;
         let (user, password) = if url.username().is_empty() && url.password().is_none() {
             // `redis://@host`: an empty user info is no user.
             let empty = rest.strip_prefix("//").is_some_and(|a| a.starts_with('@'));
@@ -502,6 +517,10 @@ mod tests {
     #[test]
     fn sqlite_and_bare_schemes_parse() {
         assert_eq!(dsn("sqlite://courier.db").host(), Some("courier.db"));
+        let spaced = dsn("sqlite://dir with space/courier \"x\".db?queue_name=a");
+        assert_eq!(spaced.host(), Some("dir with space"));
+        assert_eq!(spaced.path(), "/courier \"x\".db");
+        assert_eq!(spaced.option("queue_name"), Some("a"));
         assert_eq!(dsn("sqlite::memory:").path(), ":memory:");
         assert_eq!(dsn("sync://").scheme(), "sync");
         assert_eq!(dsn("in-memory://").scheme(), "in-memory");
