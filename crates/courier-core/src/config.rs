@@ -31,11 +31,13 @@
 mod buses;
 mod rate_limit;
 mod schedules;
+mod table;
 mod transports;
 
 pub use buses::BusConfig;
 pub use rate_limit::RateLimitConfig;
 pub use schedules::ScheduleConfig;
+pub use table::{Table, TransportOptions};
 pub use transports::Transports;
 
 use std::collections::BTreeMap;
@@ -88,7 +90,7 @@ pub struct Config {
     pub failure_transport: Option<String>,
     /// The `[runs]` table, validated by `courier-runs`.
     #[serde(default)]
-    pub runs: Option<toml::Table>,
+    pub runs: Option<Table>,
     /// The bus messages are dispatched on and received messages go to when they name none
     /// (see [`Config::default_bus_name`]).
     #[serde(default)]
@@ -110,7 +112,7 @@ pub struct Config {
 /// The `[agents.NAME]` tables, kept as-is. They hold API keys: `Debug` shows their names only.
 #[derive(Clone, Default, Deserialize)]
 #[serde(transparent)]
-pub struct AgentTables(pub BTreeMap<String, toml::Table>);
+pub struct AgentTables(pub BTreeMap<String, Table>);
 
 impl std::fmt::Debug for AgentTables {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -128,7 +130,7 @@ pub struct TransportConfig {
     pub dsn: Dsn,
     /// Options merged into the DSN's query (they override it).
     #[serde(default)]
-    pub options: BTreeMap<String, toml::Value>,
+    pub options: TransportOptions,
     /// Retry strategy.
     #[serde(default)]
     pub retry: RetryConfig,
@@ -370,8 +372,8 @@ impl Config {
                     "transports.{name}.handler_timeout: must be longer than zero (leave it out for no timeout)"
                 )));
             }
-            for (key, value) in &t.options {
-                if option_text(value).is_none() {
+            for (key, value) in t.options.iter() {
+                if value.is_none() {
                     return Err(ConfigError::new(format!(
                         "transports.{name}.options.{key}: expected a string, number or boolean"
                     )));
@@ -416,9 +418,9 @@ impl Config {
     pub fn effective_dsn(&self, name: &str) -> Option<Dsn> {
         let t = self.transports.get(name)?;
         let mut dsn = t.dsn.clone();
-        for (k, v) in &t.options {
-            if let Some(v) = option_text(v) {
-                dsn = dsn.with_option(k.clone(), v);
+        for (k, v) in t.options.iter() {
+            if let Some(v) = v {
+                dsn = dsn.with_option(k, v);
             }
         }
         Some(dsn)
@@ -466,16 +468,6 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
     match key {
         Some(key) => ConfigError::new(format!("line {line_no}, key `{key}`: {message}")),
         None => ConfigError::new(format!("line {line_no}: {message}")),
-    }
-}
-
-fn option_text(v: &toml::Value) -> Option<String> {
-    match v {
-        toml::Value::String(s) => Some(s.clone()),
-        toml::Value::Integer(i) => Some(i.to_string()),
-        toml::Value::Float(f) => Some(f.to_string()),
-        toml::Value::Boolean(b) => Some(b.to_string()),
-        _ => None,
     }
 }
 
@@ -573,7 +565,10 @@ mod tests {
         let text = "[agents.a]\nmodel = \"m\"\n[[agents.a.providers]]\nbase_url = \"http://127.0.0.1/v1\"\napi_key = \"${KEY}\"";
         let config = Config::parse_with(text, |v| (v == "KEY").then(|| "sk-agent-key".to_owned()))
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(config.agents.0["a"]["model"].as_str(), Some("m"));
+        assert_eq!(
+            config.agents.0["a"].get("model"),
+            Some(serde_json::json!("m"))
+        );
         assert!(
             !format!("{config:?}").contains("sk-agent-key"),
             "{config:?}"
