@@ -225,7 +225,7 @@ impl MessageBusBuilder {
 
     /// Whether a message with no handler (none registered, or none for the transport it came
     /// from) is handled successfully by doing nothing, instead of failing with
-    /// [`BusError::NoHandler`] (Messenger's `allow_no_handlers`; default false).
+    /// [`BusError::NoHandler`](crate::BusError::NoHandler) (Messenger's `allow_no_handlers`; default false).
     #[must_use]
     pub fn allow_no_handlers(mut self, allow: bool) -> Self {
         self.allow_no_handlers = allow;
