@@ -14,9 +14,6 @@ const BEING_SPLIT: &[&str] = &[
     "crates/courier-sql/src/messages.rs",
     // The Redis transport: the flow-control work lands there.
     "crates/courier-redis/src/transport.rs",
-    // The worker loop and the relay: split into folders by their own work.
-    "crates/courier-core/src/relay.rs",
-    "crates/courier-core/src/worker/run.rs",
     // The run layer: its throughput work lands there.
     "crates/courier-runs/src/runtime.rs",
     "crates/courier-runs/src/store/sql/engine.rs",

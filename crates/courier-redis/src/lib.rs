@@ -97,6 +97,7 @@
 mod admin;
 mod dedup;
 mod factory;
+mod get;
 mod in_flight;
 mod limits;
 mod link;
