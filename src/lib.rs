@@ -48,6 +48,7 @@
 //! | `runs` (default) | [`runs`]: durable runs under a lease, heartbeat, reaper, retry per failure class |
 //! | `otel` | `otel` (`courier-otel`): OpenTelemetry spans and W3C trace context across transports, an OTLP exporter |
 //! | `agent` | `agent` (`courier-agent`): an OpenAI-compatible tool-calling agent on durable steps, with provider fallback and shared circuit breakers (reqwest, rustls on ring) |
+//! | `symfony` | `symfony` (`courier-symfony`): Symfony Messenger interop (its serializers and, with `sqlite` or `postgres`, its Doctrine table) |
 //! | `full` | everything |
 //!
 //! The defaults are a library: no command line, no web server, no allocator, and tokio gets only
