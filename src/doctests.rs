@@ -1,14 +1,9 @@
 //! The README's and the book's Rust blocks, compiled (and run unless `no_run`) as doctests:
-//! one item per file. `tests/docs.rs` fails when a file with a Rust block is missing here.
-
-#[doc = include_str!("../README.md")]
-struct Readme;
+//! one item per file. `tests/docs.rs` fails when a file with a Rust block is missing here or in
+//! `crates/courier-cli/src/doctests.rs` (the pages whose blocks build a binary with `courier_cli::App`).
 
 #[doc = include_str!("../docs/src/getting-started/first-worker.md")]
 struct FirstWorker;
-
-#[doc = include_str!("../docs/src/getting-started/postgres.md")]
-struct Postgres;
 
 #[doc = include_str!("../docs/src/guides/testing.md")]
 struct Testing;

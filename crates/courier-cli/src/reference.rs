@@ -74,3 +74,22 @@ fn the_cli_reference_page_is_up_to_date() {
          {REGENERATE}"
     );
 }
+
+/// The configuration reference shows the embedded default as it is.
+#[test]
+fn the_configuration_reference_shows_the_embedded_default_as_it_is() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/src/operations/config.md"
+    );
+    let page = std::fs::read_to_string(path).expect("the configuration reference");
+    let embedded: Vec<&str> = crate::EMBEDDED_CONFIG
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    let block = format!("```toml\n{}\n```", embedded.join("\n").trim());
+    assert!(
+        page.contains(&block),
+        "docs/src/operations/config.md must show courier_cli::EMBEDDED_CONFIG as it is:\n{block}"
+    );
+}
