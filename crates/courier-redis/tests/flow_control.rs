@@ -599,3 +599,63 @@ async fn killed_workers_leak_no_slot() {
         handled.values().filter(|n| **n > 1).count()
     );
 }
+
+/// `[limits.concurrency."courier.test"] key = "$.text", max = 1` in `courier.toml`: the bus
+/// built from the configuration stamps each message with the key its body holds, the Redis
+/// transport it is routed to takes `concurrency_max = 1`, and a message whose key is too long is
+/// refused at dispatch, naming it (nothing stored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+async fn keys_from_config_limit_a_message_type() {
+    let url = courier_test::env::redis_url();
+    let stream = courier_test::env::unique_name("courier_flow");
+    let cleanup = courier_test::Cleanup::new();
+    cleanup.redis_keys(&url, &stream);
+    let config: courier_core::config::Config = format!(
+        "[transports.jobs]\ndsn = \"{url}?stream={stream}&poll_window=200ms\"\n\
+         [routing]\n\"courier.test\" = \"jobs\"\n\
+         [limits.concurrency.\"courier.test\"]\nkey = \"$.text\"\nmax = 1\n"
+    )
+    .parse()
+    .unwrap();
+    let factories =
+        courier_core::TransportRegistry::new().with(Arc::new(courier_redis::RedisTransportFactory));
+    let registry = Arc::new(courier_core::MessageRegistry::new().with::<TestMessage>());
+    let transports = timeout(config.connect(&factories, registry)).await.unwrap();
+    let bus = transports.bus_builder().build();
+    let tenant = |seq, text: &str| TestMessage {
+        seq,
+        text: text.to_owned(),
+    };
+    for (seq, text) in [(1, "t1"), (2, "t1"), (3, "t2")] {
+        timeout(bus.dispatch(tenant(seq, text))).await.unwrap();
+    }
+    let err = timeout(bus.dispatch(tenant(4, &"x".repeat(201))))
+        .await
+        .unwrap_err();
+    let chain = std::iter::successors(Some(&err as &dyn std::error::Error), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ");
+    assert!(
+        chain.contains("message `courier.test`: concurrency_key `$.text`: ")
+            && chain.contains("201 bytes, expected at most 200"),
+        "{chain}"
+    );
+    let jobs = transports.get("jobs").unwrap();
+    let mut got = timeout(jobs.get(10)).await.unwrap();
+    got.sort_by_key(seq);
+    assert_eq!(seqs(&got), vec![1, 3], "one per key: t1's second waits");
+    assert_eq!(key_of(&got[0]), "t1");
+    timeout(jobs.ack_batch(&got)).await.unwrap();
+    let got = timeout(jobs.get(10)).await.unwrap();
+    assert_eq!(seqs(&got), vec![2]);
+    timeout(jobs.ack_batch(&got)).await.unwrap();
+    assert_eq!(
+        timeout(jobs.as_message_count().unwrap().message_count())
+            .await
+            .unwrap(),
+        0,
+        "nothing else was stored"
+    );
+}
