@@ -558,6 +558,11 @@ pub(crate) struct BenchArgs {
     /// Latency samples per side (with --latency)
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(crate) samples: u32,
+    /// Stamp each message with one of this many concurrency keys in turn (a
+    /// `ConcurrencyKeyStamp`), to measure a keyed queue: give the DSN `concurrency_max=N` or
+    /// `fair=true` (SQL, Redis)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000), conflicts_with_all = ["runs", "latency", "relay", "raw"])]
+    pub(crate) concurrency_keys: Option<u32>,
 }
 
 /// `250ms`, `30s`, `10min`, `1h`.
