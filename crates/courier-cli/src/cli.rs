@@ -105,6 +105,11 @@ pub(crate) enum Command {
         /// Only the agents' circuit breakers (feature `agent`)
         #[arg(long, conflicts_with_all = ["transports", "oldest"])]
         breakers: bool,
+        /// Per concurrency key of each keyed queue (Redis `concurrency_max` / `fair`): in
+        /// flight / max and queued, the 10 busiest keys and the rest as `other`; in JSON
+        /// {transport: {"max", "keys": [{"key", "in_flight", "queued"}], "other", "other_keys"}}
+        #[arg(long, conflicts_with_all = ["oldest", "breakers"])]
+        keys: bool,
     },
     /// Inspect, retry or remove messages in failure transports
     #[command(subcommand)]

@@ -490,6 +490,12 @@ impl Transport for RedisTransport {
         "redis"
     }
 
+    /// The concrete transport, for what only Redis offers (a keyed queue's
+    /// [`key_loads`](RedisTransport::key_loads)).
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         let mut sent = self.send_batch(vec![envelope]).await?;
         sent.pop().ok_or_else(|| {

@@ -6,6 +6,7 @@
 //! id it has there) and are dropped when the envelope is encoded.
 
 mod builtin;
+mod key_load;
 mod key_path;
 
 use std::any::Any;
@@ -15,6 +16,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use builtin::*;
+pub use key_load::{KeyLoad, KeyLoads};
 pub use key_path::KeyPath;
 
 /// Typed metadata on an envelope.
