@@ -120,6 +120,35 @@ fn runs_are_counted(dsn: Option<&str>) -> Value {
     assert!(positive(&out["transport_calls_per_run"]["get"]), "{out}");
     assert!(positive(&out["transport_statements_per_run"]), "{out}");
     assert!(out["empty_gets_per_run"].as_f64().is_some(), "{out}");
+    // Beside it, the raw sqlx loop ran the same runs: its rate, the ratio and its cost.
+    let raw = &out["raw"];
+    assert!(
+        positive(&raw["runs_per_s"]) && positive(&raw["submit_per_s"]),
+        "{out}"
+    );
+    assert!(positive(&out["ratio"]), "{out}");
+    assert_eq!(
+        out["round_ratios"].as_array().map(Vec::len),
+        Some(1),
+        "{out}"
+    );
+    let raw_total = raw["statements_per_run"].as_f64().unwrap_or(0.0);
+    let raw_submit = raw["statements"]["submit"].as_f64().unwrap_or(0.0);
+    let raw_execute = raw["statements"]["execute"].as_f64().unwrap_or(0.0);
+    // Submit: the run and its message; execute: the message claim, the run's claim, a renew
+    // and a step row per step, the settle, the message's delete.
+    assert_eq!(raw_submit, 2.0, "{out}");
+    assert!(raw_execute >= 10.0, "{out}");
+    assert!((raw_total - raw_submit - raw_execute).abs() < 1e-9, "{out}");
+    assert!(positive(&raw["round_trips_per_run"]), "{out}");
+    // Submit-to-settle latency, idle (half of the 12 runs, one at a time) and under load.
+    let latency = &out["latency_ms"];
+    assert_eq!(latency["idle"]["runs"], 6, "{out}");
+    assert_eq!(latency["loaded"]["runs"], 12, "{out}");
+    for phase in ["idle", "loaded"] {
+        let (p50, p99) = (&latency[phase]["p50"], &latency[phase]["p99"]);
+        assert!(positive(p50) && p99.as_f64() >= p50.as_f64(), "{out}");
+    }
     out
 }
 
@@ -312,6 +341,13 @@ fn bench_latency_on_postgres_is_beside_listen_notify() {
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn bench_runs_on_postgres_counts_statements_per_run() {
     runs_are_counted(Some(&service_url("COURIER_TEST_POSTGRES_URL")));
+}
+
+#[cfg(all(feature = "runs", feature = "mysql"))]
+#[test]
+#[ignore = "needs mysql: set COURIER_TEST_MYSQL_URL"]
+fn bench_runs_on_mariadb_counts_statements_per_run_beside_the_raw_loop() {
+    runs_are_counted(Some(&service_url("COURIER_TEST_MYSQL_URL")));
 }
 
 #[cfg_attr(

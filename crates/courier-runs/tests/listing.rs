@@ -152,9 +152,6 @@ async fn every_page_statement_is_served_by_a_listing_index() {
                 q.agent = agent.map(str::to_owned);
                 let sql = format!("EXPLAIN QUERY PLAN {}", store.page_query(&q));
                 let mut explain = sqlx::query(&sql);
-                if let Some(s) = status {
-                    explain = explain.bind(s.as_str());
-                }
                 if let Some(a) = agent {
                     explain = explain.bind(a);
                 }

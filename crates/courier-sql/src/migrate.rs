@@ -250,6 +250,16 @@ pub static RUNS: Migrations = Migrations {
             )),
             present_when: None,
         },
+        Migration {
+            version: 13,
+            description: "courier runs finished at",
+            sqlite: include_str!("../migrations/sqlite/0013_courier_runs_finished_at.sql"),
+            postgres: include_str!("../migrations/postgres/0013_courier_runs_finished_at.sql"),
+            mysql: Some(include_str!(
+                "../migrations/mysql/0013_courier_runs_finished_at.sql"
+            )),
+            present_when: None,
+        },
     ],
 };
 

@@ -249,9 +249,9 @@ impl SqlRunStore {
         self.engine.stale_query()
     }
 
-    /// The statement [`RunStore::page`] runs for `query` (for EXPLAIN): binds, in order, the
-    /// status and the agent when filtered, the cursor's `created_at` twice and id when it has
-    /// one, then the limit.
+    /// The statement [`RunStore::page`] runs for `query` (for EXPLAIN): the status filter is
+    /// written in it; it binds, in order, the agent when filtered, the cursor's `created_at`
+    /// twice and id when it has one, then the limit.
     #[must_use]
     pub fn page_query(&self, query: &RunPageQuery) -> &str {
         self.engine.page_query(query)

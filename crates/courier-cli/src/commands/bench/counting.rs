@@ -80,6 +80,10 @@ fn index(method: &str) -> usize {
 /// Calls per method, indexed like [`STORE_METHODS`].
 pub(super) type StoreCalls = [u64; STORE_METHODS.len()];
 
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A run store that counts its calls (see the module docs) and the runs it settled.
 #[derive(Debug)]
 pub(super) struct CountingStore {
@@ -89,6 +93,10 @@ pub(super) struct CountingStore {
     calls: [AtomicU64; STORE_METHODS.len()],
     settled: AtomicU64,
     settled_changed: tokio::sync::Notify,
+    /// Runs whose submit-to-settle time is measured: when each was submitted.
+    tracked: std::sync::Mutex<std::collections::HashMap<Uuid, std::time::Instant>>,
+    /// The submit-to-settle times of the tracked runs settled so far.
+    latencies: std::sync::Mutex<Vec<Duration>>,
 }
 
 impl CountingStore {
@@ -100,7 +108,24 @@ impl CountingStore {
             calls: std::array::from_fn(|_| AtomicU64::new(0)),
             settled: AtomicU64::new(0),
             settled_changed: tokio::sync::Notify::new(),
+            tracked: std::sync::Mutex::default(),
+            latencies: std::sync::Mutex::default(),
         }
+    }
+
+    /// Measures run `id`'s time from now (its submit) to its settle.
+    pub(super) fn track(&self, id: Uuid) {
+        lock(&self.tracked).insert(id, std::time::Instant::now());
+    }
+
+    /// The submit-to-settle times measured since the last call.
+    pub(super) fn take_latencies(&self) -> Vec<Duration> {
+        std::mem::take(&mut *lock(&self.latencies))
+    }
+
+    /// Runs settled so far.
+    pub(super) fn settled(&self) -> u64 {
+        self.settled.load(Ordering::Acquire)
     }
 
     fn bump(&self, method: &str) {
@@ -271,6 +296,9 @@ impl RunStore for CountingStore {
         self.bump("settle");
         let settled = self.inner.settle(id, owner, settlement).await?;
         if settled && settlement.status.is_terminal() {
+            if let Some(at) = lock(&self.tracked).remove(&id) {
+                lock(&self.latencies).push(at.elapsed());
+            }
             self.settled.fetch_add(1, Ordering::AcqRel);
             self.settled_changed.notify_waiters();
         }

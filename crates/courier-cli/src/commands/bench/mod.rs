@@ -16,6 +16,8 @@ mod relay;
 #[cfg(feature = "runs")]
 mod runs;
 #[cfg(feature = "runs")]
+mod runs_raw;
+#[cfg(feature = "runs")]
 mod steps;
 mod throughput;
 

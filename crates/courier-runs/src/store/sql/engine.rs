@@ -10,6 +10,8 @@ use courier_sql::{Dialect, SqlDatabase};
 use sqlx::{Pool, Row as _};
 use uuid::Uuid;
 
+#[cfg(feature = "sqlite")]
+mod combine;
 mod steps;
 
 use super::listing::PageQueries;
@@ -81,18 +83,21 @@ pub(super) struct Runs<DB: RunDialect> {
     /// The database has `INSERT ... RETURNING`: an insert returns the new row (or sequence
     /// number) in the same statement.
     insert_returning: bool,
-    /// SQLite has one writer: this store's journal writes take turns here rather than in
-    /// SQLite's busy handler, which sleeps in steps of milliseconds (None elsewhere).
-    pub(super) writer: Option<tokio::sync::Mutex<()>>,
+    /// SQLite has one writer: this store's writes take turns here rather than in SQLite's busy
+    /// handler, which sleeps in steps of milliseconds, and the hot ones (claim, step, settle) of
+    /// concurrent runs share a transaction (None elsewhere).
+    #[cfg(feature = "sqlite")]
+    pub(super) combiner: Option<combine::Combiner>,
 }
 
 impl<DB: RunDialect> Runs<DB> {
     /// This process's turn to write, on SQLite (see `writer`); nothing elsewhere.
     pub(super) async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        match &self.writer {
-            Some(writer) => Some(writer.lock().await),
-            None => None,
+        #[cfg(feature = "sqlite")]
+        if let Some(combiner) = &self.combiner {
+            return Some(combiner.turn().await);
         }
+        None
     }
 
     /// The run tables on `pool`; `insert_returning`: inserts use `INSERT ... RETURNING`
@@ -103,7 +108,10 @@ impl<DB: RunDialect> Runs<DB> {
         insert_returning: bool,
     ) -> Self {
         Self {
-            writer: (DB::DIALECT == Dialect::Sqlite).then(|| tokio::sync::Mutex::new(())),
+            #[cfg(feature = "sqlite")]
+            combiner: (&pool as &dyn std::any::Any)
+                .downcast_ref::<sqlx::SqlitePool>()
+                .map(|pool| combine::Combiner::new(pool.clone())),
             pool,
             runs: options.runs_table.clone(),
             events: options.events_table.clone(),
@@ -479,6 +487,28 @@ where
         worker: &str,
         lease: Duration,
     ) -> Result<Option<Run>, StoreError> {
+        #[cfg(feature = "sqlite")]
+        if let Some(combiner) = &self.combiner {
+            use combine::Bind;
+            let write = combine::Write {
+                sql: self.q.claim.clone(),
+                statements: 1,
+                binds: vec![
+                    Bind::Text(worker.to_owned()),
+                    Bind::Int(lease_ms(lease)),
+                    Bind::Text(id.hyphenated().to_string()),
+                ],
+            };
+            let written = in_flight(combiner.write(write))
+                .await
+                .map_err(rows_error("claim"))?;
+            return written
+                .rows
+                .first()
+                .and_then(|rows| rows.first())
+                .map(decode_run::<sqlx::sqlite::SqliteRow>)
+                .transpose();
+        }
         if DB::DIALECT != Dialect::Mysql {
             // UPDATE ... RETURNING: a row back is the guard matched.
             let q = sqlx::query_as(&self.q.claim)
@@ -498,7 +528,11 @@ where
         if !self.matched("claim", in_flight(q.execute(&self.pool)).await)? {
             return Ok(None);
         }
-        self.find(id).await
+        sqlx::query_as(&self.q.find_claimed)
+            .bind(DB::id(id))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(rows_error("read a claimed run"))
     }
 
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
@@ -578,6 +612,30 @@ where
         } else {
             &self.q.settle_interactive
         };
+        #[cfg(feature = "sqlite")]
+        if let Some(combiner) = &self.combiner {
+            use combine::Bind;
+            let mut binds = vec![
+                Bind::Text(s.status.as_str().to_owned()),
+                Bind::OptText(s.reason.map(|r| r.as_str().to_owned())),
+                Bind::OptText(s.class.map(|c| c.as_str().to_owned())),
+                Bind::OptJson(s.output.clone()),
+                Bind::Int(i64::from(s.status.is_terminal())),
+                Bind::Text(id.hyphenated().to_string()),
+            ];
+            if let Some(owner) = owner {
+                binds.push(Bind::Text(owner.to_owned()));
+            }
+            let write = combine::Write {
+                sql: sql.clone(),
+                statements: 1,
+                binds,
+            };
+            let written = in_flight(combiner.write(write))
+                .await
+                .map_err(db("settle"))?;
+            return Ok(written.changes.first().is_some_and(|n| *n > 0));
+        }
         let mut q = sqlx::query(sql)
             .bind(s.status.as_str())
             .bind(s.reason.map(|r| r.as_str()))

@@ -1,11 +1,17 @@
 //! The run listing of the dashboard and `runs list`: keyset pages and status counts.
 //!
-//! A page is one statement, `WHERE [status = ?] [AND agent = ?] [AND <before|after cursor>]
-//! ORDER BY created_at, id LIMIT ?`, backed by the `(created_at, id)`, `(status, created_at,
-//! id)` and `(agent, created_at, id)` indexes of migration 0005: the database seeks to the
-//! cursor and reads `limit` rows, however deep the page. The cursor condition is written
+//! A page is one statement, `WHERE [status = '<status>'] [AND agent = ?] [AND <before|after
+//! cursor>] ORDER BY created_at, id LIMIT ?`, backed by the `(created_at, id)`, `(status,
+//! created_at, id)` and `(agent, created_at, id)` indexes of migration 0005: the database seeks
+//! to the cursor and reads `limit` rows, however deep the page. The cursor condition is written
 //! `created_at <= ? AND (created_at < ? OR id < ?)` so that every dialect turns it into an index
 //! range on `created_at` (a row-value comparison is not a range on every MySQL version).
+//!
+//! The status is written into the statement (one statement per status, the enum's own
+//! constants), not bound: a prepared statement's generic plan on PostgreSQL estimates a bound
+//! status as common as any other, and then walks `(created_at, id)` filtering on it, which for a
+//! rare status deep in the list reads every older run; a written one is weighed by the
+//! column's statistics, and a rare status seeks in `(status, created_at, id)`.
 
 use courier_sql::Dialect;
 
@@ -17,29 +23,51 @@ use crate::store::{PageFrom, Run, RunPageQuery, StoreError};
 /// Every page statement, by filter and direction, rendered once.
 #[derive(Debug)]
 pub(super) struct PageQueries {
-    /// `[status?][agent?][from]`, from: 0 newest, 1 before, 2 after.
+    /// By [`slot`]: `[status][agent?][from]`.
     pages: Vec<String>,
     count_by_status: String,
 }
 
-fn slot(status: bool, agent: bool, from: PageFrom) -> usize {
+/// The status filters of a page: none, or one of the eight statuses.
+const FILTERS: usize = 9;
+
+/// The status filter's place among the statements: an exhaustive match, so that a new status
+/// does not compile until it has its own (a status without one would page every run).
+fn status_slot(status: Option<RunStatus>) -> usize {
+    match status {
+        None => 0,
+        Some(RunStatus::Queued) => 1,
+        Some(RunStatus::Running) => 2,
+        Some(RunStatus::WaitingForApproval) => 3,
+        Some(RunStatus::WaitingForInput) => 4,
+        Some(RunStatus::Waiting) => 5,
+        Some(RunStatus::Completed) => 6,
+        Some(RunStatus::Failed) => 7,
+        Some(RunStatus::Cancelled) => 8,
+    }
+}
+
+/// Where the statement of a page sits: by status filter, agent filtered or not, and from: 0
+/// newest, 1 before, 2 after.
+fn slot(status: Option<RunStatus>, agent: bool, from: PageFrom) -> usize {
     let from = match from {
         PageFrom::Newest => 0,
         PageFrom::Before(_) => 1,
         PageFrom::After(_) => 2,
     };
-    usize::from(status) * 6 + usize::from(agent) * 3 + from
+    (status_slot(status) * 2 + usize::from(agent)) * 3 + from
 }
 
 impl PageQueries {
     /// The statement for `q`.
     pub(super) fn statement(&self, q: &RunPageQuery) -> &str {
-        &self.pages[slot(q.status.is_some(), q.agent.is_some(), q.from)]
+        &self.pages[slot(q.status, q.agent.is_some(), q.from)]
     }
 
     pub(super) fn new(dialect: Dialect, runs: &str) -> Self {
-        let mut pages = vec![String::new(); 12];
-        for status in [false, true] {
+        let mut pages = vec![String::new(); FILTERS * 6];
+        let statuses = std::iter::once(None).chain(RunStatus::ALL.map(Some));
+        for status in statuses {
             for agent in [false, true] {
                 for (from, cond, order) in [
                     (PageFrom::Newest, None, "DESC"),
@@ -47,8 +75,9 @@ impl PageQueries {
                     (PageFrom::After(CURSOR), Some((">=", ">")), "ASC"),
                 ] {
                     let mut wheres = Vec::new();
-                    if status {
-                        wheres.push("status = ?".to_owned());
+                    if let Some(status) = status {
+                        // The enum's own constant, never outside input.
+                        wheres.push(format!("status = '{}'", status.as_str()));
                     }
                     if agent {
                         wheres.push("agent = ?".to_owned());
@@ -99,9 +128,6 @@ where
     /// [`RunStore::page`](crate::RunStore::page) in one indexed statement.
     pub(super) async fn select_page(&self, q: &RunPageQuery) -> Result<Vec<Run>, StoreError> {
         let mut query = sqlx::query_as::<DB, Run>(self.pages.statement(q));
-        if let Some(status) = q.status {
-            query = query.bind(status.as_str());
-        }
         if let Some(agent) = q.agent.as_deref() {
             query = query.bind(agent);
         }

@@ -121,9 +121,8 @@ impl StepQueries {
                 let renew = format!(
                     "UPDATE {{runs}} SET {lease}{add}updated_at = {{now}} WHERE id = ? AND changes() = 1"
                 );
-                let script = |write: String| {
-                    render(&format!("BEGIN IMMEDIATE; {write}; {renew}; COMMIT"))
-                };
+                // The combiner wraps it in BEGIN IMMEDIATE ... COMMIT, with other writes or alone.
+                let script = |write: String| render(&format!("{write}; {renew}"));
                 [
                     script(format!(
                         "INSERT INTO {{steps}} ({{step_cols}}) SELECT ?, {insert_values} WHERE {guard} RETURNING idx"
@@ -285,36 +284,18 @@ where
                 .map_err(|e| step_error(id, w, e))?;
             return Ok(row.is_some());
         }
-        if let Some(script) = &self.sq.script {
+        #[cfg(feature = "sqlite")]
+        if let (Some(script), Some(combiner)) = (&self.sq.script, &self.combiner) {
             let mode = usize::from(w.mode == JournalMode::Finish);
-            let sql = &script[variant(owner.is_some(), w)][mode];
-            let q = match w.mode {
-                JournalMode::Insert => sqlx::query(sql).bind(DB::id(id)),
-                JournalMode::Finish => sqlx::query(sql),
+            let write = super::combine::Write {
+                sql: script[variant(owner.is_some(), w)][mode].clone(),
+                statements: 2,
+                binds: script_binds(id, owner, lease, w),
             };
-            // The row, its guard (the run's id and owner), then the renew (lease, usage, id).
-            let mut q = bind_row!(q, id, w).bind(DB::id(id));
-            if let Some(owner) = owner {
-                q = q.bind(owner);
-            }
-            let q = bind_renew!(@head q, owner.is_some(), lease, w).bind(DB::id(id));
-            let write = async {
-                let _turn = self.turn().await;
-                let mut conn = self.pool.acquire().await?;
-                match q.fetch_all(&mut *conn).await {
-                    Ok(rows) => Ok(!rows.is_empty()),
-                    Err(e) => {
-                        // A statement of the script failed after its BEGIN: roll back on this
-                        // connection before it returns to the pool (an error of its own means
-                        // no transaction was open, or a connection to drop).
-                        if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
-                            drop(conn.detach());
-                        }
-                        Err(e)
-                    }
-                }
-            };
-            return in_flight(write).await.map_err(|e| step_error(id, w, e));
+            let written = in_flight(combiner.write(write))
+                .await
+                .map_err(|e| step_error(id, w, e))?;
+            return Ok(written.rows.first().is_some_and(|rows| !rows.is_empty()));
         }
         let renew = &self.sq.renew[variant(owner.is_some(), w)];
         let write = async {
@@ -539,6 +520,69 @@ where
 }
 
 /// A journal write's failure: a step index written twice is [`StoreError::DuplicateSequence`].
+/// SQLite: the values of a step's script, in its order: the row (insert: the run id first;
+/// finish: the run id and index last), its guard (the run's id and owner), then the renew
+/// (lease when owned, the usage counters and replays when counted, the id).
+#[cfg(feature = "sqlite")]
+fn script_binds(
+    id: Uuid,
+    owner: Option<&str>,
+    lease: Duration,
+    w: &StepWrite,
+) -> Vec<super::combine::Bind> {
+    use super::combine::Bind;
+    let run = || Bind::Text(id.hyphenated().to_string());
+    let finished = is_finished(w.status);
+    let mut b = Vec::with_capacity(24);
+    let values = [
+        Bind::Text(w.status.as_str().to_owned()),
+        Bind::OptJson(w.output.clone()),
+        Bind::OptText(w.error.clone()),
+        Bind::OptText(w.error_class.clone()),
+        Bind::OptJson(usage_json(&w.usage)),
+        Bind::Int(w.duration_ms),
+        Bind::Int(finished),
+    ];
+    match w.mode {
+        JournalMode::Insert => {
+            b.extend([
+                run(),
+                Bind::Int(w.index),
+                Bind::Text(w.name.clone()),
+                Bind::Text(w.effect.to_owned()),
+            ]);
+            b.extend(values);
+            b.push(Bind::Int(finished));
+        }
+        JournalMode::Finish => {
+            b.extend(values);
+            b.extend([run(), Bind::Int(w.index)]);
+        }
+    }
+    b.push(run());
+    if let Some(owner) = owner {
+        b.push(Bind::Text(owner.to_owned()));
+    }
+    if owner.is_some() {
+        b.push(Bind::Int(lease_ms(lease)));
+    }
+    if counted(w) {
+        b.extend(
+            [
+                w.usage.tokens_in,
+                w.usage.tokens_out,
+                w.usage.cost_micros,
+                w.usage.tool_calls,
+                w.usage.turns,
+                w.replayed,
+            ]
+            .map(|n| Bind::Int(count(n))),
+        );
+    }
+    b.push(run());
+    b
+}
+
 fn step_error(id: Uuid, w: &StepWrite, e: sqlx::Error) -> StoreError {
     match e {
         sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::DuplicateSequence {
