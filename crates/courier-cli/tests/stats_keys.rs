@@ -2,6 +2,7 @@
 //! and queued, the 10 busiest keys and the rest summed as `other`, in text and JSON.
 
 #![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, reason = "tests")]
 
 mod common;
 
