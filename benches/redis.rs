@@ -118,7 +118,8 @@ impl Bench {
                 .await
                 .expect("transport");
             transport
-                .as_setup()
+                .abilities()
+                .setup
                 .expect("setup")
                 .setup()
                 .await

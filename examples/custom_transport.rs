@@ -1,11 +1,16 @@
 //! A transport in about 100 lines (messages in a `Mutex<BTreeMap>`, kept in wire form), proven by
 //! running the shared conformance suite against it. `cargo run --example custom_transport`
+//!
+//! All its author reads: the [`Transport`] trait (Symfony's verbs: `send`, `get`, `ack`,
+//! `reject`, with batch forms the defaults cover), the [`Abilities`] it offers beyond them (each
+//! a trait of its own: here [`MessageCount`]), the [`Capabilities`] it declares (here a
+//! redelivery window), and the conformance suite in `courier-test`.
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use courier::{
-    Capabilities, DeliveryTagStamp, Encoded, Envelope, MessageCount, MessageRegistry, Transport,
-    TransportError, TransportErrorKind, TransportMessageIdStamp, async_trait,
+    Abilities, Capabilities, DeliveryTagStamp, Encoded, Envelope, MessageCount, MessageRegistry,
+    Transport, TransportError, TransportErrorKind, TransportMessageIdStamp, async_trait,
 };
 use courier_test::{Harness, conformance};
 
@@ -125,8 +130,9 @@ impl Transport for MapTransport {
         Ok(())
     }
 
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        Some(self)
+    /// The optional abilities: the one extension point beside the verbs.
+    fn abilities(&self) -> Abilities<'_> {
+        Abilities::none().message_count(self)
     }
 
     fn capabilities(&self) -> Capabilities {

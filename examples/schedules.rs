@@ -59,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
     let queue = Arc::new(
         SqlTransport::connect("async", &Dsn::parse(&format!("sqlite://{db}"))?, registry).await?,
     );
-    if let Some(setup) = queue.as_setup() {
+    if let Some(setup) = queue.abilities().setup {
         setup.setup().await?; // messages, schedules and paused tables
     }
 
@@ -100,7 +100,8 @@ async fn main() -> anyhow::Result<()> {
 
     handled_at_least(&handled, 3).await?;
     let pausable = queue
-        .as_pausable()
+        .abilities()
+        .pausable
         .ok_or_else(|| anyhow::anyhow!("SQL transports can be paused"))?;
     pausable.set_paused(true).await?; // what `courier pause async` does
     println!("paused `async`");

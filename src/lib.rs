@@ -77,6 +77,8 @@ pub use courier_redis as redis;
 pub use courier_runs as runs;
 #[cfg(feature = "sql")]
 pub use courier_sql as sql;
+#[cfg(feature = "symfony")]
+pub use courier_symfony as symfony;
 
 /// A [`TransportRegistry`] with every transport this build enables: `sync://`, `in-memory://`
 /// and, by feature, the SQL, Redis, AMQP and NATS schemes.

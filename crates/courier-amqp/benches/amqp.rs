@@ -221,7 +221,8 @@ fn bench(c: &mut Criterion) {
             .poll_window(Duration::from_millis(200));
         let registry = Arc::new(MessageRegistry::new().with::<Payload>());
         let transport = AmqpTransport::new(name, url.clone(), options, registry);
-        rt.block_on(transport.as_setup().unwrap().setup()).unwrap();
+        rt.block_on(transport.abilities().setup.unwrap().setup())
+            .unwrap();
         group.bench_function("courier", |b| {
             b.to_async(&rt).iter_custom(|iters| {
                 let t = &transport;

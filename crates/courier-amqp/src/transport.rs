@@ -403,16 +403,12 @@ impl Transport for AmqpTransport {
         self.inbox.settle(&self.link, &tags, true).await
     }
 
-    fn as_setup(&self) -> Option<&dyn Setup> {
-        Some(self)
-    }
-
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        Some(self)
-    }
-
-    fn as_queues(&self) -> Option<&dyn courier_core::Queues> {
-        Some(self)
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        let mut abilities = courier_core::Abilities::none();
+        abilities.setup = Some(self);
+        abilities.message_count = Some(self);
+        abilities.queues = Some(self);
+        abilities
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -270,7 +270,11 @@ async fn a_dsn_configured_quorum_transport_round_trips() {
     assert_eq!(got.iter().map(seq).collect::<Vec<_>>(), vec![7]);
     op("ack", t.ack(&got[0])).await;
     assert_eq!(
-        op("count", t.as_message_count().unwrap().message_count()).await,
+        op(
+            "count",
+            t.abilities().message_count.unwrap().message_count()
+        )
+        .await,
         0
     );
 }
@@ -293,7 +297,7 @@ async fn a_refused_publish_reopens_the_publishing_channel() {
         .expect("no hang")
         .unwrap_err();
     assert!(!err.to_string().is_empty());
-    op("setup", t.as_setup().unwrap().setup()).await;
+    op("setup", t.abilities().setup.unwrap().setup()).await;
     op("send after setup", t.send(message(2))).await;
     let got = op("get", t.get(5)).await;
     assert_eq!(got.iter().map(seq).collect::<Vec<_>>(), vec![2]);
@@ -364,7 +368,11 @@ async fn after_a_broker_side_close_the_consumer_resumes_and_unacked_comes_back()
     );
     op("ack", t.ack(&again[0])).await;
     assert_eq!(
-        op("count", t.as_message_count().unwrap().message_count()).await,
+        op(
+            "count",
+            t.abilities().message_count.unwrap().message_count()
+        )
+        .await,
         0
     );
 }
@@ -390,7 +398,11 @@ async fn ack_batch_with_gaps_acks_exactly_the_given_deliveries() {
         .collect();
     op("ack_batch with gaps", t.ack_batch(&picked)).await;
     assert_eq!(
-        op("count", t.as_message_count().unwrap().message_count()).await,
+        op(
+            "count",
+            t.abilities().message_count.unwrap().message_count()
+        )
+        .await,
         12
     );
     t.close_consumer().await;
@@ -402,7 +414,11 @@ async fn ack_batch_with_gaps_acks_exactly_the_given_deliveries() {
     assert_eq!(seqs, expected);
     op("ack_batch", t.ack_batch(&rest)).await;
     assert_eq!(
-        op("count", t.as_message_count().unwrap().message_count()).await,
+        op(
+            "count",
+            t.abilities().message_count.unwrap().message_count()
+        )
+        .await,
         0
     );
 }
@@ -458,7 +474,7 @@ async fn a_queue_view_consumes_that_queue_only() {
         .poll_window(Duration::from_millis(300));
     let t = h.make(both).await;
     op("send", t.send(message(7))).await;
-    let queues = t.as_queues().expect("AMQP has queues");
+    let queues = t.abilities().queues.expect("AMQP has queues");
     let a = op("queue a", queues.queue(&qa)).await;
     let got = recv(a.as_ref(), 1).await;
     assert_eq!(seq(&got[0]), 7);

@@ -104,7 +104,7 @@ async fn the_worker_handles_everything_and_retries_failures_through_delays() {
     }
     assert_eq!(stats.handled, N, "{stats:?}");
     assert_eq!(stats.retried, N / 2, "{stats:?}");
-    let count = timeout(OP, t.as_message_count().unwrap().message_count())
+    let count = timeout(OP, t.abilities().message_count.unwrap().message_count())
         .await
         .unwrap()
         .unwrap();

@@ -33,5 +33,6 @@ pub mod scenario;
 pub mod server;
 pub mod sink;
 pub mod steps;
+mod target;
 
 pub use agent::{ChaosAgent, ChaosItem, ScaleTick};

@@ -10,7 +10,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use sqlx::Connection;
 
-use crate::scenario::Target;
+use crate::target::Target;
 
 /// One injected poison message.
 #[derive(Debug, Clone, PartialEq, Eq)]

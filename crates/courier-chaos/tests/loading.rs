@@ -86,7 +86,13 @@ async fn a_relay_waits_out_a_restarted_redis_loading_its_dataset() {
     let destination = RedisTransport::connect(&url, RedisOptions::default(), registry)
         .await
         .unwrap();
-    destination.as_setup().unwrap().setup().await.unwrap();
+    destination
+        .abilities()
+        .setup
+        .unwrap()
+        .setup()
+        .await
+        .unwrap();
     let destination = Arc::new(destination);
 
     send(&outbox, 0..FIRST).await;
@@ -146,7 +152,8 @@ async fn a_relay_waits_out_a_restarted_redis_loading_its_dataset() {
         .expect("the relay waited the loading out instead of failing");
     assert_eq!(stats.relayed, u64::from(TOTAL));
     let left = outbox
-        .as_message_count()
+        .abilities()
+        .message_count
         .unwrap()
         .message_count()
         .await

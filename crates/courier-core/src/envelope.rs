@@ -6,9 +6,43 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::value::RawValue;
 
-use crate::message::Payload;
+use crate::message::AnyMessage;
 use crate::stamp::{AnyStamp, ErrorDetailsStamp, TransportMessageIdStamp, keep_first_and_last};
 use crate::{DecodeError, Message, Stamp};
+
+/// What an envelope carries: a typed message, or the raw bytes of one that could not be decoded.
+#[derive(Clone)]
+pub(crate) enum Payload {
+    Typed {
+        name: &'static str,
+        message: Arc<dyn AnyMessage>,
+        /// The body as it was read from the wire, reused verbatim when the envelope is sent again.
+        body: Option<Arc<str>>,
+    },
+    Undecodable {
+        name: Option<Arc<str>>,
+        /// The body's bytes as stored (not necessarily UTF-8).
+        body: Arc<[u8]>,
+        error: Arc<DecodeError>,
+        /// What else of the wire form must survive a move to another transport.
+        raw: Arc<crate::codec::RawParts>,
+    },
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Payload::Typed { name, .. } => write!(f, "{name}"),
+            Payload::Undecodable { name, error, .. } => {
+                write!(
+                    f,
+                    "undecodable {:?} ({error})",
+                    name.as_deref().unwrap_or("?")
+                )
+            }
+        }
+    }
+}
 
 /// A stamp slot: typed when added in this process, raw JSON when read from the wire (decoded to
 /// its type on first access and cached).

@@ -60,9 +60,10 @@ pub mod worker;
 
 pub use backoff::{Attempts, Backoff, Jitter};
 pub use bus::{
-    BatchHandler, BatchItem, BatchOptions, BusLink, DEFAULT_BUS, Dispatcher, HandledResultStamp,
-    Handler, HandlerOptions, MessageBus, MessageBusBuilder, Middleware, Next, Prepared, QueryError,
-    QueryHandler, Router, SendHook, Sending, with_trace_context,
+    BatchHandler, BatchItem, BatchOptions, BusError, BusLink, DEFAULT_BUS, Dispatcher,
+    HandledResultStamp, Handler, HandlerFailure, HandlerOptions, MessageBus, MessageBusBuilder,
+    Middleware, Next, Prepared, QueryError, QueryHandler, Router, SendHook, Sending,
+    with_trace_context,
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,
@@ -74,8 +75,8 @@ pub use codec::{
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;
 pub use error::{
-    BoxError, BusError, ErrorChain, HandlerError, HandlerFailure, HandlerResultExt, HandlerTimeout,
-    TransportError, TransportErrorKind, error_chain,
+    BoxError, ErrorChain, HandlerError, HandlerResultExt, HandlerTimeout, TransportError,
+    TransportErrorKind, error_chain,
 };
 pub use failed::{rfc3339, rfc3339_ms};
 pub use message::Message;
@@ -88,12 +89,12 @@ pub use signing::{SignatureStamp, Signing, SigningKeys};
 pub use stamp::*;
 pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{
-    Capabilities, CursorLease, CursorPosition, CursorSource, DEFAULT_WORKER_STALE_AFTER,
-    Deduplicate, Drain, DrainHold, Drained, FactoryContext, Heartbeat, InMemoryOptions,
-    InMemoryTransport, InMemoryWorkerRegistry, Listable, MemoryDeduplicator, MemoryRateLimiter,
-    MessageCount, NO_ANSWER_AFTER, PAUSE_CHECK, Pausable, PauseGate, Queues, RateLimit,
-    RateLimitGate, RateLimiter, Setup, SyncTransport, Taken, Transport, TransportFactory,
-    TransportRegistry, WorkerRecord, WorkerRegistry, retry_count, shared_worker_registry,
+    Abilities, Capabilities, DEFAULT_WORKER_STALE_AFTER, Deduplicate, FactoryContext, Heartbeat,
+    InMemoryOptions, InMemoryTransport, InMemoryWorkerRegistry, Listable, MemoryDeduplicator,
+    MemoryRateLimiter, MessageCount, NO_ANSWER_AFTER, PAUSE_CHECK, Pausable, PauseGate, Queues,
+    RateLimit, RateLimitGate, RateLimiter, Setup, SyncTransport, Taken, Transport,
+    TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
+    shared_worker_registry,
 };
 pub use worker::{
     CancellationToken, StopReason, Worker, WorkerBuilder, WorkerError, WorkerEvent, WorkerStats,

@@ -1,7 +1,6 @@
 //! Messages: the payloads a bus dispatches and a transport carries.
 
 use std::any::Any;
-use std::fmt;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -85,39 +84,5 @@ impl<M: Message> AnyMessage for M {
     }
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self
-    }
-}
-
-/// What an envelope carries: a typed message, or the raw bytes of one that could not be decoded.
-#[derive(Clone)]
-pub(crate) enum Payload {
-    Typed {
-        name: &'static str,
-        message: Arc<dyn AnyMessage>,
-        /// The body as it was read from the wire, reused verbatim when the envelope is sent again.
-        body: Option<Arc<str>>,
-    },
-    Undecodable {
-        name: Option<Arc<str>>,
-        /// The body's bytes as stored (not necessarily UTF-8).
-        body: Arc<[u8]>,
-        error: Arc<crate::DecodeError>,
-        /// What else of the wire form must survive a move to another transport.
-        raw: Arc<crate::codec::RawParts>,
-    },
-}
-
-impl fmt::Debug for Payload {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Payload::Typed { name, .. } => write!(f, "{name}"),
-            Payload::Undecodable { name, error, .. } => {
-                write!(
-                    f,
-                    "undecodable {:?} ({error})",
-                    name.as_deref().unwrap_or("?")
-                )
-            }
-        }
     }
 }

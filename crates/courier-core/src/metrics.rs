@@ -41,7 +41,7 @@ pub use metrics::SharedString;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::message::Payload;
+use crate::envelope::Payload;
 use crate::{Envelope, Transport};
 
 /// Messages sent by the bus to a transport (counter; `transport`, `message_type`).
@@ -192,7 +192,7 @@ pub(crate) fn spawn_heartbeat() -> JoinHandle<()> {
 /// Samples `message_count` of each transport every `every` into the [`QUEUE_DEPTH`] gauge, until
 /// `stop` is cancelled. Off by default: only an application that calls it pays the queries
 /// (`courier consume --metrics` does, every 5 s). Transports that cannot count
-/// ([`Transport::as_message_count`]) are skipped; a count that fails is logged and skipped.
+/// ([`Abilities::message_count`](crate::Abilities::message_count)) are skipped; a count that fails is logged and skipped.
 pub fn spawn_queue_depth(
     transports: Vec<(String, Arc<dyn Transport>)>,
     every: Duration,

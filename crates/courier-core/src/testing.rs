@@ -344,7 +344,7 @@ fn listing(dispatches: &[Candidate]) -> String {
 ///
 /// # Errors
 /// [`WorkerError`] when the worker cannot start, or when a transport it consumes cannot count
-/// its messages ([`Transport::as_message_count`]: the in-memory and SQL transports can).
+/// its messages ([`Abilities::message_count`](crate::Abilities::message_count): the in-memory and SQL transports can).
 ///
 /// # Panics
 /// When the transports still hold messages after the limit: a message that keeps failing with
@@ -524,23 +524,17 @@ impl Transport for Draining {
     async fn keepalive(&self, envelope: &Envelope) -> Result<(), crate::TransportError> {
         self.0.keepalive(envelope).await
     }
-    fn as_setup(&self) -> Option<&dyn crate::Setup> {
-        self.0.as_setup()
-    }
-    fn as_listable(&self) -> Option<&dyn crate::Listable> {
-        self.0.as_listable()
-    }
-    fn as_message_count(&self) -> Option<&dyn crate::MessageCount> {
-        self.0.as_message_count()
-    }
-    fn as_deduplicate(&self) -> Option<&dyn crate::Deduplicate> {
-        self.0.as_deduplicate()
-    }
-    fn as_rate_limiter(&self) -> Option<&dyn crate::RateLimiter> {
-        self.0.as_rate_limiter()
-    }
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        self.0.as_any()
+    fn abilities(&self) -> crate::Abilities<'_> {
+        let inner = self.0.abilities();
+        crate::Abilities {
+            setup: inner.setup,
+            listable: inner.listable,
+            message_count: inner.message_count,
+            deduplicate: inner.deduplicate,
+            rate_limiter: inner.rate_limiter,
+            any: inner.any,
+            ..crate::Abilities::none()
+        }
     }
     fn capabilities(&self) -> crate::Capabilities {
         self.0.capabilities().with_get_wait(DRAIN_WAIT)

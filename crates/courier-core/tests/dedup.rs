@@ -149,8 +149,10 @@ impl Transport for Failing {
     async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
         self.0.reject(envelope).await
     }
-    fn as_deduplicate(&self) -> Option<&dyn courier_core::Deduplicate> {
-        self.0.as_deduplicate()
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        let mut abilities = courier_core::Abilities::none();
+        abilities.deduplicate = self.0.abilities().deduplicate;
+        abilities
     }
     fn capabilities(&self) -> Capabilities {
         self.0.capabilities()
@@ -163,7 +165,7 @@ async fn a_failed_send_releases_its_key() {
     let bus = dedup::bus(failing.clone());
     assert!(bus.dispatch(stamped("k")).await.is_err());
     // The key is free again: the same key is taken by the next caller.
-    let store = failing.as_deduplicate().unwrap();
+    let store = failing.abilities().deduplicate.unwrap();
     assert!(
         store
             .deduplicate("k", Duration::from_secs(1))

@@ -53,7 +53,8 @@ fn failures(log: &Mutex<Vec<WorkerEvent>>) -> Vec<(String, bool)> {
 }
 
 async fn details(t: &InMemoryTransport) -> Vec<ErrorDetailsStamp> {
-    courier_core::Transport::as_listable(t)
+    courier_core::Transport::abilities(t)
+        .listable
         .unwrap()
         .list(10)
         .await

@@ -21,9 +21,9 @@ use serde_json::Value;
 
 use crate::error::{ApiError, DashboardError};
 use crate::pages::failed::read;
-use crate::pages::run::{find, parse_id};
 use crate::pages::runs::{RunsParams, read_page};
 use crate::pages::workers::NO_REGISTRY;
+use crate::pages::{find, parse_id};
 use crate::state::Shared;
 
 pub(crate) async fn runs(

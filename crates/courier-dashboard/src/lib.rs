@@ -40,6 +40,7 @@
 
 mod api;
 mod assets;
+mod dashboard;
 mod error;
 mod guard;
 mod pages;
@@ -47,7 +48,6 @@ mod rates;
 mod state;
 mod stream;
 
+pub use dashboard::Dashboard;
 pub use error::DashboardError;
-pub use state::{
-    BreakerSource, BreakerView, Dashboard, DashboardOptions, StreamEventView, StreamSource,
-};
+pub use state::{BreakerSource, BreakerView, DashboardOptions, StreamEventView, StreamSource};

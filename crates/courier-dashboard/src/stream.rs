@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::pages::run::{find, parse_id};
+use crate::pages::{find, parse_id};
 use crate::state::{Shared, StreamEventView};
 
 /// How often a live response reads the store again.

@@ -583,12 +583,11 @@ impl Transport for NatsTransport {
         Ok(())
     }
 
-    fn as_setup(&self) -> Option<&dyn Setup> {
-        Some(self)
-    }
-
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        Some(self)
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        let mut abilities = courier_core::Abilities::none();
+        abilities.setup = Some(self);
+        abilities.message_count = Some(self);
+        abilities
     }
 
     fn capabilities(&self) -> Capabilities {

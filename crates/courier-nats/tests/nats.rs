@@ -26,7 +26,7 @@ async fn ok<T>(
 async fn count(t: &NatsTransport) -> u64 {
     ok(
         "message_count",
-        t.as_message_count().expect("counts").message_count(),
+        t.abilities().message_count.expect("counts").message_count(),
     )
     .await
 }

@@ -128,7 +128,7 @@ async fn a_sqlite_outbox_relays_into_nats_once_with_ids_and_stamps() {
         assert!(got.has::<BusNameStamp>());
         assert_eq!(got.last::<BusNameStamp>(), written.last::<BusNameStamp>());
     }
-    let count = nats.as_message_count().expect("nats counts");
+    let count = nats.abilities().message_count.expect("nats counts");
     assert_eq!(
         tokio::time::timeout(OP, count.message_count())
             .await

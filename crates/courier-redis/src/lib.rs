@@ -127,6 +127,7 @@
 mod admin;
 mod dedup;
 mod factory;
+mod get;
 mod in_flight;
 mod keyed;
 mod limits;

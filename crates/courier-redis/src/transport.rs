@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use courier_core::{
-    Capabilities, DelayStamp, DeliveryTagStamp, EncodeError, EncodedJson, Envelope, Listable,
-    MessageCount, MessageRegistry, Setup, Transport, TransportError, TransportErrorKind,
-    TransportMessageIdStamp, async_trait,
+    Capabilities, DelayStamp, DeliveryTagStamp, EncodeError, EncodedJson, Envelope,
+    MessageRegistry, Transport, TransportError, TransportErrorKind, TransportMessageIdStamp,
+    async_trait,
 };
 use redis::{Client, IntoConnectionInfo, RedisError, Value};
 use tokio::time::Instant;
@@ -674,36 +674,17 @@ impl Transport for RedisTransport {
         self.remove_deliveries(envelopes, "cannot ack").await
     }
 
-    fn as_setup(&self) -> Option<&dyn Setup> {
-        Some(self)
-    }
-
-    fn as_listable(&self) -> Option<&dyn Listable> {
-        Some(self)
-    }
-
-    fn as_schedule_store(&self) -> Option<&dyn courier_core::ScheduleStore> {
-        Some(self)
-    }
-
-    fn as_pausable(&self) -> Option<&dyn courier_core::Pausable> {
-        Some(self)
-    }
-
-    fn as_rate_limiter(&self) -> Option<&dyn courier_core::RateLimiter> {
-        Some(self)
-    }
-
-    fn as_worker_registry(&self) -> Option<&dyn courier_core::WorkerRegistry> {
-        Some(self)
-    }
-
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        Some(self)
-    }
-
-    fn as_deduplicate(&self) -> Option<&dyn courier_core::Deduplicate> {
-        Some(self)
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        let mut abilities = courier_core::Abilities::none();
+        abilities.setup = Some(self);
+        abilities.listable = Some(self);
+        abilities.schedule_store = Some(self);
+        abilities.pausable = Some(self);
+        abilities.rate_limiter = Some(self);
+        abilities.worker_registry = Some(self);
+        abilities.message_count = Some(self);
+        abilities.deduplicate = Some(self);
+        abilities
     }
 
     fn capabilities(&self) -> Capabilities {

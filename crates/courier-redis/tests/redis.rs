@@ -42,7 +42,7 @@ fn seq(e: &Envelope) -> u64 {
 async fn count(t: &RedisTransport) -> u64 {
     op(
         "message_count",
-        t.as_message_count().unwrap().message_count(),
+        t.abilities().message_count.unwrap().message_count(),
     )
     .await
 }
@@ -59,7 +59,7 @@ async fn four_consumers_handle_twenty_thousand_messages_exactly_once() {
     let h = RedisHarness::new();
     let name = stream();
     let producer = h.with_options(h.options(&name)).await;
-    op("setup", producer.as_setup().unwrap().setup()).await;
+    op("setup", producer.abilities().setup.unwrap().setup()).await;
     let mut consumers = Vec::new();
     for _ in 0..4 {
         consumers.push(h.with_options(h.options(&name)).await);
@@ -134,7 +134,7 @@ async fn dead_consumers_pending_entries_are_claimed_after_redeliver_timeout() {
     let name = stream();
     let options = || h.options(&name).redeliver_timeout(TIMEOUT);
     let dying = h.with_options(options()).await;
-    op("setup", dying.as_setup().unwrap().setup()).await;
+    op("setup", dying.abilities().setup.unwrap().setup()).await;
     op(
         "send_batch",
         dying.send_batch((0..50).map(message).collect()),
@@ -188,7 +188,7 @@ async fn a_thousand_random_delays_are_never_early_and_all_delivered() {
     let h = RedisHarness::new();
     let name = stream();
     let t = h.with_options(h.options(&name)).await;
-    op("setup", t.as_setup().unwrap().setup()).await;
+    op("setup", t.abilities().setup.unwrap().setup()).await;
     let mut due: HashMap<u64, Instant> = HashMap::new();
     for chunk in (0..N).collect::<Vec<_>>().chunks(100) {
         let start = Instant::now();
@@ -252,7 +252,7 @@ async fn keepalive_holds_a_delivery_past_redeliver_timeout() {
     let other = h
         .with_options(h.options(&name).redeliver_timeout(TIMEOUT))
         .await;
-    op("setup", holder.as_setup().unwrap().setup()).await;
+    op("setup", holder.abilities().setup.unwrap().setup()).await;
     op("send", holder.send(message(7))).await;
     let got = op("get", holder.get(1)).await;
     assert_eq!(got.len(), 1);
@@ -286,7 +286,7 @@ async fn a_deleted_group_is_recreated_and_consuming_goes_on() {
     let h = RedisHarness::new();
     let name = stream();
     let t = h.with_options(h.options(&name)).await;
-    op("setup", t.as_setup().unwrap().setup()).await;
+    op("setup", t.abilities().setup.unwrap().setup()).await;
     op("send", t.send(message(1))).await;
     let got = op("get", t.get(1)).await;
     op("ack", t.ack(&got[0])).await;
@@ -324,7 +324,7 @@ async fn a_restarted_consumer_takes_back_its_own_pending_entries_at_once() {
     let first = h
         .with_options(h.options(&name).consumer(consumer.clone()))
         .await;
-    op("setup", first.as_setup().unwrap().setup()).await;
+    op("setup", first.abilities().setup.unwrap().setup()).await;
     op(
         "send_batch",
         first.send_batch((0..3).map(message).collect()),
@@ -351,7 +351,7 @@ async fn an_entry_delivered_to_a_dropped_blocking_read_is_taken_back_by_the_next
     // The harness's redelivery window is an hour: only the take-back can bring the entry back.
     let options = h.options(&name).poll_window(Duration::from_millis(1500));
     let t = h.with_options(options).await;
-    op("setup", t.as_setup().unwrap().setup()).await;
+    op("setup", t.abilities().setup.unwrap().setup()).await;
     // Nothing to read: the get blocks on the server; drop it there.
     let blocked = tokio::spawn({
         let t = t.clone();
@@ -453,7 +453,7 @@ async fn an_entry_with_malformed_headers_is_named_and_keeps_its_body() {
     let h = RedisHarness::new();
     let name = stream();
     let t = h.with_options(h.options(&name)).await;
-    op("setup", t.as_setup().unwrap().setup()).await;
+    op("setup", t.abilities().setup.unwrap().setup()).await;
     op("send", t.send(message(1))).await;
     let mut conn = h.conn().await;
     let _: String = redis::cmd("XADD")

@@ -77,7 +77,8 @@ async fn two(
 }
 
 fn reg(t: &courier_redis::RedisTransport) -> &dyn WorkerRegistry {
-    t.as_worker_registry()
+    t.abilities()
+        .worker_registry
         .expect("a Redis transport has a worker registry")
 }
 

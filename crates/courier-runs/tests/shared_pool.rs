@@ -210,7 +210,8 @@ async fn three_connections_serve_transport_store_and_application(pool: SqlPool, 
     assert_eq!(runs.len(), usize::try_from(N).unwrap());
     assert_eq!(
         transport
-            .as_message_count()
+            .abilities()
+            .message_count
             .unwrap()
             .message_count()
             .await

@@ -118,7 +118,7 @@ impl Wake {
 }
 
 /// A cursor outbox's statements (PostgreSQL with `cursor=true`, see
-/// [`courier_core::CursorSource`]). Positions are (writing transaction id, row id).
+/// [`CursorSource`](crate::relay::CursorSource)). Positions are (writing transaction id, row id).
 #[async_trait]
 pub(crate) trait CursorRows: Send + Sync + Debug {
     /// Gives the queue's rows written without a transaction id one (the current
@@ -220,7 +220,7 @@ pub(crate) trait Backend: Send + Sync + Debug {
         _max: usize,
         _hold_for: std::time::Duration,
         _held: &tokio::sync::Notify,
-    ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
+    ) -> Option<Result<(Vec<StoredRow>, Box<dyn crate::relay::DrainHold>), sqlx::Error>> {
         None
     }
     /// The cursor outbox statements (PostgreSQL with `cursor=true`); elsewhere `None`.

@@ -8,6 +8,20 @@ use crate::SqlOptions;
 use crate::backend::Backend;
 use crate::options::COURIER_OPTIONS;
 
+/// The schemes this build handles ([`SqlTransportFactory::SCHEMES`](crate::SqlTransportFactory::SCHEMES)).
+pub(crate) const SCHEMES: &[&str] = &[
+    #[cfg(feature = "sqlite")]
+    "sqlite",
+    #[cfg(feature = "postgres")]
+    "postgres",
+    #[cfg(feature = "postgres")]
+    "postgresql",
+    #[cfg(feature = "mysql")]
+    "mysql",
+    #[cfg(feature = "mysql")]
+    "mariadb",
+];
+
 /// Driver options passed through per dialect; anything else is a configuration error.
 const SQLITE_DRIVER_OPTIONS: &[&str] = &["mode", "cache", "immutable", "vfs"];
 const POSTGRES_DRIVER_OPTIONS: &[&str] = &[
@@ -128,7 +142,7 @@ pub(crate) async fn backend(
             );
             Err(config(format!(
                 "scheme `{other}` is not supported by this build (enabled: {})",
-                crate::SqlTransportFactory::SCHEMES.join(", ")
+                SCHEMES.join(", ")
             )))
         }
     }

@@ -22,18 +22,7 @@ pub struct SqlTransportFactory;
 
 impl SqlTransportFactory {
     /// The schemes this build handles.
-    pub const SCHEMES: &'static [&'static str] = &[
-        #[cfg(feature = "sqlite")]
-        "sqlite",
-        #[cfg(feature = "postgres")]
-        "postgres",
-        #[cfg(feature = "postgres")]
-        "postgresql",
-        #[cfg(feature = "mysql")]
-        "mysql",
-        #[cfg(feature = "mysql")]
-        "mariadb",
-    ];
+    pub const SCHEMES: &'static [&'static str] = crate::connect::SCHEMES;
 }
 
 #[async_trait]

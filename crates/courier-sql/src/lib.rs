@@ -117,6 +117,7 @@ mod paused;
 mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub mod relay;
 mod schedules;
 mod shared;
 #[cfg(feature = "sqlite")]
@@ -138,11 +139,11 @@ pub use paused::paused_table;
 pub use pool::explain_timeout;
 #[cfg(feature = "postgres")]
 pub use pool::postgres_pool;
-#[cfg(feature = "sqlite")]
-pub use pool::sqlite_pool;
 #[cfg(feature = "mysql")]
 pub use pool::{ConnectionIds, mysql_pool};
 pub use pool::{InFlight, PoolSettings, SqlDatabase};
+#[cfg(feature = "sqlite")]
+pub use pool::{sqlite_pool, sqlite_write_turn};
 pub use schedules::schedules_table;
 pub use shared::SqlPool;
 pub use transport::SqlTransport;

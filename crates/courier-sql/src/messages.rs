@@ -68,7 +68,7 @@ pub(crate) trait MessageDialect: SqlDatabase {
         _max: usize,
         _hold_for: std::time::Duration,
         _held: &tokio::sync::Notify,
-    ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
+    ) -> Option<Result<(Vec<StoredRow>, Box<dyn crate::relay::DrainHold>), sqlx::Error>> {
         None
     }
 
@@ -811,7 +811,7 @@ where
         max: usize,
         hold_for: std::time::Duration,
         held: &tokio::sync::Notify,
-    ) -> Option<Result<(Vec<StoredRow>, Box<dyn courier_core::DrainHold>), sqlx::Error>> {
+    ) -> Option<Result<(Vec<StoredRow>, Box<dyn crate::relay::DrainHold>), sqlx::Error>> {
         DB::drain(self, name, max, hold_for, held).await
     }
 

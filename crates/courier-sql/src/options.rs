@@ -223,7 +223,7 @@ impl SqlOptions {
 
     /// Makes the queue a cursor outbox (default `false`; PostgreSQL only): each row records the
     /// transaction that wrote it, and a [`Relay`](courier_core::relay::Relay) reads the queue
-    /// by a cursor ([`CursorSource`](courier_core::CursorSource)): a plain read of each row and
+    /// by a cursor ([`CursorSource`](crate::relay::CursorSource)): a plain read of each row and
     /// a range delete per batch, instead of locking and deleting row by row. The relay forwards
     /// in the order of the writing transactions (priorities are not honoured) and hands the
     /// destination what is left of a message's delay. Every writer of the queue and its relay

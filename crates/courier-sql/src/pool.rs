@@ -193,6 +193,50 @@ pub async fn sqlite_pool(url: &str, s: &PoolSettings) -> Result<sqlx::SqlitePool
     pool.connect_with(connect).await
 }
 
+/// The write turn of a SQLite database in this process: one lock per file, shared by everything
+/// of Courier's that writes it through `pool` (the message table's writes and checkpoints, the
+/// run store's), so that they take turns here instead of meeting in SQLite's busy handler,
+/// which sleeps in steps of milliseconds. An in-memory database gets a lock of its own.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use courier_sql::{PoolSettings, sqlite_pool, sqlite_write_turn};
+/// let path = std::env::temp_dir().join(format!("courier-doc-turn-{}.db", std::process::id()));
+/// let url = format!("sqlite://{}", path.display());
+/// let a = sqlite_pool(&url, &PoolSettings::default()).await?;
+/// let b = sqlite_pool(&url, &PoolSettings::default()).await?;
+/// assert!(std::sync::Arc::ptr_eq(&sqlite_write_turn(&a), &sqlite_write_turn(&b)));
+/// let memory = sqlite_pool("sqlite::memory:", &PoolSettings::default()).await?;
+/// assert!(!std::sync::Arc::ptr_eq(&sqlite_write_turn(&a), &sqlite_write_turn(&memory)));
+/// # drop((a, b)); let _ = std::fs::remove_file(&path);
+/// # Ok::<(), sqlx::Error>(()) }).unwrap();
+/// ```
+#[cfg(feature = "sqlite")]
+#[must_use]
+pub fn sqlite_write_turn(pool: &sqlx::SqlitePool) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+
+    type Turns = Mutex<HashMap<std::path::PathBuf, Weak<tokio::sync::Mutex<()>>>>;
+    static TURNS: OnceLock<Turns> = OnceLock::new();
+    let file = pool.connect_options().get_filename().to_path_buf();
+    let Ok(path) = std::fs::canonicalize(&file) else {
+        // In memory (or gone): nothing else in this process writes it through another pool.
+        return Arc::default();
+    };
+    let mut turns = TURNS
+        .get_or_init(Turns::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(turn) = turns.get(&path).and_then(Weak::upgrade) {
+        return turn;
+    }
+    turns.retain(|_, turn| turn.strong_count() > 0);
+    let turn = Arc::default();
+    turns.insert(path, Arc::downgrade(&turn));
+    turn
+}
+
 /// Connections of a SQLite file's write pool (see [`sqlite_writer_pool`]).
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE_WRITERS: u32 = 2;

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use courier_core::{Backoff, DrainHold, TransportError};
+use courier_core::{Backoff, TransportError};
+
+use crate::relay::DrainHold;
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool};
 use tokio::task::JoinHandle;
@@ -48,7 +50,7 @@ impl Drop for PgState {
     }
 }
 
-/// The statements of a cursor outbox (see [`courier_core::CursorSource`]): rows are ordered by
+/// The statements of a cursor outbox (see [`CursorSource`](crate::relay::CursorSource)): rows are ordered by
 /// `(relay_tx, id)`, the writing transaction's id then the row's.
 #[derive(Debug)]
 struct CursorSql {

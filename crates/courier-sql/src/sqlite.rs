@@ -48,7 +48,8 @@ async fn connect_with(
 ) -> Result<Messages<Sqlite>, sqlx::Error> {
     let settings = PoolSettings::from(o);
     let pool = sqlite_pool(url, &settings).await?;
-    let writer = Arc::new(Mutex::new(()));
+    // Shared with every other writer of the file in this process (the run store's too).
+    let writer = crate::pool::sqlite_write_turn(&pool);
     let (writes, checkpoints) = if in_memory(url) {
         (None, None)
     } else {
@@ -69,7 +70,7 @@ async fn connect_with(
 /// connections are set up to.
 pub(crate) fn from_pool(pool: sqlx::SqlitePool, o: &SqlOptions) -> Messages<Sqlite> {
     let state = SqliteState {
-        writer: Arc::new(Mutex::new(())),
+        writer: crate::pool::sqlite_write_turn(&pool),
         writes: None,
         checkpoints: None,
     };

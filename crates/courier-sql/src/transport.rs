@@ -4,17 +4,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use courier_core::{
-    Backoff, Capabilities, CursorLease, CursorPosition, CursorSource, Deduplicate,
-    DeduplicateStamp, DeduplicatedStamp, DelayStamp, DeliveryTagStamp, Drain, Drained, Dsn,
-    Envelope, Listable, MessageCount, MessageRegistry, PriorityStamp, Queues, SentStamp, Setup,
-    Transport, TransportError, TransportErrorKind, TransportMessageIdStamp, WorkerRegistry,
-    async_trait,
+    Backoff, Capabilities, Deduplicate, DeduplicateStamp, DeduplicatedStamp, DelayStamp,
+    DeliveryTagStamp, Dsn, Envelope, Listable, MessageCount, MessageRegistry, PriorityStamp,
+    Queues, SentStamp, Setup, Transport, TransportError, TransportErrorKind,
+    TransportMessageIdStamp, WorkerRegistry, async_trait,
 };
 use tokio::time::Instant;
 
 use crate::backend::{Backend, NewRow, StoredRow, Wake};
 use crate::error::{retry_transient, transport_error};
 use crate::migrate::Applied;
+use crate::relay::{CursorLease, CursorPosition, CursorSource, Drain, Drained};
 use crate::{Dialect, SqlOptions};
 
 /// The longest pause between two polls of an idle queue when no server push is available.
@@ -80,6 +80,25 @@ impl std::fmt::Debug for SqlTransport {
 }
 
 impl SqlTransport {
+    /// Draining ([`Drain`]: on PostgreSQL, but for a cursor outbox), what a relay reads this
+    /// queue with.
+    #[must_use]
+    pub fn as_drain(&self) -> Option<&dyn Drain> {
+        // A cursor outbox's rows are the cursor's to delete.
+        (matches!(
+            Dialect::from_scheme(self.dsn.scheme()),
+            Ok(Dialect::Postgres)
+        ) && !self.options.cursor)
+            .then_some(self as &dyn Drain)
+    }
+
+    /// Reading by a cursor ([`CursorSource`]: on PostgreSQL with `cursor=true`), what a relay
+    /// reads this queue with, and alone.
+    #[must_use]
+    pub fn as_cursor(&self) -> Option<&dyn CursorSource> {
+        self.backend.cursor().map(|_| self as &dyn CursorSource)
+    }
+
     /// Connects with the options in the DSN's query (see [`SqlOptions::from_dsn`]) and, unless
     /// `auto_setup=false`, creates the table.
     ///
@@ -1018,57 +1037,23 @@ impl Transport for SqlTransport {
         Ok(())
     }
 
-    fn as_setup(&self) -> Option<&dyn Setup> {
-        Some(self)
-    }
-
-    fn as_listable(&self) -> Option<&dyn Listable> {
-        Some(self)
-    }
-
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        Some(self)
-    }
-
-    fn as_queues(&self) -> Option<&dyn Queues> {
-        Some(self)
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
-        Some(&*self.workers)
-    }
-
-    fn as_deduplicate(&self) -> Option<&dyn Deduplicate> {
-        Some(self)
-    }
-
-    fn as_schedule_store(&self) -> Option<&dyn courier_core::ScheduleStore> {
-        Some(&*self.schedules)
-    }
-
-    fn as_pausable(&self) -> Option<&dyn courier_core::Pausable> {
-        Some(&*self.pauses)
-    }
-
-    fn as_drain(&self) -> Option<&dyn Drain> {
-        // A cursor outbox's rows are the cursor's to delete.
-        (matches!(
-            Dialect::from_scheme(self.dsn.scheme()),
-            Ok(Dialect::Postgres)
-        ) && !self.options.cursor)
-            .then_some(self as &dyn Drain)
-    }
-
-    fn as_cursor(&self) -> Option<&dyn CursorSource> {
-        self.backend.cursor().map(|_| self as &dyn CursorSource)
-    }
-
-    fn as_rate_limiter(&self) -> Option<&dyn courier_core::RateLimiter> {
-        Some(&*self.limits)
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        let mut abilities = courier_core::Abilities::none();
+        abilities.setup = Some(self);
+        abilities.listable = Some(self);
+        abilities.message_count = Some(self);
+        abilities.queues = Some(self);
+        abilities.any = Some(self);
+        abilities.worker_registry = Some(&*self.workers);
+        abilities.deduplicate = Some(self);
+        abilities.schedule_store = Some(&*self.schedules);
+        abilities.pausable = Some(&*self.pauses);
+        abilities.relay_source = {
+            (self.as_cursor().is_some() || self.as_drain().is_some())
+                .then_some(self as &dyn courier_core::relay::RelaySource)
+        };
+        abilities.rate_limiter = Some(&*self.limits);
+        abilities
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use courier_core::relay::{Relay, RelayOptions};
 use courier_core::{
-    BusError, BusNameStamp, CancellationToken, CursorPosition, CursorSource, DelayStamp, Envelope,
-    HandlerError, InMemoryTransport, MessageBus, MessageIdStamp, ReceivedStamp, TraceContextStamp,
-    Transport, TransportMessageIdStamp,
+    BusError, BusNameStamp, CancellationToken, DelayStamp, Envelope, HandlerError,
+    InMemoryTransport, MessageBus, MessageIdStamp, ReceivedStamp, TraceContextStamp, Transport,
+    TransportMessageIdStamp,
 };
+use courier_sql::relay::{CursorLease, CursorPosition, CursorSource};
 use courier_sql::{Inbox, InboxOptions, SqlDatabase, SqlTransport, dispatch_in};
 use courier_test::TestMessage;
 
@@ -654,11 +655,7 @@ async fn a_cursor_outbox_relays_in_order_and_empties_behind_itself() {
 
 /// Takes `cursor` for `owner`, waiting (10 s at most) while another holder lets go.
 #[cfg(feature = "postgres")]
-async fn take(
-    cursor: &dyn CursorSource,
-    owner: &str,
-    lease: Duration,
-) -> Box<dyn courier_core::CursorLease> {
+async fn take(cursor: &dyn CursorSource, owner: &str, lease: Duration) -> Box<dyn CursorLease> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(held) = cursor.acquire(owner, lease).await.unwrap() {

@@ -80,7 +80,10 @@ async fn one_holder_records_each_tick_once_and_an_expired_lease_moves_on(h: &Sql
 async fn the_pause_flag_is_shared_and_idempotent(h: &SqlHarness) {
     let (a, table) = h.make("").await;
     let b = h.reuse(&table).await;
-    let (pa, pb) = (a.as_pausable().unwrap(), b.as_pausable().unwrap());
+    let (pa, pb) = (
+        a.abilities().pausable.unwrap(),
+        b.abilities().pausable.unwrap(),
+    );
     assert!(!within(pb.is_paused()).await.unwrap());
     assert!(within(pa.set_paused(true)).await.unwrap());
     assert!(
@@ -106,13 +109,13 @@ async fn a_shared_bucket_never_grants_more_than_its_rate(h: &SqlHarness) {
         .unwrap()
         .with_burst(4);
     // A new row is a full bucket: the first take creates it (granting nothing) or takes.
-    let limiter = a.as_rate_limiter().unwrap();
+    let limiter = a.abilities().rate_limiter.unwrap();
     let mut first = within(limiter.take(&limit, 10)).await.unwrap();
     if first.granted == 0 {
         first = within(limiter.take(&limit, 10)).await.unwrap();
     }
     assert_eq!(first.granted, 4, "the burst, at most");
-    let empty = within(b.as_rate_limiter().unwrap().take(&limit, 1))
+    let empty = within(b.abilities().rate_limiter.unwrap().take(&limit, 1))
         .await
         .unwrap();
     assert_eq!(empty.granted, 0, "seen through another connection");
@@ -128,7 +131,7 @@ async fn a_shared_bucket_never_grants_more_than_its_rate(h: &SqlHarness) {
         tokio::spawn(async move {
             let mut got = 0_u32;
             while started.elapsed() < Duration::from_secs(2) {
-                let taken = within(t.as_rate_limiter().unwrap().take(&limit, 1))
+                let taken = within(t.abilities().rate_limiter.unwrap().take(&limit, 1))
                     .await
                     .unwrap();
                 got += taken.granted;

@@ -88,21 +88,26 @@ async fn queues_share_a_table_without_seeing_each_other(h: &common::SqlHarness) 
     let parked = timeout(failed.send(Envelope::new(TestMessage::new(2))))
         .await
         .unwrap();
-    let listable = failed.as_listable().unwrap();
+    let listable = failed.abilities().listable.unwrap();
     let listed = timeout(listable.list(10)).await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].message::<TestMessage>().unwrap().seq, 2);
     assert_eq!(
-        timeout(main.as_message_count().unwrap().message_count())
+        timeout(main.abilities().message_count.unwrap().message_count())
             .await
             .unwrap(),
         1
     );
     assert!(
-        timeout(main.as_listable().unwrap().find(parked.id().unwrap()))
-            .await
-            .unwrap()
-            .is_none()
+        timeout(
+            main.abilities()
+                .listable
+                .unwrap()
+                .find(parked.id().unwrap())
+        )
+        .await
+        .unwrap()
+        .is_none()
     );
     assert!(
         timeout(listable.remove(parked.id().unwrap()))
@@ -110,7 +115,7 @@ async fn queues_share_a_table_without_seeing_each_other(h: &common::SqlHarness) 
             .unwrap()
     );
     assert_eq!(
-        timeout(failed.as_message_count().unwrap().message_count())
+        timeout(failed.abilities().message_count.unwrap().message_count())
             .await
             .unwrap(),
         0
@@ -135,7 +140,7 @@ async fn a_large_send_batch_returns_each_rows_id(h: &common::SqlHarness) {
         .collect();
     let sent = timeout(t.send_batch(batch)).await.unwrap();
     assert_eq!(sent.len(), 1_200);
-    let listable = t.as_listable().unwrap();
+    let listable = t.abilities().listable.unwrap();
     for (seq, e) in sent.iter().enumerate().step_by(97) {
         let found = timeout(listable.find(e.id().unwrap()))
             .await

@@ -21,7 +21,8 @@ fn record(id: &str) -> WorkerRecord {
 }
 
 fn registry(t: &SqlTransport) -> &dyn WorkerRegistry {
-    t.as_worker_registry()
+    t.abilities()
+        .worker_registry
         .expect("a SQL transport has a worker registry")
 }
 

@@ -1,5 +1,5 @@
 //! Deduplication checks every transport with a deduplication store runs
-//! ([`Transport::as_deduplicate`]).
+//! ([`Abilities::deduplicate`](courier_core::Abilities::deduplicate)).
 
 use std::sync::Arc;
 use std::time::Duration;

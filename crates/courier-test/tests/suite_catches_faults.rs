@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use courier_core::{
     Capabilities, DelayStamp, DeliveryTagStamp, Encoded, Envelope, InMemoryOptions,
-    InMemoryTransport, Listable, MessageCount, Transport, TransportError, TransportErrorKind,
+    InMemoryTransport, Listable, Transport, TransportError, TransportErrorKind,
     TransportMessageIdStamp, async_trait, encode,
 };
 use courier_test::{Harness, conformance};
@@ -181,12 +181,11 @@ impl Transport for Faulty {
         self.inner.ack_batch(envelopes).await
     }
 
-    fn as_listable(&self) -> Option<&dyn Listable> {
-        self.inner.as_listable()
-    }
-
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        self.inner.as_message_count()
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        let mut abilities = courier_core::Abilities::none();
+        abilities.listable = self.inner.abilities().listable;
+        abilities.message_count = self.inner.abilities().message_count;
+        abilities
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -61,7 +61,7 @@ impl AmqpHarness {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(Arc::clone(&t));
-        let setup = t.as_setup().expect("amqp has setup");
+        let setup = t.abilities().setup.expect("amqp has setup");
         tokio::time::timeout(OP, setup.setup())
             .await
             .expect("setup timed out")

@@ -248,7 +248,10 @@ async fn receivers(
         let Some(transport) = transports.get(&name) else {
             return Err(CliError::usage(format!("unknown transport `{name}`")));
         };
-        if transport.as_cursor().is_some() {
+        if transport
+            .as_relay_source()
+            .is_some_and(courier_core::relay::RelaySource::relay_only)
+        {
             // Read by `courier relay` alone: a worker's claims would take rows from under the
             // cursor. Left out of "every transport", refused by name.
             if args.transports.is_empty() {

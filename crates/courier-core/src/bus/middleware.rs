@@ -325,7 +325,7 @@ fn stamp_trace_context(envelope: Envelope, span: &tracing::Span) -> Envelope {
 
 /// Runs every handler of the message that has not handled it yet; collects the failures.
 async fn handle(bus: &MessageBus, mut envelope: Envelope) -> Result<Envelope, BusError> {
-    if let crate::message::Payload::Undecodable { error, .. } = &envelope.payload {
+    if let crate::envelope::Payload::Undecodable { error, .. } = &envelope.payload {
         return Err(BusError::Undecodable(Arc::clone(error)));
     }
     let handlers = bus

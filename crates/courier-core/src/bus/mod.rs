@@ -2,7 +2,9 @@
 
 mod batch;
 mod dedup;
+mod error;
 mod handler;
+mod link;
 pub(crate) mod middleware;
 mod query;
 mod routing;
@@ -11,12 +13,14 @@ mod sending;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 
 pub use batch::{BatchHandler, BatchItem, BatchOptions};
+pub use error::{BusError, HandlerFailure, QueryError};
 pub use handler::{Handler, HandlerOptions};
+pub use link::{BusLink, Dispatcher};
 pub use middleware::{Middleware, Next, with_trace_context};
-pub use query::{HandledResultStamp, QueryError, QueryHandler};
+pub use query::{HandledResultStamp, QueryHandler};
 pub use routing::Router;
 pub use sending::{SendHook, Sending};
 
@@ -24,7 +28,7 @@ use handler::{ErasedHandler, FnHandler, HandlerEntry, Typed};
 use middleware::{Prelude, Terminal};
 
 use crate::stamp::AnyStamp;
-use crate::{BusError, Envelope, HandlerError, Message, MessageRegistry, Transport};
+use crate::{Envelope, HandlerError, Message, MessageRegistry, Transport};
 
 /// The default bus name.
 pub const DEFAULT_BUS: &str = "default";
@@ -263,100 +267,6 @@ pub struct Prepared {
 impl<M: Message> From<M> for Envelope {
     fn from(message: M) -> Self {
         Envelope::new(message)
-    }
-}
-
-/// Lets a transport built before its bus (such as [`SyncTransport`](crate::SyncTransport)) reach
-/// the bus once it exists. The bus builder binds every link it is given. The link is weak: it is
-/// for parts the bus itself holds (a transport), which must not keep the bus alive. Code outside
-/// the bus uses a [`Dispatcher`]; a handler uses [`MessageBus::current`].
-#[derive(Clone, Default)]
-pub struct BusLink(Arc<OnceLock<Weak<BusInner>>>);
-
-impl fmt::Debug for BusLink {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.get().is_some() {
-            "BusLink(bound)"
-        } else {
-            "BusLink(unbound)"
-        })
-    }
-}
-
-impl BusLink {
-    /// An unbound link.
-    #[must_use]
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Binds the link to `bus` (the first binding wins).
-    pub fn bind(&self, bus: &MessageBus) {
-        let _ = self.0.set(Arc::downgrade(&bus.inner));
-    }
-
-    /// The bus, if bound and still alive.
-    #[must_use]
-    pub fn get(&self) -> Option<MessageBus> {
-        self.0
-            .get()
-            .and_then(Weak::upgrade)
-            .map(|inner| MessageBus { inner })
-    }
-}
-
-/// The bus a producer outside the bus dispatches on, handed out before the bus exists: give it
-/// to [`MessageBusBuilder::dispatcher`], and [`MessageBusBuilder::build`] fills it once. From
-/// then on it holds the bus (a strong handle: the bus lives as long as a dispatcher does), so
-/// a filled dispatcher never loses it. Never put one inside the bus it dispatches on (in a
-/// handler or a transport): that is a cycle the bus is never freed from; a handler reaches its
-/// bus with [`MessageBus::current`].
-///
-/// ```
-/// use courier_core::{Dispatcher, MessageBus};
-///
-/// let dispatcher = Dispatcher::new();
-/// assert!(dispatcher.bus().is_none());
-/// let builder = MessageBus::builder().name("orders").dispatcher(&dispatcher);
-/// drop(builder.build());
-/// assert_eq!(dispatcher.bus().map(MessageBus::name), Some("orders"));
-/// ```
-#[derive(Clone, Default)]
-pub struct Dispatcher(Arc<OnceLock<MessageBus>>);
-
-impl fmt::Debug for Dispatcher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.bus() {
-            Some(bus) => write!(f, "Dispatcher({})", bus.name()),
-            None => f.write_str("Dispatcher(unfilled)"),
-        }
-    }
-}
-
-impl Dispatcher {
-    /// A dispatcher no bus has filled yet.
-    #[must_use]
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A dispatcher filled with `bus` already.
-    #[must_use]
-    pub fn of(bus: &MessageBus) -> Self {
-        let d = Self::new();
-        d.fill(bus);
-        d
-    }
-
-    /// The bus, once built (`None` until the builder it was given to has built).
-    #[must_use]
-    pub fn bus(&self) -> Option<&MessageBus> {
-        self.0.get()
-    }
-
-    fn fill(&self, bus: &MessageBus) {
-        // The first bus built wins: a dispatcher given to two builders dispatches on the first.
-        let _ = self.0.set(bus.clone());
     }
 }
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
+use super::error::QueryError;
 use super::handler::ErasedHandler;
 use crate::{Envelope, HandlerError, Message, Stamp};
 
@@ -130,38 +131,6 @@ impl<'de> serde::Deserialize<'de> for HandledResultStamp {
 impl Stamp for HandledResultStamp {
     const NAME: &'static str = "handled-result";
     const SENDABLE: bool = false;
-}
-
-/// Why [`MessageBus::query`](crate::MessageBus::query) has no single result to return.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum QueryError {
-    /// The message was routed to transports: sent, not handled here.
-    #[error("sent to transport(s) {} instead of being handled", transports.join(", "))]
-    SentToTransport {
-        /// The transports it went to.
-        transports: Vec<String>,
-    },
-    /// No handler that answers handled it (only handlers without a result did).
-    #[error("no query handler answered (handled by: {})", if handlers.is_empty() { "none".to_owned() } else { handlers.join(", ") })]
-    NoResult {
-        /// The handlers that handled it without a result.
-        handlers: Vec<String>,
-    },
-    /// Several handlers handled it: which result is meant is not clear.
-    #[error("handled by {} handlers ({}), a query needs exactly one", handlers.len(), handlers.join(", "))]
-    SeveralHandlers {
-        /// Their names.
-        handlers: Vec<String>,
-    },
-    /// The handler answered with another type than the one asked for.
-    #[error("handler `{handler}` does not answer with `{expected}`")]
-    WrongType {
-        /// The handler's name.
-        handler: String,
-        /// The type asked for.
-        expected: &'static str,
-    },
 }
 
 pub(crate) struct QueryTyped<M, H> {

@@ -10,12 +10,12 @@ use serde_json::value::RawValue;
 
 use super::raw::{ContentType, RawParts, base64_decode};
 use super::{
-    BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, DecodeFn,
-    JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE, MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER,
+    BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, DecodeFn, Decoders,
+    JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE, STAMP_HEADER_PREFIX, TYPE_HEADER,
 };
 use crate::Envelope;
+use crate::envelope::Payload;
 use crate::envelope::{RawSlot, Slot};
-use crate::message::Payload;
 
 /// Headers that name a registered type and carry well-formed stamps: all that is left to do for
 /// a message is to decode its body.
@@ -322,8 +322,8 @@ impl<'a> HeaderSink<'a> {
         }
     }
 
-    pub(super) fn finish(self, registry: &MessageRegistry, body: String) -> Envelope {
-        match self.prepare(registry) {
+    pub(super) fn finish(self, decoders: &Decoders, body: String) -> Envelope {
+        match self.prepare(decoders) {
             Ok(prepared) => prepared.into_envelope(body),
             Err(rejected) => rejected.envelope(body.into_bytes()),
         }
@@ -332,14 +332,14 @@ impl<'a> HeaderSink<'a> {
     /// The envelope of a message whose body is not UTF-8: undecodable whatever its headers say.
     pub(super) fn finish_not_text(
         self,
-        registry: &MessageRegistry,
+        decoders: &Decoders,
         e: std::string::FromUtf8Error,
     ) -> Envelope {
         let error = DecodeError::BodyNotText {
             source: e.utf8_error(),
         };
         let body = e.into_bytes();
-        match self.prepare(registry) {
+        match self.prepare(decoders) {
             Ok(p) if p.raw_msgpack() => {
                 let parts = p.parts();
                 Prepared::finish_msgpack(parts, p.stamps.clone(), p.extra_headers.clone(), body)
@@ -364,7 +364,7 @@ impl<'a> HeaderSink<'a> {
     }
 
     /// Resolves the type: the decoder to run on each body, or why there is none.
-    pub(super) fn prepare(self, registry: &MessageRegistry) -> Result<Prepared, Rejected> {
+    pub(super) fn prepare(self, decoders: &Decoders) -> Result<Prepared, Rejected> {
         let Self {
             stamps,
             stamp_error,
@@ -398,7 +398,7 @@ impl<'a> HeaderSink<'a> {
                     encoding: body_encoding.as_deref().unwrap_or_default().to_owned(),
                 }
             }
-            (Some(n), None) => match registry.decoders.get_key_value(&**n) {
+            (Some(n), None) => match decoders.get_key_value(&**n) {
                 Some((name, decode)) => {
                     return Ok(Prepared {
                         name,
@@ -426,5 +426,26 @@ impl<'a> HeaderSink<'a> {
                 unreadable_headers: None,
             }),
         })
+    }
+}
+
+/// An envelope for headers that are not a JSON object of strings: they are kept as stored.
+pub(super) fn unreadable_headers(
+    body: Vec<u8>,
+    headers: &[u8],
+    source: serde_json::Error,
+) -> Envelope {
+    Envelope {
+        payload: Payload::Undecodable {
+            name: None,
+            body: Arc::from(body),
+            error: Arc::new(DecodeError::InvalidHeaders { source }),
+            raw: Arc::new(RawParts {
+                unreadable_headers: Some(headers.into()),
+                ..RawParts::default()
+            }),
+        },
+        stamps: Vec::with_capacity(4),
+        extra_headers: None,
     }
 }

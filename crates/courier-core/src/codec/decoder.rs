@@ -3,8 +3,8 @@
 use std::fmt;
 
 use super::MessageRegistry;
+use super::decode::unreadable_headers;
 use super::decode::{HeaderSink, Prepared};
-use super::raw::unreadable_headers;
 use crate::Envelope;
 
 /// Decodes a run of messages stored as body + headers JSON (see
@@ -61,7 +61,7 @@ impl JsonDecoder<'_> {
         match String::from_utf8(body) {
             Ok(body) => self.decode(body, text),
             Err(e) => match serde_json::from_str::<HeaderSink<'_>>(text) {
-                Ok(sink) => sink.finish_not_text(self.registry, e),
+                Ok(sink) => sink.finish_not_text(&self.registry.decoders, e),
                 Err(source) => unreadable_headers(e.into_bytes(), headers, source),
             },
         }
@@ -79,7 +79,7 @@ impl JsonDecoder<'_> {
             return self.registry.decode_json(body, headers);
         }
         match serde_json::from_str::<HeaderSink<'_>>(headers) {
-            Ok(sink) => match sink.prepare(self.registry) {
+            Ok(sink) => match sink.prepare(&self.registry.decoders) {
                 Ok(prepared) => {
                     let envelope = prepared.envelope(body);
                     self.last = Some((headers.to_owned(), prepared));
@@ -88,6 +88,19 @@ impl JsonDecoder<'_> {
                 Err(rejected) => rejected.envelope(body.into_bytes()),
             },
             Err(source) => unreadable_headers(body.into_bytes(), headers.as_bytes(), source),
+        }
+    }
+}
+
+impl MessageRegistry {
+    /// A decoder for a batch of messages in the [`decode_json`](MessageRegistry::decode_json) form, which
+    /// parses each distinct headers text once.
+    #[must_use]
+    pub fn json_decoder(&self) -> JsonDecoder<'_> {
+        JsonDecoder {
+            registry: self,
+            last: None,
+            warm: false,
         }
     }
 }

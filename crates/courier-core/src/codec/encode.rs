@@ -3,14 +3,16 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use super::raw::{base64_encode, push_raw_headers};
+use super::raw::{
+    RAW_HEADERS_BASE64_HEADER, RAW_HEADERS_HEADER, RawParts, base64_body, base64_encode,
+};
 use super::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, EncodeError, Encoded,
     JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE, STAMP_HEADER_PREFIX, Serializer, TYPE_HEADER,
 };
 use crate::Envelope;
+use crate::envelope::Payload;
 use crate::envelope::Slot;
-use crate::message::Payload;
 
 /// Encodes an envelope (see [`MessageRegistry::encode`](crate::MessageRegistry::encode)); needs no registry.
 ///
@@ -362,4 +364,35 @@ fn escape_into(out: &mut String, s: &str) {
         start = i + 1;
     }
     out.push_str(&s[start..]);
+}
+
+/// The headers an undecodable message was read with that a typed envelope does not carry:
+/// its own `content-type`, stamp headers that did not parse, its body encoding, or headers
+/// that could not be read at all. Pushed before the stamps, so they win over them: a stamp
+/// header that did not parse stays as it was (it is why the message does not decode), even
+/// over stamps of its kind added since.
+fn push_raw_headers<'e>(headers: &mut Headers<'e>, body: &[u8], raw: &'e RawParts) {
+    if let Some(bytes) = &raw.unreadable_headers {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => headers.push((("", RAW_HEADERS_HEADER), Cow::Borrowed(text))),
+            Err(_) => {
+                let mut text = String::new();
+                base64_encode(bytes, &mut text);
+                headers.push((("", RAW_HEADERS_BASE64_HEADER), Cow::Owned(text)));
+            }
+        }
+    }
+    if let Some(c) = &raw.content_type {
+        headers.push((("", CONTENT_TYPE_HEADER), Cow::Borrowed(c)));
+    }
+    match &raw.body_encoding {
+        Some(e) => headers.push((("", BODY_ENCODING_HEADER), Cow::Borrowed(e))),
+        None if base64_body(body, raw) => {
+            headers.push((("", BODY_ENCODING_HEADER), Cow::Borrowed(BASE64_ENCODING)));
+        }
+        None => {}
+    }
+    for (name, value) in &raw.bad_stamp_headers {
+        headers.push((("", name), Cow::Borrowed(value)));
+    }
 }

@@ -9,11 +9,8 @@
 //! a message has no `type` header, so it stays undecodable wherever it goes.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
-use super::{CONTENT_TYPE_HEADER, DecodeError, Headers, JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE};
-use crate::Envelope;
-use crate::message::Payload;
+use super::{JSON_CONTENT_TYPE, MSGPACK_CONTENT_TYPE};
 
 /// The header saying how the body is encoded on the wire; the only value Courier knows is
 /// `base64` (the body's bytes are not UTF-8 text).
@@ -36,27 +33,6 @@ pub(crate) struct RawParts {
     pub(crate) body_encoding: Option<String>,
     /// Headers that could not be read as a JSON object of strings, as stored.
     pub(crate) unreadable_headers: Option<Box<[u8]>>,
-}
-
-/// An envelope for headers that are not a JSON object of strings: they are kept as stored.
-pub(super) fn unreadable_headers(
-    body: Vec<u8>,
-    headers: &[u8],
-    source: serde_json::Error,
-) -> Envelope {
-    Envelope {
-        payload: Payload::Undecodable {
-            name: None,
-            body: Arc::from(body),
-            error: Arc::new(DecodeError::InvalidHeaders { source }),
-            raw: Arc::new(RawParts {
-                unreadable_headers: Some(headers.into()),
-                ..RawParts::default()
-            }),
-        },
-        stamps: Vec::with_capacity(4),
-        extra_headers: None,
-    }
 }
 
 /// The `content-type` a decodable message came with, kept without allocating in the usual
@@ -93,37 +69,6 @@ impl ContentType {
 /// the body is not the wire text of an encoding that did not decode, kept verbatim).
 pub(super) fn base64_body(body: &[u8], raw: &RawParts) -> bool {
     raw.body_encoding.is_none() && std::str::from_utf8(body).is_err()
-}
-
-/// The headers an undecodable message was read with that a typed envelope does not carry:
-/// its own `content-type`, stamp headers that did not parse, its body encoding, or headers
-/// that could not be read at all. Pushed before the stamps, so they win over them: a stamp
-/// header that did not parse stays as it was (it is why the message does not decode), even
-/// over stamps of its kind added since.
-pub(super) fn push_raw_headers<'e>(headers: &mut Headers<'e>, body: &[u8], raw: &'e RawParts) {
-    if let Some(bytes) = &raw.unreadable_headers {
-        match std::str::from_utf8(bytes) {
-            Ok(text) => headers.push((("", RAW_HEADERS_HEADER), Cow::Borrowed(text))),
-            Err(_) => {
-                let mut text = String::new();
-                base64_encode(bytes, &mut text);
-                headers.push((("", RAW_HEADERS_BASE64_HEADER), Cow::Owned(text)));
-            }
-        }
-    }
-    if let Some(c) = &raw.content_type {
-        headers.push((("", CONTENT_TYPE_HEADER), Cow::Borrowed(c)));
-    }
-    match &raw.body_encoding {
-        Some(e) => headers.push((("", BODY_ENCODING_HEADER), Cow::Borrowed(e))),
-        None if base64_body(body, raw) => {
-            headers.push((("", BODY_ENCODING_HEADER), Cow::Borrowed(BASE64_ENCODING)));
-        }
-        None => {}
-    }
-    for (name, value) in &raw.bad_stamp_headers {
-        headers.push((("", name), Cow::Borrowed(value)));
-    }
 }
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use super::decode::HeaderSink;
-use super::raw::unreadable_headers;
-use super::{DecodeFn, EncodeError, Encoded, JsonDecoder, encode};
+use super::decode::unreadable_headers;
+use super::{DecodeFn, EncodeError, Encoded, encode};
 use crate::{Envelope, Message};
 
 /// Maps wire names to message types, and encodes / decodes envelopes.
@@ -81,7 +81,7 @@ impl MessageRegistry {
         for (key, value) in headers {
             sink.push(Cow::Owned(key), Cow::Owned(value));
         }
-        sink.finish(self, body)
+        sink.finish(&self.decoders, body)
     }
 
     /// Decodes a message stored as a body and its headers as one JSON object (the form
@@ -100,7 +100,7 @@ impl MessageRegistry {
     #[must_use]
     pub fn decode_json(&self, body: String, headers: &str) -> Envelope {
         match serde_json::from_str::<HeaderSink<'_>>(headers) {
-            Ok(sink) => sink.finish(self, body),
+            Ok(sink) => sink.finish(&self.decoders, body),
             Err(source) => unreadable_headers(body.into_bytes(), headers.as_bytes(), source),
         }
     }
@@ -117,19 +117,8 @@ impl MessageRegistry {
                 for (key, value) in headers {
                     sink.push(Cow::Owned(key), Cow::Owned(value));
                 }
-                sink.finish_not_text(self, e)
+                sink.finish_not_text(&self.decoders, e)
             }
-        }
-    }
-
-    /// A decoder for a batch of messages in the [`decode_json`](Self::decode_json) form, which
-    /// parses each distinct headers text once.
-    #[must_use]
-    pub fn json_decoder(&self) -> JsonDecoder<'_> {
-        JsonDecoder {
-            registry: self,
-            last: None,
-            warm: false,
         }
     }
 }

@@ -254,7 +254,7 @@ impl Scheduler {
     }
 }
 
-/// A transport's schedule store ([`Transport::as_schedule_store`]) as an
+/// A transport's schedule store ([`Abilities::schedule_store`](crate::Abilities::schedule_store)) as an
 /// `Arc<dyn ScheduleStore>` that keeps the transport alive; `None` when it has none.
 #[must_use]
 pub fn shared_schedule_store(transport: Arc<dyn Transport>) -> Option<Arc<dyn ScheduleStore>> {

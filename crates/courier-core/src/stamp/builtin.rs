@@ -417,7 +417,7 @@ impl Stamp for DeliveryTagStamp {
 
 /// Send this message only if no message with the same `key` was sent within `ttl` (Symfony's
 /// `DeduplicateStamp`). Local: the bus checks it before sending, against the target transport's
-/// deduplication store ([`Transport::as_deduplicate`](crate::Transport::as_deduplicate)) or the
+/// deduplication store ([`Abilities::deduplicate`](crate::Abilities::deduplicate)) or the
 /// bus's own ([`MessageBusBuilder::deduplicate_store`](crate::MessageBusBuilder::deduplicate_store)).
 /// A duplicate is not sent: the envelope [`dispatch`](crate::MessageBus::dispatch) returns
 /// carries a [`DeduplicatedStamp`] instead of a [`SentStamp`]. The key is held for `ttl` from

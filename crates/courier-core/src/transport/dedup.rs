@@ -12,7 +12,7 @@ use crate::TransportError;
 /// Takes deduplication keys for a while: a table on SQL (`<table>_dedup`, its expired rows
 /// pruned by the transport), `SET NX PX` on Redis (expiring by themselves), a map in memory
 /// (expired entries dropped as it grows). Reached through
-/// [`Transport::as_deduplicate`](crate::Transport::as_deduplicate), or given to a bus with
+/// [`Abilities::deduplicate`](crate::Abilities::deduplicate), or given to a bus with
 /// [`MessageBusBuilder::deduplicate_store`](crate::MessageBusBuilder::deduplicate_store).
 #[async_trait]
 pub trait Deduplicate: Send + Sync {
@@ -31,7 +31,7 @@ pub trait Deduplicate: Send + Sync {
     /// that transport: its send does, and returns the envelope with a
     /// [`DeduplicatedStamp`](crate::DeduplicatedStamp) naming the transport (its
     /// [`SentStamp`](crate::SentStamp)'s) and no transport id when the key was held. Only
-    /// asked of a transport's own store ([`Transport::as_deduplicate`](crate::Transport::as_deduplicate));
+    /// asked of a transport's own store ([`Abilities::deduplicate`](crate::Abilities::deduplicate));
     /// default `false`: the bus takes the key first and releases it if the send fails.
     fn takes_keys_on_send(&self) -> bool {
         false

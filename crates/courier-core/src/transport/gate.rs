@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Capabilities, RateLimiter, Transport};
+use super::{Abilities, Capabilities, RateLimiter, Transport};
 use crate::{Envelope, TransportError};
 
 /// How many messages a gate may fetch.
@@ -22,7 +22,7 @@ pub(crate) trait Admission: Send + Sync + Debug + 'static {
     /// `get` returns nothing).
     async fn wait(&self, inner: &dyn Transport, max: usize) -> Result<usize, TransportError>;
 
-    /// The bucket the gate answers [`Transport::as_rate_limiter`] with.
+    /// The bucket the gate answers [`Abilities::rate_limiter`] with.
     fn rate_limiter<'a>(&'a self, _inner: &'a dyn Transport) -> Option<&'a dyn RateLimiter> {
         None
     }
@@ -86,9 +86,10 @@ impl<A: Admission> Transport for Gate<A> {
     async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
         self.inner.ack_batch(envelopes).await
     }
-    super::forward_views!();
-    fn as_rate_limiter(&self) -> Option<&dyn RateLimiter> {
-        self.admission.rate_limiter(&*self.inner)
+    fn abilities(&self) -> Abilities<'_> {
+        let mut abilities = self.inner.abilities().through_gate();
+        abilities.rate_limiter = self.admission.rate_limiter(&*self.inner);
+        abilities
     }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()

@@ -445,28 +445,14 @@ impl Transport for InMemoryTransport {
         Ok(())
     }
 
-    fn as_setup(&self) -> Option<&dyn Setup> {
-        Some(self)
-    }
-
-    fn as_listable(&self) -> Option<&dyn Listable> {
-        Some(self)
-    }
-
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        Some(self)
-    }
-
-    fn as_deduplicate(&self) -> Option<&dyn super::Deduplicate> {
-        Some(&self.dedup)
-    }
-
-    fn as_rate_limiter(&self) -> Option<&dyn super::RateLimiter> {
-        Some(&self.limits)
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
+    fn abilities(&self) -> super::Abilities<'_> {
+        super::Abilities::none()
+            .setup(self)
+            .listable(self)
+            .message_count(self)
+            .deduplicate(&self.dedup)
+            .rate_limiter(&self.limits)
+            .any(self)
     }
 
     fn capabilities(&self) -> Capabilities {

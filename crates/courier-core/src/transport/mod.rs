@@ -2,47 +2,16 @@
 //!
 //! A [`Transport`] moves envelopes between a sender and a worker: `send`, `get`, `ack`, `reject`,
 //! `retry` and `keepalive`, plus batch forms for speed. Optional abilities (creating tables or
-//! queues, listing stored messages, counting them) are reached through the `as_*` accessors so a
-//! transport is always usable as `Arc<dyn Transport>`.
+//! queues, listing stored messages, counting them) are traits of their own, offered through one
+//! method, [`Transport::abilities`], so a transport is always usable as `Arc<dyn Transport>`.
 
-/// The views of a receiver wrapper (the pause and rate-limit gates), forwarded to its `inner`
-/// transport; used inside their `impl Transport`.
-macro_rules! forward_views {
-    () => {
-        fn as_setup(&self) -> Option<&dyn $crate::transport::Setup> {
-            self.inner.as_setup()
-        }
-        fn as_listable(&self) -> Option<&dyn $crate::transport::Listable> {
-            self.inner.as_listable()
-        }
-        fn as_message_count(&self) -> Option<&dyn $crate::transport::MessageCount> {
-            self.inner.as_message_count()
-        }
-        fn as_queues(&self) -> Option<&dyn $crate::transport::Queues> {
-            self.inner.as_queues()
-        }
-        fn as_worker_registry(&self) -> Option<&dyn $crate::transport::WorkerRegistry> {
-            self.inner.as_worker_registry()
-        }
-        fn as_deduplicate(&self) -> Option<&dyn $crate::transport::Deduplicate> {
-            self.inner.as_deduplicate()
-        }
-        fn as_schedule_store(&self) -> Option<&dyn $crate::schedule::ScheduleStore> {
-            self.inner.as_schedule_store()
-        }
-        fn as_pausable(&self) -> Option<&dyn $crate::transport::Pausable> {
-            self.inner.as_pausable()
-        }
-    };
-}
-use forward_views;
-
-mod cursor;
+mod abilities;
 mod dedup;
-mod drain;
 mod factory;
 mod gate;
+mod limiter;
 mod memory;
+mod pausable;
 mod pause;
 mod rate_limit;
 mod sync;
@@ -55,13 +24,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use cursor::{CursorLease, CursorPosition, CursorSource};
+pub use abilities::Abilities;
 pub use dedup::{Deduplicate, MemoryDeduplicator};
-pub use drain::{Drain, DrainHold, Drained};
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
+pub use limiter::{MemoryRateLimiter, RateLimit, RateLimiter, Taken};
 pub use memory::{InMemoryOptions, InMemoryTransport};
-pub use pause::{PAUSE_CHECK, Pausable, PauseGate};
-pub use rate_limit::{MemoryRateLimiter, RateLimit, RateLimitGate, RateLimiter, Taken};
+pub use pausable::Pausable;
+pub use pause::{PAUSE_CHECK, PauseGate};
+pub use rate_limit::RateLimitGate;
 pub use sync::SyncTransport;
 pub use workers::{DEFAULT_WORKER_STALE_AFTER, Heartbeat, WorkerRecord, WorkerRegistry};
 pub use workers_memory::{InMemoryWorkerRegistry, shared_worker_registry};
@@ -360,73 +330,12 @@ pub trait Transport: Send + Sync + Debug {
         Ok(())
     }
 
-    /// Creating tables, queues or consumer groups, if the transport needs it.
-    fn as_setup(&self) -> Option<&dyn Setup> {
-        None
-    }
-
-    /// Listing, finding and removing stored messages (what a failure transport needs).
-    fn as_listable(&self) -> Option<&dyn Listable> {
-        None
-    }
-
-    /// Counting waiting messages.
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        None
-    }
-
-    /// Receiving from one of several queues behind this transport (`consume --queues`).
-    fn as_queues(&self) -> Option<&dyn Queues> {
-        None
-    }
-
-    /// The worker registry in this transport's store (a table, a hash), where workers announce
-    /// themselves for `courier workers` and `courier stop-workers`.
-    fn as_worker_registry(&self) -> Option<&dyn WorkerRegistry> {
-        None
-    }
-
-    /// The deduplication store beside this transport's messages, for
-    /// [`DeduplicateStamp`](crate::DeduplicateStamp) (SQL, Redis, in-memory).
-    fn as_deduplicate(&self) -> Option<&dyn Deduplicate> {
-        None
-    }
-
-    /// The schedule store in this transport's store (a table, a key per schedule), where the
-    /// workers share the leases and last fired ticks of the recurring schedules.
-    fn as_schedule_store(&self) -> Option<&dyn crate::schedule::ScheduleStore> {
-        None
-    }
-
-    /// Pausing this transport's queue (`courier pause`), the flag in the transport's server.
-    fn as_pausable(&self) -> Option<&dyn Pausable> {
-        None
-    }
-
-    /// Taking messages out under a transaction held until committed ([`Drain`]: SQL on
-    /// PostgreSQL), which a relay reads its source with where it can. Gates (pause, rate
-    /// limit) do not pass it on, so a gated source is read through `get`, which they govern.
-    fn as_drain(&self) -> Option<&dyn Drain> {
-        None
-    }
-
-    /// Reading by a cursor ([`CursorSource`]: SQL on PostgreSQL with `cursor=true`), which a
-    /// relay prefers to [`as_drain`](Self::as_drain) and `get` where the source offers it.
-    fn as_cursor(&self) -> Option<&dyn CursorSource> {
-        None
-    }
-
-    /// The transport as [`Any`](std::any::Any), for code that needs its concrete type (the SQL
-    /// transport's `dispatch_in` finds the SQL transports a message is routed to). `None`
-    /// unless the transport offers it.
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        None
-    }
-
-    /// The rate-limit bucket of this transport's queue in its server (an SQL row, a Redis key),
-    /// shared by every worker of the queue (see [`RateLimitGate`]).
-    fn as_rate_limiter(&self) -> Option<&dyn RateLimiter> {
-        None
+    /// What the transport can do beyond the verbs: its optional abilities, each a trait of
+    /// its own ([`Setup`], [`Listable`], [`MessageCount`], ...), reached through
+    /// `dyn Transport`'s accessors (`transport.as_setup()`, ...). The one extension point
+    /// beside the verbs; the default offers none.
+    fn abilities(&self) -> Abilities<'_> {
+        Abilities::none()
     }
 
     /// What the transport can do.

@@ -18,17 +18,6 @@ use crate::TransportError;
 /// How often a gate reads the shared pause flag.
 pub const PAUSE_CHECK: Duration = Duration::from_millis(250);
 
-/// A transport whose queue can be paused, the flag shared through its server.
-#[async_trait]
-pub trait Pausable: Send + Sync {
-    /// Sets (`true`) or clears the pause flag of this transport's queue; returns whether it
-    /// changed.
-    async fn set_paused(&self, paused: bool) -> Result<bool, TransportError>;
-
-    /// Whether this transport's queue is paused.
-    async fn is_paused(&self) -> Result<bool, TransportError>;
-}
-
 /// A receiver that fetches nothing while its transport is paused: while the flag is set, its
 /// `get` returns nothing after [`PAUSE_CHECK`], and its `ack_and_get` sends the acks and
 /// fetches nothing.

@@ -146,7 +146,7 @@ impl WorkerRegistry for InMemoryWorkerRegistry {
     }
 }
 
-/// A transport's worker registry ([`Transport::as_worker_registry`]) as an
+/// A transport's worker registry ([`Abilities::worker_registry`](crate::Abilities::worker_registry)) as an
 /// `Arc<dyn WorkerRegistry>` that keeps the transport alive; `None` when it has none.
 #[must_use]
 pub fn shared_worker_registry(transport: Arc<dyn Transport>) -> Option<Arc<dyn WorkerRegistry>> {

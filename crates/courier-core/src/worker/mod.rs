@@ -13,12 +13,16 @@
 //! decode goes to the failure transport the same way; without a failure transport, failed
 //! messages stay on their transport for redelivery.
 
+mod ack;
+mod beside;
 mod events;
+mod fetch;
 mod hooks;
 mod io;
 mod process;
 mod registry;
 mod run;
+mod state;
 
 pub(crate) use io::AbortOnDrop;
 

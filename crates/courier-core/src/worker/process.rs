@@ -198,21 +198,14 @@ impl Worker {
             .any(|f| f.error.stops_worker());
         let decision = decide(&*receiver.retry, &envelope, &err);
         let will_retry = matches!(decision, RetryDecision::Retry(_));
-        metrics::message(metrics::MESSAGES_FAILED, &receiver.label, &message_type);
-        if timed_out(&err) {
-            // The handler (or the whole dispatch) was dropped: say so apart from other failures.
-            tracing::warn!(error = %err, will_retry, class = "timeout", "handler timed out: its future was dropped");
-            metrics::message(metrics::HANDLER_TIMEOUTS, &receiver.label, &message_type);
-        } else {
-            tracing::warn!(error = %err, will_retry, "handling failed");
-        }
-        self.emit_with(|| WorkerEvent::Failed {
-            transport: receiver.name.clone(),
-            message: envelope.message_name().to_owned(),
-            id: id.clone(),
-            error: err.to_string(),
+        self.report_failure(
+            receiver,
+            &envelope,
+            &err,
             will_retry,
-        });
+            id.as_deref(),
+            &message_type,
+        );
         let details = ErrorDetailsStamp::from_error(err.class(), &err);
         let after = match err {
             BusError::HandlerFailed {
@@ -226,19 +219,8 @@ impl Worker {
                 let next = after
                     .with_error_details(details)
                     .with(RedeliveryStamp::new(count));
-                match receiver.transport.retry(next, delay).await {
-                    Ok(()) => {
-                        metrics::message(metrics::MESSAGES_RETRIED, &receiver.label, &message_type);
-                        self.emit_with(|| WorkerEvent::Retried {
-                            transport: receiver.name.clone(),
-                            id,
-                            retry_count: count,
-                            delay,
-                        });
-                        Outcome::Retried
-                    }
-                    Err(e) => self.left(receiver, id, format!("retry failed: {e}")),
-                }
+                self.retry_later(receiver, next, count, delay, id, &message_type)
+                    .await
             }
             RetryDecision::Reject => {
                 let outcome = self
@@ -259,6 +241,59 @@ impl Worker {
             failed: true,
             stop,
             skipped: false,
+        }
+    }
+
+    /// Counts, logs and reports (as [`WorkerEvent::Failed`]) a failed handling.
+    fn report_failure(
+        &self,
+        receiver: &Receiver,
+        envelope: &Envelope,
+        err: &BusError,
+        will_retry: bool,
+        id: Option<&str>,
+        message_type: &crate::metrics::SharedString,
+    ) {
+        metrics::message(metrics::MESSAGES_FAILED, &receiver.label, message_type);
+        if timed_out(err) {
+            // The handler (or the whole dispatch) was dropped: say so apart from other failures.
+            tracing::warn!(error = %err, will_retry, class = "timeout", "handler timed out: its future was dropped");
+            metrics::message(metrics::HANDLER_TIMEOUTS, &receiver.label, message_type);
+        } else {
+            tracing::warn!(error = %err, will_retry, "handling failed");
+        }
+        self.emit_with(|| WorkerEvent::Failed {
+            transport: receiver.name.clone(),
+            message: envelope.message_name().to_owned(),
+            id: id.map(str::to_owned),
+            error: err.to_string(),
+            will_retry,
+        });
+    }
+
+    /// Puts a failed message (`next`: with its error details and retry count `count`) back on
+    /// its transport for another delivery after `delay`.
+    async fn retry_later(
+        &self,
+        receiver: &Receiver,
+        next: Envelope,
+        count: u32,
+        delay: std::time::Duration,
+        id: Option<String>,
+        message_type: &crate::metrics::SharedString,
+    ) -> Outcome {
+        match receiver.transport.retry(next, delay).await {
+            Ok(()) => {
+                metrics::message(metrics::MESSAGES_RETRIED, &receiver.label, message_type);
+                self.emit_with(|| WorkerEvent::Retried {
+                    transport: receiver.name.clone(),
+                    id,
+                    retry_count: count,
+                    delay,
+                });
+                Outcome::Retried
+            }
+            Err(e) => self.left(receiver, id, format!("retry failed: {e}")),
         }
     }
 

@@ -1,13 +1,12 @@
 //! What the worker tests share: a job message and an in-memory queue holding some.
 #![allow(dead_code, unreachable_pub)]
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use courier_core::{
-    Capabilities, Drain, DrainHold, Drained, Envelope, InMemoryTransport, Message, Transport,
-    TransportError, async_trait,
+    Capabilities, Envelope, InMemoryTransport, Message, Transport, TransportError, async_trait,
 };
 use serde::{Deserialize, Serialize};
 
@@ -178,58 +177,15 @@ pub async fn silent_once(calls: &AtomicUsize) {
 
 /// A source (or a destination) whose server stops answering (a network partition, a
 /// connection black-holed by a failover): its first drain, commit, fetch, ack and batch send
-/// never return. Later ones take from, and
-/// ack on, an in-memory queue. It drains (as PostgreSQL) when `drains`, else it is read with
-/// `get` and `ack_batch` (as the other stores).
+/// never return. Later ones take from, and ack on, an in-memory queue; it is read with `get`
+/// and `ack_batch` (courier-sql's tests/relay_drain.rs has the draining twin).
 #[derive(Debug, Default)]
 pub struct Unanswering {
     pub inner: Arc<InMemoryTransport>,
-    pub drains: bool,
-    pub drain_calls: AtomicUsize,
-    pub commit_calls: Arc<AtomicUsize>,
     pub get_calls: AtomicUsize,
     pub ack_calls: AtomicUsize,
     /// `send_batch` calls (as a destination: the first never answers either).
     pub send_calls: AtomicUsize,
-    /// The `hold_for` each drain was given.
-    pub holds: Mutex<Vec<Duration>>,
-}
-
-struct Hold {
-    inner: Arc<InMemoryTransport>,
-    envelopes: Vec<Envelope>,
-    commit_calls: Arc<AtomicUsize>,
-}
-
-#[async_trait]
-impl DrainHold for Hold {
-    async fn commit(self: Box<Self>) -> Result<(), TransportError> {
-        silent_once(&self.commit_calls).await;
-        self.inner.ack_batch(&self.envelopes).await
-    }
-}
-
-#[async_trait]
-impl Drain for Unanswering {
-    async fn drain(
-        &self,
-        max: usize,
-        hold_for: Duration,
-        held: &tokio::sync::Notify,
-    ) -> Result<Drained, TransportError> {
-        self.holds.lock().unwrap().push(hold_for);
-        silent_once(&self.drain_calls).await;
-        let envelopes = self.inner.get(max).await?;
-        if !envelopes.is_empty() {
-            held.notify_one();
-        }
-        let hold = Hold {
-            inner: self.inner.clone(),
-            envelopes: envelopes.clone(),
-            commit_calls: self.commit_calls.clone(),
-        };
-        Ok(Drained::new(envelopes, Box::new(hold)))
-    }
 }
 
 #[async_trait]
@@ -260,9 +216,6 @@ impl Transport for Unanswering {
     }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
-    }
-    fn as_drain(&self) -> Option<&dyn Drain> {
-        self.drains.then_some(self as &dyn Drain)
     }
 }
 

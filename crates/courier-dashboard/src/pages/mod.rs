@@ -11,9 +11,27 @@ pub(crate) mod workers;
 
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use courier_runs::Run;
 use maud::{Markup, html};
+use uuid::Uuid;
 
+use crate::error::DashboardError;
 use crate::state::Shared;
+
+/// Parses a run id from the path.
+pub(crate) fn parse_id(id: &str) -> Result<Uuid, DashboardError> {
+    Uuid::parse_str(id)
+        .map_err(|_| DashboardError::BadRequest(format!("`{id}` is not a run id (a UUID)")))
+}
+
+/// The run, or a 404.
+pub(crate) async fn find(shared: &Shared, id: Uuid) -> Result<Run, DashboardError> {
+    shared
+        .store
+        .find(id)
+        .await?
+        .ok_or_else(|| DashboardError::NotFound(format!("run {id} not found")))
+}
 
 /// A rendered page.
 pub(crate) fn html(markup: Markup) -> Html<String> {

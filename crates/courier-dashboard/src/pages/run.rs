@@ -8,26 +8,11 @@ use axum::response::Html;
 use courier_runs::{Budget, Run, RunEvent, RunStatus, StepRecord, StepStatus, Usage};
 use maud::{Markup, html};
 use serde::Deserialize;
-use uuid::Uuid;
 
 use super::layout::{self, Nav};
-use crate::error::{DashboardError, PageError};
+use super::{find, parse_id};
+use crate::error::PageError;
 use crate::state::Shared;
-
-/// Parses a run id from the path.
-pub(crate) fn parse_id(id: &str) -> Result<Uuid, DashboardError> {
-    Uuid::parse_str(id)
-        .map_err(|_| DashboardError::BadRequest(format!("`{id}` is not a run id (a UUID)")))
-}
-
-/// The run, or a 404.
-pub(crate) async fn find(shared: &Shared, id: Uuid) -> Result<Run, DashboardError> {
-    shared
-        .store
-        .find(id)
-        .await?
-        .ok_or_else(|| DashboardError::NotFound(format!("run {id} not found")))
-}
 
 /// One line of the timeline.
 struct Entry {

@@ -21,7 +21,7 @@ use super::layout::{self, Nav};
 use super::{csrf_field, given};
 use crate::error::{DashboardError, PageError};
 use crate::guard::same_secret;
-use crate::pages::run::{find, parse_id};
+use crate::pages::{find, parse_id};
 use crate::state::Shared;
 
 /// Who a signal is from when its form does not say.

@@ -128,7 +128,7 @@ impl NatsHarness {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(Arc::clone(&t));
-        let setup = t.as_setup().expect("nats has setup");
+        let setup = t.abilities().setup.expect("nats has setup");
         tokio::time::timeout(OP, setup.setup())
             .await
             .expect("setup timed out")

@@ -158,7 +158,10 @@ impl Harness for RedisHarness {
     async fn transport(&self) -> Arc<dyn Transport> {
         let stream = courier_test::env::unique_name("courier_test");
         let transport = self.with_options(self.options(&stream)).await;
-        let setup = transport.as_setup().expect("redis transport has setup");
+        let setup = transport
+            .abilities()
+            .setup
+            .expect("redis transport has setup");
         tokio::time::timeout(Duration::from_secs(10), setup.setup())
             .await
             .expect("setup timed out")
@@ -171,7 +174,10 @@ impl Harness for RedisHarness {
         let transport = self
             .with_options(self.options(&stream).redeliver_timeout(window))
             .await;
-        let setup = transport.as_setup().expect("redis transport has setup");
+        let setup = transport
+            .abilities()
+            .setup
+            .expect("redis transport has setup");
         tokio::time::timeout(Duration::from_secs(10), setup.setup())
             .await
             .expect("setup timed out")

@@ -24,9 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use courier_core::{
-    Capabilities, Envelope, Listable, MessageCount, Setup, Transport, TransportError,
-};
+use courier_core::{Capabilities, Envelope, Transport, TransportError};
 use courier_runs::{
     Dialect, Inserted, NewRun, Run, RunEvent, RunStatus, RunStore, Settlement, SqlRunStore,
     StoreError, TerminationReason, UniqueKey, async_trait,
@@ -495,14 +493,12 @@ impl Transport for CountingTransport {
         self.bump("ack_batch", 1);
         self.inner.ack_batch(envelopes).await
     }
-    fn as_setup(&self) -> Option<&dyn Setup> {
-        self.inner.as_setup()
-    }
-    fn as_listable(&self) -> Option<&dyn Listable> {
-        self.inner.as_listable()
-    }
-    fn as_message_count(&self) -> Option<&dyn MessageCount> {
-        self.inner.as_message_count()
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        let mut abilities = courier_core::Abilities::none();
+        abilities.setup = self.inner.as_setup();
+        abilities.listable = self.inner.as_listable();
+        abilities.message_count = self.inner.as_message_count();
+        abilities
     }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()

@@ -1,7 +1,8 @@
 //! SQLite: the hot writes of concurrent runs (claims, journaled steps, settles) share one
 //! transaction, sent to the connection's thread as one script.
 //!
-//! SQLite has one writer, so this store's writes take turns anyway (see `Runs::turn`). Here a
+//! SQLite has one writer, so this store's writes take turns anyway, on the file's turn that the
+//! message table's writes take too (`courier_sql::sqlite_write_turn`). Here a
 //! write that finds the turn taken waits in a queue; the next writer to get the turn takes
 //! every queued write with it, in order: `BEGIN IMMEDIATE; <write>; <write>; ...; COMMIT` with
 //! their values bound one after another, one round trip to the connection's thread and one
@@ -70,13 +71,15 @@ impl std::fmt::Debug for Combiner {
 }
 
 impl Combiner {
+    /// Writes through `pool`, taking turns with every other writer of its file in this process
+    /// ([`courier_sql::sqlite_write_turn`]).
     pub(in crate::store::sql) fn new(pool: SqlitePool) -> Self {
         Self {
+            turn: courier_sql::sqlite_write_turn(&pool),
             pool,
             #[cfg(test)]
             shared: Arc::default(),
             queue: Arc::default(),
-            turn: Arc::default(),
         }
     }
 
@@ -174,8 +177,9 @@ async fn transaction(pool: &SqlitePool, writes: &[&Write]) -> Result<Vec<Written
             match stream.try_next().await {
                 Ok(Some(Either::Right(row))) => rows.push(row),
                 Ok(Some(Either::Left(done))) => {
+                    let answered = std::mem::take(&mut rows);
                     if let Some((w, _)) = locate(writes, statement) {
-                        results[w].rows.push(std::mem::take(&mut rows));
+                        results[w].rows.push(answered);
                         results[w].changes.push(done.rows_affected());
                     }
                     statement += 1;

@@ -1,0 +1,327 @@
+//! The statements of the Doctrine layout on each database. Datetimes are bound as text
+//! (`Y-m-d H:i:s`, PHP's zone): PostgreSQL casts them to its `TIMESTAMP(0)` columns, SQLite
+//! stores them as Doctrine does, as text that sorts as time.
+
+use courier_core::{TransportError, TransportErrorKind};
+
+/// A claimed row.
+#[derive(Debug)]
+pub(crate) struct Row {
+    pub(crate) id: i64,
+    pub(crate) body: String,
+    pub(crate) headers: String,
+}
+
+/// The database behind the transport.
+#[derive(Debug, Clone)]
+pub(crate) enum Pool {
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    /// SQLite.
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+}
+
+#[cfg(feature = "postgres")]
+const PG_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id BIGSERIAL NOT NULL, body TEXT NOT NULL, \
+     headers TEXT NOT NULL, queue_name VARCHAR(190) NOT NULL, \
+     created_at TIMESTAMP(0) WITHOUT TIME ZONE NOT NULL, \
+     available_at TIMESTAMP(0) WITHOUT TIME ZONE NOT NULL, \
+     delivered_at TIMESTAMP(0) WITHOUT TIME ZONE DEFAULT NULL, PRIMARY KEY(id))";
+
+#[cfg(feature = "sqlite")]
+const SQLITE_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL, \
+     body CLOB NOT NULL, headers CLOB NOT NULL, queue_name VARCHAR(190) NOT NULL, \
+     created_at DATETIME NOT NULL, available_at DATETIME NOT NULL, delivered_at DATETIME DEFAULT NULL)";
+
+/// PHP's indexes: `queue_name`, `available_at`, `delivered_at`.
+const INDEXES: [&str; 3] = ["queue_name", "available_at", "delivered_at"];
+
+#[cfg(feature = "postgres")]
+const PG_CLAIM: &str = "UPDATE {t} SET delivered_at = $1::timestamp WHERE id IN (\
+     SELECT id FROM {t} WHERE queue_name = $2 \
+     AND (delivered_at IS NULL OR delivered_at < $3::timestamp) AND available_at <= $1::timestamp \
+     ORDER BY available_at ASC LIMIT $4 FOR UPDATE SKIP LOCKED) RETURNING id, body, headers";
+
+#[cfg(feature = "sqlite")]
+const SQLITE_CLAIM: &str = "UPDATE {t} SET delivered_at = ?1 WHERE id IN (\
+     SELECT id FROM {t} WHERE queue_name = ?2 \
+     AND (delivered_at IS NULL OR delivered_at < ?3) AND available_at <= ?1 \
+     ORDER BY available_at ASC LIMIT ?4) RETURNING id, body, headers";
+
+fn table(sql: &str, table: &str) -> String {
+    sql.replace("{t}", table)
+}
+
+impl Pool {
+    pub(crate) async fn connect(name: &str, url: &str) -> Result<Self, TransportError> {
+        let config = |context: String| {
+            TransportError::new(TransportErrorKind::Config, name.to_owned()).with_context(context)
+        };
+        let connection = |e: sqlx::Error| {
+            TransportError::new(TransportErrorKind::Connection, name.to_owned())
+                .with_context("connecting")
+                .with_source(e)
+        };
+        let scheme = url.split(':').next().unwrap_or_default();
+        match scheme {
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Ok(Self::Postgres(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(4)
+                    .connect(url)
+                    .await
+                    .map_err(connection)?,
+            )),
+            #[cfg(feature = "sqlite")]
+            "sqlite" => {
+                use std::str::FromStr;
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+                    .map_err(|e| config(format!("invalid SQLite URL: {e}")))?
+                    .create_if_missing(true)
+                    // As Courier's own SQL transport: WAL (PHP's PDO connections use it as
+                    // they find it), one fsync per checkpoint rather than per commit.
+                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                    .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+                    .busy_timeout(std::time::Duration::from_secs(30));
+                Ok(Self::Sqlite(
+                    sqlx::sqlite::SqlitePoolOptions::new()
+                        .max_connections(1)
+                        .connect_with(options)
+                        .await
+                        .map_err(connection)?,
+                ))
+            }
+            other => Err(config(format!(
+                "unknown scheme `{other}` for Symfony's Doctrine table (postgres or sqlite, with their features)"
+            ))),
+        }
+    }
+
+    pub(crate) fn messaging_system(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => "postgresql",
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => "sqlite",
+        }
+    }
+
+    pub(crate) async fn setup(&self, t: &str) -> Result<(), sqlx::Error> {
+        let create = match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => table(PG_CREATE, t),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => table(SQLITE_CREATE, t),
+        };
+        let mut statements = vec![create];
+        for column in INDEXES {
+            statements.push(format!(
+                "CREATE INDEX IF NOT EXISTS idx_{t}_{column} ON {t} ({column})"
+            ));
+        }
+        for statement in statements {
+            match self {
+                #[cfg(feature = "postgres")]
+                Self::Postgres(pool) => sqlx::query(&statement).execute(pool).await.map(drop)?,
+                #[cfg(feature = "sqlite")]
+                Self::Sqlite(pool) => sqlx::query(&statement).execute(pool).await.map(drop)?,
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn insert(
+        &self,
+        t: &str,
+        body: &str,
+        headers: &str,
+        queue: &str,
+        created: &str,
+        available: &str,
+    ) -> Result<i64, sqlx::Error> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
+                     VALUES ($1, $2, $3, $4::timestamp, $5::timestamp) RETURNING id"
+                );
+                sqlx::query_scalar(&sql)
+                    .bind(body)
+                    .bind(headers)
+                    .bind(queue)
+                    .bind(created)
+                    .bind(available)
+                    .fetch_one(pool)
+                    .await
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => {
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5) RETURNING id"
+                );
+                sqlx::query_scalar(&sql)
+                    .bind(body)
+                    .bind(headers)
+                    .bind(queue)
+                    .bind(created)
+                    .bind(available)
+                    .fetch_one(pool)
+                    .await
+            }
+        }
+    }
+
+    /// Inserts rows (`body`, `headers`, `available_at`) in one statement, all created at
+    /// `created`; their ids in order.
+    pub(crate) async fn insert_many(
+        &self,
+        t: &str,
+        rows: &[(String, String, String)],
+        queue: &str,
+        created: &str,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        let mut ids: Vec<i64> = match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                let values: Vec<String> = (0..rows.len())
+                    .map(|i| {
+                        let p = 3 + i * 3;
+                        format!(
+                            "(${}, ${}, $1, $2::timestamp, ${}::timestamp)",
+                            p,
+                            p + 1,
+                            p + 2
+                        )
+                    })
+                    .collect();
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
+                    values.join(", ")
+                );
+                let mut query = sqlx::query_scalar(&sql).bind(queue).bind(created);
+                for (body, headers, available) in rows {
+                    query = query.bind(body).bind(headers).bind(available);
+                }
+                query.fetch_all(pool).await?
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => {
+                let values: Vec<String> = (0..rows.len())
+                    .map(|i| {
+                        let p = 3 + i * 3;
+                        format!("(?{}, ?{}, ?1, ?2, ?{})", p, p + 1, p + 2)
+                    })
+                    .collect();
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
+                    values.join(", ")
+                );
+                let mut query = sqlx::query_scalar(&sql).bind(queue).bind(created);
+                for (body, headers, available) in rows {
+                    query = query.bind(body).bind(headers).bind(available);
+                }
+                query.fetch_all(pool).await?
+            }
+        };
+        // One statement takes its ids in the order of its rows.
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    pub(crate) async fn claim(
+        &self,
+        t: &str,
+        queue: &str,
+        now: &str,
+        horizon: &str,
+        max: usize,
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        let limit = i64::try_from(max).unwrap_or(i64::MAX);
+        let rows: Vec<(i64, String, String)> = match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                sqlx::query_as(&table(PG_CLAIM, t))
+                    .bind(now)
+                    .bind(queue)
+                    .bind(horizon)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => {
+                sqlx::query_as(&table(SQLITE_CLAIM, t))
+                    .bind(now)
+                    .bind(queue)
+                    .bind(horizon)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?
+            }
+        };
+        Ok(rows
+            .into_iter()
+            .map(|(id, body, headers)| Row { id, body, headers })
+            .collect())
+    }
+
+    pub(crate) async fn delete(&self, t: &str, id: i64) -> Result<(), sqlx::Error> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                let sql = format!("DELETE FROM {t} WHERE id = $1");
+                sqlx::query(&sql).bind(id).execute(pool).await.map(drop)
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => {
+                let sql = format!("DELETE FROM {t} WHERE id = ?1");
+                sqlx::query(&sql).bind(id).execute(pool).await.map(drop)
+            }
+        }
+    }
+
+    /// Deletes the rows with these ids, in one statement.
+    pub(crate) async fn delete_many(&self, t: &str, ids: &[i64]) -> Result<(), sqlx::Error> {
+        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+        let sql = format!("DELETE FROM {t} WHERE id IN ({})", list.join(", "));
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => sqlx::query(&sql).execute(pool).await.map(drop),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => sqlx::query(&sql).execute(pool).await.map(drop),
+        }
+    }
+
+    pub(crate) async fn touch(&self, t: &str, id: i64, now: &str) -> Result<(), sqlx::Error> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                let sql = format!(
+                    "UPDATE {t} SET delivered_at = $2::timestamp WHERE id = $1 AND delivered_at IS NOT NULL"
+                );
+                sqlx::query(&sql)
+                    .bind(id)
+                    .bind(now)
+                    .execute(pool)
+                    .await
+                    .map(drop)
+            }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => {
+                let sql = format!(
+                    "UPDATE {t} SET delivered_at = ?2 WHERE id = ?1 AND delivered_at IS NOT NULL"
+                );
+                sqlx::query(&sql)
+                    .bind(id)
+                    .bind(now)
+                    .execute(pool)
+                    .await
+                    .map(drop)
+            }
+        }
+    }
+}

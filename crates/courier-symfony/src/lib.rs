@@ -1,0 +1,50 @@
+//! Courier interop with [Symfony Messenger](https://symfony.com/doc/current/messenger.html):
+//! consume and produce Symfony's own messages, so PHP and Rust workers can share queues while
+//! message types move to Rust one at a time.
+//!
+//! - [`SymfonySerializer`]: Symfony's JSON `Serializer` format (the body as JSON with PHP's
+//!   property names, the PHP class in `type`, `X-Message-Stamp-<FQCN>` stamp headers), mapped
+//!   to Courier's messages by [`SymfonyTypes`]; it also reads `PhpSerializer` envelopes (never
+//!   writes them).
+//! - `DoctrineTransport` (feature `sql` with `postgres`, `sqlite` or `mysql`): Symfony's
+//!   Doctrine table `messenger_messages`, read and written as PHP does, so that PHP and Courier
+//!   workers consume one queue together.
+//!
+//! The PHP side must use `messenger.transport.symfony_serializer` on the transports it shares
+//! with Courier.
+//!
+//! ```
+//! use courier_core::{Envelope, Message, MessageRegistry};
+//! use courier_symfony::{SymfonySerializer, SymfonyTypes};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Ping { n: u32 }
+//! impl Message for Ping { const NAME: &'static str = "app.ping"; }
+//!
+//! let registry = MessageRegistry::new().with::<Ping>();
+//! let serializer = SymfonySerializer::new(SymfonyTypes::new().map(r"App\Message\Ping", "app.ping"));
+//! let wire = serializer.encode(&registry, &Envelope::new(Ping { n: 1 }))?;
+//! let headers = wire.headers_json();
+//! let back = serializer.decode(&registry, wire.body, &headers);
+//! assert_eq!(back.message::<Ping>().map(|p| p.n), Some(1));
+//! # Ok::<(), courier_core::EncodeError>(())
+//! ```
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod doctrine;
+pub mod php_datetime;
+mod php_envelope;
+mod php_json;
+mod php_serialize;
+pub mod redis_field;
+mod serializer;
+mod stamps;
+mod types;
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use doctrine::{DoctrineOptions, DoctrineTransport};
+pub use php_serialize::PhpSerializeError;
+pub use serializer::{PHP_DECODE_ERROR_HEADER, SymfonyEncoded, SymfonySerializer};
+pub use stamps::SYMFONY_STAMP_PREFIX;
+pub use types::SymfonyTypes;

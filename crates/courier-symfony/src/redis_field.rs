@@ -1,0 +1,74 @@
+//! The `message` field of Symfony's Redis transport: JSON `{"body": ..., "headers": {...}}`,
+//! wrapped by phpredis's PHP serializer (`s:<len>:"<json>";`, its default) unless PHP's DSN says
+//! `serializer=0`. [`read()`] detects both; [`write()`] writes either.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::php_json::php_string;
+use crate::php_serialize::{PhpSerializeError, PhpValue, unserialize};
+use crate::serializer::SymfonyEncoded;
+
+/// Why a Redis `message` field could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisFieldError {
+    /// It looked PHP-serialized (`s:`) but is not a PHP string.
+    #[error("message field is not a PHP-serialized string")]
+    PhpSerialized(#[source] PhpSerializeError),
+    /// It is not the JSON object `{"body": "...", "headers": {...}}`.
+    #[error("message field is not Symfony's JSON object of body and headers")]
+    Json(#[source] serde_json::Error),
+}
+
+#[derive(Deserialize)]
+struct Field<'a> {
+    body: String,
+    #[serde(borrow)]
+    headers: &'a RawValue,
+}
+
+/// Reads a `message` field into the body and the headers' JSON text (an object, or `[]`).
+///
+/// # Errors
+/// [`RedisFieldError`] when the field is neither form.
+pub fn read(field: &[u8]) -> Result<(String, String), RedisFieldError> {
+    let unwrapped;
+    let json: &[u8] = if field.starts_with(b"s:") {
+        match unserialize(field).map_err(RedisFieldError::PhpSerialized)? {
+            PhpValue::Str(bytes) => {
+                unwrapped = bytes;
+                &unwrapped
+            }
+            _ => {
+                return Err(RedisFieldError::PhpSerialized(PhpSerializeError {
+                    offset: 0,
+                    reason: "a string",
+                }));
+            }
+        }
+    } else {
+        field
+    };
+    let parsed: Field<'_> = serde_json::from_slice(json).map_err(RedisFieldError::Json)?;
+    Ok((parsed.body, parsed.headers.get().to_owned()))
+}
+
+/// Writes a `message` field as Symfony's Redis transport does: PHP-serialized when
+/// `php_serialized` (phpredis's default), plain JSON otherwise.
+#[must_use]
+pub fn write(encoded: &SymfonyEncoded, php_serialized: bool) -> String {
+    let body = php_string(&encoded.body);
+    let headers = encoded.headers_json();
+    let mut json = String::with_capacity(body.len() + headers.len() + 24);
+    json.push_str("{\"body\":");
+    json.push_str(&body);
+    json.push_str(",\"headers\":");
+    json.push_str(&headers);
+    json.push('}');
+    if php_serialized {
+        format!("s:{}:\"{json}\";", json.len())
+    } else {
+        json
+    }
+}

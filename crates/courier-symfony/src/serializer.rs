@@ -1,0 +1,238 @@
+//! [`SymfonySerializer`]: Symfony Messenger's JSON `Serializer` format to Courier's wire form and
+//! back.
+
+use std::collections::BTreeMap;
+
+use chrono_tz::Tz;
+use courier_core::{
+    CONTENT_TYPE_HEADER, EncodeError, Encoded, Envelope, JSON_CONTENT_TYPE, MessageRegistry,
+    STAMP_HEADER_PREFIX, TYPE_HEADER,
+};
+
+use crate::php_envelope;
+use crate::php_json::{php_escape, php_object};
+use crate::stamps::{Mapped, SYMFONY_STAMP_PREFIX};
+use crate::types::SymfonyTypes;
+
+/// Symfony's content type header (Courier's is lowercase).
+const SYMFONY_CONTENT_TYPE: &str = "Content-Type";
+
+/// The plain header naming why a body without a `type` header could not be read as a
+/// `PhpSerializer` envelope (PHP ignores it; `courier failed show` lists it).
+pub const PHP_DECODE_ERROR_HEADER: &str = "x-courier-symfony-decode-error";
+
+/// A message in Symfony's wire form: the body and the headers in the order Symfony writes them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SymfonyEncoded {
+    /// The body: the message as JSON (PHP's property names and escapes).
+    pub body: String,
+    /// `type`, the `X-Message-Stamp-<FQCN>` headers, Courier's own plain headers and
+    /// `Content-Type`, in that order.
+    pub headers: Vec<(String, String)>,
+}
+
+impl SymfonyEncoded {
+    /// The headers as PHP's `json_encode` writes them (the Doctrine `headers` column, the Redis
+    /// `headers` field): `[]` when there are none.
+    #[must_use]
+    pub fn headers_json(&self) -> String {
+        php_object(self.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+}
+
+/// Reads and writes Symfony Messenger's JSON serializer format (`messenger.transport.symfony_serializer`)
+/// and reads its `PhpSerializer` envelopes.
+///
+/// - the body is the message as JSON, with PHP's property names (name the Rust fields with
+///   `#[serde(rename_all = "camelCase")]` or `#[serde(rename)]`);
+/// - the `type` header is the PHP class, mapped to the wire name by [`SymfonyTypes`];
+/// - `DelayStamp`, `RedeliveryStamp`, `ErrorDetailsStamp`, `SentToFailureTransportStamp` and
+///   `BusNameStamp` become Courier's stamps and back; every other `X-Message-Stamp-*` header
+///   (and `TransportMessageIdStamp`) travels verbatim;
+/// - Courier's own stamps stay in its lowercase `x-courier-stamp-*` headers, which PHP ignores
+///   (a `X-Message-Stamp-*` header naming a class PHP does not know fails its decoding).
+///
+/// ```
+/// use courier_core::{Envelope, Message, MessageRegistry, RedeliveryStamp};
+/// use courier_symfony::{SymfonySerializer, SymfonyTypes};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// #[serde(rename_all = "camelCase")]
+/// struct SendEmail { to: String, retry_after: u32 }
+/// impl Message for SendEmail { const NAME: &'static str = "mail.send"; }
+///
+/// let registry = MessageRegistry::new().with::<SendEmail>();
+/// let serializer = SymfonySerializer::new(SymfonyTypes::new().map(r"App\Message\SendEmail", "mail.send"));
+/// let headers = r#"{"type":"App\\Message\\SendEmail","X-Message-Stamp-Symfony\\Component\\Messenger\\Stamp\\RedeliveryStamp":"[{\"retryCount\":1,\"redeliveredAt\":\"2024-05-06T07:08:09+00:00\"}]","Content-Type":"application\/json"}"#;
+/// let envelope = serializer.decode(&registry, r#"{"to":"a@example.com","retryAfter":5}"#.into(), headers);
+/// assert_eq!(envelope.message::<SendEmail>().map(|m| m.retry_after), Some(5));
+/// assert_eq!(envelope.last::<RedeliveryStamp>().map(|s| s.retry_count), Some(1));
+///
+/// let wire = serializer.encode(&registry, &Envelope::new(SendEmail { to: "b@example.com".into(), retry_after: 0 }))?;
+/// assert_eq!(wire.body, r#"{"to":"b@example.com","retryAfter":0}"#);
+/// assert_eq!(wire.headers_json(), r#"{"type":"App\\Message\\SendEmail","Content-Type":"application\/json"}"#);
+/// # Ok::<(), courier_core::EncodeError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct SymfonySerializer {
+    types: SymfonyTypes,
+    zone: Tz,
+}
+
+impl SymfonySerializer {
+    /// A serializer with these class mappings, writing datetimes in UTC.
+    #[must_use]
+    pub fn new(types: SymfonyTypes) -> Self {
+        Self {
+            types,
+            zone: Tz::UTC,
+        }
+    }
+
+    /// Writes the datetimes of stamps (`RedeliveryStamp::redeliveredAt`) in PHP's time zone, as
+    /// PHP does.
+    #[must_use]
+    pub fn with_zone(mut self, zone: Tz) -> Self {
+        self.zone = zone;
+        self
+    }
+
+    /// The class mappings.
+    #[must_use]
+    pub fn types(&self) -> &SymfonyTypes {
+        &self.types
+    }
+
+    /// The time zone datetimes are written in.
+    #[must_use]
+    pub fn zone(&self) -> Tz {
+        self.zone
+    }
+
+    /// Decodes a message stored in Symfony's form: its body and its headers as one JSON object
+    /// (or `[]`, as PHP stores no headers). Never fails: a message that does not decode comes
+    /// back as an envelope whose [`Envelope::decode_error`] says why (an unmapped class names
+    /// the class), body and headers kept, for the failure transport.
+    #[must_use]
+    pub fn decode(&self, registry: &MessageRegistry, body: String, headers_json: &str) -> Envelope {
+        match parse_headers(headers_json) {
+            Some(headers) => registry.decode(self.to_courier(body, headers)),
+            // Not an object of strings: the registry says so, keeping both.
+            None => registry.decode_json(body, headers_json),
+        }
+    }
+
+    /// Symfony's wire form to Courier's (see the type's documentation). A body with no `type`
+    /// header is read as a `PhpSerializer` envelope.
+    #[must_use]
+    pub fn to_courier(&self, body: String, headers: BTreeMap<String, String>) -> Encoded {
+        if !headers.contains_key(TYPE_HEADER) && php_envelope::looks_like_php_envelope(&body) {
+            return match php_envelope::read(&body) {
+                Ok(php) => {
+                    let mut headers = headers;
+                    headers.insert(TYPE_HEADER.to_owned(), php.class);
+                    headers.insert(
+                        SYMFONY_CONTENT_TYPE.to_owned(),
+                        JSON_CONTENT_TYPE.to_owned(),
+                    );
+                    headers.extend(php.stamp_headers);
+                    self.to_courier(php.body, headers)
+                }
+                Err(e) => Encoded {
+                    body,
+                    headers: BTreeMap::from([(PHP_DECODE_ERROR_HEADER.to_owned(), e.to_string())]),
+                },
+            };
+        }
+        let mut out = BTreeMap::new();
+        for (name, value) in headers {
+            if name == TYPE_HEADER {
+                let wire = self.types.wire_name(&value).map(str::to_owned);
+                out.insert(name, wire.unwrap_or(value));
+            } else if name.eq_ignore_ascii_case(SYMFONY_CONTENT_TYPE) {
+                out.insert(CONTENT_TYPE_HEADER.to_owned(), value);
+            } else if let Some(class) = name.strip_prefix(SYMFONY_STAMP_PREFIX) {
+                let mapped = Mapped::by_php_class(class).and_then(|m| {
+                    let courier = m.to_courier(&value)?;
+                    Some((
+                        format!("{STAMP_HEADER_PREFIX}{}", m.courier_name()?),
+                        courier,
+                    ))
+                });
+                match mapped {
+                    Some((courier_name, courier)) => {
+                        out.insert(courier_name, courier);
+                    }
+                    None => {
+                        out.insert(name, value);
+                    }
+                }
+            } else {
+                out.insert(name, value);
+            }
+        }
+        out.entry(CONTENT_TYPE_HEADER.to_owned())
+            .or_insert_with(|| JSON_CONTENT_TYPE.to_owned());
+        Encoded { body, headers: out }
+    }
+
+    /// Encodes an envelope in Symfony's form: what PHP's `messenger.transport.symfony_serializer`
+    /// decodes.
+    ///
+    /// # Errors
+    /// [`EncodeError`] if the message does not serialize.
+    pub fn encode(
+        &self,
+        registry: &MessageRegistry,
+        envelope: &Envelope,
+    ) -> Result<SymfonyEncoded, EncodeError> {
+        Ok(self.to_symfony(registry.encode(envelope)?))
+    }
+
+    /// Courier's wire form to Symfony's (see the type's documentation).
+    #[must_use]
+    pub fn to_symfony(&self, encoded: Encoded) -> SymfonyEncoded {
+        let Encoded { body, mut headers } = encoded;
+        let mut out = Vec::with_capacity(headers.len() + 1);
+        if let Some(name) = headers.remove(TYPE_HEADER) {
+            let class = self.types.php_class(&name).map(str::to_owned);
+            out.push((TYPE_HEADER.to_owned(), class.unwrap_or(name)));
+        }
+        let content_type = headers.remove(CONTENT_TYPE_HEADER);
+        for mapped in Mapped::ALL {
+            let symfony_name = format!("{SYMFONY_STAMP_PREFIX}{}", mapped.php_class());
+            let converted = mapped.courier_name().and_then(|name| {
+                let courier_name = format!("{STAMP_HEADER_PREFIX}{name}");
+                let list = mapped.to_symfony(headers.get(&courier_name)?, self.zone)?;
+                headers.remove(&courier_name);
+                Some(list)
+            });
+            if let Some(list) = converted.or_else(|| headers.remove(&symfony_name)) {
+                out.push((symfony_name, list));
+            }
+        }
+        // Stamps Courier does not know (verbatim), then Courier's own plain headers.
+        let (stamps, plain): (Vec<_>, Vec<_>) = headers
+            .into_iter()
+            .partition(|(name, _)| name.starts_with(SYMFONY_STAMP_PREFIX));
+        out.extend(stamps);
+        out.extend(plain);
+        out.push((
+            SYMFONY_CONTENT_TYPE.to_owned(),
+            content_type.unwrap_or_else(|| JSON_CONTENT_TYPE.to_owned()),
+        ));
+        SymfonyEncoded {
+            body: php_escape(&body),
+            headers: out,
+        }
+    }
+}
+
+/// Headers as PHP stores them: a JSON object of strings, or `[]` for none.
+fn parse_headers(json: &str) -> Option<BTreeMap<String, String>> {
+    if json.trim() == "[]" {
+        return Some(BTreeMap::new());
+    }
+    serde_json::from_str(json).ok()
+}
