@@ -490,12 +490,6 @@ impl Transport for RedisTransport {
         "redis"
     }
 
-    /// The concrete transport, for what only Redis offers (a keyed queue's
-    /// [`key_loads`](RedisTransport::key_loads)).
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         let mut sent = self.send_batch(vec![envelope]).await?;
         sent.pop().ok_or_else(|| {
@@ -684,6 +678,8 @@ impl Transport for RedisTransport {
         abilities.worker_registry = Some(self);
         abilities.message_count = Some(self);
         abilities.deduplicate = Some(self);
+        // The concrete transport, for what only Redis offers (a keyed queue's `key_loads`).
+        abilities.any = Some(self);
         abilities
     }
 

@@ -117,7 +117,7 @@ impl Queue {
 }
 
 async fn count(t: &RedisTransport) -> u64 {
-    timeout(t.as_message_count().unwrap().message_count())
+    timeout(courier_core::MessageCount::message_count(t))
         .await
         .unwrap()
 }
