@@ -46,18 +46,15 @@
 //! | `amqp` | `amqp::AmqpTransport` (RabbitMQ) |
 //! | `nats` | `nats::NatsTransport` (NATS JetStream) |
 //! | `runs` (default) | [`runs`]: durable runs under a lease, heartbeat, reaper, retry per failure class |
-//! | `cli` (default) | [`cli`]: the `courier` command line as a library (clap, tracing-subscriber; the binary adds mimalloc) |
-//! | `otel` | `otel` (`courier-otel`): OpenTelemetry spans and W3C trace context across transports, an OTLP exporter; with `cli`, `courier` exports to `OTEL_EXPORTER_OTLP_ENDPOINT` when it is set |
-//! | `agent` | `agent` (`courier-agent`): an OpenAI-compatible tool-calling agent on durable steps, with provider fallback and shared circuit breakers (reqwest, rustls on ring); with `cli`, `[agents.NAME]` tables |
+//! | `otel` | `otel` (`courier-otel`): OpenTelemetry spans and W3C trace context across transports, an OTLP exporter |
+//! | `agent` | `agent` (`courier-agent`): an OpenAI-compatible tool-calling agent on durable steps, with provider fallback and shared circuit breakers (reqwest, rustls on ring) |
+//! | `symfony` | `symfony` (`courier-symfony`): Symfony Messenger interop (its serializers and, with `sqlite` or `postgres`, its Doctrine table) |
 //! | `full` | everything |
 //!
-//! The defaults build the `courier` binary. A library turns them off and picks its transports,
-//! so that nothing of the command line is compiled and tokio gets only the features Courier uses
-//! (the runtime is the application's):
-//!
-//! ```toml
-//! courier = { version = "0.1", default-features = false, features = ["sql", "sqlite", "runs"] }
-//! ```
+//! The defaults are a library: no command line, no web server, no allocator, and tokio gets only
+//! the features Courier uses (the runtime is the application's). The `courier` command line is
+//! the `courier-cli` package (`cargo install courier-cli`); an application that wants its own
+//! binary with its handlers depends on `courier-cli` as a library (`courier_cli::App`).
 
 pub use courier_core::*;
 
@@ -65,8 +62,6 @@ pub use courier_core::*;
 pub use courier_agent as agent;
 #[cfg(feature = "amqp")]
 pub use courier_amqp as amqp;
-#[cfg(feature = "cli")]
-pub use courier_cli as cli;
 #[cfg(feature = "nats")]
 pub use courier_nats as nats;
 #[cfg(feature = "otel")]
@@ -81,7 +76,8 @@ pub use courier_sql as sql;
 pub use courier_symfony as symfony;
 
 /// A [`TransportRegistry`] with every transport this build enables: `sync://`, `in-memory://`
-/// and, by feature, the SQL, Redis, AMQP and NATS schemes.
+/// and, by feature, the SQL, Redis, AMQP and NATS schemes. The one list of the transport
+/// factories: the `courier` command line starts from it too.
 #[must_use]
 pub fn transport_registry() -> TransportRegistry {
     #[allow(unused_mut, reason = "mutated only when a transport feature is on")]

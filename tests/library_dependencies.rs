@@ -1,7 +1,8 @@
-//! A library user gets a library: `courier` without its default features pulls neither the
-//! command line's dependencies (clap, tracing-subscriber) nor the binary's C allocator
-//! (mimalloc), nor OpenTelemetry without `otel`, and tokio gets no signal, process or
-//! multi-threaded runtime code from Courier.
+//! A library user gets a library: `courier`, with its default features or any set of transports,
+//! pulls neither the command line's dependencies (clap, tracing-subscriber, the Prometheus
+//! exporter) nor the dashboard's (axum, maud) nor the binary's C allocator (mimalloc), nor
+//! OpenTelemetry without `otel`, and tokio gets no signal, process or multi-threaded runtime code
+//! from Courier. The `courier` binary and all of those are the `courier-cli` package's.
 //!
 //! Runs `cargo tree --locked --offline` on this workspace, so it needs no network and fails when
 //! the lock file would have to change.
@@ -14,9 +15,10 @@ const LIBRARY: &str = "sql,sqlite,runs";
 /// Every transport and the run layer, still without the command line.
 const EVERY_TRANSPORT: &str = "sql,sqlite,postgres,mysql,redis,amqp,runs";
 /// What only the `courier` binary needs (its dashboard included).
-const BINARY_ONLY: [&str; 7] = [
+const BINARY_ONLY: [&str; 8] = [
     "clap",
     "tracing-subscriber",
+    "metrics-exporter-prometheus",
     "mimalloc",
     "courier-cli",
     "courier-dashboard",
@@ -24,12 +26,13 @@ const BINARY_ONLY: [&str; 7] = [
     "maud",
 ];
 
-/// `cargo tree` for the facade with `args`, one line per entry, without the tree drawing.
-fn cargo_tree(args: &[&str]) -> String {
+/// `cargo tree` for the package `package` with `args`, one line per entry, without the tree
+/// drawing.
+fn cargo_tree_of(package: &str, args: &[&str]) -> String {
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
     let output = Command::new(env!("CARGO"))
         .args(["tree", "--locked", "--offline", "--prefix", "none"])
-        .args(["--manifest-path", manifest, "-p", "courier"])
+        .args(["--manifest-path", manifest, "-p", package])
         .args(args)
         .output()
         .expect("cargo runs");
@@ -41,15 +44,24 @@ fn cargo_tree(args: &[&str]) -> String {
     String::from_utf8(output.stdout).expect("cargo tree prints UTF-8")
 }
 
+/// `cargo tree` for the facade with `args`.
+fn cargo_tree(args: &[&str]) -> String {
+    cargo_tree_of("courier", args)
+}
+
+/// The crate names in a `cargo tree --prefix none` listing.
+fn names(tree: &str) -> BTreeSet<String> {
+    tree.lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The crate names among the normal (non-dev, non-build) dependencies with these features.
 fn normal_dependencies(features: &[&str]) -> BTreeSet<String> {
     let mut args = vec!["-e", "normal"];
     args.extend_from_slice(features);
-    cargo_tree(&args)
-        .lines()
-        .filter_map(|line| line.split_whitespace().next())
-        .map(str::to_owned)
-        .collect()
+    names(&cargo_tree(&args))
 }
 
 /// The tokio features enabled with these facade features.
@@ -65,10 +77,27 @@ fn tokio_features(features: &[&str]) -> BTreeSet<String> {
 }
 
 #[test]
-fn the_default_build_has_the_command_line() {
+fn the_default_features_give_a_library_without_command_line_dashboard_nor_allocator() {
     let deps = normal_dependencies(&[]);
-    for name in BINARY_ONLY {
+    for name in ["courier-core", "courier-sql", "courier-runs", "sqlx-sqlite"] {
         assert!(deps.contains(name), "{name} missing from {deps:?}");
+    }
+    for name in BINARY_ONLY {
+        assert!(
+            !deps.contains(name),
+            "`courier` with its default features pulls {name}"
+        );
+    }
+}
+
+#[test]
+fn the_courier_cli_package_has_what_the_library_leaves_out() {
+    let deps = names(&cargo_tree_of("courier-cli", &["-e", "normal"]));
+    for name in BINARY_ONLY {
+        assert!(
+            deps.contains(name),
+            "{name} missing from courier-cli: {deps:?}"
+        );
     }
 }
 
@@ -101,7 +130,7 @@ fn a_library_user_gets_no_signal_process_nor_multi_threaded_tokio() {
 #[test]
 fn opentelemetry_comes_only_with_the_otel_feature() {
     let is_otel = |name: &String| name.contains("opentelemetry") || name == "courier-otel";
-    for features in [LIBRARY, EVERY_TRANSPORT, "sql,sqlite,runs,cli"] {
+    for features in [LIBRARY, EVERY_TRANSPORT] {
         let deps = normal_dependencies(&["--no-default-features", "--features", features]);
         let otel: Vec<_> = deps.iter().filter(|n| is_otel(n)).collect();
         assert!(
@@ -115,6 +144,6 @@ fn opentelemetry_comes_only_with_the_otel_feature() {
     }
     // tracing-subscriber comes with it (tracing-opentelemetry is a layer of its registry).
     for name in ["clap", "mimalloc", "courier-cli"] {
-        assert!(!deps.contains(name), "`otel` without `cli` pulls {name}");
+        assert!(!deps.contains(name), "`otel` pulls {name}");
     }
 }

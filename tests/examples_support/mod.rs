@@ -1,4 +1,4 @@
-//! Running an example (`examples/NAME.rs`) as a real process from a test: cargo gives tests the
+//! Running an example (`examples/NAME.rs` of the test's package) as a real process from a test: cargo gives tests the
 //! path of the package's binaries (`CARGO_BIN_EXE_*`), not of its examples, so the example is
 //! built here, into the target directory and profile of the running test, with the features
 //! the test was built with (then nothing else is rebuilt; under `cargo test` the examples are
@@ -12,8 +12,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
-/// The facade's features this test was built with (a feature missing here only costs a
-/// rebuild of the example with another feature set).
+/// The package's features this test was built with (a feature missing here only costs a
+/// rebuild of the example with another feature set). The facade's tests and courier-cli's share
+/// this file, and each package has features the other lacks.
+#[allow(
+    unexpected_cfgs,
+    reason = "the union of the facade's and courier-cli's features"
+)]
 fn features() -> Vec<&'static str> {
     let all = [
         ("default", cfg!(feature = "default")),
@@ -25,10 +30,10 @@ fn features() -> Vec<&'static str> {
         ("amqp", cfg!(feature = "amqp")),
         ("nats", cfg!(feature = "nats")),
         ("runs", cfg!(feature = "runs")),
-        ("cli", cfg!(feature = "cli")),
         ("otel", cfg!(feature = "otel")),
         ("dashboard", cfg!(feature = "dashboard")),
         ("agent", cfg!(feature = "agent")),
+        ("mimalloc", cfg!(feature = "mimalloc")),
         ("full", cfg!(feature = "full")),
     ];
     all.into_iter()

@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use courier_core::config::Table;
 use courier_runs::Budget;
 use serde::{Deserialize, Deserializer};
 
@@ -172,9 +173,9 @@ impl AgentConfig {
     ///
     /// # Errors
     /// Unknown keys, wrong types, no provider.
-    pub fn from_table(name: &str, table: &toml::Table) -> Result<Self, BuildError> {
-        let config: Self = table.clone().try_into().map_err(|e: toml::de::Error| {
-            let mut message = e.message().trim_end().to_owned();
+    pub fn from_table(name: &str, table: &Table) -> Result<Self, BuildError> {
+        let config: Self = table.deserialize().map_err(|e| {
+            let mut message = e.to_string();
             for key in secrets_of(table) {
                 message = message.replace(&key, "***");
             }
@@ -241,11 +242,11 @@ impl AgentConfig {
 }
 
 /// Every `api_key` string under a raw agent table.
-fn secrets_of(table: &toml::Table) -> Vec<String> {
+fn secrets_of(table: &Table) -> Vec<String> {
     let mut keys = Vec::new();
-    if let Some(toml::Value::Array(providers)) = table.get("providers") {
+    if let Some(serde_json::Value::Array(providers)) = table.get("providers") {
         for p in providers {
-            if let Some(toml::Value::String(k)) = p.get("api_key")
+            if let Some(serde_json::Value::String(k)) = p.get("api_key")
                 && !k.is_empty()
             {
                 keys.push(k.clone());
@@ -259,7 +260,7 @@ fn secrets_of(table: &toml::Table) -> Vec<String> {
 mod tests {
     use super::*;
 
-    fn table(text: &str) -> toml::Table {
+    fn table(text: &str) -> Table {
         text.parse().expect("toml")
     }
 

@@ -41,7 +41,7 @@ async fn no_api_key_in_logs_errors_debug_or_the_store() {
     let _guard = tracing::subscriber::set_default(subscriber);
 
     let server = Server::start().await;
-    let table: toml::Table = format!(
+    let table: courier_core::config::Table = format!(
         "system = \"s\"\n[[providers]]\nname = \"p1\"\nbase_url = \"{}\"\nmodel = \"m\"\napi_key = \"{KEY}\"\ntimeout = \"300ms\"\n\
          [[providers]]\nname = \"p2\"\nbase_url = \"{}\"\nmodel = \"m\"\napi_key = \"{KEY}\"\ntimeout = \"300ms\"",
         server.base_url("p1"),

@@ -44,7 +44,7 @@
 //!   channel, in order, without waiting for the write (the broker confirms neither): one a
 //!   dropped connection never wrote is lost like one written just before, and its message comes
 //!   again. Under a prefetch of 1 the consumer so waits once per message, for the next
-//!   delivery, not twice (0.85-0.92x -> 0.93-1.02x the raw lapin loop). `keepalive` is a no-op: a delivery stays with its consumer until
+//!   delivery, not twice. `keepalive` is a no-op: a delivery stays with its consumer until
 //!   the channel dies (mind RabbitMQ's `consumer_timeout`, 30 min by default).
 //! - **Redelivery**: deliveries not acked when their channel or connection dies are requeued by
 //!   the broker and delivered again.

@@ -444,30 +444,18 @@ pub fn install_drivers() {
     sqlx::any::install_default_drivers();
 }
 
-/// Standard base64 (with or without padding); `None` on a foreign character.
+/// Standard base64 (with or without padding, whitespace ignored); `None` on a foreign character.
 fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
-    let value = |c: u8| -> Option<u32> {
-        Some(u32::from(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        }))
-    };
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for &c in text
+    const LENIENT: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent)
+            .with_decode_allow_trailing_bits(true),
+    );
+    let compact: Vec<u8> = text
         .iter()
-        .filter(|c| !c.is_ascii_whitespace() && **c != b'=')
-    {
-        acc = (acc << 6) | value(c)?;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push(u8::try_from((acc >> bits) & 0xff).ok()?);
-        }
-    }
-    Some(out)
+        .copied()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect();
+    base64::Engine::decode(&LENIENT, compact).ok()
 }

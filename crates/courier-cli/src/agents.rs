@@ -30,7 +30,11 @@ pub(crate) fn wiring(ctx: &Ctx<'_>) -> CliResult<Option<Wiring>> {
 
 /// The agent of table `[agents.NAME]`, its breakers (when it has a `breaker`) in the database
 /// of `store_dsn`. The agent `courier demo --agent llm` writes gets the demo's tools.
-pub(crate) fn build(name: &str, table: &toml::Table, store_dsn: &str) -> CliResult<LlmAgent> {
+pub(crate) fn build(
+    name: &str,
+    table: &courier_core::config::Table,
+    store_dsn: &str,
+) -> CliResult<LlmAgent> {
     let config =
         AgentConfig::from_table(name, table).map_err(|e| CliError::usage(e.to_string()))?;
     for key in config.api_keys() {
@@ -67,7 +71,7 @@ pub(crate) fn breaker_store(ctx: &Ctx<'_>) -> CliResult<Option<Arc<dyn BreakerSt
         .agents
         .0
         .values()
-        .any(|table| table.contains_key("breaker"))
+        .any(|table| table.get("breaker").is_some())
     {
         return Ok(None);
     }
@@ -119,10 +123,11 @@ pub(crate) fn stream_store(
     let streams = ctx.config.agents.0.values().any(|table| {
         table
             .get("providers")
-            .and_then(toml::Value::as_array)
+            .as_ref()
+            .and_then(serde_json::Value::as_array)
             .is_some_and(|ps| {
                 ps.iter()
-                    .any(|p| p.get("stream").and_then(toml::Value::as_bool) == Some(true))
+                    .any(|p| p.get("stream").and_then(serde_json::Value::as_bool) == Some(true))
             })
     });
     if !streams {

@@ -53,7 +53,7 @@ mod wiring;
 pub use app::App;
 pub use context::EMBEDDED_CONFIG;
 
-/// Runs the `courier` command line with the built-in handlers and agents (the facade's binary).
+/// Runs the `courier` command line with the built-in handlers and agents (this package's binary).
 #[must_use]
 pub fn main() -> std::process::ExitCode {
     App::new().run()

@@ -68,9 +68,9 @@ pub(crate) fn register_messages(registry: &mut MessageRegistry) {
 /// The validated `[runs]` table (defaults when absent).
 pub(crate) fn settings(ctx: &Ctx<'_>) -> CliResult<RunsConfig> {
     let config: RunsConfig = match &ctx.config.runs {
-        Some(table) => table.clone().try_into().map_err(|e: toml::de::Error| {
-            CliError::usage(format!("[runs]: {}", e.message().trim_end()))
-        })?,
+        Some(table) => table
+            .deserialize()
+            .map_err(|e| CliError::usage(format!("[runs]: {e}")))?,
         None => RunsConfig::default(),
     };
     config

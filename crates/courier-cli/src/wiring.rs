@@ -44,24 +44,14 @@ impl std::fmt::Debug for Wiring {
 }
 
 impl Wiring {
-    /// The transports of the enabled features (`sql`, `redis`, `amqp`, `nats`) and, with `runs`, the
-    /// built-in `scripted` agent; no handler yet.
+    /// The transports of the enabled features ([`courier::transport_registry`]) and, with
+    /// `runs`, the built-in `scripted` agent; no handler yet.
     pub(crate) fn new() -> Self {
-        #[allow(unused_mut, reason = "no transport feature enabled")]
-        let mut factories = TransportRegistry::new();
-        #[cfg(feature = "sql")]
-        factories.register(Arc::new(courier_sql::SqlTransportFactory));
-        #[cfg(feature = "redis")]
-        factories.register(Arc::new(courier_redis::RedisTransportFactory));
-        #[cfg(feature = "amqp")]
-        factories.register(Arc::new(courier_amqp::AmqpTransportFactory));
-        #[cfg(feature = "nats")]
-        factories.register(Arc::new(courier_nats::NatsTransportFactory));
         Self {
             bus_hooks: Vec::new(),
             relay_hooks: Vec::new(),
             registry: MessageRegistry::new(),
-            factories,
+            factories: courier::transport_registry(),
             middleware: BTreeMap::new(),
             #[cfg(feature = "runs")]
             agents: crate::runs::Agents::with_builtin(),

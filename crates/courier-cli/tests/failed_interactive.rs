@@ -133,7 +133,7 @@ fn failed(env: &Env, args: &[&str]) -> serde_json::Value {
 
 /// Runs `courier ARGS` on a pseudo-terminal, typing `answers`.
 fn on_terminal(env: &Env, args: &str, answers: &str) -> common::Run {
-    let command = format!("{} {args}", env!("CARGO_BIN_EXE_courier-cli"));
+    let command = format!("{} {args}", env!("CARGO_BIN_EXE_courier"));
     let mut child = Command::new("script")
         .args(["-q", "-e", "-c", &command, "/dev/null"])
         .current_dir(env.root())

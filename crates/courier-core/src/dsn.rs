@@ -165,56 +165,63 @@ fn redact_query_secrets(s: &str) -> String {
     format!("{head}{}", parts.join("&"))
 }
 
-/// Decodes `%XX` escapes; `+` becomes a space only in query options (form encoding), never in
-/// the user info, host or path.
-fn percent_decode(raw: &str, s: &str, plus_is_space: bool) -> Result<String, DsnError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = s
-                    .get(i + 1..i + 3)
-                    .ok_or_else(|| DsnError::new(raw, "truncated percent-escape"))?;
-                let b = u8::from_str_radix(hex, 16)
-                    .map_err(|_| DsnError::new(raw, "invalid percent-escape"))?;
-                out.push(b);
-                i += 3;
-            }
-            b'+' if plus_is_space => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| DsnError::new(raw, "percent-escape is not UTF-8"))
+/// Decodes the `%XX` escapes of a part the URL parser left encoded (user, password, host).
+fn percent_decode(raw: &str, s: &str) -> Result<String, DsnError> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| DsnError::new(raw, "percent-escape is not UTF-8"))
 }
+
+/// Everything but the unreserved characters of RFC 3986.
+const NOT_UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// What a URL's host may not hold as written but a DSN's may (a SQLite file's directory
+/// `sqlite://dir with space/x.db`): encoded before the URL parser sees it, decoded with the host.
+const NOT_IN_A_HOST: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'<')
+    .add(b'>')
+    .add(b'\\')
+    .add(b'^')
+    .add(b'`')
+    .add(b'{')
+    .add(b'|')
+    .add(b'}');
 
 /// Percent-encodes everything but the unreserved characters of RFC 3986.
 fn percent_encode(s: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(s, NOT_UNRESERVED).to_string()
 }
 
 /// Why a DSN whose password holds `/`, `?` or `#` as written does not parse (quoting no part
 /// of it).
 const UNENCODED_USERINFO: &str = "the user or password holds `/`, `?` or `#`, which end the host \
      part of a URL: percent-encode them (`/` as `%2F`, `?` as `%3F`, `#` as `%23`)";
+
+/// The error of a DSN the URL parser refused, in words that name no secret: `rest` is what
+/// follows `scheme:`.
+fn url_error(raw: &str, rest: &str, error: url::ParseError) -> DsnError {
+    let after = rest.strip_prefix("//").unwrap_or_default();
+    let authority = &after[..after.find(['/', '?', '#']).unwrap_or(after.len())];
+    if userinfo_end(after).is_some_and(|at| at > authority.len()) {
+        // `user:ab/cd@db`: the authority ends inside the password.
+        return DsnError::new(raw, UNENCODED_USERINFO);
+    }
+    match error {
+        url::ParseError::InvalidPort => {
+            let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            let port = host_port.rsplit_once(':').map_or("", |(_, p)| p);
+            DsnError::new(raw, format!("invalid port `{port}`"))
+        }
+        other => DsnError::new(raw, other.to_string()),
+    }
+}
 
 impl std::str::FromStr for Dsn {
     type Err = DsnError;
@@ -231,74 +238,47 @@ impl std::str::FromStr for Dsn {
         {
             return Err(DsnError::new(raw, "invalid scheme"));
         }
-        let (mut user, mut password, mut host, mut port, path);
-        (user, password, host, port) = (None, None, None, None);
-        let mut exposed = raw.to_owned();
-        let query;
-        if let Some(after) = rest.strip_prefix("//") {
-            let rest = after;
-            let after = after.split_once('#').map_or(after, |(a, _)| a);
-            let before_query;
-            (before_query, query) = after.split_once('?').unwrap_or((after, ""));
-            let authority_end = before_query.find('/').unwrap_or(before_query.len());
-            let authority = &before_query[..authority_end];
-            path = before_query[authority_end..].to_owned();
-            let host_port = match authority.rfind('@') {
-                Some(at) => {
-                    let userinfo = &authority[..at];
-                    let (u, p) = match userinfo.split_once(':') {
-                        Some((u, p)) => (u, Some(p)),
-                        None => (userinfo, None),
-                    };
-                    let u = percent_decode(raw, u, false)?;
-                    let p = p.map(|p| percent_decode(raw, p, false)).transpose()?;
-                    exposed = format!(
-                        "{scheme}://{}{}@{}",
-                        percent_encode(&u),
-                        p.as_deref()
-                            .map(|p| format!(":{}", percent_encode(p)))
-                            .unwrap_or_default(),
-                        &rest[at + 1..]
-                    );
-                    user = Some(u);
-                    password = p;
-                    &authority[at + 1..]
-                }
-                None => authority,
-            };
-            let (h, p) = match host_port.rsplit_once(':') {
-                Some((h, p)) if !h.ends_with(']') || host_port.starts_with('[') => {
-                    if p.is_empty() {
-                        (h, None)
-                    } else {
-                        let p: u16 = p.parse().map_err(|_| {
-                            if userinfo_end(rest).is_some_and(|at| at > authority.len()) {
-                                // `user:ab/cd@db`: the "port" is the start of a password.
-                                DsnError::new(raw, UNENCODED_USERINFO)
-                            } else {
-                                DsnError::new(raw, format!("invalid port `{p}`"))
-                            }
-                        })?;
-                        (h, Some(p))
-                    }
-                }
-                _ => (host_port, None),
-            };
-            if !h.is_empty() {
-                host = Some(percent_decode(raw, h, false)?);
-            }
-            port = p;
+        let escaped = percent_encoding::utf8_percent_encode(raw, NOT_IN_A_HOST).to_string();
+        let url = url::Url::parse(&escaped).map_err(|e| url_error(raw, rest, e))?;
+        let (user, password) = if url.username().is_empty() && url.password().is_none() {
+            // `redis://@host`: an empty user info is no user.
+            let empty = rest.strip_prefix("//").is_some_and(|a| a.starts_with('@'));
+            (empty.then(String::new), None)
         } else {
-            let rest = rest.split_once('#').map_or(rest, |(a, _)| a);
-            let before_query;
-            (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-            path = before_query.to_owned();
-        }
-        let mut options = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            options.push((percent_decode(raw, k, true)?, percent_decode(raw, v, true)?));
-        }
+            (
+                Some(percent_decode(raw, url.username())?),
+                url.password().map(|p| percent_decode(raw, p)).transpose()?,
+            )
+        };
+        // Drivers get the user info percent-encoded, the rest as written.
+        let exposed = match (&user, rest.strip_prefix("//")) {
+            (Some(u), Some(after)) if !u.is_empty() || password.is_some() => {
+                let authority_end = after.find(['/', '?', '#']).unwrap_or(after.len());
+                let at = after[..authority_end].rfind('@').unwrap_or_default();
+                format!(
+                    "{scheme}://{}{}@{}",
+                    percent_encode(u),
+                    password
+                        .as_deref()
+                        .map(|p| format!(":{}", percent_encode(p)))
+                        .unwrap_or_default(),
+                    &after[at + 1..]
+                )
+            }
+            _ => raw.to_owned(),
+        };
+        // The path as written (the URL parser would percent-encode `>` or a space in it).
+        let path = match rest.strip_prefix("//") {
+            Some(after) => {
+                let before_query = &after[..after.find(['?', '#']).unwrap_or(after.len())];
+                &before_query[before_query.find('/').unwrap_or(before_query.len())..]
+            }
+            None => &rest[..rest.find(['?', '#']).unwrap_or(rest.len())],
+        };
+        let host = match url.host_str().filter(|h| !h.is_empty()) {
+            Some(h) => Some(percent_decode(raw, h)?),
+            None => None,
+        };
         Ok(Self {
             raw: raw.to_owned(),
             exposed,
@@ -306,9 +286,9 @@ impl std::str::FromStr for Dsn {
             user,
             password,
             host,
-            port,
-            path,
-            options,
+            port: url.port(),
+            path: path.to_owned(),
+            options: url.query_pairs().into_owned().collect(),
         })
     }
 }
@@ -537,6 +517,10 @@ mod tests {
     #[test]
     fn sqlite_and_bare_schemes_parse() {
         assert_eq!(dsn("sqlite://courier.db").host(), Some("courier.db"));
+        let spaced = dsn("sqlite://dir with space/courier \"x\".db?queue_name=a");
+        assert_eq!(spaced.host(), Some("dir with space"));
+        assert_eq!(spaced.path(), "/courier \"x\".db");
+        assert_eq!(spaced.option("queue_name"), Some("a"));
         assert_eq!(dsn("sqlite::memory:").path(), ":memory:");
         assert_eq!(dsn("sync://").scheme(), "sync");
         assert_eq!(dsn("in-memory://").scheme(), "in-memory");

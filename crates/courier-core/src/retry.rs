@@ -8,6 +8,7 @@ use crate::{Backoff, BusError, Envelope, HandlerError, Jitter};
 
 /// What to do with a failed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RetryDecision {
     /// Retry after this delay.
     Retry(Duration),

@@ -3,12 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::PublishMessage;
 use courier_core::{
-    Capabilities, DelayStamp, DeliveryTagStamp, Dsn, Envelope, MessageCount, MessageIdStamp,
-    MessageRegistry, Setup, Transport, TransportError, TransportErrorKind, TransportMessageIdStamp,
-    async_trait, encode_with,
+    Capabilities, DeliveryTagStamp, Dsn, Envelope, MessageCount, MessageRegistry, Setup, Transport,
+    TransportError, TransportErrorKind, TransportMessageIdStamp, async_trait,
 };
 use futures_util::StreamExt;
 use tokio::time::Instant;
@@ -16,9 +14,11 @@ use tokio::time::Instant;
 use crate::NatsOptions;
 use crate::delayed::{self, Promoter};
 use crate::deliveries::Deliveries;
-use crate::errors::{nats_error, publish_kind, request_kind};
+use crate::errors::{nats_error, request_kind};
 use crate::link::{Link, PullConsumer, Server, Session};
 use crate::wire::{self, AckSubject};
+
+mod publish;
 
 /// `send_batch` publishes this many, then awaits their PubAcks, then the next chunk.
 const PUBLISH_CHUNK: usize = 1024;
@@ -162,79 +162,6 @@ impl NatsTransport {
 
     fn error(&self, kind: TransportErrorKind, context: impl Into<String>) -> TransportError {
         TransportError::new(kind, self.name().to_owned()).with_context(context.into())
-    }
-
-    /// Publishes one envelope (a delayed one on the delay subject); returns the PubAck to
-    /// await.
-    async fn publish(
-        &self,
-        session: &Session,
-        envelope: &Envelope,
-    ) -> Result<(PublishAckFuture, bool), TransportError> {
-        self.capabilities.check_delay(self.name(), envelope)?;
-        let o = &self.link.options;
-        let encoded = encode_with(envelope, o.serializer).map_err(|e| {
-            TransportError::new(TransportErrorKind::Encode, self.name().to_owned()).with_source(e)
-        })?;
-        let delay = envelope.last::<DelayStamp>().map(|d| d.0);
-        let msg_id = envelope
-            .last::<MessageIdStamp>()
-            .map(|id| wire::msg_id(&id.0, &encoded));
-        let headers = wire::headers(&encoded, delay, msg_id)
-            .map_err(|reason| self.error(TransportErrorKind::Encode, reason))?;
-        let message = PublishMessage::build()
-            .payload(encoded.body.into_bytes().into())
-            .headers(headers);
-        let delayed = delay.is_some_and(|d| !d.is_zero());
-        let subject = if delayed {
-            o.delay_subject_name()
-        } else {
-            o.subject.clone()
-        };
-        match session.jetstream.send_publish(subject, message).await {
-            Ok(ack) => Ok((ack, delayed)),
-            Err(e) => Err(self.publish_error(e, delayed).await),
-        }
-    }
-
-    async fn publish_error(
-        &self,
-        e: async_nats::jetstream::context::PublishError,
-        delayed: bool,
-    ) -> TransportError {
-        let kind = publish_kind(&e.kind());
-        if kind == TransportErrorKind::NotFound {
-            // The stream vanished: set it up again next time.
-            self.link.invalidate().await;
-        }
-        let o = &self.link.options;
-        let context = if delayed && kind == TransportErrorKind::NotFound {
-            format!(
-                "publish of a delayed message to `{}` failed: no stream captures that subject \
-                 (stream `{}` captures it once set up: run setup, or enable auto_setup)",
-                o.delay_subject_name(),
-                o.stream
-            )
-        } else if delayed {
-            format!(
-                "publish of a delayed message to `{}` failed",
-                o.delay_subject_name()
-            )
-        } else {
-            format!("publish to `{}` failed", o.subject)
-        };
-        nats_error(self.name(), kind, context, e)
-    }
-
-    /// Awaits one PubAck (bounded by the request timeout); returns the stream sequence.
-    async fn confirmed(
-        &self,
-        (ack, delayed): (PublishAckFuture, bool),
-    ) -> Result<u64, TransportError> {
-        match ack.await {
-            Ok(ack) => Ok(ack.sequence),
-            Err(e) => Err(self.publish_error(e, delayed).await),
-        }
     }
 
     /// Pulls up to `n` messages: at once (`no_wait`) without `wait`, else waiting up to it.

@@ -29,7 +29,7 @@
 //! runtime queries, tested against SQLite (bundled, WAL), PostgreSQL 15 and MariaDB 10.11 (crate
 //! features `sqlite` (default), `postgres`, `mysql`). Every transition is one guarded statement
 //! judged by rows matched (sqlx's MySQL driver always connects with `CLIENT_FOUND_ROWS`), with
-//! "now" read from the database clock; tables and indexes are in `migrations/*/0002_courier_runs.sql`
+//! "now" read from the database clock; tables and indexes are in `migrations/runs/*/0002_courier_runs.sql`
 //! and `0003_courier_runs_due_at.sql`. [`RunStore::setup`] is safe when several workers start at
 //! once: it holds a per-table lock (PostgreSQL `pg_advisory_xact_lock`, MySQL `GET_LOCK`, SQLite
 //! `BEGIN IMMEDIATE`) while it creates the tables, and adds `due_at` to tables created before it.
@@ -102,8 +102,8 @@ pub use step::{
     StepStatus, StepWrite, Usage,
 };
 pub use store::{
-    Dialect, Enqueued, Inserted, InvalidCursor, InvalidUnique, MemoryRunStore, NewRun, PageFrom,
-    Run, RunCursor, RunEvent, RunPageQuery, RunProbe, RunStore, Settlement, SqlRunStore,
+    Dialect, Enqueued, Inserted, InvalidCursor, InvalidUnique, MIGRATIONS, MemoryRunStore, NewRun,
+    PageFrom, Run, RunCursor, RunEvent, RunPageQuery, RunProbe, RunStore, Settlement, SqlRunStore,
     SqlRunStoreOptions, StoreError, UniqueKey, rfc3339_ms,
 };
 

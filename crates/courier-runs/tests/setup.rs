@@ -187,18 +187,18 @@ macro_rules! previous_releases {
     ($dialect:literal) => {
         (
             [include_str!(concat!(
-                "../migrations/",
+                "../migrations/runs/",
                 $dialect,
                 "/0002_courier_runs.sql"
             ))],
             [
                 include_str!(concat!(
-                    "../migrations/",
+                    "../migrations/runs/",
                     $dialect,
                     "/0002_courier_runs.sql"
                 )),
                 include_str!(concat!(
-                    "../migrations/",
+                    "../migrations/runs/",
                     $dialect,
                     "/0003_courier_runs_due_at.sql"
                 )),

@@ -29,7 +29,7 @@
 //! One table, `courier_messages` by default: `id`, `queue_name`, `body` (the message JSON),
 //! `headers` (a JSON object of string -> string), `priority`, and `created_at`, `available_at`,
 //! `delivered_at` as epoch milliseconds **from the database clock** (one representation on every
-//! dialect), plus `delivery_id`. The DDL lives in `migrations/{postgres,sqlite,mysql}/0001_*.sql`,
+//! dialect), plus `delivery_id`. The DDL lives in `migrations/messages/{postgres,sqlite,mysql}/0001_*.sql`,
 //! templates in which `{messages}` stands for the table name: `setup()`
 //! ([`SqlTransport::migrate`]) applies those not yet recorded in `<table>_migrations`, under a
 //! per-table setup lock (see [`migrate`]). The table name is checked by [`is_valid_identifier`]

@@ -4,6 +4,11 @@
 //! (`<table>_migrations`), so two sets of tables in one database never share versions and an
 //! application's own `_sqlx_migrations` is left alone.
 //!
+//! A set is a folder, `migrations/<set>/<dialect>/NNNN_name.sql`, found at build time
+//! (`build.rs`): versions are unique within a set, which is what its versions table records
+//! (the version and the name's description, not the file's path), so the folders could be
+//! split by set without renumbering a file that a database has recorded.
+//!
 //! Every setup holds the dialect's setup lock for the table while it reads and applies versions:
 //! a transaction-scoped advisory lock on PostgreSQL (DDL is transactional there, so a failed
 //! migration leaves nothing behind), a named `GET_LOCK` on MySQL / MariaDB (DDL commits
@@ -11,22 +16,23 @@
 //!
 //! Tables created before versions were recorded (the 0001-0003 files applied by `.replace()`)
 //! are adopted: the version table starts empty, `CREATE ... IF NOT EXISTS` files find their
-//! tables, and a file whose change is already there (the `due_at` column of 0003) is recorded
-//! without being run.
+//! tables, and a file whose change is already there (the `due_at` column of runs' 0003, named
+//! by its first line `-- present-when: {runs}.due_at`) is recorded without being run.
 
 use sqlx::{Connection as _, Pool};
 
 use crate::{Dialect, SqlDatabase};
 
-/// One migration: its version, what it does, and its template per dialect.
+/// One migration: its version, what it does, and its template per dialect. Built by the
+/// `build.rs` of the crate that owns the set, from the files of its folder under `migrations/`.
 #[derive(Debug)]
 pub struct Migration {
     /// The version (the number of its file).
     pub version: i64,
     /// What it does (the rest of its file name).
     pub description: &'static str,
-    sqlite: &'static str,
-    postgres: &'static str,
+    sqlite: Option<&'static str>,
+    postgres: Option<&'static str>,
     mysql: Option<&'static str>,
     /// When this column exists already, the migration is recorded without being run (tables
     /// upgraded before versions were recorded): `(table placeholder, column)`.
@@ -34,18 +40,60 @@ pub struct Migration {
 }
 
 impl Migration {
+    /// A migration with no template on any dialect yet (recorded, nothing run).
+    #[must_use]
+    pub const fn new(version: i64, description: &'static str) -> Self {
+        Self {
+            version,
+            description,
+            sqlite: None,
+            postgres: None,
+            mysql: None,
+            present_when: None,
+        }
+    }
+
+    /// With its SQLite template.
+    #[must_use]
+    pub const fn sqlite(mut self, template: &'static str) -> Self {
+        self.sqlite = Some(template);
+        self
+    }
+
+    /// With its PostgreSQL template.
+    #[must_use]
+    pub const fn postgres(mut self, template: &'static str) -> Self {
+        self.postgres = Some(template);
+        self
+    }
+
+    /// With its MySQL / MariaDB template.
+    #[must_use]
+    pub const fn mysql(mut self, template: &'static str) -> Self {
+        self.mysql = Some(template);
+        self
+    }
+
+    /// Recorded without being run when `column` of `table` (a placeholder) exists already.
+    #[must_use]
+    pub const fn present_when(mut self, table: &'static str, column: &'static str) -> Self {
+        self.present_when = Some((table, column));
+        self
+    }
+
     /// The template for `dialect` (`None`: nothing to do on that dialect).
     #[must_use]
     pub fn template(&self, dialect: Dialect) -> Option<&'static str> {
         match dialect {
-            Dialect::Sqlite => Some(self.sqlite).filter(|s| !s.is_empty()),
-            Dialect::Postgres => Some(self.postgres).filter(|s| !s.is_empty()),
+            Dialect::Sqlite => self.sqlite,
+            Dialect::Postgres => self.postgres,
             Dialect::Mysql => self.mysql,
         }
     }
 }
 
-/// The migrations of one set of tables, in order.
+/// The migrations of one set of tables, in order: the files of one folder
+/// `migrations/<set>/<dialect>/`, recorded in one versions table.
 #[derive(Debug)]
 pub struct Migrations {
     /// The placeholder of the table whose `<table>_migrations` records the versions.
@@ -54,214 +102,50 @@ pub struct Migrations {
     pub list: &'static [Migration],
 }
 
-/// The message table's migrations (placeholder `{messages}`).
+/// The lists `build.rs` writes from `migrations/<set>/`.
+mod found {
+    use super::Migration;
+
+    include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+}
+
+/// The message table's migrations (placeholder `{messages}`, folder `migrations/messages/`).
 pub static MESSAGES: Migrations = Migrations {
     main: "{messages}",
-    list: &[
-        Migration {
-            version: 1,
-            description: "courier messages",
-            sqlite: include_str!("../migrations/sqlite/0001_courier_messages.sql"),
-            postgres: include_str!("../migrations/postgres/0001_courier_messages.sql"),
-            mysql: Some(include_str!(
-                "../migrations/mysql/0001_courier_messages.sql"
-            )),
-            present_when: None,
-        },
-        Migration {
-            version: 9,
-            description: "courier messages cursor",
-            sqlite: "",
-            postgres: include_str!("../migrations/postgres/0009_courier_messages_cursor.sql"),
-            mysql: None,
-            present_when: None,
-        },
-        Migration {
-            version: 11,
-            description: "courier messages concurrency key",
-            sqlite: include_str!("../migrations/sqlite/0011_courier_messages_concurrency_key.sql"),
-            postgres: include_str!(
-                "../migrations/postgres/0011_courier_messages_concurrency_key.sql"
-            ),
-            mysql: Some(include_str!(
-                "../migrations/mysql/0011_courier_messages_concurrency_key.sql"
-            )),
-            present_when: Some(("{messages}", "concurrency_key")),
-        },
-        Migration {
-            version: 12,
-            description: "courier messages fair index",
-            sqlite: include_str!("../migrations/sqlite/0012_courier_messages_fair_index.sql"),
-            // PostgreSQL sorts a keyed claim's ranking (its 0011 index is partial, costing
-            // nothing to queues without keys).
-            postgres: "",
-            mysql: Some(include_str!(
-                "../migrations/mysql/0012_courier_messages_fair_index.sql"
-            )),
-            present_when: None,
-        },
-    ],
+    list: found::MESSAGES,
 };
 
-/// The worker registry's migrations (placeholder `{workers}`), beside each message table.
+/// The worker registry's migrations (placeholder `{workers}`, folder `migrations/workers/`),
+/// beside each message table.
 pub static WORKERS: Migrations = Migrations {
     main: "{workers}",
-    list: &[Migration {
-        version: 5,
-        description: "courier workers",
-        sqlite: include_str!("../migrations/sqlite/0005_courier_workers.sql"),
-        postgres: include_str!("../migrations/postgres/0005_courier_workers.sql"),
-        mysql: Some(include_str!("../migrations/mysql/0005_courier_workers.sql")),
-        present_when: None,
-    }],
+    list: found::WORKERS,
 };
 
 /// The deduplication table's migrations (placeholder `{dedup}`: the message table's name with
-/// `_dedup` appended), applied with the message table's.
+/// `_dedup` appended; folder `migrations/dedup/`), applied with the message table's.
 pub static DEDUP: Migrations = Migrations {
     main: "{dedup}",
-    list: &[
-        Migration {
-            version: 6,
-            description: "courier dedup",
-            sqlite: include_str!("../migrations/sqlite/0006_courier_dedup.sql"),
-            postgres: include_str!("../migrations/postgres/0006_courier_dedup.sql"),
-            mysql: Some(include_str!("../migrations/mysql/0006_courier_dedup.sql")),
-            present_when: None,
-        },
-        Migration {
-            version: 10,
-            description: "courier dedup expiry",
-            sqlite: include_str!("../migrations/sqlite/0010_courier_dedup_expiry.sql"),
-            postgres: include_str!("../migrations/postgres/0010_courier_dedup_expiry.sql"),
-            mysql: Some(include_str!(
-                "../migrations/mysql/0010_courier_dedup_expiry.sql"
-            )),
-            present_when: None,
-        },
-    ],
+    list: found::DEDUP,
 };
 
-/// An inbox table's migrations (placeholder `{inbox}`, see [`Inbox`](crate::Inbox)).
+/// An inbox table's migrations (placeholder `{inbox}`, see [`Inbox`](crate::Inbox); folder
+/// `migrations/inbox/`).
 pub static INBOX: Migrations = Migrations {
     main: "{inbox}",
-    list: &[Migration {
-        version: 8,
-        description: "courier inbox",
-        sqlite: include_str!("../migrations/sqlite/0008_courier_inbox.sql"),
-        postgres: include_str!("../migrations/postgres/0008_courier_inbox.sql"),
-        mysql: Some(include_str!("../migrations/mysql/0008_courier_inbox.sql")),
-        present_when: None,
-    }],
+    list: found::INBOX,
 };
 
 /// The schedule store's, paused queues' and rate-limit buckets' migrations (placeholders
-/// `{schedules}`, `{paused}`, `{limits}`),
-/// beside each message table.
+/// `{schedules}`, `{paused}`, `{limits}`; folder `migrations/schedules/`), beside each message
+/// table.
 pub static SCHEDULES: Migrations = Migrations {
     main: "{schedules}",
-    list: &[
-        Migration {
-            version: 6,
-            description: "courier schedules",
-            sqlite: include_str!("../migrations/sqlite/0006_courier_schedules.sql"),
-            postgres: include_str!("../migrations/postgres/0006_courier_schedules.sql"),
-            mysql: Some(include_str!(
-                "../migrations/mysql/0006_courier_schedules.sql"
-            )),
-            present_when: None,
-        },
-        Migration {
-            version: 7,
-            description: "courier paused",
-            sqlite: include_str!("../migrations/sqlite/0007_courier_paused.sql"),
-            postgres: include_str!("../migrations/postgres/0007_courier_paused.sql"),
-            mysql: Some(include_str!("../migrations/mysql/0007_courier_paused.sql")),
-            present_when: None,
-        },
-        Migration {
-            version: 8,
-            description: "courier limits",
-            sqlite: include_str!("../migrations/sqlite/0008_courier_limits.sql"),
-            postgres: include_str!("../migrations/postgres/0008_courier_limits.sql"),
-            mysql: Some(include_str!("../migrations/mysql/0008_courier_limits.sql")),
-            present_when: None,
-        },
-    ],
+    list: found::SCHEDULES,
 };
 
-/// The run store's migrations (placeholders `{runs}` and `{events}`).
-pub static RUNS: Migrations = Migrations {
-    main: "{runs}",
-    list: &[
-        Migration {
-            version: 2,
-            description: "courier runs",
-            sqlite: include_str!("../migrations/sqlite/0002_courier_runs.sql"),
-            postgres: include_str!("../migrations/postgres/0002_courier_runs.sql"),
-            mysql: Some(include_str!("../migrations/mysql/0002_courier_runs.sql")),
-            present_when: None,
-        },
-        Migration {
-            version: 3,
-            description: "courier runs due at",
-            sqlite: include_str!("../migrations/sqlite/0003_courier_runs_due_at.sql"),
-            postgres: include_str!("../migrations/postgres/0003_courier_runs_due_at.sql"),
-            mysql: Some(include_str!(
-                "../migrations/mysql/0003_courier_runs_due_at.sql"
-            )),
-            present_when: Some(("{runs}", "due_at")),
-        },
-        Migration {
-            version: 4,
-            description: "courier runs native types",
-            sqlite: "",
-            postgres: include_str!("../migrations/postgres/0004_courier_runs_native_types.sql"),
-            mysql: None,
-            present_when: None,
-        },
-        Migration {
-            version: 5,
-            description: "courier runs listing",
-            sqlite: include_str!("../migrations/sqlite/0005_courier_runs_listing.sql"),
-            postgres: include_str!("../migrations/postgres/0005_courier_runs_listing.sql"),
-            mysql: Some(include_str!(
-                "../migrations/mysql/0005_courier_runs_listing.sql"
-            )),
-            present_when: None,
-        },
-        Migration {
-            version: 8,
-            description: "courier runs unique",
-            sqlite: include_str!("../migrations/sqlite/0008_courier_runs_unique.sql"),
-            postgres: include_str!("../migrations/postgres/0008_courier_runs_unique.sql"),
-            mysql: Some(include_str!(
-                "../migrations/mysql/0008_courier_runs_unique.sql"
-            )),
-            present_when: None,
-        },
-        Migration {
-            version: 10,
-            description: "courier runs steps",
-            sqlite: include_str!("../migrations/sqlite/0010_courier_runs_steps.sql"),
-            postgres: include_str!("../migrations/postgres/0010_courier_runs_steps.sql"),
-            mysql: Some(include_str!(
-                "../migrations/mysql/0010_courier_runs_steps.sql"
-            )),
-            present_when: None,
-        },
-        Migration {
-            version: 13,
-            description: "courier runs finished at",
-            sqlite: include_str!("../migrations/sqlite/0013_courier_runs_finished_at.sql"),
-            postgres: include_str!("../migrations/postgres/0013_courier_runs_finished_at.sql"),
-            mysql: Some(include_str!(
-                "../migrations/mysql/0013_courier_runs_finished_at.sql"
-            )),
-            present_when: None,
-        },
-    ],
-};
+/// Every set of this crate, for a check that each folder under `migrations/` is applied.
+pub static SETS: [&Migrations; 5] = [&MESSAGES, &WORKERS, &DEDUP, &INBOX, &SCHEDULES];
 
 /// A migration a setup recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]

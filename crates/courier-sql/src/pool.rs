@@ -248,8 +248,7 @@ pub(crate) const SQLITE_WRITERS: u32 = 2;
 ///
 /// Two, not one: sqlx returns a released connection to its pool on a task of its own, after a
 /// ping (a round trip to the connection's thread); with one connection, every write waited for
-/// the last one's release (measured on a disk syncing in ~3 ms: fetch 1 at 0.63-0.68x the raw
-/// loop with one, 0.93-0.98x with two; fetch 64 0.78-0.88x against 0.98-1.12x). The second is
+/// the last one's release, most of all on a disk whose syncs take milliseconds. The second is
 /// taken while the first is being returned.
 #[cfg(feature = "sqlite")]
 pub(crate) async fn sqlite_writer_pool(
@@ -280,7 +279,7 @@ fn sqlite_options(
         .busy_timeout(s.busy_timeout)
         // A claim's rows cross from the connection's thread in one go: with sqlx's default of
         // 50, a batch of 64 stopped the thread mid-statement, write lock held, until this side
-        // took rows off (measured: 0.82x -> 0.90-0.94x the raw loop, on its own).
+        // took rows off.
         .row_buffer_size(1024))
 }
 

@@ -1063,12 +1063,10 @@ impl Transport for SqlTransport {
             .with_get_wait(self.options.poll_window)
             .with_redeliver_after(self.options.redeliver_timeout);
         // PostgreSQL deletes and claims in one statement: the acks of one batch ride on the
-        // claim of the next. Elsewhere it takes a transaction of its own, which measured
-        // slower than the two statements overlapped (SQLite: 0.73-0.83x against 0.85-0.88x
-        // the raw loop), so the worker keeps them apart. On SQLite even the two statements in
-        // one call measured slower (0.78-0.86x against 0.83-0.89x in paired runs): riding on
-        // the acks, the next claim waits for the batch to finish instead of being fetched
-        // ahead.
+        // claim of the next. Elsewhere it takes a transaction of its own, slower than the two
+        // statements overlapped, so the worker keeps them apart. On SQLite even the two
+        // statements in one call are slower: riding on the acks, the next claim waits for the
+        // batch to finish instead of being fetched ahead.
         if matches!(
             Dialect::from_scheme(self.dsn.scheme()),
             Ok(Dialect::Postgres)

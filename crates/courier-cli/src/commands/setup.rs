@@ -203,7 +203,7 @@ fn render_sql(
         ));
         out.push_str(&migrate::script(
             d,
-            &migrate::RUNS,
+            &courier_runs::MIGRATIONS,
             &[
                 ("{runs}", store.runs_table.as_str()),
                 ("{events}", store.events_table.as_str()),

@@ -103,7 +103,7 @@ impl Env {
 
     /// The command, in this directory, without inherited configuration.
     pub(crate) fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_courier-cli"));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_courier"));
         c.args(args)
             .current_dir(self.dir.path())
             .env_remove("COURIER_CONFIG")

@@ -36,13 +36,13 @@ pub struct ScheduleConfig {
     pub message: Option<String>,
     /// The message body: a TOML table sent as JSON (default `{}`).
     #[serde(default)]
-    pub payload: Option<toml::Table>,
+    pub payload: Option<super::Table>,
     /// The agent of the durable run submitted on each tick (exclusive with `message`).
     #[serde(default)]
     pub agent: Option<String>,
     /// The run's input: a TOML table as JSON (default `{}`).
     #[serde(default)]
-    pub input: Option<toml::Table>,
+    pub input: Option<super::Table>,
     /// A cron expression (exclusive with `every`).
     #[serde(default)]
     pub cron: Option<String>,

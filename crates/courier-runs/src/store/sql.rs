@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use courier_sql::migrate::{Applied, Missing};
+use courier_sql::migrate::{Applied, Migrations, Missing};
 use courier_sql::{PoolSettings, invalid_table_name, is_valid_identifier};
 use uuid::Uuid;
 
@@ -22,6 +22,20 @@ mod listing;
 mod queries;
 
 pub use courier_sql::Dialect;
+
+/// The SQL run store's migrations (placeholders `{runs}` and `{events}`, recorded in
+/// `{runs}_migrations`): the files of `migrations/runs/<dialect>/`, found by `build.rs`.
+pub static MIGRATIONS: Migrations = Migrations {
+    main: "{runs}",
+    list: found::RUNS,
+};
+
+/// The list `build.rs` writes from `migrations/runs/`.
+mod found {
+    use courier_sql::migrate::Migration;
+
+    include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+}
 
 /// How long the pool waits for a connection.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -71,6 +85,7 @@ impl SqlRunStoreOptions {
 trait Engine: RunStore {
     async fn migrate(&self) -> Result<Vec<Applied>, StoreError>;
     async fn missing_migrations(&self) -> Result<Vec<Missing>, StoreError>;
+    #[cfg(feature = "test-util")]
     async fn execute(&self, sql: &str) -> Result<u64, StoreError>;
     async fn explain_stale(&self, limit: usize) -> Result<Vec<String>, StoreError>;
     fn stale_query(&self) -> &str;
@@ -257,11 +272,12 @@ impl SqlRunStore {
         self.engine.page_query(query)
     }
 
-    /// Runs one statement on the store's pool (maintenance, tests, benches); returns the rows
-    /// affected.
+    /// Runs one statement on the store's pool (tests, benches: feature `test-util`); returns
+    /// the rows affected.
     ///
     /// # Errors
     /// The database failed.
+    #[cfg(feature = "test-util")]
     pub async fn execute(&self, sql: &str) -> Result<u64, StoreError> {
         self.engine.execute(sql).await
     }
@@ -276,10 +292,11 @@ impl SqlRunStore {
         self.engine.explain_stale(limit).await
     }
 
-    /// Drops both tables and their migrations table (tests).
+    /// Drops both tables and their migrations table (tests, benches: feature `test-util`).
     ///
     /// # Errors
     /// The database failed.
+    #[cfg(feature = "test-util")]
     pub async fn drop_tables(&self) -> Result<(), StoreError> {
         let runs = &self.options.runs_table;
         for t in [

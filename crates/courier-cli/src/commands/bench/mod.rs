@@ -141,7 +141,7 @@ async fn runs_mode(_: &Wiring, _: &Cli, _: &BenchArgs, _: &Dsn) -> CliResult {
 
 /// The version of the classic queues the benchmark declares on RabbitMQ, on both sides: a
 /// version 1 queue is served at one of two rates drawn per queue, whichever client reads it
-/// (about 35k or 57-60k msg/s here), which would make one round's ratio the broker's draw.
+/// which would make one round's ratio the broker's draw.
 /// Version 2 is the default from RabbitMQ 3.13 and the only one from 4.0; a broker older than
 /// 3.10 ignores the argument.
 pub(crate) const CLASSIC_QUEUE_VERSION: i64 = 2;

@@ -64,8 +64,8 @@ pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &DemoArgs) -> CliResult {
         .runs
         .clone()
         .unwrap_or_default()
-        .try_into()
-        .map_err(|e: toml::de::Error| CliError::runtime(format!("[runs]: {}", e.message())))?;
+        .deserialize()
+        .map_err(|e| CliError::runtime(format!("[runs]: {e}")))?;
     let transports = config
         .connect(
             &app.factories,

@@ -408,7 +408,7 @@ mod tests {
         let runs: courier_runs::RunsConfig = config
             .runs
             .expect("[runs]")
-            .try_into()
+            .deserialize()
             .expect("a runs table");
         runs.validate().expect("valid");
         assert_eq!(runs.lease, LEASE);

@@ -908,7 +908,7 @@ where
             ("{runs}", self.runs.as_str()),
             ("{events}", self.events.as_str()),
         ];
-        migrate::migrate(&self.pool, &migrate::RUNS, &tables)
+        migrate::migrate(&self.pool, &super::MIGRATIONS, &tables)
             .await
             .map_err(db("setup"))
     }
@@ -918,11 +918,12 @@ where
             ("{runs}", self.runs.as_str()),
             ("{events}", self.events.as_str()),
         ];
-        migrate::missing(&self.pool, &migrate::RUNS, &tables)
+        migrate::missing(&self.pool, &super::MIGRATIONS, &tables)
             .await
             .map_err(db("check the schema"))
     }
 
+    #[cfg(feature = "test-util")]
     async fn execute(&self, sql: &str) -> Result<u64, StoreError> {
         let done = sqlx::query(sql)
             .execute(&self.pool)

@@ -9,18 +9,18 @@
 //! cargo run --example own_binary                                     # a tour on a temporary file
 //! ```
 //!
-//! In an application this is `src/bin/courier.rs`, built with the `cli` feature.
+//! In an application this is `src/bin/courier.rs`, with `courier-cli` among its dependencies.
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use courier::cli::App;
 use courier::runs::{Agent, AgentError, AgentOutcome, RunContext, Step};
 use courier::sql::SqlTransport;
 use courier::{
     Dsn, Envelope, Handler, HandlerError, Message, MessageRegistry, Transport, async_trait,
 };
+use courier_cli::App;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 

@@ -5,6 +5,7 @@
 //!
 //! The application and the command line read the same `courier.toml`.
 
+#[path = "../../../tests/support/mod.rs"]
 mod support;
 
 use std::path::PathBuf;

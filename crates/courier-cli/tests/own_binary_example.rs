@@ -3,6 +3,7 @@
 //! list`, `failed show`), where the stock `courier` binary refuses the agent; and with no
 //! arguments its tour runs to exit 0.
 
+#[path = "../../../tests/examples_support/mod.rs"]
 mod examples_support;
 
 use std::path::Path;

@@ -1,3 +1,4 @@
+-- present-when: {runs}.due_at (a table upgraded before versions were recorded: recorded, not run)
 -- A template: `{runs}` and `{events}` are the configured table names (applied once, recorded in
 -- `{runs}_migrations`).
 -- Durable runs: when a queued run becomes due (epoch ms from the database clock), so the reaper

@@ -1,0 +1,1 @@
+../courier-sql/build.rs
