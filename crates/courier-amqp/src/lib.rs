@@ -63,6 +63,13 @@
 //!   (`as_listable()` is `None`).
 //! - A queue deleted under a running consumer (the broker cancels it) is re-declared by the
 //!   next `get` when `auto_setup` is on.
+//! - Flow control per key (`concurrency_max`, `concurrency_key`, `fair`) is refused with an
+//!   error naming the option: RabbitMQ hands messages to consumers in its own order and keeps
+//!   no count shared by every worker, so a limit here could only be per process, which would
+//!   be wrong across hosts. A slot store beside the broker (Redis or SQL) could hold the slots,
+//!   but a message whose key is full would already be delivered and would have to be requeued
+//!   or held, filling the consumer's window. Use a SQL or Redis transport for a keyed queue;
+//!   strict FIFO is kept here.
 //!
 //! # Wire format
 //!

@@ -361,7 +361,7 @@ impl AmqpOptions {
                 "serializer" => o.serializer = value.parse().map_err(|e| bad(&format!("{e}")))?,
                 "concurrency_max" | "concurrency_key" | "fair" => {
                     return Err(format!(
-                        "option `{key}`: a concurrency limit per key or fair claims need a slot store shared by every worker, which RabbitMQ does not have (a per-process limit would be wrong across hosts, so Courier refuses it): use a SQL transport (concurrency_max, concurrency_key, fair) for this queue"
+                        "option `{key}`: a concurrency limit per key or fair claims need a slot store shared by every worker, which RabbitMQ does not have (a per-process limit would be wrong across hosts, so Courier refuses it): use a SQL or Redis transport (concurrency_max, concurrency_key, fair) for this queue"
                     ));
                 }
                 other => {
@@ -470,7 +470,7 @@ mod tests {
                 .err()
                 .unwrap_or_default();
             assert!(
-                e.contains("RabbitMQ does not have") && e.contains("use a SQL transport"),
+                e.contains("RabbitMQ does not have") && e.contains("use a SQL or Redis transport"),
                 "{e}"
             );
         }

@@ -24,6 +24,7 @@
 
 pub mod agent;
 pub mod hosts;
+pub mod keyed;
 pub mod outbox;
 pub mod poison;
 pub mod report;

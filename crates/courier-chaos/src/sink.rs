@@ -14,9 +14,12 @@ use tokio::sync::OnceCell;
 /// The environment variable naming the sink file for the workers.
 pub const SINK_ENV: &str = "CHAOS_SINK";
 
-const SCHEMA: [&str; 2] = [
+const SCHEMA: [&str; 3] = [
     "CREATE TABLE IF NOT EXISTS chaos_log (id INTEGER NOT NULL, pid INTEGER NOT NULL, at_ms INTEGER NOT NULL)",
     "CREATE INDEX IF NOT EXISTS chaos_log_at ON chaos_log (at_ms)",
+    // One row per finished handling of a `chaos.keyed` (see `keyed`), times in microseconds.
+    "CREATE TABLE IF NOT EXISTS chaos_keyed (id INTEGER NOT NULL, tenant TEXT NOT NULL, \
+     pid INTEGER NOT NULL, start_us INTEGER NOT NULL, end_us INTEGER NOT NULL)",
 ];
 
 /// Milliseconds since the Unix epoch by the wall clock (the workers and the harness share it).
@@ -60,7 +63,7 @@ async fn pool() -> Result<&'static SqlitePool, String> {
 }
 
 /// Runs one insert, retrying for up to a minute (the sink is shared by every worker).
-async fn write<'q>(
+pub(crate) async fn write<'q>(
     make: impl Fn() -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
 ) -> Result<(), String> {
     let pool = pool().await?;

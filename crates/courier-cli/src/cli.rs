@@ -105,6 +105,11 @@ pub(crate) enum Command {
         /// Only the agents' circuit breakers (feature `agent`)
         #[arg(long, conflicts_with_all = ["transports", "oldest"])]
         breakers: bool,
+        /// Per concurrency key of each keyed queue (Redis `concurrency_max` / `fair`): in
+        /// flight / max and queued, the 10 busiest keys and the rest as `other`; in JSON
+        /// {transport: {"max", "keys": [{"key", "in_flight", "queued"}], "other", "other_keys"}}
+        #[arg(long, conflicts_with_all = ["oldest", "breakers"])]
+        keys: bool,
     },
     /// Inspect, retry or remove messages in failure transports
     #[command(subcommand)]
@@ -558,6 +563,11 @@ pub(crate) struct BenchArgs {
     /// Latency samples per side (with --latency)
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(crate) samples: u32,
+    /// Stamp each message with one of this many concurrency keys in turn (a
+    /// `ConcurrencyKeyStamp`), to measure a keyed queue: give the DSN `concurrency_max=N` or
+    /// `fair=true` (SQL, Redis)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000), conflicts_with_all = ["runs", "latency", "relay", "raw"])]
+    pub(crate) concurrency_keys: Option<u32>,
 }
 
 /// `250ms`, `30s`, `10min`, `1h`.

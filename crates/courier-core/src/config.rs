@@ -29,12 +29,14 @@
 //! `[agents.NAME]` tables for `courier-agent`.
 
 mod buses;
+mod concurrency;
 mod rate_limit;
 mod schedules;
 mod table;
 mod transports;
 
 pub use buses::BusConfig;
+pub use concurrency::{ConcurrencyKeyError, ConcurrencyKeys, ConcurrencyLimitConfig, LimitsConfig};
 pub use rate_limit::RateLimitConfig;
 pub use schedules::ScheduleConfig;
 pub use table::{Table, TransportOptions};
@@ -107,6 +109,9 @@ pub struct Config {
     /// `[agents.NAME]`: agent tables kept as-is for `courier-agent` to validate.
     #[serde(default)]
     pub agents: AgentTables,
+    /// `[limits.concurrency.NAME]`: a concurrency key per message type ([`LimitsConfig`]).
+    #[serde(default)]
+    pub limits: LimitsConfig,
 }
 
 /// The `[agents.NAME]` tables, kept as-is. They hold API keys: `Debug` shows their names only.
@@ -381,6 +386,8 @@ impl Config {
             }
         }
         let router = self.router();
+        self.limits
+            .transport_maxima(&router, |t| self.own_option(t, "concurrency_max"))?;
         for (name, s) in &self.schedules {
             s.trigger(name)?;
             s.missed(name)?;
@@ -413,9 +420,23 @@ impl Config {
         router
     }
 
-    /// The DSN of a transport with its `options` merged in.
+    /// The DSN of a transport with its `options` merged in, and the `concurrency_max` a
+    /// `[limits.concurrency]` table routed to it gives.
     #[must_use]
     pub fn effective_dsn(&self, name: &str) -> Option<Dsn> {
+        let mut dsn = self.own_dsn(name)?;
+        let maxima = self
+            .limits
+            .transport_maxima(&self.router(), |t| self.own_option(t, "concurrency_max"))
+            .unwrap_or_default();
+        if let Some((max, _)) = maxima.get(name) {
+            dsn = dsn.with_option("concurrency_max".to_owned(), max.to_string());
+        }
+        Some(dsn)
+    }
+
+    /// The DSN of a transport with its `options` merged in.
+    fn own_dsn(&self, name: &str) -> Option<Dsn> {
         let t = self.transports.get(name)?;
         let mut dsn = t.dsn.clone();
         for (k, v) in t.options.iter() {
@@ -424,6 +445,10 @@ impl Config {
             }
         }
         Some(dsn)
+    }
+
+    fn own_option(&self, transport: &str, option: &str) -> Option<String> {
+        self.own_dsn(transport)?.option(option).map(str::to_owned)
     }
 
     /// The failure transport of a transport (its own, else the global one).

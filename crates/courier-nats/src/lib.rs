@@ -97,6 +97,13 @@
 //! - Credentials: `nats://user:pass@host` or `?token=...`; both are redacted wherever the DSN
 //!   is shown, and never in `Debug`. A user without a password is refused (it might be a token
 //!   in the wrong place). TLS (`tls://`) is not supported.
+//! - Flow control per key (`concurrency_max`, `concurrency_key`, `fair`) is refused with an
+//!   error naming the option: NATS JetStream hands messages to consumers in its own order and keeps
+//!   no count shared by every worker, so a limit here could only be per process, which would
+//!   be wrong across hosts. A slot store beside the broker (Redis or SQL) could hold the slots,
+//!   but a message whose key is full would already be delivered and would have to be requeued
+//!   or held, filling the consumer's window. Use a SQL or Redis transport for a keyed queue;
+//!   strict FIFO is kept here.
 //!
 //! # Wire format
 //!

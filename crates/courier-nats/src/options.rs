@@ -387,7 +387,7 @@ impl NatsOptions {
                 "token" => o.token = Some(value.clone()),
                 "concurrency_max" | "concurrency_key" | "fair" => {
                     return Err(format!(
-                        "option `{key}`: a concurrency limit per key or fair claims need a slot store shared by every worker, which NATS JetStream does not have (a per-process limit would be wrong across hosts, so Courier refuses it): use a SQL transport (concurrency_max, concurrency_key, fair) for this queue"
+                        "option `{key}`: a concurrency limit per key or fair claims need a slot store shared by every worker, which NATS JetStream does not have (a per-process limit would be wrong across hosts, so Courier refuses it): use a SQL or Redis transport (concurrency_max, concurrency_key, fair) for this queue"
                     ));
                 }
                 other => {
@@ -537,7 +537,8 @@ mod tests {
                 .err()
                 .unwrap_or_default();
             assert!(
-                e.contains("NATS JetStream does not have") && e.contains("use a SQL transport"),
+                e.contains("NATS JetStream does not have")
+                    && e.contains("use a SQL or Redis transport"),
                 "{e}"
             );
         }

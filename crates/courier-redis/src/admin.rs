@@ -1,8 +1,8 @@
 //! Setup, counting and listing ([`Setup`], [`MessageCount`], [`Listable`]).
 
 use courier_core::{
-    Envelope, JsonDecoder, Listable, MessageCount, Setup, TransportError, TransportMessageIdStamp,
-    async_trait,
+    Envelope, JsonDecoder, Listable, MessageCount, Setup, TransportError, TransportErrorKind,
+    TransportMessageIdStamp, async_trait,
 };
 use redis::Value;
 
@@ -18,6 +18,21 @@ fn delayed_parts(payload: &str) -> (&str, &str) {
 }
 
 impl RedisTransport {
+    /// Listing reads the stream: a keyed queue keeps its messages in lists per key instead.
+    fn refuse_keyed(&self) -> Result<(), TransportError> {
+        if self.keyed.is_some() {
+            return Err(TransportError::new(
+                TransportErrorKind::Unsupported,
+                self.options.name.clone(),
+            )
+            .with_context(
+                "a keyed queue (concurrency_max, fair) cannot list, find or remove messages: \
+                 use it as a work queue, not as a failure transport",
+            ));
+        }
+        Ok(())
+    }
+
     fn listed(
         decoder: &mut JsonDecoder<'_>,
         id: String,
@@ -55,6 +70,9 @@ impl Setup for RedisTransport {
 #[async_trait]
 impl MessageCount for RedisTransport {
     async fn message_count(&self) -> Result<u64, TransportError> {
+        if self.keyed.is_some() {
+            return self.keyed_count().await;
+        }
         let mut pipe = redis::pipe();
         if self.options.delete_after_ack {
             pipe.cmd("XLEN")
@@ -86,6 +104,7 @@ impl MessageCount for RedisTransport {
 #[async_trait]
 impl Listable for RedisTransport {
     async fn list(&self, limit: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.refuse_keyed()?;
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -131,6 +150,7 @@ impl Listable for RedisTransport {
     }
 
     async fn find(&self, id: &str) -> Result<Option<Envelope>, TransportError> {
+        self.refuse_keyed()?;
         let mut pipe = redis::pipe();
         if is_delayed_id(id) {
             pipe.cmd("HGET").arg(&self.delayed_data_key).arg(id);
@@ -157,6 +177,7 @@ impl Listable for RedisTransport {
     }
 
     async fn remove(&self, id: &str) -> Result<bool, TransportError> {
+        self.refuse_keyed()?;
         let mut pipe = redis::pipe();
         if is_delayed_id(id) {
             pipe.cmd("ZREM")

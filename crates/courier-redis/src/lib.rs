@@ -87,11 +87,41 @@
 //! entries plus the delayed set. `list` / `find` / `remove` cover the stream (`XRANGE`, `XDEL`)
 //! and the delayed set, so a stream can serve as a failure transport.
 //!
+//! # Flow control per key: a keyed queue
+//!
+//! With `concurrency_max=N` or `fair=true`, the queue is *keyed*: a message's concurrency key
+//! is its [`ConcurrencyKeyStamp`](courier_core::ConcurrencyKeyStamp), else the string field of
+//! its JSON body that `concurrency_key=$.path` names (a missing field, a non-string one or a key
+//! over 200 bytes is refused at send, naming the path), else none (an unlimited lane of its
+//! own). Messages then wait in a list per key under `<stream>:keyed:` instead of the stream,
+//! and every operation is one Lua script:
+//!
+//! - `get` moves due delayed messages to their key, delivers again every message whose lease
+//!   ended (it keeps its slot: a killed worker's message comes back first, delivery count + 1),
+//!   then takes ready messages key after key in turn (a rotating list of the keys with messages
+//!   waiting), passing over a key with `concurrency_max` deliveries unsettled; with `fair=true`
+//!   one message per key per turn. Each delivery is a lease of `redeliver_timeout` on the
+//!   server clock (a sorted set), renewed by `keepalive`.
+//! - `ack`, `reject` and `retry` free the slot in the same script that settles the delivery,
+//!   only for the consumer holding it with that delivery count (a superseded ack is a no-op).
+//!   So a slot is held exactly as long as its lease: it cannot leak.
+//! - A consumer that finds nothing to take blocks (`XREAD BLOCK`) on the stream
+//!   `<stream>:keyed:signal`, to which a send, or an ack freeing a slot of a key with messages
+//!   waiting, appends: it wakes at once, not after polling, and no later than when a delayed
+//!   message or a lease is due.
+//!
+//! Cost: a keyed `get` visits keys one by one (one `LMOVE` per key visited, every waiting key
+//! when all are full), and each message costs a few hash writes more than a stream entry.
+//! Strict FIFO across keys is not kept (FIFO holds inside a key); a plain queue keeps it. A
+//! keyed queue cannot list, find or remove messages, nor share its messages with other groups
+//! (`delete_after_ack=false` is refused).
+//!
 //! # Options (DSN query)
 //!
 //! `stream`, `group`, `consumer` (default `host:pid:random`, unique per transport),
 //! `delete_after_ack` (default true), `stream_max_entries` (`MAXLEN ~`), `redeliver_timeout`
-//! (default 30s), `claim_interval`, `db` and `poll_window` (default 1s), see [`RedisOptions`].
+//! (default 30s), `claim_interval`, `db`, `poll_window` (default 1s), `concurrency_max`,
+//! `concurrency_key` and `fair` (a keyed queue, above), see [`RedisOptions`].
 //! `rediss://` needs the `tls` feature.
 
 mod admin;
@@ -99,6 +129,7 @@ mod dedup;
 mod factory;
 mod get;
 mod in_flight;
+mod keyed;
 mod limits;
 mod link;
 mod options;

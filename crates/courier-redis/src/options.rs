@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use courier_core::Dsn;
+use courier_core::{Dsn, KeyPath};
 
 /// Options of a [`RedisTransport`](crate::RedisTransport), also read from the DSN query:
 /// `redis://127.0.0.1:6379?stream=emails&group=mailers&redeliver_timeout=10min`.
@@ -41,6 +41,17 @@ pub struct RedisOptions {
     /// How message bodies are written: `json` (default) or `msgpack` (see
     /// [`Serializer`](courier_core::Serializer)); reading follows each message's content type.
     pub serializer: courier_core::Serializer,
+    /// At most this many messages with the same concurrency key are delivered and not yet
+    /// acknowledged at once, across every worker and host (DSN `concurrency_max=N`, at least 1).
+    /// Turns the queue into a keyed queue: see the crate documentation. Default none.
+    pub concurrency_max: Option<u32>,
+    /// Where a message's concurrency key is found in its JSON body when it carries no
+    /// [`ConcurrencyKeyStamp`](courier_core::ConcurrencyKeyStamp) (DSN
+    /// `concurrency_key=$.tenant_id`). Default none: only stamped messages are keyed.
+    pub concurrency_key: Option<KeyPath>,
+    /// Hand out one message per key in turn (DSN `fair=true`), so one key's backlog never
+    /// starves the others. Turns the queue into a keyed queue. Default false.
+    pub fair: bool,
 }
 
 impl Default for RedisOptions {
@@ -58,6 +69,9 @@ impl Default for RedisOptions {
             poll_window: Duration::from_secs(1),
             worker_stale_after: courier_core::DEFAULT_WORKER_STALE_AFTER,
             serializer: courier_core::Serializer::Json,
+            concurrency_max: None,
+            concurrency_key: None,
+            fair: false,
         }
     }
 }
@@ -98,6 +112,51 @@ impl RedisOptions {
         worker_stale_after: Duration);
     setter!(/// Sets [`RedisOptions::serializer`].
         serializer: courier_core::Serializer);
+    setter!(/// Sets [`RedisOptions::fair`].
+        fair: bool);
+
+    /// Sets [`RedisOptions::concurrency_max`] (0 is taken as 1).
+    #[must_use]
+    pub fn concurrency_max(mut self, max: u32) -> Self {
+        self.concurrency_max = Some(max.max(1));
+        self
+    }
+
+    /// Sets [`RedisOptions::concurrency_key`].
+    ///
+    /// # Errors
+    /// A reason naming a path that [`KeyPath::parse`] refuses.
+    pub fn concurrency_key(mut self, path: &str) -> Result<Self, String> {
+        self.concurrency_key = Some(KeyPath::parse(path)?);
+        Ok(self)
+    }
+
+    /// Whether the queue is keyed (a concurrency limit or fair hand-out is configured).
+    #[must_use]
+    pub fn is_keyed(&self) -> bool {
+        self.concurrency_max.is_some() || self.fair
+    }
+
+    /// The flow-control options make sense together.
+    pub(crate) fn check_flow_control(&self) -> Result<(), String> {
+        if self.concurrency_key.is_some() && !self.is_keyed() {
+            return Err(
+                "concurrency_key needs concurrency_max=N or fair=true (a key alone changes nothing)"
+                    .to_owned(),
+            );
+        }
+        if self.concurrency_key.is_some() && self.serializer != courier_core::Serializer::Json {
+            return Err("concurrency_key reads the JSON body: it needs serializer=json".to_owned());
+        }
+        if self.is_keyed() && !self.delete_after_ack {
+            return Err(
+                "concurrency_max and fair keep messages in lists per key, not in the stream: \
+                 delete_after_ack=false (a stream shared with other groups) does not apply"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
 
     /// The option names a DSN may carry.
     pub const DSN_OPTIONS: &'static [&'static str] = &[
@@ -112,6 +171,9 @@ impl RedisOptions {
         "poll_window",
         "worker_stale_after",
         "serializer",
+        "concurrency_max",
+        "concurrency_key",
+        "fair",
     ];
 
     /// Reads the options from a DSN's query, on top of `self`.
@@ -119,14 +181,6 @@ impl RedisOptions {
     /// # Errors
     /// A reason naming an unknown option or a bad value.
     pub fn from_dsn(mut self, dsn: &Dsn) -> Result<Self, String> {
-        if let Some(key) = ["concurrency_max", "concurrency_key", "fair"]
-            .into_iter()
-            .find(|k| dsn.option(k).is_some())
-        {
-            return Err(format!(
-                "option `{key}`: a concurrency limit per key and fair claims are not built on Redis yet (a per-process limit would be wrong across hosts, so Courier refuses it): use a SQL transport (concurrency_max, concurrency_key, fair) for this queue"
-            ));
-        }
         dsn.check_options(Self::DSN_OPTIONS).map_err(|e| e.reason)?;
         let text = |key: &str| -> Result<Option<String>, String> {
             match dsn.option(key) {
@@ -191,6 +245,25 @@ impl RedisOptions {
             }
             self.worker_stale_after = v;
         }
+        if let Some(n) = dsn
+            .parse_option::<u32>("concurrency_max")
+            .map_err(|e| e.reason)?
+        {
+            if n == 0 {
+                return Err(
+                    "concurrency_max must be at least 1 (0 would never deliver a keyed message)"
+                        .to_owned(),
+                );
+            }
+            self.concurrency_max = Some(n);
+        }
+        if let Some(p) = dsn.option("concurrency_key") {
+            self.concurrency_key = Some(KeyPath::parse(p)?);
+        }
+        if let Some(v) = dsn.parse_option::<bool>("fair").map_err(|e| e.reason)? {
+            self.fair = v;
+        }
+        self.check_flow_control()?;
         Ok(self)
     }
 
@@ -214,6 +287,11 @@ impl RedisOptions {
     /// A schedule's hash: `<group>:schedule:<name>` (`courier:schedule:nightly`).
     pub(crate) fn schedule_key(&self, schedule: &str) -> String {
         format!("{}:schedule:{schedule}", self.group)
+    }
+
+    /// The prefix of a keyed queue's keys: `<stream>:keyed:`.
+    pub(crate) fn keyed_prefix(&self) -> String {
+        format!("{}:keyed:", self.stream)
     }
 
     pub(crate) fn delayed_data_key(&self) -> String {
@@ -254,18 +332,36 @@ mod tests {
     }
 
     #[test]
-    fn a_concurrency_limit_is_refused_not_degraded_to_per_process() {
-        for option in ["concurrency_max=3", "concurrency_key=$.tenant", "fair=true"] {
-            let dsn = Dsn::parse(&format!("redis://localhost/jobs?{option}"))
-                .unwrap_or_else(|e| panic!("{e}"));
-            let e = RedisOptions::default()
-                .from_dsn(&dsn)
-                .err()
-                .unwrap_or_default();
-            assert!(
-                e.contains("not built on Redis yet") && e.contains("use a SQL transport"),
-                "{e}"
-            );
+    fn flow_control_options_are_read_and_checked() {
+        let dsn =
+            Dsn::parse("redis://localhost?concurrency_max=3&concurrency_key=$.tenant&fair=true")
+                .unwrap();
+        let o = RedisOptions::default().from_dsn(&dsn).unwrap();
+        assert_eq!(o.concurrency_max, Some(3));
+        assert_eq!(
+            o.concurrency_key.as_ref().map(KeyPath::as_str),
+            Some("$.tenant")
+        );
+        assert!(o.fair && o.is_keyed());
+        for (query, expected) in [
+            ("concurrency_max=0", "concurrency_max must be at least 1"),
+            (
+                "concurrency_max=2&concurrency_key=tenant",
+                "concurrency_key `tenant`: expected a JSON path",
+            ),
+            (
+                "concurrency_key=$.tenant",
+                "concurrency_key needs concurrency_max=N or fair=true",
+            ),
+            ("fair=true&delete_after_ack=false", "delete_after_ack=false"),
+            (
+                "concurrency_max=2&concurrency_key=$.t&serializer=msgpack",
+                "needs serializer=json",
+            ),
+        ] {
+            let dsn = Dsn::parse(&format!("redis://localhost?{query}")).unwrap();
+            let e = RedisOptions::default().from_dsn(&dsn).unwrap_err();
+            assert!(e.contains(expected), "{query}: {e}");
         }
     }
 

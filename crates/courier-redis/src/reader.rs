@@ -24,6 +24,11 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
+    /// The reading side's connection.
+    pub(crate) fn link(&self) -> &Link {
+        &self.link
+    }
+
     pub(crate) fn new(link: Link) -> Self {
         Self {
             link,

@@ -41,6 +41,11 @@ pub(crate) struct Scripts {
     pub(crate) schedule_claim: Lua,
     pub(crate) schedule_advance: Lua,
     pub(crate) limit_take: Lua,
+    pub(crate) keyed_send: Lua,
+    pub(crate) keyed_claim: Lua,
+    pub(crate) keyed_ack: Lua,
+    pub(crate) keyed_keepalive: Lua,
+    pub(crate) keyed_retry: Lua,
 }
 
 impl Scripts {
@@ -95,10 +100,30 @@ impl Scripts {
                 include_str!("lua/schedule_advance.lua")
             )),
             limit_take: Lua::new(include_str!("lua/limit_take.lua")),
+            keyed_send: Lua::new(concat!(
+                include_str!("lua/keyed.lua"),
+                include_str!("lua/keyed_send.lua")
+            )),
+            keyed_claim: Lua::new(concat!(
+                include_str!("lua/keyed.lua"),
+                include_str!("lua/keyed_claim.lua")
+            )),
+            keyed_ack: Lua::new(concat!(
+                include_str!("lua/keyed.lua"),
+                include_str!("lua/keyed_ack.lua")
+            )),
+            keyed_keepalive: Lua::new(concat!(
+                include_str!("lua/keyed.lua"),
+                include_str!("lua/keyed_keepalive.lua")
+            )),
+            keyed_retry: Lua::new(concat!(
+                include_str!("lua/keyed.lua"),
+                include_str!("lua/keyed_retry.lua")
+            )),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Lua; 15] {
+    pub(crate) fn all(&self) -> [&Lua; 20] {
         [
             &self.ack,
             &self.keepalive,
@@ -115,6 +140,11 @@ impl Scripts {
             &self.schedule_claim,
             &self.schedule_advance,
             &self.limit_take,
+            &self.keyed_send,
+            &self.keyed_claim,
+            &self.keyed_ack,
+            &self.keyed_keepalive,
+            &self.keyed_retry,
         ]
     }
 }

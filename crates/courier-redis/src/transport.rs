@@ -51,6 +51,8 @@ pub struct RedisTransport {
     first_delivery: Arc<DeliveryTagStamp>,
     /// The server, redacted, with its database: where the worker registry lives.
     pub(crate) location: String,
+    /// Set on a keyed queue (`concurrency_max`, `fair`): messages live in lists per key.
+    pub(crate) keyed: Option<crate::keyed::Keyed>,
 }
 
 impl fmt::Debug for RedisTransport {
@@ -117,6 +119,10 @@ impl RedisTransport {
                 .with_context("invalid Redis URL")
                 .with_source(e)
         };
+        options.check_flow_control().map_err(|reason| {
+            TransportError::new(TransportErrorKind::Config, options.name.clone())
+                .with_context(reason)
+        })?;
         let mut info = url.into_connection_info().map_err(config_error)?;
         if let Some(db) = options.db {
             let settings = info.redis_settings().clone().set_db(db);
@@ -156,6 +162,7 @@ impl RedisTransport {
                 Some(db) => format!("{}?db={db}", courier_core::redact(url)),
                 None => courier_core::redact(url),
             },
+            keyed: crate::keyed::Keyed::new(&options),
             options,
         };
         transport
@@ -491,20 +498,30 @@ impl Transport for RedisTransport {
     }
 
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        if self.keyed.is_some() {
+            return self.keyed_read(max).await;
+        }
         self.read(max).await
     }
 
     async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.remove_deliveries(std::slice::from_ref(envelope), "cannot ack")
-            .await
+        self.ack_batch(std::slice::from_ref(envelope)).await
     }
 
     async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        if self.keyed.is_some() {
+            return self
+                .keyed_settle(std::slice::from_ref(envelope), "cannot reject")
+                .await;
+        }
         self.remove_deliveries(std::slice::from_ref(envelope), "cannot reject")
             .await
     }
 
     async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
+        if self.keyed.is_some() {
+            return self.keyed_retry(envelope, delay).await;
+        }
         let Some(Delivery {
             id,
             stream_id,
@@ -570,6 +587,9 @@ impl Transport for RedisTransport {
 
     /// Resets the idle time of every delivery that is still this consumer's, in one round trip.
     async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        if self.keyed.is_some() {
+            return self.keyed_keepalive(envelopes).await;
+        }
         let deliveries: Vec<Delivery<'_>> = envelopes.iter().filter_map(delivery).collect();
         if deliveries.is_empty() {
             return Ok(());
@@ -611,6 +631,9 @@ impl Transport for RedisTransport {
         if envelopes.is_empty() {
             return Ok(envelopes);
         }
+        if self.keyed.is_some() {
+            return self.keyed_send_batch(envelopes).await;
+        }
         let mut pipe = redis::Pipeline::with_capacity(envelopes.len());
         let known = self.add_sends(&mut pipe, &envelopes)?;
         let replies: Vec<Value> = self
@@ -639,6 +662,9 @@ impl Transport for RedisTransport {
     }
 
     async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        if self.keyed.is_some() {
+            return self.keyed_settle(envelopes, "cannot ack").await;
+        }
         self.remove_deliveries(envelopes, "cannot ack").await
     }
 
@@ -652,6 +678,8 @@ impl Transport for RedisTransport {
         abilities.worker_registry = Some(self);
         abilities.message_count = Some(self);
         abilities.deduplicate = Some(self);
+        // The concrete transport, for what only Redis offers (a keyed queue's `key_loads`).
+        abilities.any = Some(self);
         abilities
     }
 

@@ -251,6 +251,11 @@ pub(crate) struct FlowStatements {
     /// delivery id). MySQL: the select of the rows to claim (binds: queue, window, queue,
     /// window, limit); the update follows as in the plain claim.
     pub(crate) claim: String,
+    /// A limited queue without `fair`: the same claim ranking only the FIFO head of the
+    /// queue ([`HEAD_ROWS`] rows), tried first. A key's rows in the head are its first rows, so
+    /// their ranks are exact; when it claims fewer than asked (the head is taken by full keys,
+    /// or is all there is), the whole claim runs for the rest, in the same transaction.
+    pub(crate) head_claim: Option<String>,
     /// Serialises the claims of the queue across hosts: PostgreSQL, a transaction-scoped
     /// advisory lock (bind: the lock's name); MySQL, a named lock of the session (binds: name,
     /// timeout in seconds). SQLite: `None` (its write lock serialises).
@@ -266,6 +271,9 @@ pub(crate) struct FlowStatements {
     /// channel, queue).
     pub(crate) notify: Option<String>,
 }
+
+/// The rows of a queue's FIFO head that [`FlowStatements::head_claim`] ranks.
+const HEAD_ROWS: u32 = 1_000;
 
 impl FlowStatements {
     pub(crate) fn new(dialect: Dialect, t: &str, max: Option<u32>, fair: bool) -> Self {
@@ -288,11 +296,16 @@ impl FlowStatements {
         } else {
             "r.priority DESC, r.available_at, r.id"
         };
-        let pick = |busy_join: &str| {
+        let pick_from = |busy_join: &str, rows: &str| {
             format!(
-                "SELECT r.id FROM (SELECT id, priority, available_at, concurrency_key,                  ROW_NUMBER() OVER (PARTITION BY concurrency_key ORDER BY priority DESC, available_at, id) AS rn                  FROM {t} WHERE {claimable}) r{busy_join}{full} ORDER BY {order} LIMIT ?"
+                "SELECT r.id FROM (SELECT id, priority, available_at, concurrency_key,                  ROW_NUMBER() OVER (PARTITION BY concurrency_key ORDER BY priority DESC, available_at, id) AS rn                  FROM {rows}) r{busy_join}{full} ORDER BY {order} LIMIT ?"
             )
         };
+        let whole = format!("{t} WHERE {claimable}");
+        let head = format!(
+            "(SELECT id, priority, available_at, concurrency_key FROM {t} WHERE {claimable}              ORDER BY priority DESC, available_at, id LIMIT {HEAD_ROWS}) h"
+        );
+        let pick = |busy_join: &str| pick_from(busy_join, &whole);
         // SQLite numbers its binds, so the busy count reuses the queue and the window;
         // PostgreSQL's are written out; MySQL binds them again.
         let numbered = |sql: String, marks: &[&str]| {
@@ -308,7 +321,7 @@ impl FlowStatements {
             }
             out
         };
-        let claim = match dialect {
+        let claim_with = |pick: &dyn Fn(&str) -> String| match dialect {
             Dialect::Sqlite => {
                 let marks: &[&str] = if max.is_some() {
                     &["?1", "?2", "?1", "?2", "?3"]
@@ -339,6 +352,31 @@ impl FlowStatements {
                 pick(&busy_join)
             )),
         };
+        let claim = claim_with(&pick);
+        let head_claim = match (max, dialect) {
+            (Some(_), _) if fair => None,
+            // PostgreSQL counts the busy slots of the head's keys only (one range of the
+            // concurrency index per key), not of every key of the queue.
+            (Some(max), Dialect::Postgres) => Some(r(format!(
+                "WITH h AS (SELECT id, priority, available_at, concurrency_key FROM {t} \
+                 WHERE queue_name = $1 AND available_at <= {{now}} \
+                 AND (delivered_at IS NULL OR delivered_at < {{now}} - $2) \
+                 ORDER BY priority DESC, available_at, id LIMIT {HEAD_ROWS}), \
+                 b AS (SELECT concurrency_key, COUNT(*) AS busy FROM {t} WHERE queue_name = $1 \
+                 AND concurrency_key IN (SELECT concurrency_key FROM h WHERE concurrency_key IS NOT NULL) \
+                 AND delivered_at >= {{now}} - $2 GROUP BY concurrency_key), \
+                 picked AS (SELECT ARRAY(SELECT r.id FROM (SELECT h.*, ROW_NUMBER() OVER \
+                 (PARTITION BY concurrency_key ORDER BY priority DESC, available_at, id) AS rn FROM h) r \
+                 LEFT JOIN b ON b.concurrency_key = r.concurrency_key \
+                 WHERE r.concurrency_key IS NULL OR r.rn + COALESCE(b.busy, 0) <= {max} \
+                 ORDER BY r.priority DESC, r.available_at, r.id LIMIT $3) AS ids) \
+                 UPDATE {t} SET delivered_at = {{now}}, delivery_id = $4 FROM picked \
+                 WHERE {t}.id = ANY(picked.ids) AND ({t}.delivered_at IS NULL OR {t}.delivered_at < {{now}} - $2) \
+                 RETURNING {t}.id, {t}.body, {t}.headers, {t}.priority, {t}.available_at"
+            ))),
+            (Some(_), _) => Some(claim_with(&|busy_join: &str| pick_from(busy_join, &head))),
+            (None, _) => None,
+        };
         let (lock, unlock) = match dialect {
             Dialect::Sqlite => (None, None),
             Dialect::Postgres => (
@@ -362,6 +400,7 @@ impl FlowStatements {
         });
         Self {
             claim,
+            head_claim,
             lock,
             unlock,
             // MySQL lock names are at most 64 characters (a table name is at most 46).
@@ -1133,6 +1172,39 @@ where
         claimed
     }
 
+    /// Runs one of the flow-control claims (`limited`: it counts the keys' busy slots).
+    async fn flow_claim(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &str,
+        limited: bool,
+        max: usize,
+        delivery_id: i64,
+    ) -> Result<Vec<StoredRow>, sqlx::Error>
+    where
+        for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
+        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        if DB::DIALECT == Dialect::Mysql {
+            let mut q = sqlx::query_as(claim)
+                .bind(self.queue.as_str())
+                .bind(self.redeliver_ms);
+            if limited {
+                q = q.bind(self.queue.as_str()).bind(self.redeliver_ms);
+            }
+            let rows: Vec<StoredRow> = q.bind(limit(max)).fetch_all(&mut *conn).await?;
+            self.mark_claimed(conn, &rows, delivery_id).await?;
+            return Ok(rows);
+        }
+        sqlx::query_as(claim)
+            .bind(self.queue.as_str())
+            .bind(self.redeliver_ms)
+            .bind(limit(max))
+            .bind(delivery_id)
+            .fetch_all(&mut *conn)
+            .await
+    }
+
     /// Claims up to `max` rows on `conn` (MySQL: the select and the update, in the caller's
     /// transaction); returns them in claim order.
     async fn claim_on(
@@ -1154,25 +1226,24 @@ where
                     .execute(&mut *conn)
                     .await?;
             }
-            let mut rows: Vec<StoredRow> = if DB::DIALECT == Dialect::Mysql {
-                let mut q = sqlx::query_as(&flow.claim)
-                    .bind(self.queue.as_str())
-                    .bind(self.redeliver_ms);
-                if self.flow.as_ref().is_some_and(|f| f.next_due.is_some()) {
-                    q = q.bind(self.queue.as_str()).bind(self.redeliver_ms);
-                }
-                let rows: Vec<StoredRow> = q.bind(limit(max)).fetch_all(&mut *conn).await?;
-                self.mark_claimed(conn, &rows, delivery_id).await?;
-                rows
-            } else {
-                sqlx::query_as(&flow.claim)
-                    .bind(self.queue.as_str())
-                    .bind(self.redeliver_ms)
-                    .bind(limit(max))
-                    .bind(delivery_id)
-                    .fetch_all(&mut *conn)
-                    .await?
-            };
+            let mut rows = Vec::new();
+            if let Some(head) = &flow.head_claim {
+                rows = self
+                    .flow_claim(conn, head, flow.next_due.is_some(), max, delivery_id)
+                    .await?;
+            }
+            if rows.len() < max {
+                let more = self
+                    .flow_claim(
+                        conn,
+                        &flow.claim,
+                        flow.next_due.is_some(),
+                        max - rows.len(),
+                        delivery_id,
+                    )
+                    .await?;
+                rows.extend(more);
+            }
             sort_claimed(&mut rows);
             return Ok(rows);
         }

@@ -1,5 +1,5 @@
 //! `chaos-worker`: the `courier` command line plus the chaos suite's message type `chaos.item`
-//! (recorded in the sink named by `CHAOS_SINK`) and the `chaos` agent, beside the built-in
+//! (recorded in the sink named by `CHAOS_SINK`), the flow-control test's `chaos.keyed` and the `chaos` agent, beside the built-in
 //! `scripted` agent, and the scale measurement's `scale.tick` (a no-op handler). The harness
 //! starts it as `chaos-worker consume --config FILE`.
 
@@ -14,6 +14,12 @@ fn main() -> ExitCode {
         .handler_fn("chaos.record", |m: Arc<ChaosItem>| async move {
             courier_chaos::sink::record_handled(m.id).await
         })
+        .handler_fn(
+            "chaos.keyed",
+            |m: Arc<courier_chaos::keyed::KeyedItem>| async move {
+                courier_chaos::keyed::handle(&m).await
+            },
+        )
         .handler_fn("scale.noop", |_: Arc<ScaleTick>| async {
             courier_chaos::agent::record_tick();
             Ok::<(), HandlerError>(())

@@ -14,6 +14,7 @@ mod runs;
 mod schedules;
 mod setup;
 mod stats;
+mod stats_keys;
 mod stop;
 mod workers;
 
@@ -34,9 +35,13 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &Command) -> CliResult {
         Command::Consume(args) => consume::run(ctx, args).await,
         Command::Relay(args) => relay::run(ctx, args).await,
         Command::Stats {
+            transports, keys, ..
+        } if *keys => stats_keys::run(ctx, transports).await,
+        Command::Stats {
             transports,
             oldest,
             breakers,
+            ..
         } => stats::run(ctx, transports, *oldest, *breakers).await,
         Command::Failed(cmd) => failed::run(ctx, cmd).await,
         Command::StopWorkers => stop::run(ctx).await,

@@ -111,6 +111,10 @@ impl Transports {
         if let Some(signing) = &self.config.signing {
             builder = builder.signing(signing.signing().clone());
         }
+        // Validated when the configuration was parsed.
+        if let Ok(Some(keys)) = self.config.limits.keys() {
+            builder = builder.middleware(keys);
+        }
         builder
     }
 

@@ -6,6 +6,8 @@
 //! id it has there) and are dropped when the envelope is encoded.
 
 mod builtin;
+mod key_load;
+mod key_path;
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -14,6 +16,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use builtin::*;
+pub use key_load::{KeyLoad, KeyLoads};
+pub use key_path::KeyPath;
 
 /// Typed metadata on an envelope.
 ///

@@ -184,7 +184,7 @@ pub(crate) fn isolate(dsn: &Dsn, queue: &str, fetch_size: u16) -> Dsn {
 }
 
 /// Removes what [`isolate`] made the transport create on a server (AMQP: the exchange, its
-/// delay exchange and the queue; Redis: the stream and its delayed keys; NATS: the stream); SQL
+/// delay exchange and the queue; Redis: the stream, its delayed keys and a keyed queue's; NATS: the stream); SQL
 /// rows are consumed.
 pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
     #[cfg(feature = "redis")]
@@ -192,10 +192,21 @@ pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
         && original.option("stream").is_none()
         && let Some(stream) = isolated.option("stream")
     {
+        // A keyed queue's (`concurrency_max`, `fair`) keys too: its lists per key are gone
+        // once consumed, these may stay.
         let keys = [
             stream.to_owned(),
             format!("{stream}:delayed"),
             format!("{stream}:delayed:data"),
+            format!("{stream}:keyed:signal"),
+            format!("{stream}:keyed:data"),
+            format!("{stream}:keyed:key"),
+            format!("{stream}:keyed:ring"),
+            format!("{stream}:keyed:ringset"),
+            format!("{stream}:keyed:delayed"),
+            format!("{stream}:keyed:owner"),
+            format!("{stream}:keyed:leases"),
+            format!("{stream}:keyed:busy"),
         ];
         crate::raw::redis_streams::delete(isolated, &keys.each_ref().map(String::as_str)).await;
     }

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use courier_core::{
-    CancellationToken, Dsn, Envelope, FactoryContext, MessageRegistry, Transport, Worker,
+    CancellationToken, ConcurrencyKeyStamp, Dsn, Envelope, FactoryContext, MessageRegistry,
+    Transport, Worker,
 };
 
 use super::{
@@ -66,7 +67,15 @@ pub(super) async fn measure(
                 theirs.extend(crate::raw::measure(&isolated, work).await?);
             }
             crate::raw::level(&isolated).await;
-            ours.push(courier_figures(&transport, work, usize::from(args.concurrency)).await?);
+            ours.push(
+                courier_figures(
+                    &transport,
+                    work,
+                    usize::from(args.concurrency),
+                    args.concurrency_keys,
+                )
+                .await?,
+            );
             if args.raw && !raw_first {
                 crate::raw::level(&isolated).await;
                 theirs.extend(crate::raw::measure(&isolated, work).await?);
@@ -97,6 +106,7 @@ pub(super) async fn measure(
             "size": work.size,
             "fetch_size": work.fetch_size,
             "concurrency": args.concurrency,
+            "concurrency_keys": args.concurrency_keys,
             "rounds": rounds,
             "raw": raw,
             "ratio": ratio,
@@ -142,8 +152,17 @@ async fn courier_figures(
     transport: &Arc<dyn Transport>,
     work: &Work,
     concurrency: usize,
+    keys: Option<u32>,
 ) -> CliResult<Figures> {
     let body = payload(work.size);
+    let keys: Vec<ConcurrencyKeyStamp> = (0..keys.unwrap_or(0))
+        .map(|k| ConcurrencyKeyStamp::new(format!("key-{k}")))
+        .collect::<Result<_, _>>()
+        .map_err(|e| CliError::runtime(e.to_string()))?;
+    let keyed = |seq: u64, envelope: Envelope| match keys.len() {
+        0 => envelope,
+        n => envelope.with(keys[usize::try_from(seq).unwrap_or(0) % n].clone()),
+    };
     // Produce: batches of fetch_size through send_batch.
     let started = Instant::now();
     let mut seq = 0;
@@ -151,10 +170,13 @@ async fn courier_figures(
         let n = (work.messages - seq).min(work.fetch_size as u64);
         let batch: Vec<Envelope> = (seq..seq + n)
             .map(|s| {
-                Envelope::new(BenchMessage {
-                    seq: s,
-                    payload: body.clone(),
-                })
+                keyed(
+                    s,
+                    Envelope::new(BenchMessage {
+                        seq: s,
+                        payload: body.clone(),
+                    }),
+                )
             })
             .collect();
         transport.send_batch(batch).await?;
@@ -205,10 +227,13 @@ async fn courier_figures(
     for i in 0..work.latency_samples as u64 {
         let sent = Instant::now();
         transport
-            .send(Envelope::new(BenchMessage {
-                seq: i,
-                payload: body.clone(),
-            }))
+            .send(keyed(
+                i,
+                Envelope::new(BenchMessage {
+                    seq: i,
+                    payload: body.clone(),
+                }),
+            ))
             .await?;
         match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
             Ok(Some(_)) => samples.push(sent.elapsed()),
