@@ -130,6 +130,7 @@ mod factory;
 mod get;
 mod in_flight;
 mod keyed;
+mod keyed_ops;
 mod limits;
 mod link;
 mod options;

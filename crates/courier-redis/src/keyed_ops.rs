@@ -1,0 +1,447 @@
+//! A keyed queue's operations on the transport (see `keyed.rs` for the queue and
+//! `lua/keyed.lua` for the layout): send, claim, settle, retry, keep alive, count.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use courier_core::{
+    ConcurrencyKeyStamp, DelayStamp, DeliveryTagStamp, EncodedJson, Envelope, KeyLoad, KeyLoads,
+    Transport, TransportError, TransportErrorKind, TransportMessageIdStamp,
+};
+use redis::Value;
+use tokio::time::Instant;
+
+use crate::RedisTransport;
+use crate::keyed::Keyed;
+use crate::link::backoff;
+use crate::reply;
+use crate::transport::is_retryable;
+
+/// Messages per send script call.
+const SEND_CHUNK: usize = 500;
+
+/// How an operation names a delivery: its id and delivery count.
+fn delivery(envelope: &Envelope) -> Option<(&str, &str)> {
+    let id = envelope.last::<TransportMessageIdStamp>()?.0.as_str();
+    let count = envelope
+        .last::<DeliveryTagStamp>()
+        .map_or("", |t| t.0.as_str());
+    Some((id, count))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn new_id() -> String {
+    format!("k-{:032x}", fastrand::u128(..))
+}
+
+impl RedisTransport {
+    fn keyed(&self) -> Result<&Keyed, TransportError> {
+        self.keyed.as_ref().ok_or_else(|| {
+            TransportError::new(TransportErrorKind::Other, self.options.name.clone())
+                .with_context("not a keyed queue")
+        })
+    }
+
+    /// The message's concurrency key: its stamp, else the configured field of its body, else
+    /// `""` (the unkeyed lane, not limited).
+    fn concurrency_key(
+        &self,
+        keyed: &Keyed,
+        envelope: &Envelope,
+        body: &str,
+    ) -> Result<String, TransportError> {
+        let refuse = |reason: String| {
+            TransportError::new(TransportErrorKind::Encode, self.options.name.clone())
+                .with_context(format!("message {}: {reason}", envelope.message_name()))
+        };
+        if let Some(stamp) = envelope.last::<ConcurrencyKeyStamp>() {
+            return ConcurrencyKeyStamp::new(stamp.as_str())
+                .map(String::from)
+                .map_err(|e| refuse(e.to_string()));
+        }
+        match &keyed.path {
+            Some(path) => path.find(body).map(String::from).map_err(refuse),
+            None => Ok(String::new()),
+        }
+    }
+
+    /// Encodes a message for the send and retry scripts: its key, delay (ms) and payload.
+    fn keyed_payload(
+        &self,
+        keyed: &Keyed,
+        envelope: &Envelope,
+        encoded: &mut EncodedJson,
+    ) -> Result<(String, u64, String), TransportError> {
+        self.capabilities()
+            .check_delay(&self.options.name, envelope)?;
+        courier_core::encode_json_into_with(envelope, self.options.serializer, encoded).map_err(
+            |e| {
+                TransportError::new(TransportErrorKind::Encode, self.options.name.clone())
+                    .with_source(e)
+            },
+        )?;
+        let key = self.concurrency_key(keyed, envelope, &encoded.body)?;
+        let delay = envelope
+            .last::<DelayStamp>()
+            .map_or(0, |d| d.0.as_micros().div_ceil(1000));
+        let delay = u64::try_from(delay).unwrap_or(u64::MAX);
+        Ok((key, delay, format!("{}\n{}", encoded.headers, encoded.body)))
+    }
+
+    pub(crate) async fn keyed_send_batch(
+        &self,
+        envelopes: Vec<Envelope>,
+    ) -> Result<Vec<Envelope>, TransportError> {
+        let keyed = self.keyed()?;
+        let mut encoded = EncodedJson::default();
+        let mut pipe = redis::pipe();
+        let mut ids = Vec::with_capacity(envelopes.len());
+        for chunk in envelopes.chunks(SEND_CHUNK) {
+            let mut cmd = self.scripts.keyed_send.cmd(&[]);
+            cmd.arg(&keyed.prefix);
+            for envelope in chunk {
+                let (key, delay, payload) = self.keyed_payload(keyed, envelope, &mut encoded)?;
+                let id = new_id();
+                cmd.arg(&id).arg(key).arg(delay).arg(payload);
+                ids.push(id);
+            }
+            pipe.add_command(cmd).ignore();
+        }
+        self.query::<()>(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot send"))?;
+        Ok(envelopes
+            .into_iter()
+            .zip(ids)
+            .map(|(envelope, id)| envelope.with(TransportMessageIdStamp(id)))
+            .collect())
+    }
+
+    /// Acks or rejects (both settle the delivery and free its slot) in one round trip.
+    pub(crate) async fn keyed_settle(
+        &self,
+        envelopes: &[Envelope],
+        context: &'static str,
+    ) -> Result<(), TransportError> {
+        let keyed = self.keyed()?;
+        let deliveries: Vec<(&str, &str)> = envelopes.iter().filter_map(delivery).collect();
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for chunk in deliveries.chunks(1000) {
+            let mut cmd = self.scripts.keyed_ack.cmd(&[]);
+            cmd.arg(&keyed.prefix).arg(&self.options.consumer);
+            for (id, count) in chunk {
+                cmd.arg(*id).arg(*count);
+            }
+            pipe.add_command(cmd).ignore();
+        }
+        self.query::<()>(&pipe)
+            .await
+            .map_err(|e| self.error(e, context))
+    }
+
+    /// Settles the delivery and stores the message again (after `delay`) in one step.
+    pub(crate) async fn keyed_retry(
+        &self,
+        envelope: Envelope,
+        delay: Duration,
+    ) -> Result<(), TransportError> {
+        let keyed = self.keyed()?;
+        let held = delivery(&envelope).map(|(id, count)| (id.to_owned(), count.to_owned()));
+        let next = envelope.without_all::<DelayStamp>();
+        let next = if delay.is_zero() {
+            next
+        } else {
+            next.with(DelayStamp(delay))
+        };
+        let Some((id, count)) = held else {
+            return self.keyed_send_batch(vec![next]).await.map(drop);
+        };
+        let (key, delay_ms, payload) =
+            self.keyed_payload(keyed, &next, &mut EncodedJson::default())?;
+        let mut cmd = self.scripts.keyed_retry.cmd(&[]);
+        cmd.arg(&keyed.prefix)
+            .arg(&self.options.consumer)
+            .arg(&id)
+            .arg(&count)
+            .arg(new_id())
+            .arg(key)
+            .arg(delay_ms)
+            .arg(payload);
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd).ignore();
+        self.query::<()>(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot retry"))
+    }
+
+    /// Extends the leases (and so the slots) this consumer still holds.
+    pub(crate) async fn keyed_keepalive(
+        &self,
+        envelopes: &[Envelope],
+    ) -> Result<(), TransportError> {
+        let keyed = self.keyed()?;
+        let deliveries: Vec<(&str, &str)> = envelopes.iter().filter_map(delivery).collect();
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = self.scripts.keyed_keepalive.cmd(&[]);
+        cmd.arg(&keyed.prefix)
+            .arg(&self.options.consumer)
+            .arg(millis(self.options.redeliver_timeout));
+        for (id, count) in &deliveries {
+            cmd.arg(*id).arg(*count);
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd).ignore();
+        self.query::<()>(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot keep alive"))
+    }
+
+    /// Every message of the queue: waiting, delayed or delivered and not yet settled.
+    pub(crate) async fn keyed_count(&self) -> Result<u64, TransportError> {
+        let keyed = self.keyed()?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("HLEN").arg(format!("{}data", keyed.prefix));
+        let (n,): (u64,) = self
+            .query(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot count"))?;
+        Ok(n)
+    }
+
+    /// How busy each key is (in flight: its slots in use; queued: ready to deliver, delayed
+    /// messages not counted), the `top` busiest and the rest as `other`; `None` for a plain
+    /// queue. Reads every key with messages waiting: one `LLEN` each, in one round trip.
+    ///
+    /// # Errors
+    /// [`TransportError`] when Redis cannot be read.
+    pub async fn key_loads(&self, top: usize) -> Result<Option<KeyLoads>, TransportError> {
+        let Some(keyed) = &self.keyed else {
+            return Ok(None);
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL")
+            .arg(format!("{}busy", keyed.prefix))
+            .cmd("LRANGE")
+            .arg(format!("{}ring", keyed.prefix))
+            .arg(0)
+            .arg(-1);
+        let (busy, ring): (HashMap<String, u64>, Vec<String>) = self
+            .query(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot read the keys"))?;
+        let mut pipe = redis::pipe();
+        for key in &ring {
+            pipe.cmd("LLEN").arg(format!("{}q:{key}", keyed.prefix));
+        }
+        let queued: Vec<u64> = if ring.is_empty() {
+            Vec::new()
+        } else {
+            self.query(&pipe)
+                .await
+                .map_err(|e| self.error(e, "cannot read the keys"))?
+        };
+        let mut loads: HashMap<String, KeyLoad> = HashMap::new();
+        for (key, n) in busy {
+            loads
+                .entry(key.clone())
+                .or_insert_with(|| KeyLoad {
+                    key,
+                    ..KeyLoad::default()
+                })
+                .in_flight = n;
+        }
+        for (key, n) in ring.into_iter().zip(queued) {
+            loads
+                .entry(key.clone())
+                .or_insert_with(|| KeyLoad {
+                    key,
+                    ..KeyLoad::default()
+                })
+                .queued = n;
+        }
+        let max = (keyed.max > 0).then_some(keyed.max);
+        Ok(Some(KeyLoads::top(max, loads.into_values().collect(), top)))
+    }
+
+    /// Takes up to `max` messages; when none can be taken, blocks on the signal stream (woken
+    /// by a send, or by an ack that frees a slot of a key with messages waiting) until the poll
+    /// window ends or a delayed message or a lease is due.
+    pub(crate) async fn keyed_read(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        let keyed = self.keyed()?;
+        let max = max.max(1);
+        let deadline = Instant::now() + self.options.poll_window;
+        let reader = self.reader.lock().await;
+        let link = reader.link();
+        let signal = keyed.signal_key();
+        let mut failures = 0;
+        loop {
+            let attempt = async {
+                let (generation, mut conn) = link.get().await.map_err(|e| (u64::MAX, e))?;
+                let mut cmd = self.scripts.keyed_claim.cmd(&[]);
+                cmd.arg(&keyed.prefix)
+                    .arg(&self.options.consumer)
+                    .arg(max)
+                    .arg(millis(self.options.redeliver_timeout))
+                    .arg(keyed.max)
+                    .arg(if keyed.fair { "1" } else { "0" });
+                let reply: Value = match cmd.query_async(&mut conn).await {
+                    Ok(v) => v,
+                    Err(e) => return Err((generation, e)),
+                };
+                let (entries, wait, last) = claim_reply(reply);
+                if !entries.is_empty() {
+                    return Ok(entries);
+                }
+                let now = Instant::now();
+                let mut block = deadline.saturating_duration_since(now);
+                if let Some(wait) = wait {
+                    block = block.min(wait);
+                }
+                let block = millis(block);
+                if block > 0 {
+                    let mut read = redis::cmd("XREAD");
+                    read.arg("COUNT")
+                        .arg(1)
+                        .arg("BLOCK")
+                        .arg(block)
+                        .arg("STREAMS")
+                        .arg(&signal)
+                        .arg(last);
+                    if let Err(e) = read.query_async::<Value>(&mut conn).await {
+                        return Err((generation, e));
+                    }
+                }
+                Ok(Vec::new())
+            };
+            let error = match attempt.await {
+                Ok(entries) if !entries.is_empty() => {
+                    return Ok(self.keyed_deliver(entries));
+                }
+                Ok(_) => None,
+                Err((generation, e)) if is_retryable(&e) => {
+                    link.reset(generation).await;
+                    failures += 1;
+                    tracing::warn!(messaging.destination.name = %self.options.stream, error = %e, "redis read failed, reconnecting");
+                    Some(e)
+                }
+                Err((_, e)) => return Err(self.error(e, "cannot read the queue")),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return match error {
+                    Some(e) => Err(self.error(e, "cannot read the queue")),
+                    None => Ok(Vec::new()),
+                };
+            }
+            if error.is_some() && failures > 0 {
+                tokio::time::sleep(backoff(failures).min(deadline - now)).await;
+            }
+        }
+    }
+
+    fn keyed_deliver(&self, entries: Vec<Claimed>) -> Vec<Envelope> {
+        let mut decoder = self.registry.json_decoder();
+        entries
+            .into_iter()
+            .map(|(id, mut payload, count)| {
+                let (body, headers) = match payload.iter().position(|b| *b == b'\n') {
+                    Some(at) => {
+                        let body = payload.split_off(at + 1);
+                        payload.truncate(at);
+                        (body, Some(payload))
+                    }
+                    None => (payload, None),
+                };
+                decoder
+                    .decode_bytes(body, headers.as_deref())
+                    .with(TransportMessageIdStamp(id))
+                    .with(DeliveryTagStamp(count.to_string()))
+            })
+            .collect()
+    }
+}
+
+/// A claimed message: its id, payload (headers, newline, body) and delivery count.
+type Claimed = (String, Vec<u8>, u64);
+
+/// The claim script's `{{{id, payload, count}, ...}, wait ms or -1, last signal id}`.
+fn claim_reply(v: Value) -> (Vec<Claimed>, Option<Duration>, String) {
+    let Value::Array(mut parts) = v else {
+        return (Vec::new(), None, "$".to_owned());
+    };
+    let last = parts
+        .get(2)
+        .and_then(reply::text)
+        .unwrap_or_else(|| "$".to_owned());
+    let wait = parts
+        .get(1)
+        .and_then(reply::int)
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis);
+    let entries = match parts.drain(..).next() {
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .filter_map(|item| {
+                let Value::Array(fields) = item else {
+                    return None;
+                };
+                let mut fields = fields.into_iter();
+                let id = reply::into_text(fields.next()?)?;
+                let payload = match fields.next()? {
+                    Value::BulkString(b) => b,
+                    Value::SimpleString(s) => s.into_bytes(),
+                    _ => Vec::new(),
+                };
+                let count = fields
+                    .next()
+                    .as_ref()
+                    .and_then(reply::int)
+                    .and_then(|c| u64::try_from(c).ok())
+                    .unwrap_or(1);
+                Some((id, payload, count))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    (entries, wait, last)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_claim_reply() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let reply = Value::Array(vec![
+            Value::Array(vec![Value::Array(vec![
+                bulk("k-1"),
+                bulk("{}\n{\"a\":1}"),
+                Value::Int(2),
+            ])]),
+            Value::Int(250),
+            bulk("17-0"),
+        ]);
+        let (entries, wait, last) = claim_reply(reply);
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].0, "k-1");
+        assert_eq!(entries[0].2, 2);
+        assert_eq!(wait, Some(Duration::from_millis(250)));
+        assert_eq!(last, "17-0");
+        let (_, none, _) = claim_reply(Value::Array(vec![
+            Value::Array(vec![]),
+            Value::Int(-1),
+            bulk("0-0"),
+        ]));
+        assert_eq!(none, None);
+    }
+}
