@@ -5,6 +5,10 @@
 //! XAUTOCLAIM); A finds its leases lost (its heartbeats unanswered for a lease) and stops
 //! without settling or writing a step (the fence), and nothing is settled twice. Last,
 //! `workers` on B lists both workers and `stop-workers` on B stops both (the worker registry).
+//!
+//! The keyed case (issue 41): A holds every tenant's concurrency slot (`max = 1`) when its link
+//! goes down; B gets the slots back within the lease, long before A's handlers would have freed
+//! them, and handles every tenant's queue one at a time.
 //! Needs root (`ip netns`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,6 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use courier_chaos::hosts::{Hosts, ServerKind, unavailable};
+use courier_chaos::keyed::{self, KeyedItem};
 use courier_chaos::{ChaosItem, sink};
 use courier_core::config::Config;
 use courier_core::{Envelope, MessageRegistry, Transport, TransportRegistry};
@@ -37,6 +42,15 @@ const STEPS: u64 = 6;
 const STEP_MS: u64 = 300;
 const QUEUE: &str = "partition";
 
+/// The keyed case: tenants' messages under `max = 1` per tenant, each tenant's first message
+/// slow (A holds its slot when the link goes down), the rest quick.
+const TENANTS: [&str; 2] = ["tenant-a", "tenant-b"];
+const PER_TENANT: u64 = 5;
+const SLOW_MS: u64 = 20_000;
+const QUICK_MS: u64 = 100;
+/// The queue's lease (`redeliver_timeout` in [`config`]).
+const LEASE: Duration = Duration::from_secs(3);
+
 fn config(messages: ServerKind, hosts: &Hosts) -> anyhow::Result<String> {
     let pg = hosts.url(ServerKind::Postgres).context("no postgres")?;
     let dsn = match messages {
@@ -58,6 +72,11 @@ dsn = "{pg}?queue_name=failed"
 [routing]
 "chaos.item" = "async"
 "courier.run_agent" = "async"
+"chaos.keyed" = "async"
+
+[limits.concurrency."chaos.keyed"]
+key = "$.tenant"
+max = 1
 
 [runs]
 store = "{pg}"
@@ -478,7 +497,142 @@ async fn scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyhow::Re
     Ok(())
 }
 
-fn run(messages: ServerKind, prefix: &str, net: &str) {
+/// A cut-off host's concurrency slots come back within the lease: A holds both tenants' slots
+/// (their slow first messages) when its link goes down, with the tenants' quick messages queued
+/// behind them. B cannot take those while A's slots are live; once A's lease ends, B takes the
+/// slow messages over (before A's handlers would have ended them) and then every quick one,
+/// never two of a tenant at once; at the end nothing is queued or held.
+async fn keyed_scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyhow::Result<()> {
+    let exe = Path::new(env!("CARGO_BIN_EXE_chaos-worker"));
+    let config_path = dir.join("courier.toml");
+    std::fs::write(&config_path, config(messages, hosts)?)?;
+    let setup = tokio::process::Command::new(exe)
+        .args(["setup", "--config"])
+        .arg(&config_path)
+        .current_dir(dir)
+        .output()
+        .await?;
+    ensure!(
+        setup.status.success(),
+        "setup failed: {}",
+        String::from_utf8_lossy(&setup.stderr)
+    );
+    let sink = sink::open(&dir.join("sink.db")).await?;
+    let registry = Arc::new(MessageRegistry::new().with::<KeyedItem>());
+    let factories = TransportRegistry::new()
+        .with(Arc::new(courier_sql::SqlTransportFactory))
+        .with(Arc::new(courier_redis::RedisTransportFactory));
+    let transports = Config::load(&config_path)?
+        .connect(&factories, registry)
+        .await?;
+    let bus = transports.bus_builder().build();
+    let transport: Arc<dyn Transport> = transports.get("async").cloned().context("no async")?;
+    // Each tenant's first message is the slow one: A takes both, one per tenant.
+    let tenants = u64::try_from(TENANTS.len())?;
+    for id in 0..tenants * PER_TENANT {
+        let tenant = TENANTS[usize::try_from(id % tenants)?].to_owned();
+        let work_ms = if id < tenants { SLOW_MS } else { QUICK_MS };
+        bus.dispatch(KeyedItem {
+            id,
+            tenant,
+            work_ms,
+        })
+        .await?;
+    }
+    let a = Worker::start(hosts, 0, exe, dir)?;
+    until(
+        "A holds both tenants' slow messages",
+        Duration::from_secs(30),
+        || async { Ok((held(messages, hosts).await? == tenants).then_some(())) },
+    )
+    .await?;
+    let b = Worker::start(hosts, 1, exe, dir)?;
+    sleep(Duration::from_secs(2)).await; // B connects and polls: both tenants are full
+    let early = keyed::handlings(&sink).await?;
+    ensure!(
+        early.is_empty(),
+        "handled while A held every tenant's slot: {early:?}"
+    );
+
+    hosts.cut(0)?;
+    let cut_us = keyed::now_us();
+    let done = until(
+        "B handled every message",
+        Duration::from_secs(90),
+        || async {
+            let by_b: BTreeSet<i64> = keyed::handlings(&sink)
+                .await?
+                .into_iter()
+                .filter(|h| h.pid == i64::from(b.pid))
+                .map(|h| h.id)
+                .collect();
+            Ok((by_b.len() == usize::try_from(tenants * PER_TENANT)?).then_some(()))
+        },
+    )
+    .await;
+    if let Err(e) = done {
+        bail!(
+            "{e:#}\n--- A ---\n{}\n--- B ---\n{}",
+            a.log_text(),
+            b.log_text()
+        );
+    }
+    let by_b: Vec<keyed::Handling> = keyed::handlings(&sink)
+        .await?
+        .into_iter()
+        .filter(|h| h.pid == i64::from(b.pid))
+        .collect();
+    for tenant in TENANTS {
+        let first = by_b
+            .iter()
+            .filter(|h| h.tenant == tenant)
+            .map(|h| h.start_us)
+            .min()
+            .context("B handled none of a tenant")?;
+        let after = Duration::from_micros(u64::try_from(first - cut_us)?);
+        eprintln!("partition (keyed): B took {tenant}'s slot {after:?} after the cut");
+        // Within the lease and B's next claims; A's own handler would hold it until SLOW_MS.
+        ensure!(
+            after < LEASE + Duration::from_secs(5),
+            "{tenant}'s slot came back to B {after:?} after the cut, the lease is {LEASE:?}"
+        );
+    }
+    let most = keyed::most_in_flight(&by_b);
+    ensure!(
+        most.values().all(|n| *n == 1),
+        "B ran two of a tenant at once: {most:?}"
+    );
+    let mut counts: BTreeMap<i64, usize> = BTreeMap::new();
+    for h in &by_b {
+        *counts.entry(h.id).or_default() += 1;
+    }
+    ensure!(
+        counts.values().all(|n| *n == 1),
+        "B handled a message twice: {counts:?}"
+    );
+    // Every slot free: nothing queued, nothing held (A's deliveries were taken over).
+    let count = transport.as_message_count().context("no count")?;
+    until("the queue is empty", Duration::from_secs(20), || async {
+        Ok((count.message_count().await? == 0).then_some(()))
+    })
+    .await?;
+    ensure!(
+        held(messages, hosts).await? == 0,
+        "messages still held after B handled all"
+    );
+    drop(a);
+    drop(b);
+    Ok(())
+}
+
+/// Which scenario [`run`] plays.
+#[derive(Clone, Copy)]
+enum Scenario {
+    RunsAndMessages,
+    KeyedSlots,
+}
+
+fn run(messages: ServerKind, scenario_kind: Scenario, prefix: &str, net: &str) {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -506,7 +660,13 @@ fn run(messages: ServerKind, prefix: &str, net: &str) {
         panic!("cannot start a tokio runtime");
     };
     let result = rt.block_on(async {
-        timeout(Duration::from_secs(150), scenario(messages, &hosts, &dir))
+        let play = async {
+            match scenario_kind {
+                Scenario::RunsAndMessages => scenario(messages, &hosts, &dir).await,
+                Scenario::KeyedSlots => keyed_scenario(messages, &hosts, &dir).await,
+            }
+        };
+        timeout(Duration::from_secs(150), play)
             .await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the scenario took over 150 s")))
     });
@@ -522,11 +682,38 @@ fn run(messages: ServerKind, prefix: &str, net: &str) {
 #[test]
 #[ignore = "needs root and ip netns: run as root"]
 fn a_cut_off_host_loses_its_runs_and_messages_to_another_host_on_postgres() {
-    run(ServerKind::Postgres, "cpp", "10.231.78");
+    run(
+        ServerKind::Postgres,
+        Scenario::RunsAndMessages,
+        "cpp",
+        "10.231.78",
+    );
 }
 
 #[test]
 #[ignore = "needs root and ip netns: run as root"]
 fn a_cut_off_host_loses_its_runs_and_messages_to_another_host_on_redis() {
-    run(ServerKind::Redis, "cpr", "10.231.79");
+    run(
+        ServerKind::Redis,
+        Scenario::RunsAndMessages,
+        "cpr",
+        "10.231.79",
+    );
+}
+
+#[test]
+#[ignore = "needs root and ip netns: run as root"]
+fn a_cut_off_host_loses_its_runs_and_messages_and_its_concurrency_slots_on_postgres() {
+    run(
+        ServerKind::Postgres,
+        Scenario::KeyedSlots,
+        "ckp",
+        "10.231.80",
+    );
+}
+
+#[test]
+#[ignore = "needs root and ip netns: run as root"]
+fn a_cut_off_host_loses_its_runs_and_messages_and_its_concurrency_slots_on_redis() {
+    run(ServerKind::Redis, Scenario::KeyedSlots, "ckr", "10.231.81");
 }

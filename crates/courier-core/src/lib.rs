@@ -90,10 +90,10 @@ pub use stamp::*;
 pub use trace::{PropagatorAlreadySet, TracePropagator, set_trace_propagator};
 pub use transport::{
     Abilities, Capabilities, DEFAULT_WORKER_STALE_AFTER, Deduplicate, FactoryContext, Heartbeat,
-    InMemoryOptions, InMemoryTransport, InMemoryWorkerRegistry, Listable, MemoryDeduplicator,
-    MemoryRateLimiter, MessageCount, NO_ANSWER_AFTER, PAUSE_CHECK, Pausable, PauseGate, Queues,
-    RateLimit, RateLimitGate, RateLimiter, Setup, SyncTransport, Taken, Transport,
-    TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
+    InMemoryOptions, InMemoryTransport, InMemoryWorkerRegistry, KeyedQueue, Listable,
+    MemoryDeduplicator, MemoryRateLimiter, MessageCount, NO_ANSWER_AFTER, PAUSE_CHECK, Pausable,
+    PauseGate, Queues, RateLimit, RateLimitGate, RateLimiter, Setup, SyncTransport, Taken,
+    Transport, TransportFactory, TransportRegistry, WorkerRecord, WorkerRegistry, retry_count,
     shared_worker_registry,
 };
 pub use worker::{

@@ -18,6 +18,8 @@
 //! | `courier_handler_duration_seconds` | histogram | `transport`, `message_type` | dispatch of a received message |
 //! | `courier_ack_batch_size` | histogram | `transport` | messages per `ack_batch` |
 //! | `courier_queue_depth` | gauge | `transport` | `message_count`, sampled periodically ([`spawn_queue_depth`]) |
+//! | `courier_key_in_flight` | gauge | `transport`, `key` | a keyed queue's messages of a concurrency key delivered and not settled (its slots in use), sampled with the depth |
+//! | `courier_key_queued` | gauge | `transport`, `key` | a keyed queue's messages of a concurrency key ready to deliver, sampled with the depth |
 //! | `courier_worker_heartbeats_total` | counter | | bumped every second by each running worker |
 //! | `courier_relayed_total` | counter | `from`, `to` | forwarded by a [`Relay`](crate::relay::Relay) (destination confirmed, source acked) |
 //! | `courier_relay_batches_total` | counter | `from`, `to` | batches forwarded by a relay |
@@ -33,6 +35,10 @@
 //!
 //! The queue depth is off by default: sampling it costs a query per transport, so only an
 //! application that asks for it ([`spawn_queue_depth`]) pays.
+//!
+//! The per-key gauges keep their labels bounded however many keys a queue has: the
+//! [`KEY_GAUGE_TOP`] busiest keys each get a `key` label, the rest are summed under
+//! `key="other"`, and a key that leaves the top is set to 0 at the next sample.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +73,16 @@ pub const HANDLER_DURATION: &str = "courier_handler_duration_seconds";
 pub const ACK_BATCH_SIZE: &str = "courier_ack_batch_size";
 /// Messages waiting on a transport, sampled periodically (gauge; `transport`).
 pub const QUEUE_DEPTH: &str = "courier_queue_depth";
+/// A keyed queue's messages of one concurrency key delivered and not settled: the key's slots
+/// in use (gauge; `transport`, `key`: one of the [`KEY_GAUGE_TOP`] busiest keys, or `other`).
+pub const KEY_IN_FLIGHT: &str = "courier_key_in_flight";
+/// A keyed queue's messages of one concurrency key ready to deliver (gauge; `transport`, `key`).
+pub const KEY_QUEUED: &str = "courier_key_queued";
+/// The keys of a queue that [`KEY_IN_FLIGHT`] and [`KEY_QUEUED`] label by name; the rest are
+/// summed under `key="other"`.
+pub const KEY_GAUGE_TOP: usize = 10;
+/// The label naming a concurrency key.
+pub const KEY: &str = "key";
 /// Heartbeats of running workers: each bumps it every second (counter).
 pub const WORKER_HEARTBEATS: &str = "courier_worker_heartbeats_total";
 /// Messages forwarded by a relay (counter; `from`, `to`).
@@ -124,6 +140,16 @@ pub fn describe() {
     );
     describe_histogram!(ACK_BATCH_SIZE, Unit::Count, "Messages acked per batch");
     describe_gauge!(QUEUE_DEPTH, Unit::Count, "Messages waiting on a transport");
+    describe_gauge!(
+        KEY_IN_FLIGHT,
+        Unit::Count,
+        "Messages of a concurrency key delivered and not settled (top keys, then other)"
+    );
+    describe_gauge!(
+        KEY_QUEUED,
+        Unit::Count,
+        "Messages of a concurrency key ready to deliver (top keys, then other)"
+    );
     describe_counter!(WORKER_HEARTBEATS, "Heartbeats of running workers (1 s)");
     describe_counter!(RELAYED, "Messages forwarded by a relay");
     describe_counter!(RELAY_BATCHES, "Batches forwarded by a relay");
@@ -189,22 +215,27 @@ pub(crate) fn spawn_heartbeat() -> JoinHandle<()> {
     })
 }
 
-/// Samples `message_count` of each transport every `every` into the [`QUEUE_DEPTH`] gauge, until
-/// `stop` is cancelled. Off by default: only an application that calls it pays the queries
-/// (`courier consume --metrics` does, every 5 s). Transports that cannot count
-/// ([`Abilities::message_count`](crate::Abilities::message_count)) are skipped; a count that fails is logged and skipped.
+/// Samples `message_count` of each transport every `every` into the [`QUEUE_DEPTH`] gauge, and
+/// the key loads of each keyed queue into [`KEY_IN_FLIGHT`] and [`KEY_QUEUED`], until `stop` is
+/// cancelled. Off by default: only an application that calls it pays the queries (`courier
+/// consume --metrics` does, every 5 s). Transports that cannot count
+/// ([`Abilities::message_count`](crate::Abilities::message_count)) are skipped; a count that
+/// fails is logged and skipped.
 pub fn spawn_queue_depth(
     transports: Vec<(String, Arc<dyn Transport>)>,
     every: Duration,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let gauges: Vec<_> = transports
+        let mut gauges: Vec<_> = transports
             .into_iter()
-            .filter(|(_, transport)| transport.as_message_count().is_some())
+            .filter(|(_, transport)| {
+                transport.as_message_count().is_some() || transport.as_keyed_queue().is_some()
+            })
             .map(|(name, transport)| {
                 (
                     metrics::gauge!(QUEUE_DEPTH, TRANSPORT => name.clone()),
+                    KeyGauges::default(),
                     name,
                     transport,
                 )
@@ -217,18 +248,52 @@ pub fn spawn_queue_depth(
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            for (gauge, name, transport) in &gauges {
-                let Some(counter) = transport.as_message_count() else {
-                    continue;
-                };
-                match counter.message_count().await {
-                    #[allow(clippy::cast_precision_loss)]
-                    Ok(n) => gauge.set(n as f64),
-                    Err(e) => {
-                        tracing::debug!(messaging.destination.name = %name, error = %e, "queue depth not sampled");
+            for (gauge, keys, name, transport) in &mut gauges {
+                if let Some(counter) = transport.as_message_count() {
+                    match counter.message_count().await {
+                        #[allow(clippy::cast_precision_loss)]
+                        Ok(n) => gauge.set(n as f64),
+                        Err(e) => {
+                            tracing::debug!(messaging.destination.name = %name, error = %e, "queue depth not sampled");
+                        }
+                    }
+                }
+                if let Some(keyed) = transport.as_keyed_queue() {
+                    match keyed.key_loads(KEY_GAUGE_TOP).await {
+                        Ok(loads) => keys.set(name, &loads),
+                        Err(e) => {
+                            tracing::debug!(messaging.destination.name = %name, error = %e, "key loads not sampled");
+                        }
                     }
                 }
             }
         }
     })
+}
+
+/// The per-key gauges of one transport: the keys labelled at the last sample, so that a key
+/// that leaves the top is set to 0 once (and then forgotten: the labels stay bounded).
+#[derive(Default)]
+struct KeyGauges {
+    labelled: std::collections::BTreeSet<String>,
+}
+
+impl KeyGauges {
+    #[allow(clippy::cast_precision_loss)]
+    fn set(&mut self, transport: &str, loads: &crate::KeyLoads) {
+        let set = |key: &str, in_flight: u64, queued: u64| {
+            let labels = [(TRANSPORT, transport.to_owned()), (KEY, key.to_owned())];
+            metrics::gauge!(KEY_IN_FLIGHT, &labels).set(in_flight as f64);
+            metrics::gauge!(KEY_QUEUED, &labels).set(queued as f64);
+        };
+        let mut now = std::collections::BTreeSet::new();
+        for load in loads.keys.iter().chain(&loads.other) {
+            set(&load.key, load.in_flight, load.queued);
+            now.insert(load.key.clone());
+        }
+        for gone in self.labelled.difference(&now) {
+            set(gone, 0, 0);
+        }
+        self.labelled = now;
+    }
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::{Job, queue_with};
 use courier_core::metrics as m;
 use courier_core::{
-    CancellationToken, Envelope, HandlerError, InMemoryTransport, MessageBus,
-    MultiplierRetryStrategy, Worker,
+    CancellationToken, Envelope, HandlerError, InMemoryTransport, KeyLoad, KeyLoads, KeyedQueue,
+    MessageBus, MultiplierRetryStrategy, TransportError, Worker,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
@@ -162,4 +162,109 @@ async fn the_worker_and_the_bus_emit_counters_with_transport_and_message_type() 
             _ => None,
         });
     assert_eq!(gauge, Some(1.0));
+
+    // Per-key gauges of a keyed queue: the top keys by name, the rest as `other`, and a key
+    // that leaves the top set to 0.
+    let keyed = Arc::new(Keyed::default());
+    let loads = |range: std::ops::Range<u64>| {
+        range
+            .map(|i| KeyLoad {
+                key: format!("k{i:02}"),
+                in_flight: 100 - i,
+                queued: i,
+            })
+            .collect::<Vec<_>>()
+    };
+    *keyed.loads.lock().unwrap() = loads(0..12);
+    // One sampler, as in a worker: it remembers which keys it labelled.
+    let stop = CancellationToken::new();
+    let sampler = m::spawn_queue_depth(
+        vec![(
+            "keyed".to_owned(),
+            keyed.clone() as Arc<dyn courier_core::Transport>,
+        )],
+        Duration::from_millis(10),
+        stop.clone(),
+    );
+    let ticks = || tokio::time::sleep(Duration::from_millis(60));
+    // A snapshot drains the gauges: take one after each sample, then read what it saw.
+    let last = |seen: &Seen, name: &str, key: &str| {
+        seen.all
+            .iter()
+            .rev()
+            .filter(|(n, ls, _)| {
+                n == name
+                    && ls.iter().any(|(k, v)| k == "transport" && v == "keyed")
+                    && ls.iter().any(|(k, v)| k == "key" && v == key)
+            })
+            .filter_map(|(_, _, v)| match v {
+                DebugValue::Gauge(x) => Some(x.into_inner()),
+                _ => None,
+            })
+            .next()
+    };
+    ticks().await;
+    seen.take();
+    assert_eq!(last(&seen, m::KEY_IN_FLIGHT, "k00"), Some(100.0));
+    assert_eq!(last(&seen, m::KEY_QUEUED, "k09"), Some(9.0));
+    assert_eq!(last(&seen, m::KEY_IN_FLIGHT, "k10"), None, "past the top");
+    assert_eq!(
+        last(&seen, m::KEY_IN_FLIGHT, "other"),
+        Some(f64::from(90 + 89)),
+        "k10 and k11 summed"
+    );
+    assert_eq!(last(&seen, m::KEY_QUEUED, "other"), Some(21.0));
+    // Keys that leave the top are set to 0 (the sentinels show they were written).
+    for key in ["k00", "other"] {
+        metrics::gauge!(m::KEY_IN_FLIGHT, "transport" => "keyed", "key" => key).set(42.0);
+    }
+    *keyed.loads.lock().unwrap() = loads(1..3);
+    ticks().await;
+    stop.cancel();
+    sampler.await.unwrap();
+    seen.take();
+    assert_eq!(
+        last(&seen, m::KEY_IN_FLIGHT, "k00"),
+        Some(0.0),
+        "left the top"
+    );
+    assert_eq!(last(&seen, m::KEY_IN_FLIGHT, "other"), Some(0.0));
+    assert_eq!(last(&seen, m::KEY_IN_FLIGHT, "k01"), Some(99.0));
+}
+
+/// A keyed queue whose key loads the test sets.
+#[derive(Debug, Default)]
+struct Keyed {
+    loads: std::sync::Mutex<Vec<KeyLoad>>,
+    inner: InMemoryTransport,
+}
+
+#[courier_core::async_trait]
+impl KeyedQueue for Keyed {
+    async fn key_loads(&self, top: usize) -> Result<KeyLoads, TransportError> {
+        let all = self.loads.lock().unwrap().clone();
+        Ok(KeyLoads::top(Some(100), all, top))
+    }
+}
+
+#[courier_core::async_trait]
+impl courier_core::Transport for Keyed {
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        self.inner.send(envelope).await
+    }
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.inner.get(max).await
+    }
+    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.inner.ack(envelope).await
+    }
+    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.inner.reject(envelope).await
+    }
+    fn abilities(&self) -> courier_core::Abilities<'_> {
+        courier_core::Abilities::none().keyed_queue(self)
+    }
+    fn capabilities(&self) -> courier_core::Capabilities {
+        self.inner.capabilities()
+    }
 }

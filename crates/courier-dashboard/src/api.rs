@@ -13,8 +13,8 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
-use courier_core::WorkerRecord;
 use courier_core::failed::FailedMessage;
+use courier_core::{KeyLoads, WorkerRecord};
 use courier_runs::{Run, RunCursor, RunEvent};
 use serde::Deserialize;
 use serde_json::Value;
@@ -93,6 +93,17 @@ pub(crate) async fn stats(
     State(shared): State<Arc<Shared>>,
 ) -> Result<Json<BTreeMap<String, Option<u64>>>, ApiError> {
     Ok(Json(shared.transports.message_counts(&[]).await?))
+}
+
+/// `courier stats --keys --format json`'s shape: per keyed queue, its busiest keys and `other`.
+pub(crate) async fn keys(
+    State(shared): State<Arc<Shared>>,
+) -> Result<Json<BTreeMap<String, KeyLoads>>, ApiError> {
+    let mut out = BTreeMap::new();
+    for (name, loads) in crate::pages::keys::loads(&shared).await {
+        out.insert(name, loads.map_err(DashboardError::from)?);
+    }
+    Ok(Json(out))
 }
 
 pub(crate) async fn workers(

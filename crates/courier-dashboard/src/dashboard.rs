@@ -85,6 +85,7 @@ impl Dashboard {
             .route("/api/runs/{id}/events", get(api::events))
             .route("/api/failed", get(api::failed))
             .route("/api/stats", get(api::stats))
+            .route("/api/keys", get(api::keys))
             .route("/api/workers", get(api::workers))
             .route("/assets/dashboard.css", get(assets::css))
             .route("/assets/dashboard.js", get(assets::js))

@@ -9,7 +9,7 @@
 //! input), failed messages (error, stamps, body as
 //! text; retry or remove one or all, after a confirmation) and workers. `/api/` serves the same
 //! data as JSON in the shapes of the CLI's `--format json`: `/api/runs`, `/api/runs/{id}`,
-//! `/api/runs/{id}/events`, `/api/failed`, `/api/stats`, `/api/workers`.
+//! `/api/runs/{id}/events`, `/api/failed`, `/api/stats`, `/api/keys`, `/api/workers`.
 //!
 //! Security (see [`DashboardOptions`]): with a token, every request must carry it (an
 //! `Authorization: Bearer` header, or the cookie set by opening any page with `?token=`);

@@ -572,3 +572,77 @@ async fn the_workers_page_shows_the_agents_circuit_breakers_when_given() {
         "{page}"
     );
 }
+
+/// A keyed queue's concurrency keys: the overview's table (in flight of the most allowed, and
+/// queued) and `/api/keys` in the shape of `courier stats --keys --format json`. Without a
+/// keyed queue the section is left out.
+#[tokio::test]
+async fn the_overview_and_the_api_show_a_keyed_queues_keys() {
+    use courier_core::config::Config;
+    use courier_core::{ConcurrencyKeyStamp, Envelope, TransportRegistry};
+
+    let fx = Fixture::new().await;
+    let (_, _, plain) = get(&fx.dashboard(DashboardOptions::default()).router(), "/").await;
+    assert!(!plain.contains("Concurrency keys"), "no keyed queue");
+
+    let db = fx.dir.path().join("keyed.db");
+    let config: Config = format!(
+        "[transports.jobs]\ndsn = \"sqlite://{}?concurrency_max=2\"\n",
+        db.display()
+    )
+    .parse()
+    .unwrap();
+    let factories = TransportRegistry::new().with(Arc::new(courier_sql::SqlTransportFactory));
+    let transports = config
+        .connect(&factories, Arc::new(common::registry()))
+        .await
+        .unwrap();
+    let jobs = transports.get("jobs").unwrap().clone();
+    jobs.as_setup().unwrap().setup().await.unwrap();
+    let note = |key: &str| {
+        Envelope::new(common::Note {
+            text: "x".to_owned(),
+        })
+        .with(ConcurrencyKeyStamp::new(key).unwrap())
+    };
+    let mut batch: Vec<Envelope> = (0..3).map(|_| note("tenant-1")).collect();
+    batch.push(note("<b>tenant-2</b>"));
+    jobs.send_batch(batch).await.unwrap();
+    let got = jobs.get(10).await.unwrap();
+    assert_eq!(got.len(), 3, "two of tenant-1 (max 2), one of tenant-2");
+
+    let dashboard = courier_dashboard::Dashboard::new(
+        transports,
+        fx.store.clone(),
+        DashboardOptions::default(),
+    );
+    let router = dashboard.router();
+    let (status, _, overview) = get(&router, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(overview.contains("Concurrency keys"), "{overview}");
+    let row = overview
+        .split("<tr data-key=\"tenant-1\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no row for tenant-1: {overview}"));
+    assert!(row.contains("2 / 2") && row.contains(">1<"), "{row}");
+    assert!(
+        overview.contains("&lt;b&gt;tenant-2&lt;/b&gt;") && !overview.contains("<b>tenant-2"),
+        "a key is shown as text"
+    );
+    let (status, _, body) = get(&router, "/api/keys").await;
+    assert_eq!(status, StatusCode::OK);
+    let keys: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        keys,
+        serde_json::json!({ "jobs": {
+            "max": 2,
+            "keys": [
+                { "key": "tenant-1", "in_flight": 2, "queued": 1 },
+                { "key": "<b>tenant-2</b>", "in_flight": 1, "queued": 0 },
+            ],
+            "other": null,
+            "other_keys": 0,
+        }})
+    );
+}

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use courier_core::{
     ConcurrencyKeyStamp, DelayStamp, DeliveryTagStamp, EncodedJson, Envelope, KeyLoad, KeyLoads,
-    Transport, TransportError, TransportErrorKind, TransportMessageIdStamp,
+    KeyedQueue, Transport, TransportError, TransportErrorKind, TransportMessageIdStamp,
 };
 use redis::Value;
 use tokio::time::Instant;
@@ -216,61 +217,6 @@ impl RedisTransport {
         Ok(n)
     }
 
-    /// How busy each key is (in flight: its slots in use; queued: ready to deliver, delayed
-    /// messages not counted), the `top` busiest and the rest as `other`; `None` for a plain
-    /// queue. Reads every key with messages waiting: one `LLEN` each, in one round trip.
-    ///
-    /// # Errors
-    /// [`TransportError`] when Redis cannot be read.
-    pub async fn key_loads(&self, top: usize) -> Result<Option<KeyLoads>, TransportError> {
-        let Some(keyed) = &self.keyed else {
-            return Ok(None);
-        };
-        let mut pipe = redis::pipe();
-        pipe.cmd("HGETALL")
-            .arg(format!("{}busy", keyed.prefix))
-            .cmd("LRANGE")
-            .arg(format!("{}ring", keyed.prefix))
-            .arg(0)
-            .arg(-1);
-        let (busy, ring): (HashMap<String, u64>, Vec<String>) = self
-            .query(&pipe)
-            .await
-            .map_err(|e| self.error(e, "cannot read the keys"))?;
-        let mut pipe = redis::pipe();
-        for key in &ring {
-            pipe.cmd("LLEN").arg(format!("{}q:{key}", keyed.prefix));
-        }
-        let queued: Vec<u64> = if ring.is_empty() {
-            Vec::new()
-        } else {
-            self.query(&pipe)
-                .await
-                .map_err(|e| self.error(e, "cannot read the keys"))?
-        };
-        let mut loads: HashMap<String, KeyLoad> = HashMap::new();
-        for (key, n) in busy {
-            loads
-                .entry(key.clone())
-                .or_insert_with(|| KeyLoad {
-                    key,
-                    ..KeyLoad::default()
-                })
-                .in_flight = n;
-        }
-        for (key, n) in ring.into_iter().zip(queued) {
-            loads
-                .entry(key.clone())
-                .or_insert_with(|| KeyLoad {
-                    key,
-                    ..KeyLoad::default()
-                })
-                .queued = n;
-        }
-        let max = (keyed.max > 0).then_some(keyed.max);
-        Ok(Some(KeyLoads::top(max, loads.into_values().collect(), top)))
-    }
-
     /// Takes up to `max` messages; when none can be taken, blocks on the signal stream (woken
     /// by a send, or by an ack that frees a slot of a key with messages waiting) until the poll
     /// window ends or a delayed message or a lease is due.
@@ -412,6 +358,62 @@ fn claim_reply(v: Value) -> (Vec<Claimed>, Option<Duration>, String) {
         _ => Vec::new(),
     };
     (entries, wait, last)
+}
+
+/// A keyed queue's loads (a plain queue does not offer the ability).
+#[async_trait]
+impl KeyedQueue for RedisTransport {
+    /// How busy each key is (in flight: its slots in use; queued: ready to deliver, delayed
+    /// messages not counted), the `top` busiest and the rest as `other`. Reads every key with messages waiting: one `LLEN` each, in one round trip.
+    async fn key_loads(&self, top: usize) -> Result<KeyLoads, TransportError> {
+        let Some(keyed) = &self.keyed else {
+            // Offered only by a keyed queue: a plain one has no key.
+            return Ok(KeyLoads::default());
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL")
+            .arg(format!("{}busy", keyed.prefix))
+            .cmd("LRANGE")
+            .arg(format!("{}ring", keyed.prefix))
+            .arg(0)
+            .arg(-1);
+        let (busy, ring): (HashMap<String, u64>, Vec<String>) = self
+            .query(&pipe)
+            .await
+            .map_err(|e| self.error(e, "cannot read the keys"))?;
+        let mut pipe = redis::pipe();
+        for key in &ring {
+            pipe.cmd("LLEN").arg(format!("{}q:{key}", keyed.prefix));
+        }
+        let queued: Vec<u64> = if ring.is_empty() {
+            Vec::new()
+        } else {
+            self.query(&pipe)
+                .await
+                .map_err(|e| self.error(e, "cannot read the keys"))?
+        };
+        let mut loads: HashMap<String, KeyLoad> = HashMap::new();
+        for (key, n) in busy {
+            loads
+                .entry(key.clone())
+                .or_insert_with(|| KeyLoad {
+                    key,
+                    ..KeyLoad::default()
+                })
+                .in_flight = n;
+        }
+        for (key, n) in ring.into_iter().zip(queued) {
+            loads
+                .entry(key.clone())
+                .or_insert_with(|| KeyLoad {
+                    key,
+                    ..KeyLoad::default()
+                })
+                .queued = n;
+        }
+        let max = (keyed.max > 0).then_some(keyed.max);
+        Ok(KeyLoads::top(max, loads.into_values().collect(), top))
+    }
 }
 
 #[cfg(test)]

@@ -678,7 +678,10 @@ impl Transport for RedisTransport {
         abilities.worker_registry = Some(self);
         abilities.message_count = Some(self);
         abilities.deduplicate = Some(self);
-        // The concrete transport, for what only Redis offers (a keyed queue's `key_loads`).
+        abilities.keyed_queue = self
+            .keyed
+            .is_some()
+            .then_some(self as &dyn courier_core::KeyedQueue);
         abilities.any = Some(self);
         abilities
     }

@@ -251,6 +251,11 @@ pub(crate) trait Backend: Send + Sync + Debug {
     async fn find(&self, id: i64) -> Result<Option<StoredRow>, sqlx::Error>;
     /// The number of rows of this queue.
     async fn count(&self) -> Result<i64, sqlx::Error>;
+    /// A keyed queue's keys with their rows in flight (delivered under a live lease) and
+    /// queued (ready to deliver), one `GROUP BY concurrency_key`; none for a plain queue.
+    async fn key_loads(&self) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
+        Ok(Vec::new())
+    }
     /// Starts server push wake-ups if the dialect has them (idempotent).
     fn start_listener(&self, wake: &Arc<Wake>);
     /// The worker registry beside the message table (`<table>_workers`) on the same pool.

@@ -270,6 +270,9 @@ pub(crate) struct FlowStatements {
     /// PostgreSQL: wakes the queue's waiting consumers after an ack freed a slot (binds:
     /// channel, queue).
     pub(crate) notify: Option<String>,
+    /// Each key's rows in flight (delivered under a live lease) and queued (ready to deliver,
+    /// not under a live lease) (binds: window, window, queue).
+    pub(crate) loads: String,
 }
 
 /// The rows of a queue's FIFO head that [`FlowStatements::head_claim`] ranks.
@@ -408,6 +411,19 @@ impl FlowStatements {
             next_due,
             notify: (dialect == Dialect::Postgres && max.is_some())
                 .then(|| "SELECT pg_notify($1, $2)".to_owned()),
+            loads: r(format!(
+                "SELECT {key}, COUNT(CASE WHEN delivered_at >= {{now}} - ? THEN 1 END), \
+                 COUNT(CASE WHEN available_at <= {{now}} AND (delivered_at IS NULL \
+                 OR delivered_at < {{now}} - ?) THEN 1 END) \
+                 FROM {t} WHERE queue_name = ? AND concurrency_key IS NOT NULL \
+                 GROUP BY concurrency_key",
+                // MySQL keeps the key as bytes (VARBINARY): read it back as text.
+                key = if dialect == Dialect::Mysql {
+                    "CAST(concurrency_key AS CHAR)"
+                } else {
+                    "concurrency_key"
+                }
+            )),
         }
     }
 }
@@ -557,6 +573,7 @@ where
     for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
     for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
     for<'r> (Option<i64>,): sqlx::FromRow<'r, DB::Row>,
+    for<'r> (String, i64, i64): sqlx::FromRow<'r, DB::Row>,
     for<'r> crate::workers::Row: sqlx::FromRow<'r, DB::Row>,
     for<'r> crate::schedules::Row: sqlx::FromRow<'r, DB::Row>,
     for<'r> crate::limits::Row: sqlx::FromRow<'r, DB::Row>,
@@ -924,6 +941,18 @@ where
         sqlx::query_scalar(&self.sql.count)
             .bind(self.queue.as_str())
             .fetch_one(&self.pool)
+            .await
+    }
+
+    async fn key_loads(&self) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
+        let Some(flow) = &self.flow else {
+            return Ok(Vec::new());
+        };
+        sqlx::query_as(&flow.loads)
+            .bind(self.redeliver_ms)
+            .bind(self.redeliver_ms)
+            .bind(self.queue.as_str())
+            .fetch_all(&self.pool)
             .await
     }
 

@@ -1053,6 +1053,10 @@ impl Transport for SqlTransport {
                 .then_some(self as &dyn courier_core::relay::RelaySource)
         };
         abilities.rate_limiter = Some(&*self.limits);
+        abilities.keyed_queue = self
+            .options
+            .keyed()
+            .then_some(self as &dyn courier_core::KeyedQueue);
         abilities
     }
 
@@ -1384,6 +1388,30 @@ impl MessageCount for SqlTransport {
             })
             .await?;
         Ok(ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
+    }
+}
+
+/// A keyed queue's loads: one `GROUP BY concurrency_key` over the queue's rows.
+#[async_trait]
+impl courier_core::KeyedQueue for SqlTransport {
+    async fn key_loads(&self, top: usize) -> Result<courier_core::KeyLoads, TransportError> {
+        let rows = self
+            .attempt("reading the concurrency keys", || self.backend.key_loads())
+            .await?;
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let loads = rows
+            .into_iter()
+            .map(|(key, in_flight, queued)| courier_core::KeyLoad {
+                key,
+                in_flight: count(in_flight),
+                queued: count(queued),
+            })
+            .collect();
+        Ok(courier_core::KeyLoads::top(
+            self.options.concurrency_max,
+            loads,
+            top,
+        ))
     }
 }
 

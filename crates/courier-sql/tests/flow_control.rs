@@ -484,6 +484,56 @@ async fn killed_workers_leak_no_slot(h: &common::SqlHarness) {
     );
 }
 
+/// `courier stats --keys`, the dashboard and the per-key gauges read a keyed queue's loads:
+/// per key, its messages in flight (delivered under a live lease) and queued (ready: delayed
+/// and plain messages not counted), the busiest first, the rest as `other`. A plain queue does
+/// not offer them.
+async fn a_keyed_queue_reports_each_keys_load(h: &common::SqlHarness) {
+    let (plain, _) = h.make("").await;
+    assert!(
+        (plain.clone() as Arc<dyn Transport>)
+            .as_keyed_queue()
+            .is_none(),
+        "a plain queue has no keys"
+    );
+    let (queue, _) = h.make("&concurrency_max=1").await;
+    let delayed = keyed(6, "c").with(courier_core::DelayStamp(Duration::from_secs(3600)));
+    timeout(queue.send_batch(vec![
+        keyed(1, "a"),
+        keyed(2, "a"),
+        keyed(3, "a"),
+        keyed(4, "b"),
+        keyed(5, "b"),
+        delayed,
+        Envelope::new(TestMessage::new(7)),
+    ]))
+    .await
+    .unwrap();
+    let got = timeout(queue.get(10)).await.unwrap();
+    let mut keys: Vec<String> = got.iter().map(key_of).collect();
+    keys.sort();
+    assert_eq!(keys, ["", "a", "b"], "one of each key, and the plain one");
+    let dyn_queue = queue.clone() as Arc<dyn Transport>;
+    let keyed_queue = dyn_queue.as_keyed_queue().expect("a keyed queue");
+    let loads = timeout(keyed_queue.key_loads(10)).await.unwrap();
+    let load = |key: &str, in_flight, queued| courier_core::KeyLoad {
+        key: key.to_owned(),
+        in_flight,
+        queued,
+    };
+    assert_eq!(loads.max, Some(1));
+    assert_eq!(loads.keys, [load("a", 1, 2), load("b", 1, 1)]);
+    assert_eq!((loads.other, loads.other_keys), (None, 0));
+    let top = timeout(keyed_queue.key_loads(1)).await.unwrap();
+    assert_eq!(top.keys, [load("a", 1, 2)]);
+    assert_eq!(top.other, Some(load("other", 1, 1)));
+    // Acked, the slot is free and the next of the key is queued, not in flight.
+    let a = got.iter().find(|e| key_of(e) == "a").unwrap();
+    timeout(queue.ack(a)).await.unwrap();
+    let loads = timeout(keyed_queue.key_loads(10)).await.unwrap();
+    assert_eq!(loads.keys, [load("b", 1, 1), load("a", 0, 2)]);
+}
+
 macro_rules! on_every_dialect {
     ($($case:ident),*) => {
         #[cfg(feature = "sqlite")]
@@ -519,6 +569,7 @@ macro_rules! on_every_dialect {
 }
 
 on_every_dialect!(
+    a_keyed_queue_reports_each_keys_load,
     at_most_max_per_key_are_in_flight_across_workers,
     a_dead_workers_slot_frees_itself_when_its_lease_ends,
     bad_keys_and_options_get_clear_errors,

@@ -3,16 +3,15 @@
 //! set a metric would export). Transports that are not keyed queues are left out.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use courier_core::{KeyLoads, Transport};
+use courier_core::KeyLoads;
 
 use crate::context::Ctx;
 use crate::error::CliResult;
 use crate::table::Table;
 
 /// The keys shown per queue before the rest is summed as `other`.
-pub(crate) const TOP: usize = 10;
+pub(crate) const TOP: usize = courier_core::metrics::KEY_GAUGE_TOP;
 
 pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String]) -> CliResult {
     ctx.check_transports(names)?;
@@ -22,8 +21,8 @@ pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String]) -> CliResult {
         if !names.is_empty() && !names.contains(name) {
             continue;
         }
-        if let Some(l) = key_loads(transport, TOP).await? {
-            loads.insert(name.clone(), l);
+        if let Some(keyed) = transport.as_keyed_queue() {
+            loads.insert(name.clone(), keyed.key_loads(TOP).await?);
         }
     }
     if ctx.json() {
@@ -54,20 +53,4 @@ pub(crate) async fn run(ctx: &Ctx<'_>, names: &[String]) -> CliResult {
     }
     print!("{}", table.render());
     Ok(())
-}
-
-/// The key loads of a keyed queue; `None` for any other transport.
-pub(crate) async fn key_loads(
-    transport: &Arc<dyn Transport>,
-    top: usize,
-) -> CliResult<Option<KeyLoads>> {
-    #[cfg(feature = "redis")]
-    if let Some(redis) = transport
-        .as_any()
-        .and_then(|a| a.downcast_ref::<courier_redis::RedisTransport>())
-    {
-        return Ok(redis.key_loads(top).await?);
-    }
-    let _ = (transport, top);
-    Ok(None)
 }

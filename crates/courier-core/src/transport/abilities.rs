@@ -4,8 +4,8 @@
 use std::any::Any;
 
 use super::{
-    Deduplicate, Listable, MessageCount, Pausable, Queues, RateLimiter, Setup, Transport,
-    WorkerRegistry,
+    Deduplicate, KeyedQueue, Listable, MessageCount, Pausable, Queues, RateLimiter, Setup,
+    Transport, WorkerRegistry,
 };
 use crate::relay::RelaySource;
 use crate::schedule::ScheduleStore;
@@ -64,6 +64,9 @@ pub struct Abilities<'a> {
     /// outbox, or reads it by a cursor), which [`Relay::run`](crate::relay::Relay::run) uses
     /// instead of `get` then `ack_batch`.
     pub relay_source: Option<&'a dyn RelaySource>,
+    /// The loads of a queue's concurrency keys, offered only by a queue with flow control per
+    /// key (`courier stats --keys`, the dashboard, the per-key gauges).
+    pub keyed_queue: Option<&'a dyn KeyedQueue>,
     /// The transport as [`Any`], for code that needs its concrete type (the SQL transport's
     /// `dispatch_in` finds the SQL transports a message is routed to).
     pub any: Option<&'a dyn Any>,
@@ -82,6 +85,7 @@ impl std::fmt::Debug for Abilities<'_> {
             ("pausable", self.pausable.is_some()),
             ("rate_limiter", self.rate_limiter.is_some()),
             ("relay_source", self.relay_source.is_some()),
+            ("keyed_queue", self.keyed_queue.is_some()),
             ("any", self.any.is_some()),
         ];
         f.debug_list()
@@ -167,6 +171,13 @@ impl<'a> Abilities<'a> {
         self
     }
 
+    /// Offers [`Abilities::keyed_queue`].
+    #[must_use]
+    pub fn keyed_queue(mut self, ability: &'a dyn KeyedQueue) -> Self {
+        self.keyed_queue = Some(ability);
+        self
+    }
+
     /// Offers [`Abilities::any`].
     #[must_use]
     pub fn any(mut self, ability: &'a dyn Any) -> Self {
@@ -206,6 +217,12 @@ impl dyn Transport + '_ {
     #[must_use]
     pub fn as_message_count(&self) -> Option<&dyn MessageCount> {
         self.abilities().message_count
+    }
+
+    /// [`Abilities::keyed_queue`].
+    #[must_use]
+    pub fn as_keyed_queue(&self) -> Option<&dyn KeyedQueue> {
+        self.abilities().keyed_queue
     }
 
     /// [`Abilities::queues`].

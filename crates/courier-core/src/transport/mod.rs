@@ -9,6 +9,7 @@ mod abilities;
 mod dedup;
 mod factory;
 mod gate;
+mod keyed;
 mod limiter;
 mod memory;
 mod pausable;
@@ -27,6 +28,7 @@ use async_trait::async_trait;
 pub use abilities::Abilities;
 pub use dedup::{Deduplicate, MemoryDeduplicator};
 pub use factory::{FactoryContext, TransportFactory, TransportRegistry};
+pub use keyed::KeyedQueue;
 pub use limiter::{MemoryRateLimiter, RateLimit, RateLimiter, Taken};
 pub use memory::{InMemoryOptions, InMemoryTransport};
 pub use pausable::Pausable;
@@ -407,6 +409,7 @@ const _: () = {
         _: &dyn MessageCount,
         _: &dyn Queues,
         _: &dyn Deduplicate,
+        _: &dyn KeyedQueue,
     ) {
     }
     fn _send_sync<T: Send + Sync + ?Sized>() {}

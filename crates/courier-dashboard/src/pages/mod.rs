@@ -1,6 +1,7 @@
 //! The HTML pages, one file each, and what they share.
 
 pub(crate) mod failed;
+pub(crate) mod keys;
 pub(crate) mod layout;
 pub(crate) mod overview;
 pub(crate) mod pause;

@@ -1,5 +1,5 @@
-//! `/`: transports with depth, rate and pause state (a Pause/Resume button each), runs by
-//! status, workers alive.
+//! `/`: transports with depth, rate and pause state (a Pause/Resume button each), the keyed
+//! queues' concurrency keys, runs by status, workers alive.
 
 use std::sync::Arc;
 
@@ -66,6 +66,7 @@ pub(crate) async fn page(
         };
         rows.push((name.clone(), dsn, failure.contains(name), depth, paused));
     }
+    let keys = super::keys::loads(&shared).await;
     let statuses = shared.store.count_by_status().await?;
     let recent = shared
         .store
@@ -146,6 +147,7 @@ pub(crate) async fn page(
                 }
             }
         }
+        (super::keys::section(&keys))
         h2 { "Recent runs" }
         div.panel {
             @if recent.is_empty() {
