@@ -11,7 +11,6 @@ const LIMIT: usize = 600;
 const BEING_SPLIT: &[&str] = &[
     // The SQL transport: the flow-control and the relay-source work land there.
     "crates/courier-sql/src/transport.rs",
-    "crates/courier-sql/src/messages.rs",
     // The run layer: its throughput work lands there.
     "crates/courier-runs/src/runtime.rs",
     "crates/courier-runs/src/store/sql/engine.rs",
