@@ -26,7 +26,8 @@ pub(super) struct PollWindow {
 }
 
 impl SqlTransport {
-    /// [`Transport::get`], deleting `acks` in the first claim's transaction.
+    /// [`Transport::get`](courier_core::Transport::get), deleting `acks` in the first claim's
+    /// transaction.
     pub(super) async fn get_after(
         &self,
         max: usize,
