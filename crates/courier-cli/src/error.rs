@@ -69,6 +69,15 @@ impl From<TransportError> for CliError {
     }
 }
 
+impl From<courier_raw::RawError> for CliError {
+    fn from(e: courier_raw::RawError) -> Self {
+        match e {
+            courier_raw::RawError::Unsupported(_) => Self::usage(e.to_string()),
+            _ => Self::runtime(e.to_string()),
+        }
+    }
+}
+
 impl From<courier_core::config::ConfigError> for CliError {
     fn from(e: courier_core::config::ConfigError) -> Self {
         Self::usage(chain(&e))
