@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use courier_core::{
     CancellationToken, Dsn, Envelope, FactoryContext, MessageRegistry, Transport, Worker,
 };
+use courier_raw::{Handled, report_handled};
 use serde_json::json;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -26,8 +27,6 @@ use super::{
     BENCH, BenchMessage, bench_bus, chatty, isolate, payload, percentiles, print_json,
     remove_isolated,
 };
-use courier_raw::{Handled, report_handled};
-
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
 use crate::wiring::Wiring;
