@@ -55,3 +55,26 @@ pub fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
     };
     (at(0.50), at(0.99))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_the_nearest_ranks_in_milliseconds() {
+        let mut samples: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
+        let (p50, p99) = percentiles(&mut samples);
+        assert!(
+            (p50 - 50.0).abs() < 1e-9 && (p99 - 99.0).abs() < 1e-9,
+            "{p50} {p99}"
+        );
+        assert_eq!(percentiles(&mut []), (0.0, 0.0));
+    }
+
+    #[test]
+    fn a_rate_over_no_time_is_finite() {
+        assert!((per_second(500, Duration::from_millis(250)) - 2000.0).abs() < 1e-9);
+        assert!(per_second(1, Duration::ZERO).is_finite());
+        assert_eq!(payload(3), "xxx");
+    }
+}
