@@ -55,8 +55,8 @@ pub(crate) fn build(
             courier_agent::DEFAULT_STREAM_TTL,
         );
     }
-    if name == crate::commands::demo::llm::AGENT {
-        builder = crate::commands::demo::llm::tools(builder);
+    if name == crate::commands::demo::llm_tools::AGENT {
+        builder = crate::commands::demo::llm_tools::tools(builder);
     }
     builder
         .build()

@@ -35,7 +35,7 @@ fn registry(app: &Wiring) -> MessageRegistry {
     let mut registry = MessageRegistry::new();
     registry.extend(&app.registry);
     #[cfg(feature = "runs")]
-    crate::runs::register_messages(&mut registry);
+    crate::wiring::register_run_messages(&mut registry);
     registry
 }
 

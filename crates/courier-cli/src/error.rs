@@ -69,6 +69,15 @@ impl From<TransportError> for CliError {
     }
 }
 
+impl From<courier_raw::RawError> for CliError {
+    fn from(e: courier_raw::RawError) -> Self {
+        match e {
+            courier_raw::RawError::Unsupported(_) => Self::usage(e.to_string()),
+            _ => Self::runtime(e.to_string()),
+        }
+    }
+}
+
 impl From<courier_core::config::ConfigError> for CliError {
     fn from(e: courier_core::config::ConfigError) -> Self {
         Self::usage(chain(&e))
@@ -121,3 +130,20 @@ pub(crate) fn scrub(text: &str) -> String {
 
 /// `Result` of a command.
 pub(crate) type CliResult<T = ()> = Result<T, CliError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A raw loop's missing driver is a usage error (exit 2), its failures runtime ones (exit 1).
+    #[test]
+    fn a_raw_error_keeps_its_exit_code() {
+        let unsupported = CliError::from(courier_raw::RawError::Unsupported("no driver".into()));
+        assert_eq!(
+            (unsupported.exit_code(), unsupported.to_string().as_str()),
+            (2, "no driver")
+        );
+        let failed = CliError::from(courier_raw::RawError::Failed("rows went missing".into()));
+        assert_eq!(failed.exit_code(), 1);
+    }
+}

@@ -45,7 +45,6 @@ mod dispatch;
 mod doctests;
 mod error;
 mod metrics;
-mod raw;
 #[cfg(test)]
 mod reference;
 mod registry;

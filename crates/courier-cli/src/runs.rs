@@ -3,51 +3,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use courier_core::{CancellationToken, MessageBusBuilder, MessageRegistry};
+use courier_core::{CancellationToken, MessageBusBuilder};
 use courier_runs::{
-    Agent, AgentError, AgentOutcome, RunAgent, RunContext, RunSignal, RunStore, RunsConfig,
-    Runtime, ScriptedAgent, SqlRunStore, SqlRunStoreOptions, StoreError, async_trait,
+    Agent, AgentError, AgentOutcome, RunContext, RunStore, RunsConfig, Runtime, SqlRunStore,
+    SqlRunStoreOptions, StoreError, async_trait,
 };
 
 use crate::connect::{Failure, until_up};
 use crate::context::Ctx;
 use crate::error::{CliError, CliResult, chain, remember_secret};
+use crate::wiring::Agents;
 
 /// The run store used when `[runs] store` is not set.
 pub(crate) const DEFAULT_STORE: &str = "sqlite://courier.db";
-
-/// The agents an app registered, by name.
-#[derive(Clone, Default)]
-pub(crate) struct Agents(Vec<(String, Arc<dyn Agent>)>);
-
-impl Agents {
-    /// The built-in `scripted` agent.
-    pub(crate) fn with_builtin() -> Self {
-        let mut agents = Self::default();
-        agents.insert("scripted", Arc::new(ScriptedAgent));
-        agents
-    }
-
-    /// Adds or replaces an agent.
-    pub(crate) fn insert(&mut self, name: &str, agent: Arc<dyn Agent>) {
-        self.0.retain(|(n, _)| n != name);
-        self.0.push((name.to_owned(), agent));
-    }
-
-    /// Whether an agent of that name exists.
-    pub(crate) fn contains(&self, name: &str) -> bool {
-        self.0.iter().any(|(n, _)| n == name)
-    }
-
-    /// The names, for error messages.
-    pub(crate) fn names(&self) -> String {
-        self.0
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
 
 /// An agent shared between runtimes.
 struct Shared(Arc<dyn Agent>);
@@ -57,12 +25,6 @@ impl Agent for Shared {
     async fn run(&self, cx: &mut RunContext) -> Result<AgentOutcome, AgentError> {
         self.0.run(cx).await
     }
-}
-
-/// Registers the runs messages for decoding.
-pub(crate) fn register_messages(registry: &mut MessageRegistry) {
-    registry.register::<RunAgent>();
-    registry.register::<RunSignal>();
 }
 
 /// The validated `[runs]` table (defaults when absent).
@@ -190,8 +152,8 @@ pub(crate) fn build_runtime_as(
     if let Some(id) = identity {
         builder = builder.worker_identity(id);
     }
-    for (name, agent) in &agents.0 {
-        builder = builder.agent(name.clone(), Shared(agent.clone()));
+    for (name, agent) in agents.iter() {
+        builder = builder.agent(name.to_owned(), Shared(agent.clone()));
     }
     builder.build()
 }

@@ -1,12 +1,16 @@
 //! What the commands use of an [`App`](crate::App): its handlers and bus customisations, its
 //! messages, its transport factories and its agents. The app fills a [`Wiring`] and hands it to
 //! the commands, which never see the app itself (`app -> dispatch -> commands -> wiring`).
+//! With `runs`, the agents ([`Agents`]) and the runs messages the context registers: below
+//! `runs.rs` (the run store and runtime), which builds its runtimes from them.
 
 use std::sync::Arc;
 
 use std::collections::BTreeMap;
 
 use courier_core::{MessageBusBuilder, MessageRegistry, Middleware, TransportRegistry};
+#[cfg(feature = "runs")]
+use courier_runs::{Agent, RunAgent, RunSignal, ScriptedAgent};
 
 /// A bus customisation: a handler registration, middleware, routes.
 pub(crate) type BusHook = Arc<dyn Fn(MessageBusBuilder) -> MessageBusBuilder + Send + Sync>;
@@ -31,7 +35,7 @@ pub(crate) struct Wiring {
     pub(crate) middleware: BTreeMap<String, Arc<dyn Middleware>>,
     /// The agents `runs submit` and the run worker can execute.
     #[cfg(feature = "runs")]
-    pub(crate) agents: crate::runs::Agents,
+    pub(crate) agents: Agents,
 }
 
 impl std::fmt::Debug for Wiring {
@@ -54,7 +58,7 @@ impl Wiring {
             factories: courier::transport_registry(),
             middleware: BTreeMap::new(),
             #[cfg(feature = "runs")]
-            agents: crate::runs::Agents::with_builtin(),
+            agents: Agents::with_builtin(),
         }
     }
 
@@ -66,4 +70,51 @@ impl Wiring {
         }
         builder
     }
+}
+
+/// The agents an app registered, by name.
+#[cfg(feature = "runs")]
+#[derive(Clone, Default)]
+pub(crate) struct Agents(Vec<(String, Arc<dyn Agent>)>);
+
+#[cfg(feature = "runs")]
+impl Agents {
+    /// The built-in `scripted` agent.
+    pub(crate) fn with_builtin() -> Self {
+        let mut agents = Self::default();
+        agents.insert("scripted", Arc::new(ScriptedAgent));
+        agents
+    }
+
+    /// Adds or replaces an agent.
+    pub(crate) fn insert(&mut self, name: &str, agent: Arc<dyn Agent>) {
+        self.0.retain(|(n, _)| n != name);
+        self.0.push((name.to_owned(), agent));
+    }
+
+    /// Whether an agent of that name exists.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, _)| n == name)
+    }
+
+    /// The names, for error messages.
+    pub(crate) fn names(&self) -> String {
+        self.0
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Each agent with its name, in the order they were added.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &Arc<dyn Agent>)> {
+        self.0.iter().map(|(n, a)| (n.as_str(), a))
+    }
+}
+
+/// Registers the runs messages for decoding.
+#[cfg(feature = "runs")]
+pub(crate) fn register_run_messages(registry: &mut MessageRegistry) {
+    registry.register::<RunAgent>();
+    registry.register::<RunSignal>();
 }

@@ -5,7 +5,7 @@
 //! another process would (so no in-process wake-up helps; `in-memory://` sends to itself). Each sample sends one message and
 //! times until the handler runs (the handler's own timestamp: the sender's reply, which in this
 //! one process competes for the same cores as the consumer's work after the pickup, is not
-//! waited for). The raw side ([`crate::raw::floor`]) does the same with the
+//! waited for). The raw side ([`courier_raw::floor`]) does the same with the
 //! driver's cheapest wait. Before each sample the benchmark pauses 1-5 ms (uniformly random),
 //! so each send lands at a random point of the consumer's wait; 3 unrecorded warm-up messages
 //! open each side. The two sides' samples alternate one by one in ABBA order (Courier, raw,
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use courier_core::{
     CancellationToken, Dsn, Envelope, FactoryContext, MessageRegistry, Transport, Worker,
 };
+use courier_raw::{Handled, report_handled};
 use serde_json::json;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -28,7 +29,6 @@ use super::{
 };
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
-use crate::raw::{Handled, Probe, report_handled};
 use crate::wiring::Wiring;
 
 /// Unrecorded messages that open each side.
@@ -72,16 +72,17 @@ async fn interleaved(
     )
     .await?;
     let (raw_tx, mut raw_rx) = unbounded_channel();
-    let raw = match crate::raw::floor(isolated, size, fetch_size, raw_tx).await {
+    let raw = match courier_raw::floor(isolated, size, fetch_size, raw_tx).await {
         Ok(raw) => raw,
         Err(e) => {
             courier.close().await;
-            return Err(e);
+            return Err(e.into());
         }
     };
     let result = alternate(
         (&courier, &mut courier_rx),
-        raw.as_ref().map(|(probe, _)| (probe.as_ref(), &mut raw_rx)),
+        raw.as_ref()
+            .map(|(probe, _)| (probe as &dyn Probe, &mut raw_rx)),
         samples,
     )
     .await;
@@ -123,6 +124,28 @@ async fn interleaved(
         _ => println!("raw: no raw implementation for `{}`", dsn.scheme()),
     }
     Ok(())
+}
+
+/// One side of `courier bench --latency`: a consumer already waiting, which reports the `seq`
+/// of each message it handled (and when) on the channel it was made with, and a sender.
+#[courier_core::async_trait]
+trait Probe: Send + Sync {
+    /// Sends the message `seq`.
+    async fn send(&self, seq: u64) -> CliResult;
+    /// Stops the consumer and removes what the probe created.
+    async fn close(&self);
+}
+
+/// The raw driver's side ([`courier_raw::floor`]).
+#[courier_core::async_trait]
+impl Probe for Box<dyn courier_raw::Probe> {
+    async fn send(&self, seq: u64) -> CliResult {
+        Ok(courier_raw::Probe::send(self.as_ref(), seq).await?)
+    }
+
+    async fn close(&self) {
+        courier_raw::Probe::close(self.as_ref()).await;
+    }
 }
 
 /// A probe and the receiver its handler reports to.

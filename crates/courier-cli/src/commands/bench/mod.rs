@@ -16,16 +16,17 @@ mod relay;
 #[cfg(feature = "runs")]
 mod runs;
 #[cfg(feature = "runs")]
-mod runs_raw;
-#[cfg(feature = "runs")]
 mod steps;
 mod throughput;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use courier_core::{Dsn, HandlerError, Message, MessageBus, Transport};
 use serde::{Deserialize, Serialize};
+
+pub(crate) use courier_raw::{
+    CLASSIC_QUEUE_VERSION, Figures, Work, payload, per_second, percentiles,
+};
 
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult};
@@ -46,28 +47,6 @@ pub(crate) struct BenchMessage {
 
 impl Message for BenchMessage {
     const NAME: &'static str = "courier.bench";
-}
-
-/// Throughput and latency of one implementation.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct Figures {
-    pub(crate) produce_per_s: f64,
-    pub(crate) consume_per_s: f64,
-    pub(crate) p50_ms: f64,
-    pub(crate) p99_ms: f64,
-}
-
-/// What the raw driver is asked to do.
-#[derive(Debug, Clone)]
-#[cfg_attr(
-    not(feature = "sql"),
-    allow(dead_code, reason = "read by the raw drivers")
-)]
-pub(crate) struct Work {
-    pub(crate) messages: u64,
-    pub(crate) size: usize,
-    pub(crate) fetch_size: usize,
-    pub(crate) latency_samples: usize,
 }
 
 pub(crate) async fn run(app: &Wiring, cli: &Cli, args: &BenchArgs) -> CliResult {
@@ -139,13 +118,6 @@ async fn runs_mode(_: &Wiring, _: &Cli, _: &BenchArgs, _: &Dsn) -> CliResult {
     ))
 }
 
-/// The version of the classic queues the benchmark declares on RabbitMQ, on both sides: a
-/// version 1 queue is served at one of two rates drawn per queue, whichever client reads it
-/// which would make one round's ratio the broker's draw.
-/// Version 2 is the default from RabbitMQ 3.13 and the only one from 4.0; a broker older than
-/// 3.10 ignores the argument.
-pub(crate) const CLASSIC_QUEUE_VERSION: i64 = 2;
-
 /// The DSN with a queue of its own, so the benchmark never touches application messages: a
 /// fresh SQL `queue_name`, Redis stream or AMQP exchange and queue named `queue` (on AMQP a
 /// classic queue of [`CLASSIC_QUEUE_VERSION`]), and on AMQP the prefetch set to the fetch size
@@ -208,7 +180,7 @@ pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
             format!("{stream}:keyed:leases"),
             format!("{stream}:keyed:busy"),
         ];
-        crate::raw::redis_streams::delete(isolated, &keys.each_ref().map(String::as_str)).await;
+        courier_raw::redis_streams::delete(isolated, &keys.each_ref().map(String::as_str)).await;
     }
     #[cfg(feature = "amqp")]
     if matches!(isolated.scheme(), "amqp" | "amqps")
@@ -217,7 +189,7 @@ pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
             (isolated.option("exchange"), isolated.option("queues"))
     {
         let delay = format!("{exchange}.delay");
-        crate::raw::amqp::delete(isolated, &[queue], &[exchange, &delay]).await;
+        courier_raw::amqp::delete(isolated, &[queue], &[exchange, &delay]).await;
     }
     #[cfg(feature = "nats")]
     if isolated.scheme() == "nats"
@@ -237,11 +209,6 @@ pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
     let _ = (isolated, original);
 }
 
-/// A payload of `size` bytes of JSON-safe text.
-pub(crate) fn payload(size: usize) -> String {
-    "x".repeat(size)
-}
-
 /// A bus with the benchmark handler, which calls `on` with each message's sequence number.
 pub(crate) fn bench_bus(
     transport: &Arc<dyn Transport>,
@@ -258,23 +225,6 @@ pub(crate) fn bench_bus(
             }
         })
         .build()
-}
-
-pub(crate) fn per_second(n: u64, elapsed: Duration) -> f64 {
-    n as f64 / elapsed.as_secs_f64().max(1e-9)
-}
-
-/// p50 and p99 in milliseconds.
-pub(crate) fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
-    if samples.is_empty() {
-        return (0.0, 0.0);
-    }
-    samples.sort_unstable();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
-        samples[i].as_secs_f64() * 1000.0
-    };
-    (at(0.50), at(0.99))
 }
 
 /// Prints a JSON value (pretty) on stdout.

@@ -9,7 +9,7 @@
 //! one statement) over the same rows
 //! (`EXPLAIN ANALYZE`, no round trip, no commit); and from PostgreSQL to Redis, the raw drivers
 //! doing the relay's work in the naive loop (sqlx and redis-rs: take a batch, `XADD` it in one
-//! pipeline, commit; `raw::postgres::RawRelay`). Medians over `--rounds`.
+//! pipeline, commit; `courier_raw::postgres::RawRelay`). Medians over `--rounds`.
 //!
 //! Beside each rate, the machine-wide CPU time each phase spent per message (client and
 //! servers alike, see [`super::cpu`]) and Courier's own share of it (the rest is the
@@ -58,7 +58,7 @@ pub(crate) async fn measure(
         && outbox.option("queue_name").is_none()
         && from_dsn.parse_option::<bool>("cursor").ok().flatten() == Some(true)
     {
-        crate::raw::postgres::forget_cursor(&from_dsn).await;
+        courier_raw::postgres::forget_cursor(&from_dsn).await;
     }
     result
 }
@@ -214,20 +214,20 @@ async fn rounds(
 }
 
 /// The server's execution time of the drain statements over the same rows, without a relay
-/// (see `raw::postgres::drain_rate`); `None` for another outbox.
+/// (see `courier_raw::postgres::drain_rate`); `None` for another outbox.
 async fn raw_drain(dsn: &Dsn, messages: u64, batch: usize, body: &str) -> CliResult<Option<f64>> {
     let _ = (messages, batch, body);
     match dsn.scheme() {
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => crate::raw::postgres::drain_rate(dsn, messages, batch, body)
-            .await
-            .map(Some),
+        "postgres" | "postgresql" => Ok(Some(
+            courier_raw::postgres::drain_rate(dsn, messages, batch, body).await?,
+        )),
         _ => Ok(None),
     }
 }
 
 /// From a PostgreSQL outbox to Redis, the raw drivers doing the relay's work in the naive loop
-/// (see `raw::postgres::RawRelay`): fills an outbox of its own (untimed), then times relaying
+/// (see `courier_raw::postgres::RawRelay`): fills an outbox of its own (untimed), then times relaying
 /// it, into `phase`. Nothing for other pairs.
 async fn raw_relay(
     from: &Dsn,
@@ -240,7 +240,7 @@ async fn raw_relay(
     let _ = (messages, batch, body, &phase);
     #[cfg(all(feature = "postgres", feature = "redis"))]
     if matches!(from.scheme(), "postgres" | "postgresql") && matches!(to.scheme(), "redis") {
-        let mut raw = crate::raw::postgres::RawRelay::fill(from, to, messages, body).await?;
+        let mut raw = courier_raw::postgres::RawRelay::fill(from, to, messages, body).await?;
         let (started, cpu) = (Instant::now(), CpuClock::now());
         let relayed = raw.run(batch).await;
         phase.push(messages, started.elapsed(), cpu.and_then(|c| c.spent()));

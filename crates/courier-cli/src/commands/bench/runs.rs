@@ -3,7 +3,7 @@
 //! `RunAgent` message), then executed by W in-process workers sharing one bus and one runtime,
 //! the run store and the RunAgent queue on the same database (`--dsn`, SQL only; tables and
 //! queue of their own, dropped after). Beside it, round for round (ABBA over `--rounds`,
-//! default 1), the raw sqlx loop of [`super::runs_raw`] does the same state machine with
+//! default 1), the raw sqlx loop of [`courier_raw::runs`] does the same state machine with
 //! `workers x concurrency` tasks. Reports submitted and executed runs per second on both sides
 //! and their ratio (the median of the rounds), the submit-to-settle latency (p50, p99) idle
 //! (one run at a time) and under load (runs submitted as fast as one submitter goes while the
@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use courier_core::{
     CancellationToken, Dsn, FactoryContext, Message, MessageBus, MessageRegistry, Transport, Worker,
 };
+use courier_raw::runs::RawRuns;
 use courier_runs::{
     Dialect, NewRun, RunAgent, RunStore, Runtime, ScriptedAgent, SqlRunStore, SqlRunStoreOptions,
 };
@@ -23,7 +24,6 @@ use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use super::counting::{CountingStore, CountingTransport, STORE_METHODS, TRANSPORT_METHODS};
-use super::runs_raw::RawRuns;
 use super::{BENCH, chatty, isolate, per_second, percentiles, print_json, remove_isolated};
 use crate::cli::{BenchArgs, Cli, Format};
 use crate::error::{CliError, CliResult, chain};
@@ -69,7 +69,7 @@ pub(super) async fn measure(app: &Wiring, cli: &Cli, args: &BenchArgs, dsn: &Dsn
         Err(e) => {
             let _ = store.drop_tables().await;
             remove_isolated(&isolated, dsn).await;
-            return Err(e);
+            return Err(e.into());
         }
     };
     let result = execute(

@@ -63,10 +63,10 @@ pub(super) async fn measure(
         let measured = async {
             // Each side starts on a table without the other's dead rows (PostgreSQL: VACUUM).
             if raw_first {
-                crate::raw::level(&isolated).await;
-                theirs.extend(crate::raw::measure(&isolated, work).await?);
+                courier_raw::level(&isolated).await;
+                theirs.extend(courier_raw::measure(&isolated, work).await?);
             }
-            crate::raw::level(&isolated).await;
+            courier_raw::level(&isolated).await;
             ours.push(
                 courier_figures(
                     &transport,
@@ -77,8 +77,8 @@ pub(super) async fn measure(
                 .await?,
             );
             if args.raw && !raw_first {
-                crate::raw::level(&isolated).await;
-                theirs.extend(crate::raw::measure(&isolated, work).await?);
+                courier_raw::level(&isolated).await;
+                theirs.extend(courier_raw::measure(&isolated, work).await?);
             }
             Ok::<_, CliError>(())
         }

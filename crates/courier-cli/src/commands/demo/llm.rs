@@ -4,12 +4,13 @@
 //! `Retry-After`) from both providers, a 503 then the fallback provider, a slow answer.
 //!
 //! The agent `courier-demo-llm` (two providers, `primary` and `fallback`, a breaker in the run
-//! store's database, the tools of [`tools`]) is written into the workers' configuration; the
-//! worker processes are this binary running `consume demo`, as in the scripted demo. One long
-//! run asks for a slow tool twice: when it has journaled a model step asking for it, the demo
-//! SIGKILLs the worker running it; a surviving worker's reaper requeues it and a worker resumes
-//! it. The summary shows, from the server's own record of the calls (each carries its model
-//! step's `Idempotency-Key`, `RUN:INDEX`), that no finished model step was called again.
+//! store's database, the tools of [`super::llm_tools::tools`]) is written into the workers'
+//! configuration; the worker processes are this binary running `consume demo`, as in the
+//! scripted demo. One long run asks for a slow tool twice: when it has journaled a model step
+//! asking for it, the demo SIGKILLs the worker running it; a surviving worker's reaper requeues
+//! it and a worker resumes it. The summary shows, from the server's own record of the calls
+//! (each carries its model step's `Idempotency-Key`, `RUN:INDEX`), that no finished model step
+//! was called again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -17,12 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use courier_agent::testing::{Call, Reply, Request, TestServer, answer, tool_call};
-use courier_agent::{BreakerStore, LazySqlBreakers, LlmAgentBuilder, Tool};
+use courier_agent::{BreakerStore, LazySqlBreakers};
 use courier_core::MessageRegistry;
 use courier_core::config::Config;
-use courier_runs::{Effect, RunAgent, RunStatus, RunStore, RunsConfig, StepStatus};
+use courier_runs::{RunAgent, RunStatus, RunStore, RunsConfig, StepStatus};
 use serde_json::json;
 
+use super::llm_tools::AGENT;
 use super::summary::{self, KilledWorker};
 use super::workers::{self, WorkDir, Workers};
 use super::{Crash, Out, Watch, drive, find, pids, short};
@@ -30,39 +32,12 @@ use crate::cli::{Cli, DemoArgs, Format};
 use crate::error::{CliError, CliResult, chain};
 use crate::wiring::Wiring;
 
-/// The agent the demo configures (it gets [`tools`]).
-pub(crate) const AGENT: &str = "courier-demo-llm";
 /// Runs submitted without --runs.
 const DEFAULT_RUNS: u32 = 12;
-/// How long the `wait_for_courier` tool takes: the window in which the worker is killed.
-const SLOW_TOOL: Duration = Duration::from_secs(2);
 /// How long the scripted slow answer takes (well within the provider's timeout).
 const SLOW_ANSWER: Duration = Duration::from_millis(800);
 /// The longest the demo waits for a worker to be running the long run's slow tool.
 const CRASH_DEADLINE: Duration = Duration::from_secs(40);
-
-/// The demo's tools: `order_status` (pure, at once) and `wait_for_courier` (idempotent, slow).
-pub(crate) fn tools(builder: LlmAgentBuilder) -> LlmAgentBuilder {
-    let order = json!({"type": "object", "properties": {"order": {"type": "string"}}, "required": ["order"]});
-    builder
-        .tool(Tool::new(
-            "order_status",
-            "The shipping status of an order",
-            order.clone(),
-            Effect::Pure,
-            |args, _step| async move { Ok(json!({"order": args["order"], "status": "shipped"})) },
-        ))
-        .tool(Tool::new(
-            "wait_for_courier",
-            "Waits until the courier has picked up an order",
-            order,
-            Effect::Idempotent,
-            |args, _step| async move {
-                tokio::time::sleep(SLOW_TOOL).await;
-                Ok(json!({"order": args["order"], "courier": "picked it up"}))
-            },
-        ))
-}
 
 /// What run `i` exercises (its prompt carries it, so the server knows what to answer).
 fn scenario(i: u32) -> &'static str {

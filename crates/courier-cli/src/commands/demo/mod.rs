@@ -12,6 +12,8 @@
 
 #[cfg(feature = "agent")]
 pub(crate) mod llm;
+#[cfg(feature = "agent")]
+pub(crate) mod llm_tools;
 mod script;
 mod summary;
 mod workers;

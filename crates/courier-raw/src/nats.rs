@@ -12,7 +12,7 @@ use courier_core::Dsn;
 use futures_util::StreamExt;
 
 use super::{Driver, OnHandled, decode};
-use crate::error::{CliError, CliResult};
+use crate::error::{RawError, RawResult};
 
 /// The transport's defaults.
 const ACK_WAIT: Duration = Duration::from_secs(30);
@@ -27,14 +27,14 @@ pub(crate) struct Raw {
     headers: HeaderMap,
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> CliError {
-    CliError::runtime(format!("raw nats benchmark: {what}: {e}"))
+fn err(what: &str, e: impl std::fmt::Display) -> RawError {
+    RawError::failed(format!("raw nats benchmark: {what}: {e}"))
 }
 
 impl Raw {
     /// Connects to the server of `dsn` (credentials and `?token=` as the transport reads them)
     /// and creates a stream and a consumer of its own.
-    pub(super) async fn connect(dsn: &Dsn) -> CliResult<Self> {
+    pub(super) async fn connect(dsn: &Dsn) -> RawResult<Self> {
         let host = dsn.host().filter(|h| !h.is_empty()).unwrap_or("127.0.0.1");
         let address = format!("{host}:{}", dsn.port().unwrap_or(4222));
         let mut options = async_nats::ConnectOptions::new().request_timeout(Some(TIMEOUT));
@@ -90,7 +90,7 @@ impl Raw {
 
 #[courier_core::async_trait]
 impl Driver for Raw {
-    async fn send(&self, bodies: &[String]) -> CliResult {
+    async fn send(&self, bodies: &[String]) -> RawResult {
         let mut acks = Vec::with_capacity(bodies.len());
         for body in bodies {
             let ack = self
@@ -110,7 +110,7 @@ impl Driver for Raw {
         Ok(())
     }
 
-    async fn consume(&self, max: usize, on: OnHandled<'_>) -> CliResult<usize> {
+    async fn consume(&self, max: usize, on: OnHandled<'_>) -> RawResult<usize> {
         let mut batch = self
             .consumer
             .fetch()

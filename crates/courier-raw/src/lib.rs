@@ -19,6 +19,12 @@
 //!
 //! [`floor`] is the raw side of `courier bench --latency`: a consumer already waiting the
 //! cheapest way the driver allows (see [`floor`]) and a sender on a connection of its own.
+//! `runs` (a SQL feature) is the raw side of `courier bench --runs`; `postgres` has the raw
+//! side of `courier bench --relay` (the drain's server time, and with `redis` the naive relay).
+//!
+//! A crate of its own below `courier-cli`, which converts its [`RawError`] and reports its
+//! [`Figures`]: each driver comes with its feature (`sqlite`, `postgres`, `mysql`, `redis`,
+//! `amqp`, `nats`); without it the scheme has no raw implementation.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,11 +32,21 @@ use std::time::{Duration, Instant};
 use courier_core::Dsn;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::commands::bench::{Figures, Work, payload, per_second, percentiles};
-use crate::error::{CliError, CliResult};
+mod error;
+pub mod figures;
+
+pub use error::{RawError, RawResult};
+pub use figures::{Figures, Work, payload, per_second, percentiles};
+
+/// The version of the classic queues the benchmark declares on RabbitMQ, on both sides: a
+/// version 1 queue is served at one of two rates drawn per queue, whichever client reads it
+/// which would make one round's ratio the broker's draw.
+/// Version 2 is the default from RabbitMQ 3.13 and the only one from 4.0; a broker older than
+/// 3.10 ignores the argument.
+pub const CLASSIC_QUEUE_VERSION: i64 = 2;
 
 /// Measures the raw driver for `dsn`, or `None` when there is no raw implementation.
-pub(crate) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Option<Figures>> {
+pub async fn measure(dsn: &Dsn, work: &Work) -> RawResult<Option<Figures>> {
     let _ = work;
     match dsn.scheme() {
         #[cfg(feature = "sqlite")]
@@ -64,7 +80,7 @@ pub(crate) async fn measure(dsn: &Dsn, work: &Work) -> CliResult<Option<Figures>
 }
 
 /// Makes the ground even before one side of a paired round: PostgreSQL `VACUUM`s the table.
-pub(crate) async fn level(dsn: &Dsn) {
+pub async fn level(dsn: &Dsn) {
     #[cfg(feature = "postgres")]
     if matches!(dsn.scheme(), "postgres" | "postgresql") {
         postgres::vacuum(dsn).await;
@@ -73,7 +89,7 @@ pub(crate) async fn level(dsn: &Dsn) {
 }
 
 /// Called with the `seq` of each decoded body, before its ack (the handler's place).
-pub(crate) type OnHandled<'a> = &'a (dyn Fn(u64) + Send + Sync);
+type OnHandled<'a> = &'a (dyn Fn(u64) + Send + Sync);
 
 /// The protocol work of one raw driver.
 #[cfg_attr(
@@ -83,16 +99,16 @@ pub(crate) type OnHandled<'a> = &'a (dyn Fn(u64) + Send + Sync);
 #[courier_core::async_trait]
 trait Driver: Send + Sync + 'static {
     /// Stores these bodies as one batch.
-    async fn send(&self, bodies: &[String]) -> CliResult;
+    async fn send(&self, bodies: &[String]) -> RawResult;
     /// Claims, decodes (calling `on` with each body's `seq`) and deletes up to `max` rows;
     /// returns how many.
-    async fn consume(&self, max: usize, on: OnHandled<'_>) -> CliResult<usize>;
+    async fn consume(&self, max: usize, on: OnHandled<'_>) -> RawResult<usize>;
     /// Removes what the benchmark created.
     async fn cleanup(&self) {}
 }
 
 /// A benchmark body: `{"seq": seq, "payload": "xxx..."}` (what the bench message encodes to).
-pub(crate) fn body(seq: u64, size: usize) -> String {
+fn body(seq: u64, size: usize) -> String {
     serde_json::json!({ "seq": seq, "payload": payload(size) }).to_string()
 }
 
@@ -101,9 +117,9 @@ pub(crate) fn body(seq: u64, size: usize) -> String {
     not(any(feature = "sql", feature = "redis", feature = "amqp", feature = "nats")),
     allow(dead_code, reason = "used by the drivers")
 )]
-pub(crate) fn decode(body: &[u8], driver: &str) -> CliResult<u64> {
+fn decode(body: &[u8], driver: &str) -> RawResult<u64> {
     let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| CliError::runtime(format!("raw {driver} benchmark: bad body: {e}")))?;
+        .map_err(|e| RawError::failed(format!("raw {driver} benchmark: bad body: {e}")))?;
     Ok(value
         .get("seq")
         .and_then(serde_json::Value::as_u64)
@@ -111,23 +127,23 @@ pub(crate) fn decode(body: &[u8], driver: &str) -> CliResult<u64> {
 }
 
 /// Ignores handled messages.
-pub(crate) fn ignore(_: u64) {}
+fn ignore(_: u64) {}
 
 /// Where a latency probe's consumer reports each message it handled: its `seq` and when the
 /// handler ran (a sample ends there, not when the sender's own reply came back).
-pub(crate) type Handled = UnboundedSender<(u64, std::time::Instant)>;
+pub type Handled = UnboundedSender<(u64, std::time::Instant)>;
 
 /// Reports `seq` handled now.
-pub(crate) fn report_handled(handled: &Handled, seq: u64) {
+pub fn report_handled(handled: &Handled, seq: u64) {
     let _ = handled.send((seq, std::time::Instant::now()));
 }
 
 /// One side of `courier bench --latency`: a consumer already waiting, which reports the `seq`
 /// of each message it handled (and when) on the channel it was made with, and a sender.
 #[courier_core::async_trait]
-pub(crate) trait Probe: Send + Sync {
+pub trait Probe: Send + Sync {
     /// Sends the message `seq`.
-    async fn send(&self, seq: u64) -> CliResult;
+    async fn send(&self, seq: u64) -> RawResult;
     /// Stops the consumer and removes what the probe created.
     async fn close(&self);
 }
@@ -142,12 +158,12 @@ pub(crate) trait Probe: Send + Sync {
 ///   one by one;
 /// - SQLite: no server push: the claim statement polled on the transport's schedule (5 ms,
 ///   doubling up to 250 ms while empty, back to 5 ms after a hit).
-pub(crate) async fn floor(
+pub async fn floor(
     dsn: &Dsn,
     size: usize,
     fetch_size: usize,
     handled: Handled,
-) -> CliResult<Option<(Box<dyn Probe>, &'static str)>> {
+) -> RawResult<Option<(Box<dyn Probe>, &'static str)>> {
     let _ = (size, fetch_size, &handled);
     match dsn.scheme() {
         #[cfg(feature = "sqlite")]
@@ -220,7 +236,7 @@ struct Floor<D: Driver> {
 
 #[courier_core::async_trait]
 impl<D: Driver> Probe for Floor<D> {
-    async fn send(&self, seq: u64) -> CliResult {
+    async fn send(&self, seq: u64) -> RawResult {
         self.raw.send(&[body(seq, self.size)]).await
     }
 
@@ -234,7 +250,7 @@ impl<D: Driver> Probe for Floor<D> {
     not(feature = "sql"),
     allow(dead_code, reason = "used by the SQL drivers")
 )]
-async fn run<D: Driver>(raw: Arc<D>, work: &Work) -> CliResult<Figures> {
+async fn run<D: Driver>(raw: Arc<D>, work: &Work) -> RawResult<Figures> {
     let result = run_on(&raw, work).await;
     raw.cleanup().await;
     result
@@ -244,7 +260,7 @@ async fn run<D: Driver>(raw: Arc<D>, work: &Work) -> CliResult<Figures> {
     not(feature = "sql"),
     allow(dead_code, reason = "used by the SQL drivers")
 )]
-async fn run_on<D: Driver>(raw: &Arc<D>, work: &Work) -> CliResult<Figures> {
+async fn run_on<D: Driver>(raw: &Arc<D>, work: &Work) -> RawResult<Figures> {
     let body = |seq: u64| body(seq, work.size);
     let started = Instant::now();
     let mut seq = 0;
@@ -261,7 +277,7 @@ async fn run_on<D: Driver>(raw: &Arc<D>, work: &Work) -> CliResult<Figures> {
     while consumed < work.messages {
         let n = raw.consume(work.fetch_size, &ignore).await?;
         if n == 0 {
-            return Err(CliError::runtime("raw benchmark: rows went missing"));
+            return Err(RawError::failed("raw benchmark: rows went missing"));
         }
         consumed += n as u64;
     }
@@ -292,7 +308,7 @@ async fn run_on<D: Driver>(raw: &Arc<D>, work: &Work) -> CliResult<Figures> {
             Ok(Some(_)) => samples.push(sent.elapsed()),
             _ => {
                 consumer.abort();
-                return Err(CliError::runtime(
+                return Err(RawError::failed(
                     "raw benchmark: a latency sample took over 30 s",
                 ));
             }
@@ -309,12 +325,14 @@ async fn run_on<D: Driver>(raw: &Arc<D>, work: &Work) -> CliResult<Figures> {
 }
 
 #[cfg(feature = "amqp")]
-pub(crate) mod amqp;
+pub mod amqp;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "postgres")]
-pub(crate) mod postgres;
+pub mod postgres;
 #[cfg(feature = "redis")]
-pub(crate) mod redis_streams;
+pub mod redis_streams;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub mod runs;
 #[cfg(feature = "sqlite")]
 mod sqlite;

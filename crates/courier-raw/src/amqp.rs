@@ -19,7 +19,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use super::{Driver, OnHandled, decode};
-use crate::error::{CliError, CliResult};
+use crate::error::{RawError, RawResult};
 
 /// How long `consume` waits for the first delivery (the transport's poll window).
 const POLL_WINDOW: Duration = Duration::from_secs(1);
@@ -36,11 +36,11 @@ pub(crate) struct Raw {
     properties: BasicProperties,
 }
 
-fn err(e: lapin::Error) -> CliError {
-    CliError::runtime(format!("raw amqp benchmark: {e}"))
+fn err(e: lapin::Error) -> RawError {
+    RawError::failed(format!("raw amqp benchmark: {e}"))
 }
 
-async fn connect(dsn: &Dsn) -> CliResult<Connection> {
+async fn connect(dsn: &Dsn) -> RawResult<Connection> {
     let props =
         ConnectionProperties::default().with_connection_name(LongString::from("courier:bench_raw"));
     Connection::connect(dsn.expose_without_query(), props)
@@ -52,7 +52,7 @@ impl Raw {
     /// Declares a durable fanout exchange and a durable classic queue (version
     /// `CLASSIC_QUEUE_VERSION`) bound to it, and opens the
     /// publishing channel with confirms on; the consumer will use `basic.qos(fetch_size)`.
-    pub(super) async fn connect(dsn: &Dsn, fetch_size: usize) -> CliResult<Self> {
+    pub(super) async fn connect(dsn: &Dsn, fetch_size: usize) -> RawResult<Self> {
         let connection = connect(dsn).await?;
         let name = format!("bench_raw_{}", fastrand::u32(..));
         let setup = connection.create_channel().await.map_err(err)?;
@@ -69,11 +69,11 @@ impl Raw {
             )
             .await
             .map_err(err)?;
-        // The same kind of queue the Courier side declares (`bench::isolate`).
+        // The same kind of queue the Courier side declares (courier-cli's `bench::isolate`).
         let mut arguments = FieldTable::default();
         arguments.insert(
             ShortString::from("x-queue-version"),
-            AMQPValue::LongLongInt(crate::commands::bench::CLASSIC_QUEUE_VERSION),
+            AMQPValue::LongLongInt(crate::CLASSIC_QUEUE_VERSION),
         );
         setup
             .queue_declare(
@@ -119,7 +119,7 @@ impl Raw {
     }
 
     /// Opens a consuming channel: `basic.qos(prefetch)`, `basic.consume` on the queue.
-    async fn open_consumer(&self) -> CliResult<(Channel, Consumer)> {
+    async fn open_consumer(&self) -> RawResult<(Channel, Consumer)> {
         let channel = self.connection.create_channel().await.map_err(err)?;
         channel
             .basic_qos(self.prefetch, BasicQosOptions::default())
@@ -139,7 +139,7 @@ impl Raw {
 
     /// The latency floor's consumer: the broker pushes, each delivery is decoded, reported and
     /// acked on its own.
-    pub(super) async fn push(&self, handled: super::Handled) -> CliResult<JoinHandle<()>> {
+    pub(super) async fn push(&self, handled: super::Handled) -> RawResult<JoinHandle<()>> {
         let (channel, mut consumer) = self.open_consumer().await?;
         Ok(tokio::spawn(async move {
             while let Some(Ok(delivery)) = consumer.next().await {
@@ -164,7 +164,7 @@ impl Raw {
 #[courier_core::async_trait]
 impl Driver for Raw {
     /// Publishes every body (persistent, mandatory), then waits for all their confirms.
-    async fn send(&self, bodies: &[String]) -> CliResult {
+    async fn send(&self, bodies: &[String]) -> RawResult {
         let mut confirms = Vec::with_capacity(bodies.len());
         for body in bodies {
             let properties = self
@@ -190,13 +190,13 @@ impl Driver for Raw {
         for confirm in confirms {
             match confirm.await.map_err(err)? {
                 Confirmation::Nack(_) => {
-                    return Err(CliError::runtime(
+                    return Err(RawError::failed(
                         "raw amqp benchmark: the broker refused a message (basic.nack)",
                     ));
                 }
                 c => {
                     if c.take_message().is_some() {
-                        return Err(CliError::runtime(
+                        return Err(RawError::failed(
                             "raw amqp benchmark: a message was unroutable",
                         ));
                     }
@@ -208,7 +208,7 @@ impl Driver for Raw {
 
     /// Takes the deliveries already pushed, up to `max` (waiting up to 1 s for the first),
     /// decodes them and acks them with one `basic.ack(multiple)`.
-    async fn consume(&self, max: usize, on: OnHandled<'_>) -> CliResult<usize> {
+    async fn consume(&self, max: usize, on: OnHandled<'_>) -> RawResult<usize> {
         let mut guard = self.consumer.lock().await;
         if guard.is_none() {
             *guard = Some(self.open_consumer().await?);
@@ -219,7 +219,7 @@ impl Driver for Raw {
         let first = match tokio::time::timeout(POLL_WINDOW, consumer.next()).await {
             Ok(Some(Ok(delivery))) => delivery,
             Ok(Some(Err(e))) => return Err(err(e)),
-            Ok(None) => return Err(CliError::runtime("raw amqp benchmark: consumer cancelled")),
+            Ok(None) => return Err(RawError::failed("raw amqp benchmark: consumer cancelled")),
             Err(_) => return Ok(0),
         };
         on(decode(&first.data, "amqp")?);
@@ -270,7 +270,7 @@ impl Driver for Raw {
 
 /// Deletes these queues and exchanges (what the Courier side of the benchmark declared), on a
 /// connection of its own; failures are ignored (nothing to delete, broker gone).
-pub(crate) async fn delete(dsn: &Dsn, queues: &[&str], exchanges: &[&str]) {
+pub async fn delete(dsn: &Dsn, queues: &[&str], exchanges: &[&str]) {
     let Ok(connection) = connect(dsn).await else {
         return;
     };

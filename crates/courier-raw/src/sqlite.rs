@@ -10,7 +10,7 @@ use sqlx::sqlite::{
 };
 
 use super::{Driver, OnHandled, decode};
-use crate::error::{CliError, CliResult};
+use crate::error::{RawError, RawResult};
 
 const NOW: &str = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";
 const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
@@ -23,12 +23,12 @@ pub(super) struct Raw {
     claim: String,
 }
 
-fn err(e: sqlx::Error) -> CliError {
-    CliError::runtime(format!("raw sqlite benchmark: {e}"))
+fn err(e: sqlx::Error) -> RawError {
+    RawError::failed(format!("raw sqlite benchmark: {e}"))
 }
 
 impl Raw {
-    pub(super) async fn connect(dsn: &Dsn, fetch_size: usize) -> CliResult<Self> {
+    pub(super) async fn connect(dsn: &Dsn, fetch_size: usize) -> RawResult<Self> {
         let url = dsn.expose_without_query();
         let options = SqliteConnectOptions::from_str(url)
             .map_err(err)?
@@ -73,7 +73,7 @@ impl Raw {
 
 #[courier_core::async_trait]
 impl Driver for Raw {
-    async fn send(&self, bodies: &[String]) -> CliResult {
+    async fn send(&self, bodies: &[String]) -> RawResult {
         let mut q = sqlx::query(&self.insert[bodies.len() - 1]);
         for body in bodies {
             q = q.bind(&self.queue).bind(body).bind(HEADERS);
@@ -82,7 +82,7 @@ impl Driver for Raw {
         Ok(())
     }
 
-    async fn consume(&self, max: usize, on: OnHandled<'_>) -> CliResult<usize> {
+    async fn consume(&self, max: usize, on: OnHandled<'_>) -> RawResult<usize> {
         let delivery = i64::from(fastrand::u32(..));
         let rows = sqlx::query(&self.claim)
             .bind(delivery)

@@ -22,17 +22,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use courier_runs::Dialect;
-use courier_sql::PoolSettings;
+use courier_sql::{Dialect, PoolSettings};
 
-use crate::error::{CliError, CliResult, chain};
+use crate::error::{RawError, RawResult, chain};
 
 /// Statements and round trips per run of each phase, for a run of `steps` steps.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct RawCost {
-    pub(super) submit_statements: f64,
-    pub(super) execute_statements: f64,
-    pub(super) round_trips: f64,
+pub struct RawCost {
+    /// Statements per run of the submit phase.
+    pub submit_statements: f64,
+    /// Statements per run of the execute phase.
+    pub execute_statements: f64,
+    /// Round trips per run, both phases.
+    pub round_trips: f64,
 }
 
 impl RawCost {
@@ -54,8 +56,8 @@ impl RawCost {
     }
 }
 
-fn failed(what: &str) -> impl FnOnce(sqlx::Error) -> CliError + '_ {
-    move |e| CliError::runtime(format!("raw runs loop: {what}: {}", chain(&e)))
+fn failed(what: &str) -> impl FnOnce(sqlx::Error) -> RawError + '_ {
+    move |e| RawError::failed(format!("raw runs loop: {what}: {}", chain(&e)))
 }
 
 /// The tables and statements of one dialect.
@@ -154,14 +156,15 @@ const LEASE_MS: i64 = 30_000;
 /// The raw loop on one sqlx driver.
 macro_rules! raw_runs {
     ($name:ident, $db:ty) => {
-        pub(super) struct $name {
+        /// The raw loop on one sqlx driver: its pool and its statements.
+        pub struct $name {
             pool: sqlx::Pool<$db>,
             sql: Sql,
             mysql: bool,
         }
 
         impl $name {
-            async fn submit(&self, id: &str) -> CliResult {
+            async fn submit(&self, id: &str) -> RawResult {
                 let mut tx = self.pool.begin().await.map_err(failed("begin"))?;
                 sqlx::query(&self.sql.insert_run)
                     .bind(id)
@@ -177,7 +180,7 @@ macro_rules! raw_runs {
             }
 
             /// One message claimed under `delivery`: `(message id, run id)`.
-            async fn claim_message(&self, delivery: &str) -> CliResult<Option<(i64, String)>> {
+            async fn claim_message(&self, delivery: &str) -> RawResult<Option<(i64, String)>> {
                 use sqlx::Row as _;
                 if !self.mysql {
                     let row = sqlx::query(&self.sql.claim_message)
@@ -215,7 +218,7 @@ macro_rules! raw_runs {
             }
 
             /// Claims, steps and settles the run of a claimed message, then deletes it.
-            async fn execute(&self, me: &str, message: i64, run: &str, steps: u64) -> CliResult {
+            async fn execute(&self, me: &str, message: i64, run: &str, steps: u64) -> RawResult {
                 let claimed = sqlx::query(&self.sql.claim_run)
                     .bind(me)
                     .bind(LEASE_MS)
@@ -234,7 +237,7 @@ macro_rules! raw_runs {
                             .await
                             .map_err(failed("renew a lease"))?;
                         if renewed.rows_affected() != 1 {
-                            return Err(CliError::runtime("raw runs loop: a run's lease was lost"));
+                            return Err(RawError::failed("raw runs loop: a run's lease was lost"));
                         }
                         sqlx::query(&self.sql.insert_step)
                             .bind(run)
@@ -254,7 +257,7 @@ macro_rules! raw_runs {
                         .await
                         .map_err(failed("settle a run"))?;
                     if settled.rows_affected() != 1 {
-                        return Err(CliError::runtime("raw runs loop: a settle matched no run"));
+                        return Err(RawError::failed("raw runs loop: a settle matched no run"));
                     }
                 }
                 sqlx::query(&self.sql.delete_message)
@@ -279,11 +282,14 @@ raw_runs!(RawPostgres, sqlx::Postgres);
 raw_runs!(RawMysql, sqlx::MySql);
 
 /// The raw loop on the dialect of the bench's database.
-pub(super) enum RawRuns {
+pub enum RawRuns {
+    /// On SQLite.
     #[cfg(feature = "sqlite")]
     Sqlite(RawSqlite),
+    /// On PostgreSQL.
     #[cfg(feature = "postgres")]
     Postgres(RawPostgres),
+    /// On MySQL or MariaDB.
     #[cfg(feature = "mysql")]
     Mysql(RawMysql),
 }
@@ -304,12 +310,12 @@ macro_rules! on_driver {
 
 impl RawRuns {
     /// Its tables on `dsn`, with a pool of `connections` (one on SQLite).
-    pub(super) async fn connect(
+    pub async fn connect(
         dsn: &str,
         dialect: Dialect,
         prefix: &str,
         connections: u32,
-    ) -> CliResult<Self> {
+    ) -> RawResult<Self> {
         let settings = PoolSettings {
             max_connections: Some(if dialect == Dialect::Sqlite {
                 1
@@ -319,7 +325,7 @@ impl RawRuns {
             ..PoolSettings::default()
         };
         let connect = |e: sqlx::Error| {
-            CliError::runtime(format!("raw runs loop: cannot connect: {}", chain(&e)))
+            RawError::failed(format!("raw runs loop: cannot connect: {}", chain(&e)))
         };
         let sql = Sql::new(dialect, prefix);
         let raw = match dialect {
@@ -352,7 +358,7 @@ impl RawRuns {
             #[allow(unreachable_patterns, reason = "every dialect's feature may be on")]
             _ => {
                 let _ = (dsn, settings, connect, sql);
-                return Err(CliError::usage(
+                return Err(RawError::unsupported(
                     "--runs: this binary lacks the driver of --dsn",
                 ));
             }
@@ -362,7 +368,7 @@ impl RawRuns {
                 on_driver!(&raw, r => sqlx::query(ddl).execute(&r.pool).await.map(|_| ()))
                     .map_err(failed("create its tables"))?;
             }
-            Ok::<_, CliError>(())
+            Ok::<_, RawError>(())
         };
         if let Err(e) = created.await {
             raw.drop_tables().await;
@@ -376,7 +382,7 @@ impl RawRuns {
     }
 
     /// What a run costs the raw loop.
-    pub(super) fn cost(&self, steps: u64) -> RawCost {
+    pub fn cost(&self, steps: u64) -> RawCost {
         let dialect = match self {
             #[cfg(feature = "sqlite")]
             Self::Sqlite(_) => Dialect::Sqlite,
@@ -389,7 +395,7 @@ impl RawRuns {
     }
 
     /// Submits `runs` runs one at a time; the time it took.
-    pub(super) async fn submit(&self, runs: u64) -> CliResult<Duration> {
+    pub async fn submit(&self, runs: u64) -> RawResult<Duration> {
         let started = Instant::now();
         for _ in 0..runs {
             let id = uuid::Uuid::new_v4().to_string();
@@ -399,13 +405,13 @@ impl RawRuns {
     }
 
     /// Executes every submitted run with `tasks` concurrent loops; the time it took.
-    pub(super) async fn execute(
+    pub async fn execute(
         self: &Arc<Self>,
         runs: u64,
         tasks: usize,
         steps: u64,
         stall: Duration,
-    ) -> CliResult<Duration> {
+    ) -> RawResult<Duration> {
         let done = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let handles: Vec<_> = (0..tasks.max(1))
@@ -422,7 +428,7 @@ impl RawRuns {
         for handle in handles {
             let result = handle
                 .await
-                .unwrap_or_else(|e| Err(CliError::runtime(format!("raw runs loop: {e}"))));
+                .unwrap_or_else(|e| Err(RawError::failed(format!("raw runs loop: {e}"))));
             if let Err(e) = result {
                 first_error.get_or_insert(e);
             }
@@ -440,14 +446,14 @@ impl RawRuns {
         steps: u64,
         done: &AtomicU64,
         stall: Duration,
-    ) -> CliResult {
+    ) -> RawResult {
         let mut idle_since: Option<Instant> = None;
         while done.load(Ordering::Acquire) < runs {
             let claimed = on_driver!(self, r => r.claim_message(me).await)?;
             let Some((message, run)) = claimed else {
                 let since = *idle_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > stall {
-                    return Err(CliError::runtime(format!(
+                    return Err(RawError::failed(format!(
                         "raw runs loop: {} of {runs} runs finished, then none for {stall:?}",
                         done.load(Ordering::Acquire)
                     )));
@@ -463,7 +469,7 @@ impl RawRuns {
     }
 
     /// Drops its tables.
-    pub(super) async fn drop_tables(&self) {
+    pub async fn drop_tables(&self) {
         for sql in &self.sql().drop {
             let _ = on_driver!(self, r => sqlx::query(sql).execute(&r.pool).await.map(|_| ()));
         }

@@ -8,7 +8,7 @@ use redis::{AsyncConnectionConfig, Value};
 use tokio::task::JoinHandle;
 
 use super::{Driver, OnHandled, decode};
-use crate::error::{CliError, CliResult};
+use crate::error::{RawError, RawResult};
 
 const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
 const GROUP: &str = "courier";
@@ -22,8 +22,8 @@ pub(crate) struct Raw {
     stream: String,
 }
 
-fn err(e: redis::RedisError) -> CliError {
-    CliError::runtime(format!("raw redis benchmark: {e}"))
+fn err(e: redis::RedisError) -> RawError {
+    RawError::failed(format!("raw redis benchmark: {e}"))
 }
 
 impl Raw {
@@ -35,7 +35,7 @@ impl Raw {
         max: usize,
         block: Option<Duration>,
         on: OnHandled<'_>,
-    ) -> CliResult<usize> {
+    ) -> RawResult<usize> {
         let mut read = redis::cmd("XREADGROUP");
         read.arg("GROUP")
             .arg(GROUP)
@@ -78,7 +78,7 @@ impl Raw {
         self: &std::sync::Arc<Self>,
         fetch_size: usize,
         handled: super::Handled,
-    ) -> CliResult<JoinHandle<()>> {
+    ) -> RawResult<JoinHandle<()>> {
         let config = AsyncConnectionConfig::new().set_response_timeout(Some(BLOCK * 5));
         let mut conn = self
             .client
@@ -99,7 +99,7 @@ impl Raw {
         }))
     }
 
-    pub(super) async fn connect(dsn: &Dsn) -> CliResult<Self> {
+    pub(super) async fn connect(dsn: &Dsn) -> RawResult<Self> {
         let client = redis::Client::open(dsn.expose_without_query()).map_err(err)?;
         let mut conn = client
             .get_multiplexed_async_connection()
@@ -154,7 +154,7 @@ fn entries(reply: &Value) -> Vec<(&[u8], &[u8])> {
 
 #[courier_core::async_trait]
 impl Driver for Raw {
-    async fn send(&self, bodies: &[String]) -> CliResult {
+    async fn send(&self, bodies: &[String]) -> RawResult {
         let mut pipe = redis::pipe();
         for body in bodies {
             pipe.cmd("XADD")
@@ -170,7 +170,7 @@ impl Driver for Raw {
         pipe.query_async::<()>(&mut conn).await.map_err(err)
     }
 
-    async fn consume(&self, max: usize, on: OnHandled<'_>) -> CliResult<usize> {
+    async fn consume(&self, max: usize, on: OnHandled<'_>) -> RawResult<usize> {
         self.read(&mut self.conn.clone(), max, None, on).await
     }
 
@@ -185,7 +185,7 @@ impl Driver for Raw {
 
 /// Deletes these keys (what the Courier side of the benchmark created) on a connection of its
 /// own; failures are ignored.
-pub(crate) async fn delete(dsn: &Dsn, keys: &[&str]) {
+pub async fn delete(dsn: &Dsn, keys: &[&str]) {
     let Ok(client) = redis::Client::open(dsn.expose_without_query()) else {
         return;
     };

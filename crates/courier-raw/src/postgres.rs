@@ -10,7 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::task::JoinHandle;
 
 use super::{Driver, OnHandled, decode};
-use crate::error::{CliError, CliResult};
+use crate::error::{RawError, RawResult};
 
 const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
@@ -25,14 +25,14 @@ pub(super) struct Raw {
     delete: String,
 }
 
-fn err(e: sqlx::Error) -> CliError {
-    CliError::runtime(format!("raw postgres benchmark: {e}"))
+fn err(e: sqlx::Error) -> RawError {
+    RawError::failed(format!("raw postgres benchmark: {e}"))
 }
 
 impl Raw {
     /// A pool of its own on `dsn`'s table, a queue of its own; with `notify`, every insert
     /// also notifies that channel in the same statement.
-    pub(super) async fn connect(dsn: &Dsn, notify: Option<String>) -> CliResult<Self> {
+    pub(super) async fn connect(dsn: &Dsn, notify: Option<String>) -> RawResult<Self> {
         let options = PgConnectOptions::from_str(dsn.expose_without_query()).map_err(err)?;
         // No ping per acquire, like the transport's pool (a ping is a round trip per statement).
         let pool = PgPoolOptions::new()
@@ -75,7 +75,7 @@ impl Raw {
 impl Raw {
     /// A queue of its own on `dsn` holding `messages` bodies, then the table `VACUUM ANALYZE`d:
     /// as a relay's planner sees it at best, analyzed, without earlier dead rows.
-    async fn filled(dsn: &Dsn, messages: u64, body: &str) -> CliResult<Self> {
+    async fn filled(dsn: &Dsn, messages: u64, body: &str) -> RawResult<Self> {
         let raw = Self::connect(dsn, None).await?;
         let t = dsn.option("table_name").unwrap_or("courier_messages");
         let bodies: Vec<String> = (0..500).map(|_| body.to_owned()).collect();
@@ -95,7 +95,7 @@ impl Raw {
 
 #[courier_core::async_trait]
 impl Driver for Raw {
-    async fn send(&self, bodies: &[String]) -> CliResult {
+    async fn send(&self, bodies: &[String]) -> RawResult {
         let mut q = sqlx::query(&self.insert)
             .bind(&self.queue)
             .bind(bodies)
@@ -107,7 +107,7 @@ impl Driver for Raw {
         Ok(())
     }
 
-    async fn consume(&self, max: usize, on: OnHandled<'_>) -> CliResult<usize> {
+    async fn consume(&self, max: usize, on: OnHandled<'_>) -> RawResult<usize> {
         let delivery = i64::from(fastrand::u32(..));
         let rows = sqlx::query(&self.claim)
             .bind(&self.queue)
@@ -141,7 +141,7 @@ pub(super) async fn listen(
     channel: String,
     fetch_size: usize,
     handled: super::Handled,
-) -> CliResult<JoinHandle<()>> {
+) -> RawResult<JoinHandle<()>> {
     let mut listener = PgListener::connect_with(&raw.pool).await.map_err(err)?;
     listener.listen(&channel).await.map_err(err)?;
     Ok(tokio::spawn(async move {
@@ -193,7 +193,7 @@ async fn housekeeping(dsn: &Dsn) -> Option<(sqlx::PgConnection, &str)> {
 
 /// Deletes the cursor of the benchmark's own cursor outbox (`cursor=true`), which the relay
 /// leaves behind in `<table>_cursors` (its rows are gone). Best effort.
-pub(crate) async fn forget_cursor(dsn: &Dsn) {
+pub async fn forget_cursor(dsn: &Dsn) {
     let Some(queue) = dsn.option("queue_name") else {
         return;
     };
@@ -215,12 +215,7 @@ pub(crate) async fn forget_cursor(dsn: &Dsn) {
 /// the same statements and more (the rows travel, each batch is held until the destination
 /// confirmed, then committed, decoded and re-encoded); what it reaches beyond this figure is
 /// the cost of that rest.
-pub(crate) async fn drain_rate(
-    dsn: &Dsn,
-    messages: u64,
-    batch: usize,
-    body: &str,
-) -> CliResult<f64> {
+pub async fn drain_rate(dsn: &Dsn, messages: u64, batch: usize, body: &str) -> RawResult<f64> {
     let raw = Raw::filled(dsn, messages, body).await?;
     let t = dsn.option("table_name").unwrap_or("courier_messages");
     let mut conn = raw.pool.acquire().await.map_err(err)?;
@@ -248,7 +243,7 @@ pub(crate) async fn drain_rate(
                     .parse::<f64>()
                     .ok()
             })
-            .ok_or_else(|| CliError::runtime("raw postgres drain: no execution time"))?;
+            .ok_or_else(|| RawError::failed("raw postgres drain: no execution time"))?;
     }
     let (left,): (i64,) =
         sqlx::query_as(&format!("SELECT COUNT(*) FROM {t} WHERE queue_name = $1"))
@@ -259,11 +254,11 @@ pub(crate) async fn drain_rate(
     drop(conn);
     raw.pool.close().await;
     if left != 0 {
-        return Err(CliError::runtime(format!(
+        return Err(RawError::failed(format!(
             "raw postgres drain: {left} rows left after the drain"
         )));
     }
-    Ok(crate::commands::bench::per_second(
+    Ok(crate::figures::per_second(
         messages,
         Duration::from_secs_f64(server_ms / 1000.0),
     ))
@@ -275,7 +270,7 @@ pub(crate) async fn drain_rate(
 /// UPDATE SKIP LOCKED`, in the outbox's order), `XADD` each in one pipeline (its replies are
 /// the confirmations), then commit; again until the outbox is empty. Nothing overlaps.
 #[cfg(feature = "redis")]
-pub(crate) struct RawRelay {
+pub struct RawRelay {
     raw: Raw,
     redis: redis::aio::MultiplexedConnection,
     stream: String,
@@ -287,8 +282,8 @@ pub(crate) struct RawRelay {
 impl RawRelay {
     /// Fills an outbox queue of its own on `from` with `messages` bodies (untimed), then
     /// `VACUUM ANALYZE`s the table, and opens a connection to `to` for a stream of its own.
-    pub(crate) async fn fill(from: &Dsn, to: &Dsn, messages: u64, body: &str) -> CliResult<Self> {
-        let redis_err = |e: redis::RedisError| CliError::runtime(format!("raw relay: {e}"));
+    pub async fn fill(from: &Dsn, to: &Dsn, messages: u64, body: &str) -> RawResult<Self> {
+        let redis_err = |e: redis::RedisError| RawError::failed(format!("raw relay: {e}"));
         let raw = Raw::filled(from, messages, body).await?;
         let t = from.option("table_name").unwrap_or("courier_messages");
         let client = redis::Client::open(to.expose_without_query()).map_err(redis_err)?;
@@ -312,8 +307,8 @@ impl RawRelay {
     }
 
     /// Relays the whole outbox, `batch` rows at a time (the part to time).
-    pub(crate) async fn run(&mut self, batch: usize) -> CliResult {
-        let redis_err = |e: redis::RedisError| CliError::runtime(format!("raw relay: {e}"));
+    pub async fn run(&mut self, batch: usize) -> RawResult {
+        let redis_err = |e: redis::RedisError| RawError::failed(format!("raw relay: {e}"));
         let mut left = self.messages;
         while left > 0 {
             let mut tx = self
@@ -329,7 +324,7 @@ impl RawRelay {
                 .await
                 .map_err(err)?;
             if rows.is_empty() {
-                return Err(CliError::runtime(format!(
+                return Err(RawError::failed(format!(
                     "raw relay: the outbox ran out with {left} messages still to relay"
                 )));
             }
@@ -356,7 +351,7 @@ impl RawRelay {
             let confirmed: Vec<String> =
                 pipe.query_async(&mut self.redis).await.map_err(redis_err)?;
             if confirmed.len() != taken.len() {
-                return Err(CliError::runtime("raw relay: an XADD went unconfirmed"));
+                return Err(RawError::failed("raw relay: an XADD went unconfirmed"));
             }
             tx.commit().await.map_err(err)?;
             left = left.saturating_sub(taken.len() as u64);
@@ -365,7 +360,7 @@ impl RawRelay {
     }
 
     /// Removes the stream it filled.
-    pub(crate) async fn cleanup(mut self) {
+    pub async fn cleanup(mut self) {
         let _: Result<(), _> = redis::cmd("DEL")
             .arg(&self.stream)
             .query_async(&mut self.redis)
