@@ -14,10 +14,6 @@ const BEING_SPLIT: &[&str] = &[
     "crates/courier-sql/src/messages.rs",
     // The Redis transport: the flow-control work lands there.
     "crates/courier-redis/src/transport.rs",
-    // The run layer: its throughput work lands there.
-    "crates/courier-runs/src/runtime.rs",
-    "crates/courier-runs/src/store/sql/engine.rs",
-    "crates/courier-runs/src/store/memory.rs",
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

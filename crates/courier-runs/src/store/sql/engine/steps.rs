@@ -10,7 +10,8 @@ use std::time::Duration;
 use courier_sql::Dialect;
 use uuid::Uuid;
 
-use super::{RunDialect, Runs, column, db, in_flight, limit, rows_error};
+use super::row::{column, rows_error};
+use super::{RunDialect, Runs, db, in_flight, limit};
 use crate::RunStatus;
 use crate::step::{JournalMode, StepRecord, StepStatus, StepWrite, Usage};
 use crate::store::{Run, StoreError, lease_ms};
