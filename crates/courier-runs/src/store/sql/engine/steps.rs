@@ -36,6 +36,8 @@ pub(in crate::store::sql) struct StepQueries {
     cte: Option<[[String; 2]; 4]>,
     /// SQLite: the row's write (guarded by the run's row) and the renew, in one transaction
     /// sent as one script, per [`variant`] and mode: one round trip to the connection's thread.
+    /// (Read by the combiner, which only SQLite has.)
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     script: Option<[[String; 2]; 4]>,
     steps: String,
     suspend_owned: String,
