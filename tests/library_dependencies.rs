@@ -2,7 +2,8 @@
 //! pulls neither the command line's dependencies (clap, tracing-subscriber, the Prometheus
 //! exporter) nor the dashboard's (axum, maud) nor the binary's C allocator (mimalloc), nor
 //! OpenTelemetry without `otel`, and tokio gets no signal, process or multi-threaded runtime code
-//! from Courier. The `courier` binary and all of those are the `courier-cli` package's.
+//! from Courier. The `courier` binary and all of those are the `courier-cli` package's. The run
+//! layer alone (`courier-runs` without default features: the memory store) pulls no SQL.
 //!
 //! Runs `cargo tree --locked --offline` on this workspace, so it needs no network and fails when
 //! the lock file would have to change.
@@ -145,5 +146,28 @@ fn opentelemetry_comes_only_with_the_otel_feature() {
     // tracing-subscriber comes with it (tracing-opentelemetry is a layer of its registry).
     for name in ["clap", "mimalloc", "courier-cli"] {
         assert!(!deps.contains(name), "`otel` pulls {name}");
+    }
+}
+
+#[test]
+fn the_run_layer_without_default_features_has_no_sql_store() {
+    let is_sql = |name: &String| name.starts_with("sqlx") || name == "courier-sql";
+    let deps = names(&cargo_tree_of(
+        "courier-runs",
+        &["-e", "normal", "--no-default-features"],
+    ));
+    assert!(deps.contains("courier-core"), "{deps:?}");
+    let sql: Vec<_> = deps.iter().filter(|n| is_sql(n)).collect();
+    assert!(
+        sql.is_empty(),
+        "courier-runs without default features pulls {sql:?}"
+    );
+    // Its default (`sqlite`) brings the SQL store.
+    let deps = names(&cargo_tree_of("courier-runs", &["-e", "normal"]));
+    for name in ["courier-sql", "sqlx", "sqlx-sqlite"] {
+        assert!(
+            deps.contains(name),
+            "{name} missing from courier-runs: {deps:?}"
+        );
     }
 }

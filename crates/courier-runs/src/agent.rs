@@ -1,6 +1,8 @@
 //! The [`Agent`] trait users implement, and the [`RunContext`] whose `checkpoint` is the step
 //! boundary.
 
+pub(crate) mod journal;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -292,8 +294,8 @@ pub struct RunContext {
     pub(crate) approved: bool,
     /// The input given to resume a run that was waiting for it.
     pub(crate) provided: Option<serde_json::Value>,
-    /// The step journal and the budget (see `journal.rs`).
-    pub(crate) journal: crate::journal::Journal,
+    /// The step journal and the budget (see `agent/journal.rs`).
+    pub(crate) journal: journal::Journal,
 }
 
 impl std::fmt::Debug for RunContext {

@@ -97,7 +97,7 @@ impl Default for RunsConfig {
             redispatch_after: None,
             step_timeout: None,
             retention: None,
-            max_step_result: crate::journal::DEFAULT_MAX_STEP_RESULT,
+            max_step_result: crate::DEFAULT_MAX_STEP_RESULT,
             auto_setup: true,
         }
     }

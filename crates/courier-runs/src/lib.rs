@@ -27,7 +27,9 @@
 //!
 //! Stores: [`MemoryRunStore`] (tests, on tokio's pausable clock) and [`SqlRunStore`] over sqlx's
 //! runtime queries, tested against SQLite (bundled, WAL), PostgreSQL 15 and MariaDB 10.11 (crate
-//! features `sqlite` (default), `postgres`, `mysql`). Every transition is one guarded statement
+//! features `sqlite` (default), `postgres`, `mysql`, each turning on `sql`, the SQL store and its
+//! dependencies: without it, as with `default-features = false`, neither sqlx nor courier-sql is
+//! compiled). Every transition is one guarded statement
 //! judged by rows matched (sqlx's MySQL driver always connects with `CLIENT_FOUND_ROWS`), with
 //! "now" read from the database clock; tables and indexes are in `migrations/runs/*/0002_courier_runs.sql`
 //! and `0003_courier_runs_due_at.sql`. [`RunStore::setup`] is safe when several workers start at
@@ -68,25 +70,24 @@ mod classify;
 mod config;
 mod handler;
 mod identity;
-mod journal;
 mod message;
 mod reaper;
-mod recovery;
 mod runtime;
 mod scripted;
 mod signal_message;
 mod status;
 mod step;
 mod store;
+mod unknown_name;
 mod watch;
 
+pub use agent::journal::DEFAULT_MAX_STEP_RESULT;
 pub use agent::{Agent, AgentError, AgentOutcome, RunContext, RunObserver, Step, StepError};
 pub use classify::{FailureClass, ProviderError, classify};
 pub use config::{BackoffConfig, MIN_LEASE, MIN_REDISPATCH_AFTER, RunsConfig, RunsConfigError};
 pub use courier_core::{Backoff, Jitter};
 pub use handler::RunAgentHandler;
 pub use identity::{new_worker_identity, worker_identity};
-pub use journal::DEFAULT_MAX_STEP_RESULT;
 pub use message::RunAgent;
 pub use reaper::{
     DEFAULT_REDISPATCH_AFTER, ManualRequeue, PRUNABLE, ReapOptions, ReapReport, Reaper,
@@ -96,16 +97,19 @@ pub use runtime::{
 };
 pub use scripted::ScriptedAgent;
 pub use signal_message::{RunSignal, RunSignalHandler};
-pub use status::{Outcome, RunStatus, TerminationReason, UnknownName};
+pub use status::{Outcome, RunStatus, TerminationReason};
 pub use step::{
     Budget, Effect, JournalMode, OnAmbiguous, Resolution, Signal, StepRecord, StepScope,
     StepStatus, StepWrite, Usage,
 };
+#[cfg(feature = "sql")]
+pub use store::{Dialect, MIGRATIONS, SqlRunStore, SqlRunStoreOptions};
 pub use store::{
-    Dialect, Enqueued, Inserted, InvalidCursor, InvalidUnique, MIGRATIONS, MemoryRunStore, NewRun,
-    PageFrom, Run, RunCursor, RunEvent, RunPageQuery, RunProbe, RunStore, Settlement, SqlRunStore,
-    SqlRunStoreOptions, StoreError, UniqueKey, rfc3339_ms,
+    Enqueued, Inserted, InvalidCursor, InvalidUnique, MemoryRunStore, NewRun, PageFrom, Run,
+    RunCursor, RunEvent, RunPageQuery, RunProbe, RunStore, Settlement, StoreError, UniqueKey,
+    rfc3339_ms,
 };
+pub use unknown_name::UnknownName;
 
 /// Re-exported for implementing [`Agent`].
 pub use async_trait::async_trait;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::FailureClass;
+use crate::{FailureClass, UnknownName};
 
 /// The status of a run, as stored in `courier_runs.status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -78,16 +78,6 @@ impl fmt::Display for RunStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-/// A stored name that is not a known status or reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} `{value}`")]
-pub struct UnknownName {
-    /// What was parsed ("status", "termination reason", "failure class").
-    pub what: &'static str,
-    /// The unknown value.
-    pub value: String,
 }
 
 impl FromStr for RunStatus {

@@ -3,6 +3,7 @@
 mod json;
 mod memory;
 mod page;
+#[cfg(feature = "sql")]
 mod sql;
 mod unique;
 
@@ -18,6 +19,7 @@ use crate::{FailureClass, RunStatus, TerminationReason};
 pub use json::rfc3339_ms;
 pub use memory::MemoryRunStore;
 pub use page::{InvalidCursor, PageFrom, RunCursor, RunPageQuery};
+#[cfg(feature = "sql")]
 pub use sql::{Dialect, MIGRATIONS, SqlRunStore, SqlRunStoreOptions};
 pub use unique::{Enqueued, Inserted, InvalidUnique, UniqueKey};
 
@@ -189,9 +191,7 @@ impl StoreError {
     #[must_use]
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Database { source, .. } => source
-                .downcast_ref::<sqlx::Error>()
-                .is_some_and(sqlx_is_transient),
+            Self::Database { source, .. } => is_transient_source(source),
             Self::Corrupt(_) | Self::UnsupportedDsn(_) | Self::DuplicateSequence { .. } => false,
         }
     }
@@ -202,15 +202,42 @@ impl StoreError {
     pub fn is_config(&self) -> bool {
         match self {
             Self::UnsupportedDsn(_) => true,
-            Self::Database { source, .. } => matches!(
-                source.downcast_ref::<sqlx::Error>(),
-                Some(sqlx::Error::Configuration(_))
-            ),
+            Self::Database { source, .. } => is_config_source(source),
             Self::Corrupt(_) | Self::DuplicateSequence { .. } => false,
         }
     }
 }
 
+/// Whether a database error's source is a transient driver error (without the SQL store there
+/// is no driver: none is).
+#[cfg(feature = "sql")]
+fn is_transient_source(source: &courier_core::BoxError) -> bool {
+    source
+        .downcast_ref::<sqlx::Error>()
+        .is_some_and(sqlx_is_transient)
+}
+
+#[cfg(not(feature = "sql"))]
+fn is_transient_source(_: &courier_core::BoxError) -> bool {
+    false
+}
+
+/// Whether a database error's source is the driver refusing its configuration (a DSN it cannot
+/// parse).
+#[cfg(feature = "sql")]
+fn is_config_source(source: &courier_core::BoxError) -> bool {
+    matches!(
+        source.downcast_ref::<sqlx::Error>(),
+        Some(sqlx::Error::Configuration(_))
+    )
+}
+
+#[cfg(not(feature = "sql"))]
+fn is_config_source(_: &courier_core::BoxError) -> bool {
+    false
+}
+
+#[cfg(feature = "sql")]
 fn sqlx_is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)

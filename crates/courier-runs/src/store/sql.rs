@@ -18,7 +18,6 @@ use super::{
 use crate::{RunStatus, TerminationReason};
 
 mod engine;
-mod listing;
 mod queries;
 
 pub use courier_sql::Dialect;

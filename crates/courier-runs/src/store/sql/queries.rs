@@ -21,8 +21,9 @@ pub(super) struct Queries {
     pub(super) insert_unique: String,
     pub(super) unique_holder: String,
     pub(super) find: String,
-    /// MySQL: the row a claim took, read back with whether it has journaled steps.
-    pub(super) find_claimed: String,
+    /// MySQL: the row a claim took, read back with whether it has journaled steps (None on the
+    /// other dialects, whose claim returns the row).
+    pub(super) find_claimed: Option<String>,
     pub(super) list_all: String,
     pub(super) list_status: String,
     pub(super) claim: String,
@@ -124,10 +125,12 @@ impl Queries {
                  started_at, updated_at) VALUES (?, ?, 'running', ?, ?, 0, 0, {now}, {now}, {now}){returning_run}",
             ),
             find: render("SELECT {cols} FROM {runs} WHERE id = ?"),
-            find_claimed: render(&format!(
-                "SELECT {{cols}}, CAST(CASE WHEN EXISTS (SELECT 1 FROM {runs}_steps WHERE run_id = {runs}.id) \
-                 THEN 1 ELSE 0 END AS SIGNED) AS has_steps FROM {{runs}} WHERE id = ?"
-            )),
+            find_claimed: (dialect == Dialect::Mysql).then(|| {
+                render(&format!(
+                    "SELECT {{cols}}, CAST(CASE WHEN EXISTS (SELECT 1 FROM {runs}_steps WHERE run_id = {runs}.id) \
+                     THEN 1 ELSE 0 END AS SIGNED) AS has_steps FROM {{runs}} WHERE id = ?"
+                ))
+            }),
             list_all: render("SELECT {cols} FROM {runs} ORDER BY created_at DESC, id DESC LIMIT ?"),
             list_status: render(
                 "SELECT {cols} FROM {runs} WHERE status = ? ORDER BY created_at DESC, id DESC LIMIT ?",

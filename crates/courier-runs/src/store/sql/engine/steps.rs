@@ -10,7 +10,8 @@ use std::time::Duration;
 use courier_sql::Dialect;
 use uuid::Uuid;
 
-use super::{RunDialect, Runs, column, db, in_flight, limit, rows_error};
+use super::row::{column, rows_error};
+use super::{RunDialect, Runs, db, in_flight, limit};
 use crate::RunStatus;
 use crate::step::{JournalMode, StepRecord, StepStatus, StepWrite, Usage};
 use crate::store::{Run, StoreError, lease_ms};
@@ -35,6 +36,8 @@ pub(in crate::store::sql) struct StepQueries {
     cte: Option<[[String; 2]; 4]>,
     /// SQLite: the row's write (guarded by the run's row) and the renew, in one transaction
     /// sent as one script, per [`variant`] and mode: one round trip to the connection's thread.
+    /// (Read by the combiner, which only SQLite has.)
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     script: Option<[[String; 2]; 4]>,
     steps: String,
     suspend_owned: String,

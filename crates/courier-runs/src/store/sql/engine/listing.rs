@@ -15,14 +15,15 @@
 
 use courier_sql::Dialect;
 
-use super::engine::{RunDialect, Runs, column, rows_error};
-use super::queries::COLUMNS;
+use super::row::{column, rows_error};
+use super::{RunDialect, Runs, limit};
 use crate::RunStatus;
+use crate::store::sql::queries::COLUMNS;
 use crate::store::{PageFrom, Run, RunPageQuery, StoreError};
 
 /// Every page statement, by filter and direction, rendered once.
 #[derive(Debug)]
-pub(super) struct PageQueries {
+pub(in crate::store::sql) struct PageQueries {
     /// By [`slot`]: `[status][agent?][from]`.
     pages: Vec<String>,
     count_by_status: String,
@@ -60,7 +61,7 @@ fn slot(status: Option<RunStatus>, agent: bool, from: PageFrom) -> usize {
 
 impl PageQueries {
     /// The statement for `q`.
-    pub(super) fn statement(&self, q: &RunPageQuery) -> &str {
+    pub(in crate::store::sql) fn statement(&self, q: &RunPageQuery) -> &str {
         &self.pages[slot(q.status, q.agent.is_some(), q.from)]
     }
 
@@ -125,6 +126,23 @@ where
     for<'r> i64: sqlx::Decode<'r, DB>,
     for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
 {
+    /// [`RunStore::list`](crate::RunStore::list).
+    pub(super) async fn list_runs(
+        &self,
+        status: Option<RunStatus>,
+        n: usize,
+    ) -> Result<Vec<Run>, StoreError> {
+        let q = match status {
+            Some(s) => sqlx::query_as(&self.q.list_status)
+                .bind(s.as_str())
+                .bind(limit(n)),
+            None => sqlx::query_as(&self.q.list_all).bind(limit(n)),
+        };
+        q.fetch_all(&self.pool)
+            .await
+            .map_err(rows_error("list runs"))
+    }
+
     /// [`RunStore::page`](crate::RunStore::page) in one indexed statement.
     pub(super) async fn select_page(&self, q: &RunPageQuery) -> Result<Vec<Run>, StoreError> {
         let mut query = sqlx::query_as::<DB, Run>(self.pages.statement(q));

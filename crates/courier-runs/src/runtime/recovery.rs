@@ -2,8 +2,8 @@
 
 use uuid::Uuid;
 
+use super::{RunError, Runtime};
 use crate::agent::within_lease;
-use crate::runtime::{RunError, Runtime};
 use crate::{FailureClass, Outcome, Settlement, TerminationReason};
 
 /// The recovery hook, in order: not retryable -> `not_retryable`; a non-idempotent effect

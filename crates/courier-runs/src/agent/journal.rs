@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::agent::{AgentError, RunContext, Step, StepError};
+use super::{AgentError, RunContext, Step, StepError};
 use crate::step::{
     Budget, Effect, FOREVER, JournalMode, OnAmbiguous, SIGNAL_EVENT, Signal, StepRecord, StepScope,
     StepStatus, StepWrite, Usage, WAIT_EFFECT,

@@ -1,4 +1,9 @@
-//! An in-memory run store with the SQL store's semantics, on tokio's (pausable) clock.
+//! An in-memory run store with the SQL store's semantics, on tokio's (pausable) clock: its
+//! state and the runs' own transitions here, the step journal and durable waits in `steps.rs`,
+//! the reaper's transitions in `reaping.rs`.
+
+mod reaping;
+mod steps;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,7 +17,7 @@ use super::{
     Inserted, NewRun, Run, RunEvent, RunPageQuery, RunStore, Settlement, StoreError, UniqueKey,
     count_statuses, lease_ms,
 };
-use crate::step::{JournalMode, StepRecord, StepStatus, StepWrite, Usage};
+use crate::step::{StepRecord, StepStatus, StepWrite, Usage};
 use crate::{RunStatus, TerminationReason};
 
 #[derive(Debug, Default)]
@@ -141,19 +146,6 @@ impl MemoryRunStore {
             journaled: None,
         }
     }
-}
-
-/// When a step row written with `status` finished: now, unless it is still unfinished.
-fn finished(status: StepStatus, now: i64) -> Option<i64> {
-    matches!(status, StepStatus::Done | StepStatus::Failed).then_some(now)
-}
-
-fn is_stale(run: &Run, now: i64) -> bool {
-    run.status == RunStatus::Running && run.lease_expires > 0 && run.lease_expires < now
-}
-
-fn is_overdue(run: &Run, now: i64, after: Duration) -> bool {
-    run.status == RunStatus::Queued && run.due_at < now - lease_ms(after)
 }
 
 fn owned_by(run: &Run, worker: &str) -> bool {
@@ -288,54 +280,23 @@ impl RunStore for MemoryRunStore {
     }
 
     async fn select_overdue(&self, after: Duration, limit: usize) -> Result<Vec<Run>, StoreError> {
-        let now = self.clock();
-        let mut runs: Vec<Run> = self
-            .lock()
-            .runs
-            .values()
-            .filter(|r| is_overdue(r, now, after))
-            .cloned()
-            .collect();
-        runs.sort_by_key(|r| (r.due_at, r.id));
-        runs.truncate(limit);
-        Ok(runs)
+        self.overdue_runs(after, limit).await
     }
 
     async fn redispatch_overdue(&self, id: Uuid, after: Duration) -> Result<bool, StoreError> {
-        Ok(self.guarded(
-            id,
-            |r, now| is_overdue(r, now, after),
-            |r, now| r.due_at = now,
-        ))
+        self.redispatch_overdue_run(id, after).await
     }
 
     async fn redispatch_queued(&self, id: Uuid) -> Result<bool, StoreError> {
-        Ok(self.guarded(
-            id,
-            |r, _| r.status == RunStatus::Queued,
-            |r, now| r.due_at = now,
-        ))
+        self.redispatch_queued_run(id).await
     }
 
     async fn select_stale(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
-        let now = self.clock();
-        let mut runs: Vec<Run> = self
-            .lock()
-            .runs
-            .values()
-            .filter(|r| is_stale(r, now))
-            .cloned()
-            .collect();
-        runs.sort_by_key(|r| (r.lease_expires, r.id));
-        runs.truncate(limit);
-        Ok(runs)
+        self.stale_runs(limit).await
     }
 
     async fn requeue_stale(&self, id: Uuid) -> Result<bool, StoreError> {
-        Ok(self.guarded(id, is_stale, |r, now| {
-            requeue(r);
-            r.due_at = now;
-        }))
+        self.requeue_stale_run(id).await
     }
 
     async fn dead_letter_stale(
@@ -343,9 +304,7 @@ impl RunStore for MemoryRunStore {
         id: Uuid,
         reason: TerminationReason,
     ) -> Result<bool, StoreError> {
-        Ok(self.guarded(id, is_stale, |r, now| {
-            finish(r, now, RunStatus::Failed, Some(reason))
-        }))
+        self.dead_letter_stale_run(id, reason).await
     }
 
     async fn settle(
@@ -444,12 +403,7 @@ impl RunStore for MemoryRunStore {
     }
 
     async fn steps(&self, id: Uuid) -> Result<Vec<StepRecord>, StoreError> {
-        Ok(self
-            .lock()
-            .steps
-            .get(&id)
-            .map(|s| s.values().cloned().collect())
-            .unwrap_or_default())
+        self.journal_steps(id).await
     }
 
     async fn journal(
@@ -459,75 +413,7 @@ impl RunStore for MemoryRunStore {
         lease: Duration,
         write: &StepWrite,
     ) -> Result<bool, StoreError> {
-        let now = self.clock();
-        let mut state = self.lock();
-        let Some(run) = state.runs.get_mut(&id) else {
-            return Ok(false);
-        };
-        if run.status != RunStatus::Running || run.claimed_by.as_deref() != owner {
-            return Ok(false);
-        }
-        // The step row first: a Finish that finds no unfinished row writes nothing at all.
-        let steps = state.steps.entry(id).or_default();
-        match write.mode {
-            JournalMode::Insert => {
-                if steps.contains_key(&write.index) {
-                    return Err(StoreError::DuplicateSequence {
-                        run_id: id,
-                        seq: write.index,
-                    });
-                }
-                steps.insert(
-                    write.index,
-                    StepRecord {
-                        run_id: id,
-                        index: write.index,
-                        name: write.name.clone(),
-                        effect: write.effect.to_owned(),
-                        status: write.status,
-                        output: write.output.clone(),
-                        error: write.error.clone(),
-                        error_class: write.error_class.clone(),
-                        usage: write.usage,
-                        duration_ms: write.duration_ms,
-                        attempts: i64::from(finished(write.status, now).is_some()),
-                        created_at: now,
-                        finished_at: finished(write.status, now),
-                    },
-                );
-            }
-            JournalMode::Finish => {
-                let Some(row) = steps.get_mut(&write.index).filter(|r| {
-                    matches!(
-                        r.status,
-                        StepStatus::Intent | StepStatus::Retry | StepStatus::Waiting
-                    )
-                }) else {
-                    return Ok(false);
-                };
-                row.status = write.status;
-                row.output = write.output.clone();
-                row.error = write.error.clone();
-                row.error_class = write.error_class.clone();
-                row.usage = write.usage;
-                row.duration_ms = write.duration_ms;
-                row.attempts += 1;
-                row.finished_at = finished(write.status, now);
-            }
-        }
-        let run = state
-            .runs
-            .get_mut(&id)
-            .ok_or_else(|| StoreError::Corrupt(format!("run {id} vanished")))?;
-        run.lease_expires = if owner.is_some() {
-            now + lease_ms(lease)
-        } else {
-            0
-        };
-        run.usage = run.usage.plus(write.usage);
-        run.steps_replayed = run.steps_replayed.saturating_add(write.replayed);
-        run.updated_at = now;
-        Ok(true)
+        self.journal_step(id, owner, lease, write).await
     }
 
     async fn suspend(
@@ -537,63 +423,19 @@ impl RunStore for MemoryRunStore {
         until: i64,
         signal: Option<&str>,
     ) -> Result<bool, StoreError> {
-        Ok(self.guarded(
-            id,
-            |r, _| r.status == RunStatus::Running && r.claimed_by.as_deref() == owner,
-            |r, _| {
-                r.status = RunStatus::Waiting;
-                r.claimed_by = None;
-                r.lease_expires = 0;
-                r.due_at = until;
-                r.wait_signal = signal.map(str::to_owned);
-            },
-        ))
+        self.suspend_run(id, owner, until, signal).await
     }
 
     async fn select_due_waits(&self, limit: usize) -> Result<Vec<Run>, StoreError> {
-        let now = self.clock();
-        let mut due: Vec<Run> = self
-            .lock()
-            .runs
-            .values()
-            .filter(|r| r.status == RunStatus::Waiting && r.due_at <= now)
-            .cloned()
-            .collect();
-        due.sort_by_key(|r| r.due_at);
-        due.truncate(limit);
-        Ok(due)
+        self.due_waits(limit).await
     }
 
     async fn wake(&self, id: Uuid, signal: Option<&str>) -> Result<bool, StoreError> {
-        Ok(self.guarded(
-            id,
-            |r, now| {
-                r.status == RunStatus::Waiting
-                    && match signal {
-                        None => r.due_at <= now,
-                        Some(name) => r.wait_signal.as_deref() == Some(name),
-                    }
-            },
-            |r, now| {
-                r.status = RunStatus::Queued;
-                r.due_at = now;
-                r.wait_signal = None;
-            },
-        ))
+        self.wake_run(id, signal).await
     }
 
     async fn release_parked(&self, id: Uuid) -> Result<bool, StoreError> {
-        Ok(self.guarded(
-            id,
-            |r, _| r.status == RunStatus::WaitingForApproval,
-            |r, now| {
-                r.status = RunStatus::Queued;
-                r.due_at = now;
-                r.claimed_by = None;
-                r.lease_expires = 0;
-                r.pending_effect = None;
-            },
-        ))
+        self.release_parked_run(id).await
     }
 
     async fn prune(
@@ -602,47 +444,11 @@ impl RunStore for MemoryRunStore {
         statuses: &[RunStatus],
         limit: usize,
     ) -> Result<u64, StoreError> {
-        let before = self.clock() - lease_ms(older_than);
-        let mut state = self.lock();
-        let mut old: Vec<(i64, Uuid)> = state
-            .runs
-            .values()
-            .filter(|r| statuses.contains(&r.status) && r.finished_at.is_some_and(|f| f < before))
-            .map(|r| (r.finished_at.unwrap_or_default(), r.id))
-            .collect();
-        old.sort_unstable();
-        old.truncate(limit);
-        for (_, id) in &old {
-            state.runs.remove(id);
-            state.events.remove(id);
-            state.steps.remove(id);
-        }
-        Ok(old.len() as u64)
+        self.prune_runs(older_than, statuses, limit).await
     }
 
     async fn copy_steps(&self, from: Uuid, to: Uuid, before: i64) -> Result<u64, StoreError> {
-        let now = self.clock();
-        let mut state = self.lock();
-        let copied: Vec<StepRecord> = state
-            .steps
-            .get(&from)
-            .map(|s| {
-                s.values()
-                    .filter(|r| r.index < before && r.status == StepStatus::Done)
-                    .map(|r| StepRecord {
-                        run_id: to,
-                        created_at: now,
-                        ..r.clone()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let n = copied.len() as u64;
-        let journal = state.steps.entry(to).or_default();
-        for row in copied {
-            journal.insert(row.index, row);
-        }
-        Ok(n)
+        self.copy_journal(from, to, before).await
     }
 
     async fn resolve_step(
@@ -652,19 +458,6 @@ impl RunStore for MemoryRunStore {
         status: StepStatus,
         output: Option<&serde_json::Value>,
     ) -> Result<bool, StoreError> {
-        let now = self.clock();
-        let mut state = self.lock();
-        let Some(row) = state
-            .steps
-            .get_mut(&id)
-            .and_then(|s| s.get_mut(&index))
-            .filter(|r| r.status == StepStatus::Intent)
-        else {
-            return Ok(false);
-        };
-        row.status = status;
-        row.output = output.cloned();
-        row.finished_at = finished(status, now);
-        Ok(true)
+        self.resolve_parked_step(id, index, status, output).await
     }
 }

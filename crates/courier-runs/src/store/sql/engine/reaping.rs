@@ -1,0 +1,87 @@
+//! The reaper's statements on SQL: overdue queued runs dispatched again, stale runs requeued or
+//! dead-lettered.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::{RunDialect, Runs, limit, rows_error};
+use crate::TerminationReason;
+use crate::store::{Run, StoreError, lease_ms};
+
+impl<DB> Runs<DB>
+where
+    DB: RunDialect,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Option<&'q str>: sqlx::Encode<'q, DB>,
+    for<'q> Option<serde_json::Value>: sqlx::Encode<'q, DB>,
+    for<'r> Run: sqlx::FromRow<'r, DB::Row>,
+    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+    for<'r> String: sqlx::Decode<'r, DB>,
+    for<'r> i64: sqlx::Decode<'r, DB>,
+    for<'r> serde_json::Value: sqlx::Decode<'r, DB>,
+    for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
+{
+    /// [`RunStore::select_overdue`](crate::RunStore::select_overdue).
+    pub(super) async fn overdue_runs(
+        &self,
+        after: Duration,
+        n: usize,
+    ) -> Result<Vec<Run>, StoreError> {
+        sqlx::query_as(&self.q.select_overdue)
+            .bind(lease_ms(after))
+            .bind(limit(n))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(rows_error("select overdue"))
+    }
+
+    /// [`RunStore::redispatch_overdue`](crate::RunStore::redispatch_overdue).
+    pub(super) async fn redispatch_overdue_run(
+        &self,
+        id: Uuid,
+        after: Duration,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.redispatch_overdue)
+            .bind(DB::id(id))
+            .bind(lease_ms(after));
+        self.matched("re-dispatch overdue", q.execute(&self.pool).await)
+    }
+
+    /// [`RunStore::redispatch_queued`](crate::RunStore::redispatch_queued).
+    pub(super) async fn redispatch_queued_run(&self, id: Uuid) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.redispatch_queued).bind(DB::id(id));
+        self.matched("re-dispatch queued", q.execute(&self.pool).await)
+    }
+
+    /// [`RunStore::select_stale`](crate::RunStore::select_stale).
+    pub(super) async fn stale_runs(&self, n: usize) -> Result<Vec<Run>, StoreError> {
+        sqlx::query_as(&self.q.select_stale)
+            .bind(limit(n))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(rows_error("select stale"))
+    }
+
+    /// [`RunStore::requeue_stale`](crate::RunStore::requeue_stale).
+    pub(super) async fn requeue_stale_run(&self, id: Uuid) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.requeue_stale).bind(DB::id(id));
+        self.matched("stale requeue", q.execute(&self.pool).await)
+    }
+
+    /// [`RunStore::dead_letter_stale`](crate::RunStore::dead_letter_stale).
+    pub(super) async fn dead_letter_stale_run(
+        &self,
+        id: Uuid,
+        reason: TerminationReason,
+    ) -> Result<bool, StoreError> {
+        let q = sqlx::query(&self.q.dead_letter_stale)
+            .bind(reason.as_str())
+            .bind(DB::id(id));
+        self.matched("stale dead-letter", q.execute(&self.pool).await)
+    }
+}
