@@ -1,8 +1,6 @@
 //! The MySQL / MariaDB parts of the Doctrine layout: the table as DBAL creates it, with its
 //! index names, and the claim in two statements of one transaction.
 
-use super::sql::table;
-
 /// As Doctrine DBAL 3 lays the table out on MySQL / MariaDB (`BIGINT AUTO_INCREMENT`,
 /// `LONGTEXT`, `DATETIME`, InnoDB), its indexes inside (named by [`mysql_index`] as DBAL names
 /// them, so that a PHP schema diff finds them). `utf8mb4`, as Symfony's recipes configure
@@ -72,7 +70,7 @@ pub(crate) async fn mysql_claim(
     limit: i64,
 ) -> Result<Vec<(i64, String, String)>, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let rows: Vec<(i64, String, String)> = sqlx::query_as(&table(MYSQL_CLAIM, t))
+    let rows: Vec<(i64, String, String)> = sqlx::query_as(&MYSQL_CLAIM.replace("{t}", t))
         .bind(queue)
         .bind(horizon)
         .bind(now)

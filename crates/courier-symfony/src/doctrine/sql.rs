@@ -57,7 +57,7 @@ const SQLITE_CLAIM: &str = "UPDATE {t} SET delivered_at = ?1 WHERE id IN (\
      AND (delivered_at IS NULL OR delivered_at < ?3) AND available_at <= ?1 \
      ORDER BY available_at ASC LIMIT ?4) RETURNING id, body, headers";
 
-pub(crate) fn table(sql: &str, table: &str) -> String {
+fn table(sql: &str, table: &str) -> String {
     sql.replace("{t}", table)
 }
 
@@ -142,6 +142,7 @@ impl Pool {
     }
 
     pub(crate) async fn setup(&self, t: &str) -> Result<(), sqlx::Error> {
+        #[cfg(any(feature = "postgres", feature = "sqlite"))]
         let indexes = || {
             INDEXES.map(|column| {
                 format!("CREATE INDEX IF NOT EXISTS idx_{t}_{column} ON {t} ({column})")
