@@ -131,19 +131,42 @@ impl<'a> Ctx<'a> {
         self.format == Format::Json
     }
 
+    /// The application's transport factories and, with the feature `symfony`, when the
+    /// configuration has a `[symfony]` table, the Symfony one with its `[symfony.types]`.
+    fn factories(
+        &self,
+    ) -> Result<
+        std::borrow::Cow<'_, courier_core::TransportRegistry>,
+        courier_core::config::ConfigError,
+    > {
+        #[cfg(all(
+            feature = "symfony",
+            any(feature = "sqlite", feature = "postgres", feature = "mysql")
+        ))]
+        if self.config.symfony.is_some() {
+            let mut factories = self.app.factories.clone();
+            factories.register(Arc::new(
+                courier::symfony::SymfonyTransportFactory::from_config(&self.config)?,
+            ));
+            return Ok(std::borrow::Cow::Owned(factories));
+        }
+        Ok(std::borrow::Cow::Borrowed(&self.app.factories))
+    }
+
     /// Connects every configured transport.
     pub(crate) async fn connect(&self) -> CliResult<Transports> {
         Ok(self
             .config
-            .connect(&self.app.factories, self.registry.clone())
+            .connect(&*self.factories()?, self.registry.clone())
             .await?)
     }
 
     /// Connects every configured transport, telling a server that is down (worth retrying:
     /// see [`crate::connect`]) from a transport that cannot work.
     pub(crate) async fn try_connect(&self) -> Result<Transports, Failure> {
+        let factories = self.factories().map_err(|e| Failure::Fatal(e.into()))?;
         self.config
-            .connect(&self.app.factories, self.registry.clone())
+            .connect(&factories, self.registry.clone())
             .await
             .map_err(|e| {
                 if !e.is_transient() {

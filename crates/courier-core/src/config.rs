@@ -93,6 +93,10 @@ pub struct Config {
     /// The `[runs]` table, validated by `courier-runs`.
     #[serde(default)]
     pub runs: Option<Table>,
+    /// The `[symfony]` table (`[symfony.types]`: PHP classes to wire names), kept as-is for
+    /// `courier-symfony` to validate (`SymfonyTypes::from_config`).
+    #[serde(default)]
+    pub symfony: Option<Table>,
     /// The bus messages are dispatched on and received messages go to when they name none
     /// (see [`Config::default_bus_name`]).
     #[serde(default)]

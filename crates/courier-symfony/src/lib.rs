@@ -8,7 +8,8 @@
 //!   writes them).
 //! - `DoctrineTransport` (feature `sql` with `postgres`, `sqlite` or `mysql`): Symfony's
 //!   Doctrine table `messenger_messages`, read and written as PHP does, so that PHP and Courier
-//!   workers consume one queue together.
+//!   workers consume one queue together. `SymfonyTransportFactory` builds it from a
+//!   `symfony+postgres://`, `symfony+sqlite://` or `symfony+mysql://` DSN.
 //!
 //! The PHP side must use `messenger.transport.symfony_serializer` on the transports it shares
 //! with Courier.
@@ -31,7 +32,7 @@
 //! # Ok::<(), courier_core::EncodeError>(())
 //! ```
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod doctrine;
 pub mod php_datetime;
 mod php_envelope;
@@ -42,8 +43,8 @@ mod serializer;
 mod stamps;
 mod types;
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub use doctrine::{DoctrineOptions, DoctrineTransport};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use doctrine::{DoctrineOptions, DoctrineTransport, SymfonyTransportFactory};
 pub use php_serialize::PhpSerializeError;
 pub use serializer::{PHP_DECODE_ERROR_HEADER, SymfonyEncoded, SymfonySerializer};
 pub use stamps::SYMFONY_STAMP_PREFIX;

@@ -1,6 +1,8 @@
 //! [`SymfonyTypes`]: PHP classes to Courier wire names and back (`[symfony.types]`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+use courier_core::config::{Config, ConfigError};
 
 /// Which Courier message a PHP message class is, and back: the `[symfony.types]` table.
 ///
@@ -54,6 +56,38 @@ impl SymfonyTypes {
     #[must_use]
     pub fn php_class(&self, wire_name: &str) -> Option<&str> {
         self.to_php.get(wire_name).map(String::as_str)
+    }
+
+    /// The `[symfony.types]` table of a Courier configuration (`"App\\Message\\SendEmail" =
+    /// "mail.send"`); none when the configuration has no `[symfony]` table.
+    ///
+    /// ```
+    /// use courier_core::config::Config;
+    /// use courier_symfony::SymfonyTypes;
+    ///
+    /// let config: Config = "[symfony.types]\n\"App\\\\Message\\\\SendEmail\" = \"mail.send\"\n".parse()?;
+    /// let types = SymfonyTypes::from_config(&config)?;
+    /// assert_eq!(types.wire_name(r"App\Message\SendEmail"), Some("mail.send"));
+    /// # Ok::<(), courier_core::config::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming a key of `[symfony]` other than `types`, or a value that is not
+    /// a string.
+    pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct SymfonyTable {
+            #[serde(default)]
+            types: BTreeMap<String, String>,
+        }
+        let Some(table) = &config.symfony else {
+            return Ok(Self::new());
+        };
+        let table: SymfonyTable = table
+            .deserialize()
+            .map_err(|e| ConfigError::new(format!("[symfony]: {e}")))?;
+        Ok(table.types.into_iter().collect())
     }
 
     /// How many classes are mapped.

@@ -1,11 +1,11 @@
 //! Courier and real Symfony Messenger 5.4 (PHP, Debian's packages) on one Doctrine table
-//! `messenger_messages`, on SQLite and PostgreSQL: each side consumes what the other sends, a
+//! `messenger_messages`, on SQLite, PostgreSQL and MariaDB: each side consumes what the other sends, a
 //! retry crosses sides with its count, both consume one queue together with none lost or
 //! doubled, and a message Courier cannot read lands in its failure transport.
 //!
-//! Run with `--include-ignored` after `scripts/services` (PHP, PostgreSQL).
+//! Run with `--include-ignored` after `scripts/services` (PHP, PostgreSQL, MariaDB).
 
-#![cfg(all(feature = "sqlite", feature = "postgres"))]
+#![cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 mod common;
@@ -58,6 +58,10 @@ async fn scalar(db: &Db, kind: Kind, sql: &str) -> i64 {
             let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
             sqlx::query_scalar(&sql).fetch_one(&pool).await.unwrap()
         }
+        Kind::Mysql => {
+            let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+            sqlx::query_scalar(&sql).fetch_one(&pool).await.unwrap()
+        }
     }
 }
 
@@ -73,6 +77,10 @@ async fn exec(db: &Db, kind: Kind, sql: &str) {
             let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
             sqlx::query(&sql).execute(&pool).await.unwrap();
         }
+        Kind::Mysql => {
+            let pool = sqlx::MySqlPool::connect(&db.url).await.unwrap();
+            sqlx::query(&sql).execute(&pool).await.unwrap();
+        }
     }
 }
 
@@ -81,9 +89,15 @@ async fn expire_leases(db: &Db, kind: Kind) {
     let sql = match kind {
         Kind::Sqlite => "UPDATE {t} SET delivered_at = datetime(delivered_at, '-2 hours')",
         Kind::Postgres => "UPDATE {t} SET delivered_at = delivered_at - interval '2 hours'",
+        Kind::Mysql => "UPDATE {t} SET delivered_at = delivered_at - INTERVAL 2 HOUR",
     };
     exec(db, kind, sql).await;
 }
+
+/// The rows not yet handled: on MySQL / MariaDB PHP acks by setting `delivered_at` to
+/// 9999-12-31 (and deletes those rows on its next fetch), elsewhere it deletes the row.
+const PENDING: &str =
+    "SELECT COUNT(*) FROM {t} WHERE delivered_at IS NULL OR delivered_at < '9999-01-01 00:00:00'";
 
 async fn a_message_courier_holds_reaches_php_only_once_its_lease_expires(kind: Kind) {
     let db = Db::new(kind);
@@ -203,7 +217,7 @@ async fn courier_dispatches_1000_and_php_consumes_them_all(kind: Kind, zone: &st
         assert!(seen.insert(id), "{id} twice");
     }
     assert_eq!(seen, ids(1..=1000), "PHP consumed them all");
-    assert_eq!(scalar(&db, kind, "SELECT COUNT(*) FROM {t}").await, 0);
+    assert_eq!(scalar(&db, kind, PENDING).await, 0);
 }
 
 async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count(kind: Kind) {
@@ -284,7 +298,7 @@ async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count(kind: Kind)
         lines.iter().all(|l| l.retry == 2),
         "PHP read Courier's retry count: {lines:?}"
     );
-    assert_eq!(scalar(&db, kind, "SELECT COUNT(*) FROM {t}").await, 0);
+    assert_eq!(scalar(&db, kind, PENDING).await, 0);
 }
 
 async fn php_and_courier_workers_share_one_queue_with_none_lost_or_doubled(kind: Kind) {
@@ -301,7 +315,7 @@ async fn php_and_courier_workers_share_one_queue_with_none_lost_or_doubled(kind:
     while start.elapsed() < Duration::from_secs(30) {
         let batch = timeout(t.get(5)).await.unwrap();
         if batch.is_empty() {
-            if scalar(&db, kind, "SELECT COUNT(*) FROM {t}").await == 0 {
+            if scalar(&db, kind, PENDING).await == 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -401,7 +415,8 @@ async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class
     assert!(reasons[1].1.contains("invalid JSON body"), "{reasons:?}");
 }
 
-macro_rules! on_both {
+/// The tests on SQLite, PostgreSQL and MariaDB.
+macro_rules! on_each {
     ($($name:ident $(, $arg:expr)?;)*) => {
         mod sqlite {
             use super::*;
@@ -423,10 +438,20 @@ macro_rules! on_both {
                 }
             )*
         }
+        mod mysql {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = "needs php and mysql: run scripts/services, set COURIER_TEST_MYSQL_URL"]
+                async fn $name() {
+                    super::$name(Kind::Mysql $(, $arg)?).await;
+                }
+            )*
+        }
     };
 }
 
-on_both! {
+on_each! {
     a_message_courier_holds_reaches_php_only_once_its_lease_expires;
     php_dispatches_1000_and_courier_consumes_them_all;
     courier_dispatches_1000_and_php_consumes_them_all, "UTC";
@@ -440,11 +465,24 @@ async fn courier_writes_wall_clock_datetimes_in_a_non_utc_php_zone() {
     courier_dispatches_1000_and_php_consumes_them_all(Kind::Postgres, "America/New_York").await;
 }
 
-/// On PostgreSQL only: on SQLite, Symfony's claim (a read, then a write, in one deferred
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and mysql: run scripts/services, set COURIER_TEST_MYSQL_URL"]
+async fn mysql_courier_writes_wall_clock_datetimes_in_a_non_utc_php_zone() {
+    courier_dispatches_1000_and_php_consumes_them_all(Kind::Mysql, "America/New_York").await;
+}
+
+/// On PostgreSQL and MariaDB only: on SQLite, Symfony's claim (a read, then a write, in one deferred
 /// transaction) fails with `database is locked` whenever another connection writes between the
 /// two, so PHP workers cannot share a SQLite queue with anyone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs php and postgres: run scripts/services, set COURIER_TEST_POSTGRES_URL"]
 async fn postgres_php_and_courier_workers_share_one_queue_with_none_lost_or_doubled() {
     php_and_courier_workers_share_one_queue_with_none_lost_or_doubled(Kind::Postgres).await;
+}
+
+/// On MariaDB PHP claims with `FOR UPDATE`, Courier with `FOR UPDATE SKIP LOCKED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and mysql: run scripts/services, set COURIER_TEST_MYSQL_URL"]
+async fn mysql_php_and_courier_workers_share_one_queue_with_none_lost_or_doubled() {
+    php_and_courier_workers_share_one_queue_with_none_lost_or_doubled(Kind::Mysql).await;
 }

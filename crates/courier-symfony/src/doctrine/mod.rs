@@ -1,6 +1,10 @@
 //! [`DoctrineTransport`]: Symfony's Doctrine table `messenger_messages`, read and written as PHP
 //! does, so that PHP and Courier workers consume one queue together.
 
+mod factory;
+mod list;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod options;
 mod sql;
 
@@ -10,17 +14,18 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use courier_core::{
-    Capabilities, DelayStamp, Envelope, MessageRegistry, Transport, TransportError,
+    Abilities, Capabilities, DelayStamp, Envelope, MessageRegistry, Transport, TransportError,
     TransportErrorKind, TransportMessageIdStamp,
 };
 
+pub use factory::SymfonyTransportFactory;
 pub use options::DoctrineOptions;
 use sql::{Pool, Row};
 
 use crate::SymfonySerializer;
 
-/// Symfony's Doctrine transport on PostgreSQL or SQLite: PHP and Courier workers consume one
-/// queue together.
+/// Symfony's Doctrine transport on PostgreSQL, SQLite or MariaDB (10.6 or later): PHP and
+/// Courier workers consume one queue together.
 ///
 /// - `send` inserts a row as PHP's `Connection::send` does: `created_at` now and `available_at`
 ///   now plus the `DelayStamp`'s whole seconds, wall-clock in PHP's zone, whole seconds.
@@ -28,8 +33,12 @@ use crate::SymfonySerializer;
 ///   the redelivery horizon, `available_at` due, oldest `available_at` first) by setting
 ///   `delivered_at`, which is the lease; on PostgreSQL with `FOR UPDATE SKIP LOCKED`, so that it
 ///   never waits on a row PHP is claiming, while PHP's own `FOR UPDATE` waits on Courier's claim
-///   and then finds the row taken.
-/// - `keepalive` sets `delivered_at` to now again; `ack` and `reject` delete the row, as PHP does.
+///   and then finds the row taken. On MariaDB the same in two statements of one transaction
+///   (`SELECT ... FOR UPDATE SKIP LOCKED`, then `UPDATE ... SET delivered_at`); a claim the
+///   server picks as a deadlock's victim is tried again, then returns nothing that time.
+/// - `keepalive` sets `delivered_at` to now again; `ack` and `reject` delete the row, as PHP does
+///   (on MySQL PHP instead sets `delivered_at` to 9999-12-31 and deletes those rows on its next
+///   fetch: Courier never claims them, and deletes its own at once).
 /// - `retry` sends a new row (with the `RedeliveryStamp` the worker added and a `DelayStamp`),
 ///   then deletes the old one: what PHP's retry listener does, so either side retries what the
 ///   other failed, its count intact.
@@ -61,7 +70,7 @@ pub struct DoctrineTransport {
 }
 
 impl DoctrineTransport {
-    /// Connects to the database at `url` (`postgres://...`, `sqlite:...`) and, unless
+    /// Connects to the database at `url` (`postgres://...`, `sqlite:...`, `mysql://...`) and, unless
     /// `auto_setup` is off, creates the table when missing, with the columns PHP's Doctrine
     /// bridge creates.
     ///
@@ -155,7 +164,8 @@ impl DoctrineTransport {
     }
 }
 
-/// The most rows one INSERT takes (5 parameters each, within SQLite's and PostgreSQL's limits).
+/// The most rows one INSERT takes (5 parameters each, within SQLite's, PostgreSQL's and
+/// MariaDB's limits).
 const SEND_CHUNK: usize = 1000;
 
 /// When a message sent `now` is due: PHP's `modify(sprintf('%+d seconds', $delay / 1000))`,
@@ -302,6 +312,10 @@ impl Transport for DoctrineTransport {
             )
             .await
             .map_err(|e| self.db_error("keeping a message alive", e))
+    }
+
+    fn abilities(&self) -> Abilities<'_> {
+        Abilities::none().listable(self)
     }
 
     fn capabilities(&self) -> Capabilities {

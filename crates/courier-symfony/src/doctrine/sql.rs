@@ -1,8 +1,12 @@
 //! The statements of the Doctrine layout on each database. Datetimes are bound as text
-//! (`Y-m-d H:i:s`, PHP's zone): PostgreSQL casts them to its `TIMESTAMP(0)` columns, SQLite
-//! stores them as Doctrine does, as text that sorts as time.
+//! (`Y-m-d H:i:s`, PHP's zone): PostgreSQL casts them to its `TIMESTAMP(0)` columns, MariaDB
+//! converts them to its `DATETIME` columns, SQLite stores them as Doctrine does, as text that
+//! sorts as time.
 
 use courier_core::{TransportError, TransportErrorKind};
+
+#[cfg(feature = "mysql")]
+use super::mysql::{MYSQL_CLAIM_TRIES, MYSQL_CREATE, lock_conflict, mysql_claim, mysql_index};
 
 /// A claimed row.
 #[derive(Debug)]
@@ -21,6 +25,9 @@ pub(crate) enum Pool {
     /// SQLite.
     #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool),
+    /// MariaDB (10.6 or later: `SKIP LOCKED`, `INSERT ... RETURNING`).
+    #[cfg(feature = "mysql")]
+    Mysql(sqlx::MySqlPool),
 }
 
 #[cfg(feature = "postgres")]
@@ -36,7 +43,7 @@ const SQLITE_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY 
      created_at DATETIME NOT NULL, available_at DATETIME NOT NULL, delivered_at DATETIME DEFAULT NULL)";
 
 /// PHP's indexes: `queue_name`, `available_at`, `delivered_at`.
-const INDEXES: [&str; 3] = ["queue_name", "available_at", "delivered_at"];
+pub(crate) const INDEXES: [&str; 3] = ["queue_name", "available_at", "delivered_at"];
 
 #[cfg(feature = "postgres")]
 const PG_CLAIM: &str = "UPDATE {t} SET delivered_at = $1::timestamp WHERE id IN (\
@@ -93,8 +100,32 @@ impl Pool {
                         .map_err(connection)?,
                 ))
             }
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => {
+                use std::str::FromStr;
+                let options = sqlx::mysql::MySqlConnectOptions::from_str(url)
+                    .map_err(|e| config(format!("invalid MySQL URL: {e}")))?;
+                Ok(Self::Mysql(
+                    sqlx::mysql::MySqlPoolOptions::new()
+                        .max_connections(4)
+                        // Fewer gap locks, so fewer deadlocks with PHP's `FOR UPDATE`.
+                        .after_connect(|conn, _| {
+                            Box::pin(async move {
+                                sqlx::query(
+                                    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                                )
+                                .execute(conn)
+                                .await
+                                .map(drop)
+                            })
+                        })
+                        .connect_with(options)
+                        .await
+                        .map_err(connection)?,
+                ))
+            }
             other => Err(config(format!(
-                "unknown scheme `{other}` for Symfony's Doctrine table (postgres or sqlite, with their features)"
+                "unknown scheme `{other}` for Symfony's Doctrine table (postgres, sqlite or mysql, with their features)"
             ))),
         }
     }
@@ -105,28 +136,45 @@ impl Pool {
             Self::Postgres(_) => "postgresql",
             #[cfg(feature = "sqlite")]
             Self::Sqlite(_) => "sqlite",
+            #[cfg(feature = "mysql")]
+            Self::Mysql(_) => "mysql",
         }
     }
 
     pub(crate) async fn setup(&self, t: &str) -> Result<(), sqlx::Error> {
-        let create = match self {
-            #[cfg(feature = "postgres")]
-            Self::Postgres(_) => table(PG_CREATE, t),
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(_) => table(SQLITE_CREATE, t),
+        #[cfg(any(feature = "postgres", feature = "sqlite"))]
+        let indexes = || {
+            INDEXES.map(|column| {
+                format!("CREATE INDEX IF NOT EXISTS idx_{t}_{column} ON {t} ({column})")
+            })
         };
-        let mut statements = vec![create];
-        for column in INDEXES {
-            statements.push(format!(
-                "CREATE INDEX IF NOT EXISTS idx_{t}_{column} ON {t} ({column})"
-            ));
-        }
+        let statements: Vec<String> = match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => std::iter::once(table(PG_CREATE, t))
+                .chain(indexes())
+                .collect(),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => std::iter::once(table(SQLITE_CREATE, t))
+                .chain(indexes())
+                .collect(),
+            // The indexes in the table's statement, as DBAL writes it.
+            #[cfg(feature = "mysql")]
+            Self::Mysql(_) => {
+                let mut create = table(MYSQL_CREATE, t);
+                for column in INDEXES {
+                    create = create.replace(&format!("{{i_{column}}}"), &mysql_index(t, column));
+                }
+                vec![create]
+            }
+        };
         for statement in statements {
             match self {
                 #[cfg(feature = "postgres")]
                 Self::Postgres(pool) => sqlx::query(&statement).execute(pool).await.map(drop)?,
                 #[cfg(feature = "sqlite")]
                 Self::Sqlite(pool) => sqlx::query(&statement).execute(pool).await.map(drop)?,
+                #[cfg(feature = "mysql")]
+                Self::Mysql(pool) => sqlx::query(&statement).execute(pool).await.map(drop)?,
             }
         }
         Ok(())
@@ -162,6 +210,21 @@ impl Pool {
                 let sql = format!(
                     "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
                      VALUES (?1, ?2, ?3, ?4, ?5) RETURNING id"
+                );
+                sqlx::query_scalar(&sql)
+                    .bind(body)
+                    .bind(headers)
+                    .bind(queue)
+                    .bind(created)
+                    .bind(available)
+                    .fetch_one(pool)
+                    .await
+            }
+            #[cfg(feature = "mysql")]
+            Self::Mysql(pool) => {
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
+                     VALUES (?, ?, ?, ?, ?) RETURNING id"
                 );
                 sqlx::query_scalar(&sql)
                     .bind(body)
@@ -226,6 +289,24 @@ impl Pool {
                 }
                 query.fetch_all(pool).await?
             }
+            #[cfg(feature = "mysql")]
+            Self::Mysql(pool) => {
+                let values = vec!["(?, ?, ?, ?, ?)"; rows.len()];
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
+                    values.join(", ")
+                );
+                let mut query = sqlx::query_scalar(&sql);
+                for (body, headers, available) in rows {
+                    query = query
+                        .bind(body)
+                        .bind(headers)
+                        .bind(queue)
+                        .bind(created)
+                        .bind(available);
+                }
+                query.fetch_all(pool).await?
+            }
         };
         // One statement takes its ids in the order of its rows.
         ids.sort_unstable();
@@ -262,6 +343,17 @@ impl Pool {
                     .fetch_all(pool)
                     .await?
             }
+            #[cfg(feature = "mysql")]
+            Self::Mysql(pool) => {
+                let mut tries = 0;
+                loop {
+                    match mysql_claim(pool, t, queue, now, horizon, limit).await {
+                        Err(e) if lock_conflict(&e) && tries + 1 < MYSQL_CLAIM_TRIES => tries += 1,
+                        Err(e) if lock_conflict(&e) => break Vec::new(),
+                        other => break other?,
+                    }
+                }
+            }
         };
         Ok(rows
             .into_iter()
@@ -281,6 +373,11 @@ impl Pool {
                 let sql = format!("DELETE FROM {t} WHERE id = ?1");
                 sqlx::query(&sql).bind(id).execute(pool).await.map(drop)
             }
+            #[cfg(feature = "mysql")]
+            Self::Mysql(pool) => {
+                let sql = format!("DELETE FROM {t} WHERE id = ?");
+                sqlx::query(&sql).bind(id).execute(pool).await.map(drop)
+            }
         }
     }
 
@@ -293,6 +390,8 @@ impl Pool {
             Self::Postgres(pool) => sqlx::query(&sql).execute(pool).await.map(drop),
             #[cfg(feature = "sqlite")]
             Self::Sqlite(pool) => sqlx::query(&sql).execute(pool).await.map(drop),
+            #[cfg(feature = "mysql")]
+            Self::Mysql(pool) => sqlx::query(&sql).execute(pool).await.map(drop),
         }
     }
 
@@ -318,6 +417,18 @@ impl Pool {
                 sqlx::query(&sql)
                     .bind(id)
                     .bind(now)
+                    .execute(pool)
+                    .await
+                    .map(drop)
+            }
+            #[cfg(feature = "mysql")]
+            Self::Mysql(pool) => {
+                let sql = format!(
+                    "UPDATE {t} SET delivered_at = ? WHERE id = ? AND delivered_at IS NOT NULL"
+                );
+                sqlx::query(&sql)
+                    .bind(now)
+                    .bind(id)
                     .execute(pool)
                     .await
                     .map(drop)

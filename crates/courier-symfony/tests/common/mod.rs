@@ -140,7 +140,7 @@ pub(crate) fn consumed(stdout: &str) -> Vec<Consumed> {
 }
 
 /// One database for a test: a SQLite file in a temporary directory, or a table of its own on
-/// the shared PostgreSQL (dropped when the test ends).
+/// the shared PostgreSQL or MariaDB (dropped when the test ends).
 pub(crate) struct Db {
     /// Courier's URL.
     pub(crate) url: String,
@@ -157,6 +157,7 @@ pub(crate) struct Db {
 pub(crate) enum Kind {
     Sqlite,
     Postgres,
+    Mysql,
 }
 
 impl Db {
@@ -183,6 +184,21 @@ impl Db {
                     // PHP's PostgreSQL connection waits for a NOTIFY, and looks for delayed
                     // messages only this often (a minute by default).
                     php_options: "&check_delayed_interval=500".into(),
+                    url,
+                    table,
+                    _dir: None,
+                    _cleanup: Some(cleanup),
+                }
+            }
+            Kind::Mysql => {
+                let cleanup = courier_test::Cleanup::new();
+                let table = cleanup.mysql_table("symfony");
+                let url = courier_test::env::mysql_url();
+                let sep = if url.contains('?') { '&' } else { '?' };
+                Self {
+                    // DBAL's `mysql://` is pdo_mysql.
+                    php_dsn: format!("doctrine://{url}{sep}charset=utf8mb4"),
+                    php_options: String::new(),
                     url,
                     table,
                     _dir: None,
