@@ -180,6 +180,31 @@ async fn held(messages: ServerKind, hosts: &Hosts) -> anyhow::Result<u64> {
         .context("counting held messages timed out")?
 }
 
+/// Keyed messages a worker holds, and (Redis) the slots in use: a keyed Redis queue keeps its
+/// deliveries as leases in a sorted set and its slots in a hash, not in the stream's group.
+async fn keyed_held(messages: ServerKind, hosts: &Hosts) -> anyhow::Result<(u64, u64)> {
+    if messages != ServerKind::Redis {
+        return Ok((held(messages, hosts).await?, 0));
+    }
+    let attempt = async {
+        let url = hosts.url(ServerKind::Redis).context("no redis")?;
+        let mut c = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let (leases, busy): (u64, u64) = redis::pipe()
+            .cmd("ZCARD")
+            .arg(format!("{QUEUE}:keyed:leases"))
+            .cmd("HLEN")
+            .arg(format!("{QUEUE}:keyed:busy"))
+            .query_async(&mut c)
+            .await?;
+        Ok((leases, busy))
+    };
+    timeout(Duration::from_secs(10), attempt)
+        .await
+        .context("counting held keyed messages timed out")?
+}
+
 /// `(id, pid)` of every handling recorded in the sink.
 async fn handlings(sink: &sqlx::SqlitePool) -> anyhow::Result<Vec<(u64, u32)>> {
     let rows: Vec<(i64, i64)> = sqlx::query_as("SELECT id, pid FROM chaos_log ORDER BY at_ms")
@@ -543,7 +568,7 @@ async fn keyed_scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyh
     until(
         "A holds both tenants' slow messages",
         Duration::from_secs(30),
-        || async { Ok((held(messages, hosts).await? == tenants).then_some(())) },
+        || async { Ok((keyed_held(messages, hosts).await?.0 == tenants).then_some(())) },
     )
     .await?;
     let b = Worker::start(hosts, 1, exe, dir)?;
@@ -616,9 +641,10 @@ async fn keyed_scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyh
         Ok((count.message_count().await? == 0).then_some(()))
     })
     .await?;
+    let (held, busy) = keyed_held(messages, hosts).await?;
     ensure!(
-        held(messages, hosts).await? == 0,
-        "messages still held after B handled all"
+        held == 0 && busy == 0,
+        "after B handled all: {held} message(s) still held, {busy} key(s) with a slot in use"
     );
     drop(a);
     drop(b);
