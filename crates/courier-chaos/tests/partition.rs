@@ -51,7 +51,9 @@ const QUICK_MS: u64 = 100;
 /// The queue's lease (`redeliver_timeout` in [`config`]).
 const LEASE: Duration = Duration::from_secs(3);
 
-fn config(messages: ServerKind, hosts: &Hosts) -> anyhow::Result<String> {
+/// The hosts' `courier.toml`; `keyed` adds the tenants' limit, which makes the queue keyed (on
+/// Redis a keyed queue keeps its messages in lists per key, not in the stream's group).
+fn config(messages: ServerKind, hosts: &Hosts, keyed: bool) -> anyhow::Result<String> {
     let pg = hosts.url(ServerKind::Postgres).context("no postgres")?;
     let dsn = match messages {
         ServerKind::Redis => format!(
@@ -74,15 +76,16 @@ dsn = "{pg}?queue_name=failed"
 "courier.run_agent" = "async"
 "chaos.keyed" = "async"
 
-[limits.concurrency."chaos.keyed"]
-key = "$.tenant"
-max = 1
-
 [runs]
 store = "{pg}"
 lease = "3s"
 reap_every = "1s"
-"#
+{limit}"#,
+        limit = if keyed {
+            "\n[limits.concurrency.\"chaos.keyed\"]\nkey = \"$.tenant\"\nmax = 1\n"
+        } else {
+            ""
+        }
     ))
 }
 
@@ -264,7 +267,7 @@ async fn scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyhow::Re
     let exe = Path::new(env!("CARGO_BIN_EXE_chaos-worker"));
     let pg = hosts.url(ServerKind::Postgres).context("no postgres")?;
     let config_path = dir.join("courier.toml");
-    std::fs::write(&config_path, config(messages, hosts)?)?;
+    std::fs::write(&config_path, config(messages, hosts, false)?)?;
     let setup = tokio::process::Command::new(exe)
         .args(["setup", "--config"])
         .arg(&config_path)
@@ -530,7 +533,7 @@ async fn scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyhow::Re
 async fn keyed_scenario(messages: ServerKind, hosts: &Hosts, dir: &Path) -> anyhow::Result<()> {
     let exe = Path::new(env!("CARGO_BIN_EXE_chaos-worker"));
     let config_path = dir.join("courier.toml");
-    std::fs::write(&config_path, config(messages, hosts)?)?;
+    std::fs::write(&config_path, config(messages, hosts, true)?)?;
     let setup = tokio::process::Command::new(exe)
         .args(["setup", "--config"])
         .arg(&config_path)
