@@ -77,6 +77,9 @@ impl SqlPool {
             Self::Postgres(_) => Dialect::Postgres,
             #[cfg(feature = "mysql")]
             Self::Mysql(_) => Dialect::Mysql,
+            // No database feature: no pool can exist.
+            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+            _ => match *self {},
         }
     }
 
@@ -90,6 +93,9 @@ impl SqlPool {
             Self::Postgres(p) => p.options().get_max_connections(),
             #[cfg(feature = "mysql")]
             Self::Mysql(p) => p.options().get_max_connections(),
+            // No database feature: no pool can exist.
+            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+            _ => match *self {},
         }
     }
 
@@ -103,6 +109,9 @@ impl SqlPool {
             Self::Postgres(p) => p.options().get_acquire_timeout(),
             #[cfg(feature = "mysql")]
             Self::Mysql(p) => p.options().get_acquire_timeout(),
+            // No database feature: no pool can exist.
+            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+            _ => match *self {},
         }
     }
 
@@ -116,6 +125,9 @@ impl SqlPool {
             Self::Postgres(p) => p.is_closed(),
             #[cfg(feature = "mysql")]
             Self::Mysql(p) => p.is_closed(),
+            // No database feature: no pool can exist.
+            #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+            _ => match *self {},
         }
     }
 
