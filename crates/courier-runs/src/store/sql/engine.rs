@@ -10,6 +10,33 @@ use courier_sql::{Dialect, SqlDatabase};
 use sqlx::{Pool, Row as _};
 use uuid::Uuid;
 
+/// An impl block on `Runs<DB>` (the head in brackets: `[impl<DB> Runs<DB>]`, or a trait's)
+/// with the bounds on `DB` that the engine's statements need, written once for every file of
+/// the engine.
+macro_rules! runs_impl {
+    ([$($head:tt)*] $($body:tt)*) => {
+        $($head)*
+        where
+            DB: RunDialect,
+            for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+            for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+            for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+            for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+            for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+            for<'q> Option<&'q str>: sqlx::Encode<'q, DB>,
+            for<'q> Option<serde_json::Value>: sqlx::Encode<'q, DB>,
+            for<'r> Run: sqlx::FromRow<'r, DB::Row>,
+            for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+            for<'r> String: sqlx::Decode<'r, DB>,
+            for<'r> i64: sqlx::Decode<'r, DB>,
+            for<'r> serde_json::Value: sqlx::Decode<'r, DB>,
+            for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
+        {
+            $($body)*
+        }
+    };
+}
+
 mod claims;
 #[cfg(feature = "sqlite")]
 mod combine;
@@ -161,24 +188,8 @@ fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-#[async_trait]
-impl<DB> RunStore for Runs<DB>
-where
-    DB: RunDialect,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> Option<&'q str>: sqlx::Encode<'q, DB>,
-    for<'q> Option<serde_json::Value>: sqlx::Encode<'q, DB>,
-    for<'r> Run: sqlx::FromRow<'r, DB::Row>,
-    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
-    for<'r> String: sqlx::Decode<'r, DB>,
-    for<'r> i64: sqlx::Decode<'r, DB>,
-    for<'r> serde_json::Value: sqlx::Decode<'r, DB>,
-    for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
-{
+runs_impl! {
+[#[async_trait] impl<DB> RunStore for Runs<DB>]
     async fn setup(&self) -> Result<(), StoreError> {
         self.migrate().await.map(drop)
     }

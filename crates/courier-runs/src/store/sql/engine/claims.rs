@@ -21,23 +21,8 @@ fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
-impl<DB> Runs<DB>
-where
-    DB: RunDialect,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> serde_json::Value: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'q> Option<&'q str>: sqlx::Encode<'q, DB>,
-    for<'q> Option<serde_json::Value>: sqlx::Encode<'q, DB>,
-    for<'r> Run: sqlx::FromRow<'r, DB::Row>,
-    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
-    for<'r> String: sqlx::Decode<'r, DB>,
-    for<'r> i64: sqlx::Decode<'r, DB>,
-    for<'r> serde_json::Value: sqlx::Decode<'r, DB>,
-    for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
-{
+runs_impl! {
+[impl<DB> Runs<DB>]
     /// [`RunStore::claim`](crate::RunStore::claim).
     pub(super) async fn claim_run(
         &self,
