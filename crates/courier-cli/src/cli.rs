@@ -364,6 +364,10 @@ pub(crate) enum RunsCommand {
         /// How long the run holds its --unique key, from now (e.g. 10min, 1h)
         #[arg(long, value_parser = parse_duration, requires = "unique")]
         unique_for: Option<Duration>,
+        /// A concurrency key (1 to 200 bytes): at most `concurrency_max` runs of one key run at
+        /// once, on a runs transport given `concurrency_max`
+        #[arg(long, value_name = "KEY", conflicts_with_all = ["unique", "interactive"])]
+        concurrency_key: Option<String>,
     },
     /// One run with its events, its steps (journal), budget and pending wait
     Show {

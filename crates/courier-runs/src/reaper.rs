@@ -225,7 +225,15 @@ impl Reaper {
                     return Err(e.into());
                 }
             }
-            match dispatch_run(&self.bus, run_id, None).await {
+            // Rare (after a transport outage): the run is read again for its concurrency key.
+            let key = match self.store.find(run_id).await {
+                Ok(run) => run.and_then(|r| r.concurrency_key),
+                Err(e) => {
+                    owed[i..].iter().for_each(|&id| self.owe(id));
+                    return Err(e.into());
+                }
+            };
+            match dispatch_run(&self.bus, run_id, key.as_deref(), None).await {
                 Ok(()) => {
                     tracing::info!(courier.run.id = %run_id, "queued run re-dispatched after a transport outage");
                     redispatched += 1;
@@ -255,7 +263,7 @@ impl Reaper {
             if !self.store.wake(run.id, None).await? {
                 continue;
             }
-            match dispatch_run(&self.bus, run.id, None).await {
+            match dispatch_run(&self.bus, run.id, run.concurrency_key.as_deref(), None).await {
                 Ok(()) => woken += 1,
                 Err(e) => {
                     if e.is_transient_dispatch() {
@@ -286,7 +294,7 @@ impl Reaper {
                 tracing::debug!(courier.run.id = %run.id, "overdue run taken by another reaper or a worker");
                 continue;
             }
-            match dispatch_run(&self.bus, run.id, None).await {
+            match dispatch_run(&self.bus, run.id, run.concurrency_key.as_deref(), None).await {
                 Ok(()) => {
                     tracing::info!(courier.run.id = %run.id, due_at = run.due_at, "overdue queued run re-dispatched");
                     redispatched += 1;
@@ -323,7 +331,7 @@ impl Reaper {
                 if !self.store.redispatch_queued(run_id).await? {
                     return refused("it was claimed or settled meanwhile".into());
                 }
-                dispatch_run(&self.bus, run_id, None).await?;
+                dispatch_run(&self.bus, run_id, run.concurrency_key.as_deref(), None).await?;
                 tracing::info!(courier.run.id = %run_id, "queued run re-dispatched by an operator");
                 Ok(ManualRequeue::Redispatched)
             }
@@ -347,7 +355,9 @@ impl Reaper {
                 if !self.store.requeue_stale(run_id).await? {
                     return refused("its lease was renewed or it was settled meanwhile".into());
                 }
-                if let Err(e) = dispatch_run(&self.bus, run_id, None).await {
+                if let Err(e) =
+                    dispatch_run(&self.bus, run_id, run.concurrency_key.as_deref(), None).await
+                {
                     if !e.is_transient_dispatch() {
                         self.store
                             .fail_queued(run_id, TerminationReason::DispatchFailed)
@@ -400,7 +410,7 @@ impl Reaper {
                 report.skipped += 1;
                 continue;
             }
-            match dispatch_run(&self.bus, run.id, None).await {
+            match dispatch_run(&self.bus, run.id, run.concurrency_key.as_deref(), None).await {
                 Ok(()) => {
                     tracing::info!(courier.run.id = %run.id, "stale run requeued");
                     report.requeued += 1;

@@ -592,6 +592,7 @@ async fn dispatch_failure_after_a_requeue_settles_the_queued_row() {
         agent: "scripted".into(),
         input: json!({"steps": [{"fail": "server_error"}]}),
         budget: None,
+        concurrency_key: None,
     };
     store.insert_queued(&run).await.unwrap();
     let outcome = rt.run_queued(run.id).await.unwrap();
@@ -759,6 +760,7 @@ async fn handler_never_fails_for_a_run_outcome_and_duplicates_are_harmless() {
         agent: "failing".into(),
         input: json!({}),
         budget: None,
+        concurrency_key: None,
     };
     store.insert_queued(&run).await.unwrap();
     bus.dispatch(courier_runs::RunAgent { run_id: run.id })
@@ -994,6 +996,7 @@ async fn reaper_counts_a_run_whose_heartbeat_won_as_skipped() {
         agent: "scripted".into(),
         input: json!({}),
         budget: None,
+        concurrency_key: None,
     };
     memory.insert_queued(&run).await.unwrap();
     assert!(
@@ -1058,6 +1061,7 @@ async fn a_transport_outage_after_a_requeue_leaves_the_run_queued_for_the_reaper
         agent: "scripted".into(),
         input: json!({"steps": [{"fail": "server_error"}]}),
         budget: None,
+        concurrency_key: None,
     };
     store.insert_queued(&run).await.unwrap();
     let outcome = rt.run_queued(run.id).await.unwrap();
@@ -1087,6 +1091,7 @@ async fn a_dispatch_lost_to_an_outage_is_retried_on_the_next_pass() {
         agent: "scripted".into(),
         input: json!({ "steps": steps }),
         budget: None,
+        concurrency_key: None,
     };
     let (stale, overdue) = (insert(json!([])), insert(json!([])));
     store.insert_queued(&stale).await.unwrap();
@@ -1147,6 +1152,7 @@ async fn a_transport_outage_after_a_stale_requeue_leaves_the_run_queued() {
         agent: "scripted".into(),
         input: json!({"steps": []}),
         budget: None,
+        concurrency_key: None,
     };
     store.insert_queued(&run).await.unwrap();
     assert!(

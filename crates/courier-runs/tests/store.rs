@@ -73,6 +73,7 @@ async fn claim_and_inserts_return_the_row_as_stored(fx: &Fixture) {
             agent: "scripted".into(),
             input: serde_json::json!({"x": [1, 2]}),
             budget: None,
+            concurrency_key: None,
         })
         .await
         .unwrap();
@@ -202,6 +203,7 @@ async fn stale_select_sees_only_expired_worker_leases(fx: &Fixture) {
         agent: "scripted".into(),
         input: serde_json::json!({}),
         budget: None,
+        concurrency_key: None,
     };
     let interactive = fx.store.insert_interactive(&interactive).await.unwrap();
     assert_eq!(

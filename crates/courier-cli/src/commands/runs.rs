@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use courier_runs::{
-    Enqueued, InvalidUnique, ManualRequeue, Outcome, ReapOptions, Resolution, Run, RunError,
-    RunEvent, RunStatus, RunStore, RunsConfig, Runtime, SignalSent, StepStatus, UniqueKey,
+    Enqueued, InvalidUnique, ManualRequeue, NewRun, Outcome, ReapOptions, Resolution, Run,
+    RunError, RunEvent, RunStatus, RunStore, RunsConfig, Runtime, SignalSent, StepStatus,
+    UniqueKey,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -28,6 +29,7 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
             interactive,
             unique,
             unique_for,
+            concurrency_key,
         } => {
             let input = parse_json("--input", input)?;
             if !ctx.app.agents.contains(agent) {
@@ -48,7 +50,13 @@ pub(crate) async fn run(ctx: &Ctx<'_>, command: &RunsCommand) -> CliResult {
                 }
                 _ => None,
             };
-            submit(ctx, &config, agent, input, *interactive, unique).await
+            let mut new_run = NewRun::new(agent.as_str(), input);
+            if let Some(key) = concurrency_key {
+                new_run = new_run
+                    .with_concurrency_key(key.as_str())
+                    .map_err(|e| CliError::usage(format!("--concurrency-key: {e}")))?;
+            }
+            submit(ctx, &config, new_run, *interactive, unique).await
         }
         RunsCommand::Show { id } => {
             let id = parse_id(id)?;
@@ -239,11 +247,11 @@ async fn find(store: &Arc<dyn RunStore>, id: Uuid) -> CliResult<Run> {
 async fn submit(
     ctx: &Ctx<'_>,
     config: &RunsConfig,
-    agent: &str,
-    input: Value,
+    new_run: NewRun,
     interactive: bool,
     unique: Option<UniqueKey>,
 ) -> CliResult {
+    let (agent, input) = (new_run.agent.as_str(), new_run.input.clone());
     let store = open_store(config).await?;
     let runtime: Runtime = runtime(ctx, config, store.clone());
     if interactive {
@@ -267,7 +275,7 @@ async fn submit(
     let _bus = ctx.bus(&transports, |b| runtime.register(b));
     let enqueued = match &unique {
         Some(unique) => runtime.enqueue_unique(agent, input, unique.clone()).await,
-        None => runtime.enqueue(agent, input).await.map(Enqueued::Queued),
+        None => runtime.submit(new_run.clone()).await.map(Enqueued::Queued),
     };
     let enqueued = enqueued.map_err(|e| match e {
         RunError::Dispatch { run_id, source } => CliError::runtime(format!(

@@ -114,6 +114,7 @@ async fn new_run(store: &SqlRunStore, agent: &str, input: serde_json::Value) -> 
             agent: agent.into(),
             input,
             budget: None,
+            concurrency_key: None,
         })
         .await
         .unwrap();

@@ -49,7 +49,8 @@ impl Runtime {
             .await?;
         tracing::info!(courier.run.id = %run_id, signal = name, seq, "signal recorded");
         if store.wake(run_id, Some(name)).await? {
-            self.dispatch(run_id, None).await?;
+            self.dispatch(run_id, run.concurrency_key.as_deref(), None)
+                .await?;
             return Ok(SignalSent::Woken);
         }
         Ok(SignalSent::Buffered)
@@ -115,7 +116,8 @@ impl Runtime {
                 expected: RunStatus::WaitingForApproval,
             });
         }
-        self.dispatch(run_id, None).await?;
+        self.dispatch(run_id, run.concurrency_key.as_deref(), None)
+            .await?;
         Ok(Outcome::Requeued {
             delay: Duration::ZERO,
         })

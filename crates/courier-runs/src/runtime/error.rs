@@ -28,6 +28,18 @@ pub enum RunError {
         "the run runtime has no bus to dispatch on: register it on a bus builder (Runtime::register) and build the bus"
     )]
     NotRegistered,
+    /// A run with a concurrency key would be dispatched to a transport that cannot limit per
+    /// key, where the key would do nothing: nothing was stored or sent.
+    #[error(
+        "run {run_id} has a concurrency key, but transport `{transport}` (where `courier.run_agent` is routed) \
+         cannot limit runs per key: give it `concurrency_max` (SQL or Redis DSN), or submit the run without a key"
+    )]
+    NotKeyed {
+        /// The run.
+        run_id: Uuid,
+        /// The transport `RunAgent` is routed to.
+        transport: String,
+    },
     /// No agent of that name is registered.
     #[error("unknown agent `{0}`")]
     UnknownAgent(String),

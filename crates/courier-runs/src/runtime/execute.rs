@@ -37,6 +37,7 @@ impl Runtime {
         resume: Resume,
     ) -> Result<Executed, RunError> {
         let run_id = run.id;
+        let key = run.concurrency_key.clone();
         let token = CancellationToken::new();
         let steps = StepClock::start();
         let run_row = run.clone();
@@ -76,13 +77,15 @@ impl Runtime {
                 Err(AgentError::StepTimeout { after })
             }
         };
-        self.conclude(run_id, owner.as_deref(), result).await
+        self.conclude(run_id, key.as_deref(), owner.as_deref(), result)
+            .await
     }
 
     /// Settles what the agent returned (a failure to recover from is returned as it is).
     async fn conclude(
         &self,
         run_id: Uuid,
+        key: Option<&str>,
         owner: Option<&str>,
         result: Result<AgentOutcome, AgentError>,
     ) -> Result<Executed, RunError> {
@@ -96,7 +99,7 @@ impl Runtime {
             }
             Err(AgentError::Step(StepError::Store(e))) => return Err(e.into()),
             Err(AgentError::Step(StepError::Suspended { woken })) => {
-                if woken && let Err(e) = self.dispatch(run_id, None).await {
+                if woken && let Err(e) = self.dispatch(run_id, key, None).await {
                     tracing::warn!(courier.run.id = %run_id, error = %e, "dispatch of a run woken by its signal failed; the reaper dispatches it again");
                 }
                 return Ok(Executed::Outcome(Outcome::Waiting));

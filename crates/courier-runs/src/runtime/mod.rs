@@ -196,8 +196,9 @@ impl Runtime {
     pub(crate) async fn dispatch(
         &self,
         run_id: Uuid,
+        key: Option<&str>,
         delay: Option<Duration>,
     ) -> Result<(), RunError> {
-        dispatch_run(&self.bus, run_id, delay).await
+        dispatch_run(&self.bus, run_id, key, delay).await
     }
 }

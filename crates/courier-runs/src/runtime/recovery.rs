@@ -61,7 +61,10 @@ pub(crate) async fn recover(
     }
     metrics::counter!(courier_core::metrics::RUN_REQUEUES, "class" => class.as_str()).increment(1);
     tracing::info!(courier.run.id = %run_id, courier.run.error_class = %class, delay_ms = delay.as_millis() as u64, "run requeued");
-    if let Err(e) = runtime.dispatch(run_id, Some(delay)).await {
+    if let Err(e) = runtime
+        .dispatch(run_id, run.concurrency_key.as_deref(), Some(delay))
+        .await
+    {
         if e.is_transient_dispatch() {
             tracing::warn!(courier.run.id = %run_id, error = %e, "dispatch after requeue failed; the run stays queued and the reaper dispatches it again");
             return Ok(Outcome::Requeued { delay });

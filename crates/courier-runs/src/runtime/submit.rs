@@ -2,6 +2,7 @@
 
 use uuid::Uuid;
 
+use super::dispatch::check_keyed;
 use super::{RunError, Runtime};
 use crate::{Enqueued, Inserted, NewRun, TerminationReason, UniqueKey};
 
@@ -39,8 +40,12 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::enqueue`].
     pub async fn submit(&self, run: NewRun) -> Result<Uuid, RunError> {
+        if run.concurrency_key.is_some() {
+            check_keyed(&self.bus, run.id)?;
+        }
         self.inner.store.insert_queued(&run).await?;
-        self.dispatch_new(run.id).await?;
+        self.dispatch_new(run.id, run.concurrency_key.as_deref())
+            .await?;
         Ok(run.id)
     }
 
@@ -83,15 +88,15 @@ impl Runtime {
                 Ok(Enqueued::Duplicate(holder))
             }
             Inserted::Queued(_) => {
-                self.dispatch_new(run.id).await?;
+                self.dispatch_new(run.id, None).await?;
                 Ok(Enqueued::Queued(run.id))
             }
         }
     }
 
     /// Dispatches a run just queued; a failed dispatch settles it `failed`/`dispatch_failed`.
-    async fn dispatch_new(&self, id: Uuid) -> Result<(), RunError> {
-        if let Err(e) = self.dispatch(id, None).await {
+    async fn dispatch_new(&self, id: Uuid, key: Option<&str>) -> Result<(), RunError> {
+        if let Err(e) = self.dispatch(id, key, None).await {
             self.inner
                 .store
                 .fail_queued(id, TerminationReason::DispatchFailed)
@@ -115,6 +120,7 @@ impl Runtime {
             .ok_or(RunError::NotFound(run_id))?;
         let mut fork = NewRun::new(run.agent, run.input);
         fork.budget = run.budget;
+        fork.concurrency_key = run.concurrency_key;
         // The journal first: a fork that exists has its steps (rows without a run are inert).
         let copied = store.copy_steps(run_id, fork.id, from_step.max(1)).await?;
         tracing::info!(courier.run.id = %fork.id, forked_from = %run_id, from_step, copied, "run forked");

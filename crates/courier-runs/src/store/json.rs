@@ -38,6 +38,7 @@ impl Run {
             "wakes_at": (self.status == RunStatus::Waiting && self.due_at < crate::step::FOREVER)
                 .then(|| rfc3339_ms(self.due_at)),
             "wait_signal": self.wait_signal,
+            "concurrency_key": self.concurrency_key,
             "budget": self.budget,
             "usage": self.usage,
             "steps_replayed": self.steps_replayed,
@@ -135,6 +136,7 @@ mod tests {
             usage: crate::Usage::default(),
             steps_replayed: 0,
             wait_signal: None,
+            concurrency_key: None,
             journaled: None,
         };
         let v = run.to_json_with_events(&[]);

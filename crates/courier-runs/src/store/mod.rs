@@ -69,6 +69,8 @@ pub struct Run {
     pub steps_replayed: u64,
     /// The signal a run in a durable wait waits for.
     pub wait_signal: Option<String>,
+    /// Its concurrency key ([`NewRun::concurrency_key`]).
+    pub concurrency_key: Option<String>,
     /// Whether the run had journaled steps when this worker claimed it, read by the claim's
     /// own statement (PostgreSQL, SQLite, memory): `Some(false)` spares its first step the
     /// journal read. None (any other read, MySQL's claim): not known; the journal is read at the
@@ -114,10 +116,15 @@ pub struct NewRun {
     pub input: serde_json::Value,
     /// Its limits (None: none), stored with the run.
     pub budget: Option<Budget>,
+    /// Its concurrency key (None: none), stored with the run: each `RunAgent` dispatched for it
+    /// carries it as a [`ConcurrencyKeyStamp`](courier_core::ConcurrencyKeyStamp), so a keyed
+    /// runs transport (`concurrency_max=N` on its DSN) runs at most N runs of one key at once,
+    /// across every worker and host. Set it with [`NewRun::with_concurrency_key`], which checks it.
+    pub concurrency_key: Option<String>,
 }
 
 impl NewRun {
-    /// A new run of `agent` with `input`, a fresh id and no budget.
+    /// A new run of `agent` with `input`, a fresh id, no budget and no concurrency key.
     #[must_use]
     pub fn new(agent: impl Into<String>, input: serde_json::Value) -> Self {
         Self {
@@ -125,7 +132,34 @@ impl NewRun {
             agent: agent.into(),
             input,
             budget: None,
+            concurrency_key: None,
         }
+    }
+
+    /// The run with concurrency key `key` (for example a customer, or an LLM provider
+    /// account): at most `concurrency_max` runs of one key run at once on a keyed runs
+    /// transport; a run whose key is full waits queued, without holding a worker.
+    ///
+    /// ```
+    /// use courier_runs::NewRun;
+    ///
+    /// let run = NewRun::new("support", serde_json::json!({}))
+    ///     .with_concurrency_key("customer-42")?;
+    /// assert_eq!(run.concurrency_key.as_deref(), Some("customer-42"));
+    /// assert!(NewRun::new("support", serde_json::json!({})).with_concurrency_key("").is_err());
+    /// # Ok::<(), courier_core::InvalidConcurrencyKey>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`InvalidConcurrencyKey`](courier_core::InvalidConcurrencyKey) for an empty key or one
+    /// longer than 200 bytes.
+    pub fn with_concurrency_key(
+        mut self,
+        key: impl Into<String>,
+    ) -> Result<Self, courier_core::InvalidConcurrencyKey> {
+        let stamp = courier_core::ConcurrencyKeyStamp::new(key)?;
+        self.concurrency_key = Some(stamp.as_str().to_owned());
+        Ok(self)
     }
 }
 

@@ -202,6 +202,7 @@ impl Fixture {
             agent: agent.into(),
             input: serde_json::json!({"n": 1}),
             budget: None,
+            concurrency_key: None,
         };
         self.store.insert_queued(&run).await.expect("insert")
     }

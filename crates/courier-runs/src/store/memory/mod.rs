@@ -143,6 +143,7 @@ impl MemoryRunStore {
             usage: Usage::default(),
             steps_replayed: 0,
             wait_signal: None,
+            concurrency_key: run.concurrency_key.clone(),
             journaled: None,
         }
     }

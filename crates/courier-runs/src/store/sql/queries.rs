@@ -5,7 +5,7 @@ use courier_sql::Dialect;
 
 pub(super) const COLUMNS: &str = "id, agent, status, input, output, error_class, termination_reason, claimed_by, \
     lease_expires, requeue_count, pending_effect, created_at, started_at, finished_at, updated_at, due_at, \
-    budget, used_tokens_in, used_tokens_out, used_cost, used_tool_calls, used_turns, steps_replayed, wait_signal";
+    budget, used_tokens_in, used_tokens_out, used_cost, used_tool_calls, used_turns, steps_replayed, wait_signal, concurrency_key";
 const NON_TERMINAL: &str =
     "('queued', 'running', 'waiting_for_approval', 'waiting_for_input', 'waiting')";
 const STALE: &str = "status = 'running' AND lease_expires > 0 AND lease_expires < {now}";
@@ -93,8 +93,8 @@ impl Queries {
         Self {
             now: render("SELECT {now}"),
             insert_queued: render(
-                "INSERT INTO {runs} (id, agent, status, input, budget, lease_expires, requeue_count, created_at, \
-                 updated_at, due_at) VALUES (?, ?, 'queued', ?, ?, 0, 0, {now}, {now}, {now}){returning_run}",
+                "INSERT INTO {runs} (id, agent, status, input, budget, concurrency_key, lease_expires, requeue_count, \
+                 created_at, updated_at, due_at) VALUES (?, ?, 'queued', ?, ?, ?, 0, 0, {now}, {now}, {now}){returning_run}",
             ),
             // An expired key is cleared, so that the unique index lets the next run take it.
             clear_unique: render(
@@ -103,9 +103,9 @@ impl Queries {
             // A key held already: no row (PostgreSQL, SQLite: ON CONFLICT on the unique index;
             // MySQL: INSERT IGNORE, the key fitting its column, so nothing else is ignored).
             insert_unique: render(&format!(
-                "INSERT {ignore}INTO {{runs}} (id, agent, status, input, budget, lease_expires, requeue_count, \
-                 created_at, updated_at, due_at, unique_key, unique_until) \
-                 VALUES (?, ?, 'queued', ?, ?, 0, 0, {{now}}, {{now}}, {{now}}, ?, {{now}} + ?){conflict}{{returning_run}}",
+                "INSERT {ignore}INTO {{runs}} (id, agent, status, input, budget, concurrency_key, lease_expires, \
+                 requeue_count, created_at, updated_at, due_at, unique_key, unique_until) \
+                 VALUES (?, ?, 'queued', ?, ?, ?, 0, 0, {{now}}, {{now}}, {{now}}, ?, {{now}} + ?){conflict}{{returning_run}}",
                 ignore = if dialect == Dialect::Mysql {
                     "IGNORE "
                 } else {
@@ -121,8 +121,8 @@ impl Queries {
                 "SELECT id FROM {runs} WHERE unique_key = ? AND unique_until > {now}",
             ),
             insert_interactive: render(
-                "INSERT INTO {runs} (id, agent, status, input, budget, lease_expires, requeue_count, created_at, \
-                 started_at, updated_at) VALUES (?, ?, 'running', ?, ?, 0, 0, {now}, {now}, {now}){returning_run}",
+                "INSERT INTO {runs} (id, agent, status, input, budget, concurrency_key, lease_expires, requeue_count, \
+                 created_at, started_at, updated_at) VALUES (?, ?, 'running', ?, ?, ?, 0, 0, {now}, {now}, {now}){returning_run}",
             ),
             find: render("SELECT {cols} FROM {runs} WHERE id = ?"),
             find_claimed: (dialect == Dialect::Mysql).then(|| {

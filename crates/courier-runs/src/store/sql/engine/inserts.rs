@@ -94,7 +94,7 @@ where
         )))
     }
 
-    /// Inserts a run with one of the insert statements (binds: id, agent, input) and returns it:
+    /// Inserts a run with one of the insert statements (binds: id, agent, input, budget, concurrency key) and returns it:
     /// in the same statement (`INSERT ... RETURNING`) where the database can, else read back.
     pub(super) async fn insert(&self, sql: &str, run: &NewRun) -> Result<Run, StoreError> {
         if self.insert_returning {
@@ -104,6 +104,7 @@ where
                 .bind(run.agent.as_str())
                 .bind(run.input.clone())
                 .bind(budget_json(run))
+                .bind(run.concurrency_key.as_deref())
                 .fetch_one(&self.pool)
                 .await
                 .map_err(rows_error("insert run"));
@@ -113,6 +114,7 @@ where
             .bind(run.agent.as_str())
             .bind(run.input.clone())
             .bind(budget_json(run))
+            .bind(run.concurrency_key.as_deref())
             .execute(&self.pool)
             .await
             .map_err(db("insert run"))?;
@@ -128,6 +130,7 @@ where
                 .bind(run.agent.as_str())
                 .bind(run.input.clone())
                 .bind(budget_json(run))
+                .bind(run.concurrency_key.as_deref())
                 .bind(unique.key())
                 .bind(lease_ms(unique.period()))
                 .fetch_optional(&self.pool)
@@ -139,6 +142,7 @@ where
             .bind(run.agent.as_str())
             .bind(run.input.clone())
             .bind(budget_json(run))
+            .bind(run.concurrency_key.as_deref())
             .bind(unique.key())
             .bind(lease_ms(unique.period()))
             .execute(&self.pool)

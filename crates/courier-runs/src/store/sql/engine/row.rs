@@ -88,6 +88,7 @@ where
         },
         steps_replayed: counter(row, "steps_replayed")?,
         wait_signal: column(row, "wait_signal")?,
+        concurrency_key: column(row, "concurrency_key")?,
         // Only a claim returns it (a missing column is "not known").
         journaled: column::<_, Option<i64>>(row, "has_steps")
             .ok()
