@@ -507,6 +507,35 @@ async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class
         .unwrap();
 }
 
+/// Courier moves a member PHP wrote in `<stream>__queue` (the golden vector) to the stream
+/// byte for byte as PHP's `get()` does (`tests/symfony/golden.php` captured both).
+async fn courier_moves_a_php_delayed_member_byte_for_byte_as_php_does(serializer: u8) {
+    let mut s = Stream::new().await;
+    let t = s.courier("rust", serializer, IGNORE).await;
+    let dir =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/symfony/golden");
+    let member = std::fs::read_to_string(dir.join("redis_queue_member.member")).unwrap();
+    let moved = std::fs::read_to_string(dir.join("redis_queue_moved.field")).unwrap();
+    let _: i64 = redis::cmd("ZADD")
+        .arg(format!("{}__queue", s.name))
+        .arg("NX")
+        .arg(1)
+        .arg(&member)
+        .query_async(&mut s.conn)
+        .await
+        .unwrap();
+    let got = timeout(t.get(10)).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(
+        got[0].message::<SendEmail>().is_some(),
+        "{:?}",
+        got[0].decode_error()
+    );
+    assert_eq!(s.fields().await, vec![moved]);
+    timeout(t.ack(&got[0])).await.unwrap();
+    assert_eq!((s.len().await, s.delayed().await), (0, 0));
+}
+
 macro_rules! tests {
     ($($name:ident => $fun:ident($serializer:expr);)*) => {
         $(
@@ -536,6 +565,8 @@ tests! {
         php_and_courier_workers_share_one_stream_with_none_lost_or_doubled(1);
     a_message_courier_keeps_alive_is_not_claimed_by_php_no_serializer =>
         a_message_courier_keeps_alive_is_not_claimed_by_php(0);
+    courier_moves_a_php_delayed_member_as_php_does_php_serializer =>
+        courier_moves_a_php_delayed_member_byte_for_byte_as_php_does(1);
     unreadable_messages_land_in_the_failure_transport_php_serializer =>
         a_message_courier_cannot_read_lands_in_the_failure_transport_with_class_and_reason(1);
 }

@@ -10,7 +10,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use redis::{Script, Value};
 
 use crate::SymfonyEncoded;
-use crate::php_json::php_string;
 
 /// Moves the due members of `KEYS[1]` (`<stream>__queue`) to the stream `KEYS[2]`, at most
 /// `ARGV[2]` of them due by `ARGV[1]` (ms): what PHP's `Connection::get` does with `ZPOPMIN`
@@ -106,15 +105,10 @@ pub(crate) fn uniqid() -> String {
     )
 }
 
-/// The member PHP's `Connection::add` writes in `<stream>__queue` for a delayed message: JSON
-/// `{"body", "headers", "uniqid"}`, never through phpredis's serializer.
+/// The member PHP's `Connection::add` writes in `<stream>__queue` for a delayed message, with a
+/// fresh `uniqid`.
 pub(crate) fn queue_member(encoded: &SymfonyEncoded) -> String {
-    format!(
-        "{{\"body\":{},\"headers\":{},\"uniqid\":{}}}",
-        php_string(&encoded.body),
-        encoded.headers_json(),
-        php_string(&uniqid())
-    )
+    crate::redis_field::queue_member(encoded, &uniqid())
 }
 
 /// A stream entry: its id and its `message` field (`None` for an entry deleted while pending,
