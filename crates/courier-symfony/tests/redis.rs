@@ -536,6 +536,35 @@ async fn courier_moves_a_php_delayed_member_byte_for_byte_as_php_does(serializer
     assert_eq!((s.len().await, s.delayed().await), (0, 0));
 }
 
+/// No server needed: a `symfony+redis://` DSN's bad option is named, and its password shows
+/// neither in the connection error nor in `Debug`.
+#[tokio::test]
+async fn the_dsn_names_bad_options_and_hides_the_password() {
+    let factories = TransportRegistry::new().with(Arc::new(SymfonyTransportFactory::default()));
+    let create = |dsn: &str| {
+        let ctx =
+            FactoryContext::new("async", Dsn::parse(dsn).unwrap()).registry(common::registry());
+        let factories = factories.clone();
+        async move { timeout(factories.create(ctx)).await }
+    };
+    let err = create("symfony+redis://app:s3cret@127.0.0.1:6379/s?queue_name=x")
+        .await
+        .expect_err("unknown option");
+    let text = courier_core::error_chain(&err).to_string();
+    assert!(text.contains("`queue_name`"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+    // Nothing listens on port 1.
+    let err = create("symfony+redis://app:s3cret@127.0.0.1:1/s/g/c")
+        .await
+        .expect_err("no server");
+    let text = format!("{} {err:?}", courier_core::error_chain(&err));
+    assert!(!text.contains("s3cret"), "{text}");
+    assert!(
+        text.contains("127.0.0.1:1") || text.contains("connect"),
+        "{text}"
+    );
+}
+
 macro_rules! tests {
     ($($name:ident => $fun:ident($serializer:expr);)*) => {
         $(

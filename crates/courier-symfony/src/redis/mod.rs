@@ -84,6 +84,8 @@ struct ReadState {
 /// ```
 pub struct RedisTransport {
     name: String,
+    /// `host:port`, for errors.
+    addr: String,
     client: Client,
     conn: Mutex<Option<MultiplexedConnection>>,
     options: RedisOptions,
@@ -98,6 +100,7 @@ impl fmt::Debug for RedisTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisTransport")
             .field("name", &self.name)
+            .field("addr", &self.addr)
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -161,6 +164,7 @@ impl RedisTransport {
                 in_flight: HashSet::new(),
             }),
             name,
+            addr: format!("{}:{}", server.host, server.port),
             client,
             conn: Mutex::new(None),
             options,
@@ -227,7 +231,10 @@ impl RedisTransport {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|e| self.error("connecting to Redis", e))?;
+            .map_err(|e| {
+                self.error("connecting to Redis", e)
+                    .with_context(format!("connecting to Redis at {}", self.addr))
+            })?;
         *self
             .conn
             .lock()

@@ -301,8 +301,13 @@ pub(crate) fn from_dsn(dsn: &Dsn) -> Result<(RedisOptions, Server), String> {
             }
         };
     }
+    let host = dsn.host().filter(|h| !h.is_empty()).ok_or_else(|| {
+        "a host is needed: symfony+redis://host:port/stream/group/consumer (Unix sockets and \
+         clusters are not supported)"
+            .to_owned()
+    })?;
     let server = Server {
-        host: dsn.host().unwrap_or("127.0.0.1").to_owned(),
+        host: host.to_owned(),
         port: dsn.port().unwrap_or(6379),
         user: dsn.user().filter(|u| !u.is_empty()).map(str::to_owned),
         password: dsn.password().filter(|p| !p.is_empty()).map(str::to_owned),
@@ -334,6 +339,8 @@ mod tests {
         );
         let (o, s) = parse("symfony+redis://h").expect("dsn");
         assert_eq!((o, s.port), (RedisOptions::default(), 6379));
+        let (o, _) = parse("symfony+redis://h/s/").expect("dsn");
+        assert_eq!(o.stream, "s", "a trailing slash is dropped, as PHP does");
     }
 
     #[test]
@@ -369,6 +376,7 @@ mod tests {
             ("symfony+redis://h/s?dbindex=x", "`dbindex`"),
             ("symfony+redis://h/s?tls=1", "`tls`"),
             ("symfony+redis://h/s//c", "`group`"),
+            ("symfony+redis:///var/run/redis.sock", "host"),
         ] {
             let err = parse(dsn).expect_err(dsn);
             assert!(err.contains(named), "{dsn}: {err}");
