@@ -45,7 +45,7 @@ const OPTIONS: &[&str] = &[
 /// `messenger_messages`), `queue_name` (`default`), `redeliver_timeout` (seconds as PHP writes
 /// it, `3600`, or a duration, `1h`), `timezone` (PHP's `date.timezone`, an IANA zone, default
 /// `UTC`), `auto_setup` (PHP's booleans: `true`/`false`, `1`/`0`, `on`/`off`, `yes`/`no`;
-/// default on). Redis options: see [`RedisOptions`](crate::RedisOptions) (`stream`, `group`,
+/// default on). Redis options: see `RedisOptions` (`stream`, `group`,
 /// `consumer`, `auto_setup`, `delete_after_ack`, `delete_after_reject`, `stream_max_entries`,
 /// `dbindex`, `redeliver_timeout` in seconds, `claim_interval` in milliseconds, `serializer`
 /// 1 or 0, `lazy`). Errors and `Debug` never show the password.

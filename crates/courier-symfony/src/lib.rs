@@ -10,7 +10,7 @@
 //!   Doctrine table `messenger_messages`, read and written as PHP does, so that PHP and Courier
 //!   workers consume one queue together. `SymfonyTransportFactory` builds it from a
 //!   `symfony+postgres://`, `symfony+sqlite://` or `symfony+mysql://` DSN.
-//! - [`RedisTransport`] (feature `redis`): Symfony's Redis transport (a stream, a consumer group,
+//! - `RedisTransport` (feature `redis`): Symfony's Redis transport (a stream, a consumer group,
 //!   delayed messages in `<stream>__queue`), read and written as PHP does, so that PHP and
 //!   Courier workers share one stream and group; `SymfonyTransportFactory` builds it from a
 //!   `symfony+redis://host:port/<stream>/<group>/<consumer>` DSN with Symfony's options.
