@@ -536,6 +536,84 @@ async fn courier_moves_a_php_delayed_member_byte_for_byte_as_php_does(serializer
     assert_eq!((s.len().await, s.delayed().await), (0, 0));
 }
 
+/// A Courier worker whose handler runs past PHP's `redeliver_timeout` (3 s here) keeps its
+/// message alive (a keepalive every third of it): a PHP worker on the same group meanwhile
+/// claims nothing, and the message is handled once.
+async fn a_long_courier_handler_is_not_redelivered_to_php(serializer: u8) {
+    let mut s = Stream::new().await;
+    let fast = "&redeliver_timeout=3&claim_interval=200";
+    let t = s.courier("rust", serializer, fast).await;
+    courier_sends(&*t, 1, 1).await;
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&handled);
+    let bus = MessageBus::builder()
+        .handler_fn("slow", move |m: Arc<SendEmail>| {
+            let seen = Arc::clone(&seen);
+            async move {
+                seen.lock().unwrap().push(m.id);
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .build();
+    let worker = tokio::spawn(
+        Worker::builder(bus)
+            .receiver("default", t.clone())
+            .limit(1)
+            .build()
+            .run(CancellationToken::new()),
+    );
+    // PHP starts once Courier holds the message, and looks for 6 s: twice the timeout.
+    let start = Instant::now();
+    while handled.lock().unwrap().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "Courier got it");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = php(
+        "consume.php",
+        &[&s.php("php", serializer, fast), "1", "6"],
+        "UTC",
+        PHP_LIMIT,
+    )
+    .await;
+    assert!(consumed(&out).is_empty(), "PHP claimed nothing: {out}");
+    let stats = tokio::time::timeout(Duration::from_secs(30), worker)
+        .await
+        .expect("worker in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(stats.handled, 1, "{stats:?}");
+    assert_eq!(*handled.lock().unwrap(), vec![1]);
+    assert_eq!(s.len().await, 0, "acked");
+}
+
+/// `auto_setup=false` creates nothing, and `check` names the missing group.
+async fn without_auto_setup_a_missing_group_is_named() {
+    let mut s = Stream::new().await;
+    let t = s.courier("rust", 1, "&auto_setup=false").await;
+    let setup = t.as_setup().expect("Setup");
+    let err = setup.check().await.expect_err("no group yet");
+    let text = courier_core::error_chain(&err).to_string();
+    assert!(
+        text.contains("`symfony`") && text.contains(&s.name),
+        "{text}"
+    );
+    assert_eq!(s.len().await, 0, "nothing created");
+    setup.setup().await.unwrap();
+    setup.check().await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&s.name)
+        .query_async(&mut s.conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and redis: run scripts/services, set COURIER_TEST_REDIS_URL"]
+async fn without_auto_setup_nothing_is_created_and_check_names_the_group() {
+    without_auto_setup_a_missing_group_is_named().await;
+}
+
 /// No server needed: a `symfony+redis://` DSN's bad option is named, and its password shows
 /// neither in the connection error nor in `Debug`.
 #[tokio::test]
@@ -596,6 +674,8 @@ tests! {
         a_message_courier_keeps_alive_is_not_claimed_by_php(0);
     courier_moves_a_php_delayed_member_as_php_does_php_serializer =>
         courier_moves_a_php_delayed_member_byte_for_byte_as_php_does(1);
+    a_long_courier_handler_is_not_redelivered_to_php_php_serializer =>
+        a_long_courier_handler_is_not_redelivered_to_php(1);
     unreadable_messages_land_in_the_failure_transport_php_serializer =>
         a_message_courier_cannot_read_lands_in_the_failure_transport_with_class_and_reason(1);
 }

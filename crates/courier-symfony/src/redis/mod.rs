@@ -266,10 +266,7 @@ impl RedisTransport {
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.error("listing the consumer groups", e))?;
-            let count = match groups {
-                Value::Array(a) | Value::Set(a) => a.len(),
-                _ => 0,
-            };
+            let count = wire::group_names(groups).len();
             if count > 1 {
                 return Err(
                     TransportError::new(TransportErrorKind::Config, self.name.clone())
@@ -283,6 +280,23 @@ impl RedisTransport {
             }
         }
         Ok(())
+    }
+
+    /// Whether the stream has the group (`XINFO GROUPS`; a missing stream has none).
+    async fn group_exists(&self) -> Result<bool, TransportError> {
+        let mut conn = self.conn().await?;
+        let groups: Result<Value, RedisError> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&self.options.stream)
+            .query_async(&mut conn)
+            .await;
+        let groups = match groups {
+            Ok(groups) => groups,
+            // `ERR no such key`: no stream, so no group.
+            Err(e) if e.to_string().contains("no such key") => return Ok(false),
+            Err(e) => return Err(self.error("listing the consumer groups", e)),
+        };
+        Ok(wire::group_names(groups).contains(&self.options.group))
     }
 
     async fn ensure_setup(&self) -> Result<(), TransportError> {

@@ -178,4 +178,20 @@ impl Setup for RedisTransport {
         self.state().set_up = true;
         Ok(())
     }
+
+    async fn check(&self) -> Result<(), TransportError> {
+        if self.group_exists().await? {
+            return Ok(());
+        }
+        Err(
+            TransportError::new(TransportErrorKind::Config, self.name().to_owned()).with_context(
+                format!(
+                    "consumer group `{}` of stream `{}` is missing (auto_setup is off): run \
+                     `courier setup` or PHP's `messenger:setup-transports`",
+                    self.options().group,
+                    self.options().stream
+                ),
+            ),
+        )
+    }
 }

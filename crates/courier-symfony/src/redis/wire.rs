@@ -178,6 +178,20 @@ pub(crate) fn pending_ids(v: Value) -> Vec<String> {
         .collect()
 }
 
+/// The `name`s of `XINFO GROUPS`'s reply (a list of field-value lists, or maps).
+pub(crate) fn group_names(v: Value) -> Vec<String> {
+    items(v)
+        .into_iter()
+        .filter_map(|group| {
+            let fields = items(group);
+            fields
+                .chunks(2)
+                .find(|kv| text(&kv[0]).as_deref() == Some("name"))
+                .and_then(|kv| kv.get(1).and_then(text))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
