@@ -489,7 +489,13 @@ impl RedisTransport {
             .arg(from)
             .query_async(conn)
             .await
-            .map_err(|e| self.error("reading the stream", e))?;
+            .map_err(|e| {
+                if e.code() == Some("NOGROUP") && self.options.auto_setup {
+                    // The stream or its group was deleted: the next `get` creates them again.
+                    self.state().set_up = false;
+                }
+                self.error("reading the stream", e)
+            })?;
         Ok(wire::read_reply(reply))
     }
 }
