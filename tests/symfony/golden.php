@@ -98,4 +98,17 @@ foreach (['1' => 'redis_serializer_php', '0' => 'redis_serializer_none'] as $fla
     file_put_contents("$dir/$name.field", reset($entries)['message']);
     $raw->del($stream, "{$stream}__queue");
 }
+// A delayed message as PHP's Connection::add writes it in `<stream>__queue` (plain JSON with a
+// uniqid, never through phpredis's serializer), and the entry PHP's get() moves it to when due.
+$stream = 'courier_golden_' . bin2hex(random_bytes(4));
+$transport = courier_transport("redis://{$url['host']}:" . ($url['port'] ?? 6379) . "/$stream?delete_after_ack=true");
+$transport->send(new Envelope(email(), [new S\BusNameStamp('messenger.bus.default'), new S\DelayStamp(1)]));
+$members = $raw->zRange("{$stream}__queue", 0, -1);
+file_put_contents("$dir/redis_queue_member.member", reset($members));
+usleep(20000);
+foreach ($transport->get() as $moved) {
+}
+$entries = $raw->xRange($stream, '-', '+');
+file_put_contents("$dir/redis_queue_moved.field", reset($entries)['message']);
+$raw->del($stream, "{$stream}__queue");
 echo "golden vectors written to $dir\n";

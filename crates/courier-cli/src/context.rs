@@ -141,7 +141,12 @@ impl<'a> Ctx<'a> {
     > {
         #[cfg(all(
             feature = "symfony",
-            any(feature = "sqlite", feature = "postgres", feature = "mysql")
+            any(
+                feature = "sqlite",
+                feature = "postgres",
+                feature = "mysql",
+                feature = "redis"
+            )
         ))]
         if self.config.symfony.is_some() {
             let mut factories = self.app.factories.clone();

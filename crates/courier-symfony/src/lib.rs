@@ -10,6 +10,10 @@
 //!   Doctrine table `messenger_messages`, read and written as PHP does, so that PHP and Courier
 //!   workers consume one queue together. `SymfonyTransportFactory` builds it from a
 //!   `symfony+postgres://`, `symfony+sqlite://` or `symfony+mysql://` DSN.
+//! - `RedisTransport` (feature `redis`): Symfony's Redis transport (a stream, a consumer group,
+//!   delayed messages in `<stream>__queue`), read and written as PHP does, so that PHP and
+//!   Courier workers share one stream and group; `SymfonyTransportFactory` builds it from a
+//!   `symfony+redis://host:port/<stream>/<group>/<consumer>` DSN with Symfony's options.
 //!
 //! The PHP side must use `messenger.transport.symfony_serializer` on the transports it shares
 //! with Courier.
@@ -34,18 +38,36 @@
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod doctrine;
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
+mod factory;
 pub mod php_datetime;
 mod php_envelope;
 mod php_json;
 mod php_serialize;
+#[cfg(feature = "redis")]
+mod redis;
 pub mod redis_field;
 mod serializer;
 mod stamps;
 mod types;
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub use doctrine::{DoctrineOptions, DoctrineTransport, SymfonyTransportFactory};
+pub use doctrine::{DoctrineOptions, DoctrineTransport};
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
+pub use factory::SymfonyTransportFactory;
 pub use php_serialize::PhpSerializeError;
+#[cfg(feature = "redis")]
+pub use redis::{RedisOptions, RedisTransport};
 pub use serializer::{PHP_DECODE_ERROR_HEADER, SymfonyEncoded, SymfonySerializer};
 pub use stamps::SYMFONY_STAMP_PREFIX;
 pub use types::SymfonyTypes;

@@ -1,6 +1,7 @@
 //! The `message` field of Symfony's Redis transport: JSON `{"body": ..., "headers": {...}}`,
 //! wrapped by phpredis's PHP serializer (`s:<len>:"<json>";`, its default) unless PHP's DSN says
-//! `serializer=0`. [`read()`] detects both; [`write()`] writes either.
+//! `serializer=0`. [`read()`] detects both; [`write()`] writes either. A delayed message waits
+//! in the sorted set `<stream>__queue` as a [`queue_member()`] instead.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -71,4 +72,17 @@ pub fn write(encoded: &SymfonyEncoded, php_serialized: bool) -> String {
     } else {
         json
     }
+}
+
+/// A delayed message's member of the sorted set `<stream>__queue`, as Symfony's Redis transport
+/// writes it: JSON `{"body": ..., "headers": {...}, "uniqid": "..."}`, never through phpredis's
+/// serializer (`uniqid` keeps equal messages apart in the set; PHP's is `uniqid('', true)`).
+#[must_use]
+pub fn queue_member(encoded: &SymfonyEncoded, uniqid: &str) -> String {
+    format!(
+        "{{\"body\":{},\"headers\":{},\"uniqid\":{}}}",
+        php_string(&encoded.body),
+        encoded.headers_json(),
+        php_string(uniqid)
+    )
 }

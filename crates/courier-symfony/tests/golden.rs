@@ -277,3 +277,25 @@ fn redis_fields_with_and_without_the_php_serializer_are_read_and_written_as_phpr
         assert_eq!(redis_field::write(&wire, php_serialized), field, "{vector}");
     }
 }
+
+#[test]
+fn a_delayed_redis_message_is_queued_and_moved_as_php_does() {
+    let (registry, serializer) = setup();
+    let member = golden("redis_queue_member.member");
+    let (_, uniqid) = member.rsplit_once(",\"uniqid\":\"").expect("PHP's uniqid");
+    let uniqid = uniqid.trim_end_matches("\"}");
+    let (body, headers) = redis_field::read(member.as_bytes()).expect("member");
+    let envelope = serializer.decode(&registry, body, &headers);
+    assert_eq!(envelope.message::<SendEmail>(), Some(&email()));
+    assert_eq!(
+        envelope.last::<DelayStamp>(),
+        Some(&DelayStamp(Duration::from_millis(1)))
+    );
+    let wire = serializer.encode(&registry, &envelope).expect("encodes");
+    assert_eq!(redis_field::queue_member(&wire, uniqid), member);
+    // When due, PHP moves it to the stream as the entry of the same body and headers.
+    assert_eq!(
+        redis_field::write(&wire, true),
+        golden("redis_queue_moved.field")
+    );
+}

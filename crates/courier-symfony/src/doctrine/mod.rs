@@ -1,7 +1,6 @@
 //! [`DoctrineTransport`]: Symfony's Doctrine table `messenger_messages`, read and written as PHP
 //! does, so that PHP and Courier workers consume one queue together.
 
-mod factory;
 mod list;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -18,7 +17,6 @@ use courier_core::{
     TransportErrorKind, TransportMessageIdStamp,
 };
 
-pub use factory::SymfonyTransportFactory;
 pub use options::DoctrineOptions;
 use sql::{Pool, Row};
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, FixedOffset};
 use courier_core::{Message, MessageRegistry};
-use courier_symfony::{DoctrineOptions, DoctrineTransport, SymfonySerializer, SymfonyTypes};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+use courier_symfony::{DoctrineOptions, DoctrineTransport};
+use courier_symfony::{SymfonySerializer, SymfonyTypes};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,6 +141,7 @@ pub(crate) fn consumed(stdout: &str) -> Vec<Consumed> {
         .collect()
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 /// One database for a test: a SQLite file in a temporary directory, or a table of its own on
 /// the shared PostgreSQL or MariaDB (dropped when the test ends).
 pub(crate) struct Db {
@@ -153,6 +156,7 @@ pub(crate) struct Db {
     _cleanup: Option<courier_test::Cleanup>,
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Sqlite,
@@ -160,6 +164,7 @@ pub(crate) enum Kind {
     Mysql,
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 impl Db {
     pub(crate) fn new(kind: Kind) -> Self {
         match kind {

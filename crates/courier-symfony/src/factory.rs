@@ -1,18 +1,22 @@
-//! [`SymfonyTransportFactory`]: Symfony's Doctrine table from a DSN in the configuration
-//! (`symfony+postgres://...`, `symfony+sqlite://...`, `symfony+mysql://...`).
+//! [`SymfonyTransportFactory`]: Symfony's Doctrine table or Redis stream from a DSN in the
+//! configuration (`symfony+postgres://...`, `symfony+sqlite://...`, `symfony+mysql://...`,
+//! `symfony+redis://...`).
 
 use std::sync::Arc;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 use std::time::Duration;
 
 use async_trait::async_trait;
 use courier_core::config::{Config, ConfigError};
 use courier_core::{Dsn, FactoryContext, Transport, TransportError, TransportFactory, error_chain};
 
-use super::{DoctrineOptions, DoctrineTransport};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+use crate::{DoctrineOptions, DoctrineTransport};
 use crate::{SymfonySerializer, SymfonyTypes};
 
 /// The options a `symfony+...` DSN takes in its query, as Symfony's Doctrine transport names
 /// them.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 const OPTIONS: &[&str] = &[
     "table_name",
     "queue_name",
@@ -21,8 +25,10 @@ const OPTIONS: &[&str] = &[
     "auto_setup",
 ];
 
-/// Builds [`DoctrineTransport`]s from DSNs: `symfony+` and the database's URL, with
-/// Symfony's Doctrine options in the query.
+/// Builds Symfony-layout transports from DSNs: `DoctrineTransport`s from `symfony+` and the
+/// database's URL, with Symfony's Doctrine options in the query (features `postgres`, `sqlite`,
+/// `mysql`), and `RedisTransport`s from `symfony+redis://[user:password@]host[:port][/stream[/group[/consumer]]]`
+/// with Symfony's Redis options in the query (feature `redis`).
 ///
 /// ```toml
 /// [transports.async]
@@ -35,11 +41,14 @@ const OPTIONS: &[&str] = &[
 /// "App\\Message\\SendEmail" = "mail.send"
 /// ```
 ///
-/// Options (unknown ones are refused, naming the key): `table_name` (default
+/// Doctrine options (unknown ones are refused, naming the key): `table_name` (default
 /// `messenger_messages`), `queue_name` (`default`), `redeliver_timeout` (seconds as PHP writes
 /// it, `3600`, or a duration, `1h`), `timezone` (PHP's `date.timezone`, an IANA zone, default
 /// `UTC`), `auto_setup` (PHP's booleans: `true`/`false`, `1`/`0`, `on`/`off`, `yes`/`no`;
-/// default on). Errors and `Debug` never show the password.
+/// default on). Redis options: see `RedisOptions` (`stream`, `group`,
+/// `consumer`, `auto_setup`, `delete_after_ack`, `delete_after_reject`, `stream_max_entries`,
+/// `dbindex`, `redeliver_timeout` in seconds, `claim_interval` in milliseconds, `serializer`
+/// 1 or 0, `lazy`). Errors and `Debug` never show the password.
 ///
 /// A factory has no access to the configuration, so the PHP class map is the factory's: the
 /// application registers `SymfonyTransportFactory::new(SymfonyTypes::from_config(&config)?)`
@@ -64,7 +73,7 @@ pub struct SymfonyTransportFactory {
 }
 
 impl SymfonyTransportFactory {
-    /// The schemes this build handles (by the features `postgres`, `sqlite`, `mysql`).
+    /// The schemes this build handles (by the features `postgres`, `sqlite`, `mysql`, `redis`).
     pub const SCHEMES: &'static [&'static str] = &[
         #[cfg(feature = "postgres")]
         "symfony+postgres",
@@ -76,6 +85,8 @@ impl SymfonyTransportFactory {
         "symfony+mysql",
         #[cfg(feature = "mysql")]
         "symfony+mariadb",
+        #[cfg(feature = "redis")]
+        "symfony+redis",
     ];
 
     /// A factory whose transports map PHP classes with `types`.
@@ -94,6 +105,7 @@ impl SymfonyTransportFactory {
 }
 
 /// Symfony's Doctrine options from the DSN's query.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 fn options(dsn: &Dsn) -> Result<DoctrineOptions, String> {
     dsn.check_options(OPTIONS).map_err(|e| e.reason)?;
     let mut options = DoctrineOptions::default();
@@ -163,6 +175,31 @@ impl TransportFactory for SymfonyTransportFactory {
     }
 
     async fn create(&self, ctx: FactoryContext) -> Result<Arc<dyn Transport>, TransportError> {
+        #[cfg(feature = "redis")]
+        if ctx.dsn.scheme() == "symfony+redis" {
+            let (options, server) =
+                crate::redis::from_dsn(&ctx.dsn).map_err(|reason| ctx.config_error(reason))?;
+            let transport = crate::RedisTransport::connect_to(
+                ctx.name.clone(),
+                &server,
+                options,
+                SymfonySerializer::new(self.types.clone()),
+                ctx.registry.clone(),
+            )
+            .await
+            .map_err(|e| scrub(e, &ctx.dsn))?;
+            return Ok(Arc::new(transport));
+        }
+        self.create_doctrine(ctx).await
+    }
+}
+
+impl SymfonyTransportFactory {
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+    async fn create_doctrine(
+        &self,
+        ctx: FactoryContext,
+    ) -> Result<Arc<dyn Transport>, TransportError> {
         let options = options(&ctx.dsn).map_err(|reason| ctx.config_error(reason))?;
         // The database's URL: the DSN after `symfony+`, without the options (Courier's).
         let exposed = ctx.dsn.expose_without_query();
@@ -185,7 +222,21 @@ impl TransportFactory for SymfonyTransportFactory {
     }
 }
 
-#[cfg(test)]
+#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+impl SymfonyTransportFactory {
+    #[allow(clippy::unused_async, reason = "the twin of the `sql` build's")]
+    async fn create_doctrine(
+        &self,
+        ctx: FactoryContext,
+    ) -> Result<Arc<dyn Transport>, TransportError> {
+        Err(ctx.config_error(format!(
+            "scheme `{}` needs courier-symfony's features `postgres`, `sqlite` or `mysql`",
+            ctx.dsn.scheme()
+        )))
+    }
+}
+
+#[cfg(all(test, any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
 mod tests {
     use super::*;
 

@@ -1,0 +1,501 @@
+//! [`RedisTransport`]: Symfony Messenger's Redis stream, read and written as PHP does, so that
+//! PHP and Courier workers consume one stream together.
+
+mod options;
+mod verbs;
+mod wire;
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use courier_core::{
+    DelayStamp, Encoded, Envelope, MessageRegistry, Transport, TransportError, TransportErrorKind,
+    TransportMessageIdStamp,
+};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisError, Value};
+
+pub use options::RedisOptions;
+use options::Server;
+pub(crate) use options::from_dsn;
+use wire::{Entry, Scripts};
+
+use crate::{PHP_DECODE_ERROR_HEADER, SymfonySerializer, redis_field};
+
+/// How long a Redis reply may take before the connection counts as dead.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most delayed messages one `get` moves to the stream.
+const MOVE_LIMIT: usize = 1000;
+
+/// Where `get` stands in PHP's reading order.
+#[derive(Debug)]
+struct ReadState {
+    /// The group exists (or `auto_setup` is off).
+    set_up: bool,
+    /// Reading this consumer's own pending entries (those left from an earlier run), after this
+    /// id; `None` once they are all read, then new ones only (`>`).
+    pending_after: Option<String>,
+    /// When to look for others' entries idle past `redeliver_timeout` next.
+    next_claim: Instant,
+    /// The ids handed out and not yet acked, rejected or retried.
+    in_flight: HashSet<String>,
+}
+
+/// Symfony Messenger 5.4's Redis transport (a stream, a consumer group, delayed messages in
+/// `<stream>__queue`), read and written as PHP does: PHP and Courier workers consume one stream
+/// together, each side moves the other's delayed messages when they are due, and a retry
+/// crosses sides with its count.
+///
+/// - `send` adds an entry whose `message` field is JSON `{"body", "headers"}` (written with
+///   phpredis's PHP serializer unless `serializer=0`); a message with a `DelayStamp` goes to
+///   the sorted set `<stream>__queue` instead, as JSON `{"body", "headers", "uniqid"}` scored
+///   by its due time in milliseconds, as PHP writes it.
+/// - `get` moves the due delayed messages to the stream (what PHP's `ZPOPMIN` and `XADD` do, in
+///   one script), then reads with `XREADGROUP`: first this consumer's own pending entries
+///   left from an earlier run, then new ones; every `claim_interval` it claims (`XCLAIM`) the
+///   entries idle past `redeliver_timeout`. Entries deleted while pending are acked and
+///   skipped, as PHP does.
+/// - `keepalive` resets the idle time of what Courier holds (`XCLAIM <id> JUSTID` to itself,
+///   only while still its own), so that no PHP worker claims it during a long handler.
+/// - `ack` is `XACK` (and `XDEL` with `delete_after_ack`); `reject` is `XACK` and `XDEL`
+///   (unless `delete_after_reject` is off); `retry` sends a new message (with the
+///   `RedeliveryStamp` the worker added and a `DelayStamp`) and rejects the old entry, as
+///   PHP's retry listener and worker do.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), courier_core::TransportError> {
+/// use std::sync::Arc;
+/// use courier_core::MessageRegistry;
+/// use courier_symfony::{RedisOptions, RedisTransport, SymfonySerializer, SymfonyTypes};
+///
+/// let serializer = SymfonySerializer::new(SymfonyTypes::new().map(r"App\Message\SendEmail", "mail.send"));
+/// let transport = RedisTransport::connect(
+///     "async",
+///     "127.0.0.1",
+///     6379,
+///     RedisOptions::default().stream("messages").consumer("rust-1"),
+///     serializer,
+///     Arc::new(MessageRegistry::new()),
+/// )
+/// .await?;
+/// # Ok(()) }
+/// ```
+pub struct RedisTransport {
+    name: String,
+    /// `host:port`, for errors.
+    addr: String,
+    client: Client,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    options: RedisOptions,
+    queue: String,
+    serializer: SymfonySerializer,
+    registry: Arc<MessageRegistry>,
+    scripts: Scripts,
+    state: Mutex<ReadState>,
+}
+
+impl fmt::Debug for RedisTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisTransport")
+            .field("name", &self.name)
+            .field("addr", &self.addr)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisTransport {
+    /// Connects to the Redis server at `host:port` (no password) and, unless `auto_setup` is
+    /// off, creates the group (and the stream) when missing.
+    ///
+    /// # Errors
+    /// [`TransportErrorKind::Connection`] when the server cannot be reached; the setup's error.
+    pub async fn connect(
+        name: impl Into<String>,
+        host: &str,
+        port: u16,
+        options: RedisOptions,
+        serializer: SymfonySerializer,
+        registry: Arc<MessageRegistry>,
+    ) -> Result<Self, TransportError> {
+        let server = Server {
+            host: host.to_owned(),
+            port,
+            user: None,
+            password: None,
+        };
+        Self::connect_to(name.into(), &server, options, serializer, registry).await
+    }
+
+    pub(crate) async fn connect_to(
+        name: String,
+        server: &Server,
+        options: RedisOptions,
+        serializer: SymfonySerializer,
+        registry: Arc<MessageRegistry>,
+    ) -> Result<Self, TransportError> {
+        let mut settings = redis::RedisConnectionInfo::default().set_db(options.dbindex);
+        if let Some(user) = &server.user {
+            settings = settings.set_username(user);
+        }
+        if let Some(password) = &server.password {
+            settings = settings.set_password(password);
+        }
+        let client = ConnectionAddr::Tcp(server.host.clone(), server.port)
+            .into_connection_info()
+            .map(|info| info.set_redis_settings(settings))
+            .and_then(Client::open)
+            .map_err(|e| {
+                TransportError::new(TransportErrorKind::Config, name.clone())
+                    .with_context(format!(
+                        "invalid Redis address {}:{}",
+                        server.host, server.port
+                    ))
+                    .with_source(e)
+            })?;
+        let transport = Self {
+            queue: options.queue_key(),
+            state: Mutex::new(ReadState {
+                set_up: !options.auto_setup,
+                pending_after: Some("0".to_owned()),
+                next_claim: Instant::now(),
+                in_flight: HashSet::new(),
+            }),
+            name,
+            addr: format!("{}:{}", server.host, server.port),
+            client,
+            conn: Mutex::new(None),
+            options,
+            serializer,
+            registry,
+            scripts: Scripts::new(),
+        };
+        transport.conn().await?;
+        if transport.options.auto_setup {
+            transport.ensure_setup().await?;
+        }
+        Ok(transport)
+    }
+
+    /// The options.
+    #[must_use]
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    /// The transport's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ReadState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn error(&self, doing: &'static str, e: RedisError) -> TransportError {
+        let kind = if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+            TransportErrorKind::Connection
+        } else {
+            TransportErrorKind::Protocol
+        };
+        if kind == TransportErrorKind::Connection {
+            // The next call connects again.
+            *self
+                .conn
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        }
+        TransportError::new(kind, self.name.clone())
+            .with_context(format!("{doing} (stream `{}`)", self.options.stream))
+            .with_source(e)
+    }
+
+    async fn conn(&self) -> Result<MultiplexedConnection, TransportError> {
+        let held = self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(conn) = held {
+            return Ok(conn);
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(10)))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT));
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| {
+                self.error("connecting to Redis", e)
+                    .with_context(format!("connecting to Redis at {}", self.addr))
+            })?;
+        *self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Creates the group (and the stream) when missing, as PHP's `setup()` does; with
+    /// `delete_after_ack` or `delete_after_reject`, refuses a stream with more than one group.
+    async fn create_group(&self) -> Result<(), TransportError> {
+        let mut conn = self.conn().await?;
+        let created: Result<Value, RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.options.stream)
+            .arg(&self.options.group)
+            .arg(0)
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        match created {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(self.error("creating the consumer group", e)),
+        }
+        if self.options.delete_after_ack || self.options.delete_after_reject {
+            let groups: Value = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(&self.options.stream)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.error("listing the consumer groups", e))?;
+            let count = wire::group_names(groups).len();
+            if count > 1 {
+                return Err(
+                    TransportError::new(TransportErrorKind::Config, self.name.clone())
+                        .with_context(format!(
+                            "more than one group exists for stream `{}`: delete_after_ack and \
+                         delete_after_reject cannot be enabled, as they risk deleting messages \
+                         before all groups could consume them",
+                            self.options.stream
+                        )),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the stream has the group (`XINFO GROUPS`; a missing stream has none).
+    async fn group_exists(&self) -> Result<bool, TransportError> {
+        let mut conn = self.conn().await?;
+        let groups: Result<Value, RedisError> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&self.options.stream)
+            .query_async(&mut conn)
+            .await;
+        let groups = match groups {
+            Ok(groups) => groups,
+            // `ERR no such key`: no stream, so no group.
+            Err(e) if e.to_string().contains("no such key") => return Ok(false),
+            Err(e) => return Err(self.error("listing the consumer groups", e)),
+        };
+        Ok(wire::group_names(groups).contains(&self.options.group))
+    }
+
+    async fn ensure_setup(&self) -> Result<(), TransportError> {
+        if self.state().set_up {
+            return Ok(());
+        }
+        self.create_group().await?;
+        self.state().set_up = true;
+        Ok(())
+    }
+
+    fn entry_id(&self, envelope: &Envelope) -> Result<String, TransportError> {
+        envelope
+            .last::<TransportMessageIdStamp>()
+            .map(|s| s.0.clone())
+            .ok_or_else(|| {
+                TransportError::new(TransportErrorKind::NotFound, self.name.clone())
+                    .with_context("envelope has no stream entry id (TransportMessageIdStamp)")
+            })
+    }
+
+    fn decode(&self, id: String, field: &[u8]) -> Envelope {
+        let envelope = match redis_field::read(field) {
+            Ok((body, headers)) => self.serializer.decode(&self.registry, body, &headers),
+            // Kept as it is, with the reason, for the failure transport.
+            Err(e) => self.registry.decode(Encoded {
+                body: String::from_utf8_lossy(field).into_owned(),
+                headers: BTreeMap::from([(
+                    PHP_DECODE_ERROR_HEADER.to_owned(),
+                    format!("{e}: {}", courier_core::error_chain(&e)),
+                )]),
+            }),
+        };
+        envelope.with(TransportMessageIdStamp(id))
+    }
+
+    /// Adds the commands that store `envelope` to `pipe`: an entry, or a member of the delayed
+    /// set. The id it will have is the entry's (from the reply) or the member's `uniqid`.
+    fn push_send(
+        &self,
+        pipe: &mut redis::Pipeline,
+        envelope: &Envelope,
+    ) -> Result<(), TransportError> {
+        let wire = self
+            .serializer
+            .encode(&self.registry, envelope)
+            .map_err(|e| {
+                TransportError::new(TransportErrorKind::Encode, self.name.clone()).with_source(e)
+            })?;
+        let delay = envelope.last::<DelayStamp>().map_or(0, |DelayStamp(d)| {
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+        });
+        if delay > 0 {
+            let due = wire::now_ms().saturating_add(delay);
+            pipe.cmd("ZADD")
+                .arg(&self.queue)
+                .arg("NX")
+                .arg(due)
+                .arg(wire::queue_member(&wire));
+        } else {
+            let field = redis_field::write(&wire, self.options.php_serializer);
+            let cmd = pipe.cmd("XADD").arg(&self.options.stream);
+            if self.options.stream_max_entries > 0 {
+                cmd.arg("MAXLEN")
+                    .arg("~")
+                    .arg(self.options.stream_max_entries);
+            }
+            cmd.arg("*").arg("message").arg(field);
+        }
+        Ok(())
+    }
+
+    async fn send_all(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
+        if envelopes.is_empty() {
+            return Ok(envelopes);
+        }
+        self.ensure_setup().await?;
+        let mut pipe = redis::pipe();
+        for envelope in &envelopes {
+            self.capabilities().check_delay(&self.name, envelope)?;
+            self.push_send(&mut pipe, envelope)?;
+        }
+        let mut conn = self.conn().await?;
+        let replies: Vec<Value> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error("adding messages", e))?;
+        Ok(envelopes
+            .into_iter()
+            .zip(replies)
+            .map(|(envelope, reply)| match reply {
+                Value::BulkString(id) => envelope.with(TransportMessageIdStamp(
+                    String::from_utf8_lossy(&id).into_owned(),
+                )),
+                _ => envelope,
+            })
+            .collect())
+    }
+
+    /// `XACK` the ids, and `XDEL` them when `delete`.
+    async fn finish(
+        &self,
+        ids: Vec<String>,
+        delete: bool,
+        doing: &'static str,
+    ) -> Result<(), TransportError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("XACK")
+            .arg(&self.options.stream)
+            .arg(&self.options.group)
+            .arg(&ids)
+            .ignore();
+        if delete {
+            pipe.cmd("XDEL")
+                .arg(&self.options.stream)
+                .arg(&ids)
+                .ignore();
+        }
+        let mut conn = self.conn().await?;
+        let () = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(doing, e))?;
+        let mut state = self.state();
+        for id in &ids {
+            state.in_flight.remove(id);
+        }
+        Ok(())
+    }
+
+    /// Claims the entries idle past `redeliver_timeout` (others', or this consumer's that no one
+    /// keeps alive), at most `max`: what PHP's `claimOldPendingMessages` does, with their
+    /// fields at once.
+    async fn claim(
+        &self,
+        conn: &mut MultiplexedConnection,
+        max: usize,
+    ) -> Result<Vec<Entry>, TransportError> {
+        let idle = u64::try_from(self.options.redeliver_timeout.as_millis()).unwrap_or(u64::MAX);
+        let pending: Value = redis::cmd("XPENDING")
+            .arg(&self.options.stream)
+            .arg(&self.options.group)
+            .arg("IDLE")
+            .arg(idle)
+            .arg("-")
+            .arg("+")
+            .arg(max)
+            .query_async(conn)
+            .await
+            .map_err(|e| self.error("listing pending messages", e))?;
+        let ids: Vec<String> = {
+            let state = self.state();
+            wire::pending_ids(pending)
+                .into_iter()
+                .filter(|id| !state.in_flight.contains(id))
+                .collect()
+        };
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let claimed: Value = redis::cmd("XCLAIM")
+            .arg(&self.options.stream)
+            .arg(&self.options.group)
+            .arg(&self.options.consumer)
+            .arg(idle)
+            .arg(&ids)
+            .query_async(conn)
+            .await
+            .map_err(|e| self.error("claiming pending messages", e))?;
+        Ok(wire::entries(claimed))
+    }
+
+    async fn read_group(
+        &self,
+        conn: &mut MultiplexedConnection,
+        from: &str,
+        count: usize,
+    ) -> Result<Vec<Entry>, TransportError> {
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&self.options.group)
+            .arg(&self.options.consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("STREAMS")
+            .arg(&self.options.stream)
+            .arg(from)
+            .query_async(conn)
+            .await
+            .map_err(|e| {
+                if e.code() == Some("NOGROUP") && self.options.auto_setup {
+                    // The stream or its group was deleted: the next `get` creates them again.
+                    self.state().set_up = false;
+                }
+                self.error("reading the stream", e)
+            })?;
+        Ok(wire::read_reply(reply))
+    }
+}

@@ -1,0 +1,197 @@
+//! The [`Transport`] verbs of [`RedisTransport`] and its [`Setup`].
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use courier_core::{
+    Abilities, Capabilities, DelayStamp, Envelope, Setup, Transport, TransportError,
+    TransportErrorKind, TransportMessageIdStamp,
+};
+
+use super::{MOVE_LIMIT, RedisTransport, wire};
+
+#[async_trait]
+impl Transport for RedisTransport {
+    fn messaging_system(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        let mut sent = self.send_all(vec![envelope]).await?;
+        sent.pop().ok_or_else(|| {
+            TransportError::new(TransportErrorKind::Protocol, self.name.clone())
+                .with_context("no reply to adding a message")
+        })
+    }
+
+    async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
+        self.send_all(envelopes).await
+    }
+
+    async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.ensure_setup().await?;
+        let mut conn = self.conn().await?;
+        let _moved: u64 = self
+            .scripts
+            .move_due
+            .key(&self.queue)
+            .key(&self.options.stream)
+            .arg(wire::now_ms())
+            .arg(MOVE_LIMIT)
+            .arg(if self.options.php_serializer {
+                "1"
+            } else {
+                "0"
+            })
+            .arg(self.options.stream_max_entries)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error("moving due delayed messages", e))?;
+
+        let (pending_after, claim_due) = {
+            let state = self.state();
+            (
+                state.pending_after.clone(),
+                state.next_claim <= Instant::now(),
+            )
+        };
+        let mut entries = match pending_after {
+            Some(after) => {
+                let own = self.read_group(&mut conn, &after, max).await?;
+                self.state().pending_after = own.last().map(|(id, _)| id.clone());
+                own
+            }
+            None => Vec::new(),
+        };
+        if entries.is_empty() && claim_due {
+            entries = self.claim(&mut conn, max).await?;
+            self.state().next_claim = Instant::now() + self.options.claim_interval;
+        }
+        if entries.is_empty() {
+            entries = self.read_group(&mut conn, ">", max).await?;
+        }
+
+        let mut deleted = Vec::new();
+        let mut out = Vec::with_capacity(entries.len());
+        for (id, field) in entries {
+            match field {
+                Some(field) => {
+                    self.state().in_flight.insert(id.clone());
+                    out.push(self.decode(id, &field));
+                }
+                None => deleted.push(id),
+            }
+        }
+        // Entries deleted while pending: PHP rejects them.
+        self.finish(
+            deleted,
+            self.options.delete_after_reject,
+            "rejecting deleted messages",
+        )
+        .await?;
+        Ok(out)
+    }
+
+    async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        let id = self.entry_id(envelope)?;
+        self.finish(vec![id], self.options.delete_after_ack, "acking a message")
+            .await
+    }
+
+    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        let ids = envelopes
+            .iter()
+            .map(|e| self.entry_id(e))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.finish(ids, self.options.delete_after_ack, "acking messages")
+            .await
+    }
+
+    async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        let id = self.entry_id(envelope)?;
+        self.finish(
+            vec![id],
+            self.options.delete_after_reject,
+            "rejecting a message",
+        )
+        .await
+    }
+
+    async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
+        let old = envelope.clone();
+        let next = envelope
+            .without_all::<DelayStamp>()
+            .without_all::<TransportMessageIdStamp>();
+        let next = if delay.is_zero() {
+            next
+        } else {
+            next.with(DelayStamp(delay))
+        };
+        self.send(next).await?;
+        self.reject(&old).await
+    }
+
+    async fn keepalive(&self, envelope: &Envelope) -> Result<(), TransportError> {
+        self.keepalive_batch(std::slice::from_ref(envelope)).await
+    }
+
+    async fn keepalive_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        let ids = envelopes
+            .iter()
+            .map(|e| self.entry_id(e))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut conn = self.conn().await?;
+        let _kept: u64 = self
+            .scripts
+            .keepalive
+            .key(&self.options.stream)
+            .arg(&self.options.group)
+            .arg(&self.options.consumer)
+            .arg(&ids)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error("keeping messages alive", e))?;
+        Ok(())
+    }
+
+    fn abilities(&self) -> Abilities<'_> {
+        Abilities::none().setup(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+            .with_delay(None)
+            .with_redeliver_after(self.options.redeliver_timeout)
+    }
+}
+
+#[async_trait]
+impl Setup for RedisTransport {
+    async fn setup(&self) -> Result<(), TransportError> {
+        self.create_group().await?;
+        self.state().set_up = true;
+        Ok(())
+    }
+
+    async fn check(&self) -> Result<(), TransportError> {
+        if self.group_exists().await? {
+            return Ok(());
+        }
+        Err(
+            TransportError::new(TransportErrorKind::Config, self.name().to_owned()).with_context(
+                format!(
+                    "consumer group `{}` of stream `{}` is missing (auto_setup is off): run \
+                     `courier setup` or PHP's `messenger:setup-transports`",
+                    self.options().group,
+                    self.options().stream
+                ),
+            ),
+        )
+    }
+}
