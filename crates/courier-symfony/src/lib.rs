@@ -10,6 +10,12 @@
 //!   Doctrine table `messenger_messages`, read and written as PHP does, so that PHP and Courier
 //!   workers consume one queue together. `SymfonyTransportFactory` builds it from a
 //!   `symfony+postgres://`, `symfony+sqlite://` or `symfony+mysql://` DSN.
+//! - `AmqpTransport` (feature `amqp`): Symfony's AMQP transport on RabbitMQ, its exchange,
+//!   queues, delay exchange and delay queues laid out and its messages published as PHP's
+//!   `Bridge\Amqp` does (headers as an AMQP table, `content_type` property, persistent), so
+//!   that PHP and Courier workers share its queues, delayed messages and retries included.
+//!   `SymfonyTransportFactory` builds it from a `symfony+amqp://user:pass@host:5672/vhost/exchange`
+//!   DSN with PHP's options (`queues[name][binding_keys][]=...`, `delay[exchange_name]=...`).
 //!
 //! The PHP side must use `messenger.transport.symfony_serializer` on the transports it shares
 //! with Courier.
@@ -32,6 +38,8 @@
 //! # Ok::<(), courier_core::EncodeError>(())
 //! ```
 
+#[cfg(feature = "amqp")]
+mod amqp;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod doctrine;
 pub mod php_datetime;
@@ -45,6 +53,8 @@ mod types;
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use doctrine::{DoctrineOptions, DoctrineTransport, SymfonyTransportFactory};
+#[cfg(feature = "amqp")]
+pub use amqp::{AmqpOptions, AmqpQueue, AmqpTransport, QueueArgument, amqp_uri};
 pub use php_serialize::PhpSerializeError;
 pub use serializer::{PHP_DECODE_ERROR_HEADER, SymfonyEncoded, SymfonySerializer};
 pub use stamps::SYMFONY_STAMP_PREFIX;

@@ -76,6 +76,8 @@ impl SymfonyTransportFactory {
         "symfony+mysql",
         #[cfg(feature = "mysql")]
         "symfony+mariadb",
+        #[cfg(feature = "amqp")]
+        "symfony+amqp",
     ];
 
     /// A factory whose transports map PHP classes with `types`.
@@ -163,6 +165,10 @@ impl TransportFactory for SymfonyTransportFactory {
     }
 
     async fn create(&self, ctx: FactoryContext) -> Result<Arc<dyn Transport>, TransportError> {
+        #[cfg(feature = "amqp")]
+        if ctx.dsn.scheme() == "symfony+amqp" {
+            return crate::amqp::create(&ctx, &self.types).await;
+        }
         let options = options(&ctx.dsn).map_err(|reason| ctx.config_error(reason))?;
         // The database's URL: the DSN after `symfony+`, without the options (Courier's).
         let exposed = ctx.dsn.expose_without_query();
