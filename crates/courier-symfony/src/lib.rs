@@ -51,10 +51,10 @@ mod serializer;
 mod stamps;
 mod types;
 
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub use doctrine::{DoctrineOptions, DoctrineTransport, SymfonyTransportFactory};
 #[cfg(feature = "amqp")]
 pub use amqp::{AmqpOptions, AmqpQueue, AmqpTransport, QueueArgument, amqp_uri};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use doctrine::{DoctrineOptions, DoctrineTransport, SymfonyTransportFactory};
 pub use php_serialize::PhpSerializeError;
 pub use serializer::{PHP_DECODE_ERROR_HEADER, SymfonyEncoded, SymfonySerializer};
 pub use stamps::SYMFONY_STAMP_PREFIX;

@@ -176,9 +176,14 @@ impl Link {
             other => ExchangeKind::Custom(other.to_owned()),
         };
         let exchange = short(&self.name, "exchange", &o.exchange_name)?;
-        ch.exchange_declare(exchange.clone(), kind, durable_exchange(), FieldTable::default())
-            .await
-            .map_err(|e| self.err(&format!("cannot declare exchange `{}`", o.exchange_name), e))?;
+        ch.exchange_declare(
+            exchange.clone(),
+            kind,
+            durable_exchange(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| self.err(&format!("cannot declare exchange `{}`", o.exchange_name), e))?;
         for queue in &o.queues {
             let mut args = FieldTable::default();
             for (key, value) in &queue.arguments {
@@ -284,7 +289,9 @@ impl Link {
         )
         .await
         .map_err(|e| self.err(&format!("cannot bind delay queue `{queue}`"), e))?;
-        session.delay_queues.insert(queue.to_owned(), Instant::now());
+        session
+            .delay_queues
+            .insert(queue.to_owned(), Instant::now());
         Ok(())
     }
 

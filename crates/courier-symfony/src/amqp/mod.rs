@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use courier_core::{
-    Abilities, Capabilities, DelayStamp, Envelope, MessageCount, MessageRegistry, Transport,
+    Abilities, Capabilities, DelayStamp, Envelope, MessageCount, MessageRegistry, Setup, Transport,
     TransportError, TransportErrorKind, TransportMessageIdStamp,
 };
 use lapin::BasicProperties;
@@ -20,8 +20,8 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
-pub(crate) use dsn::create;
 pub use dsn::amqp_uri;
+pub(crate) use dsn::create;
 use link::{Link, Session, amqp_error};
 pub use options::{AmqpOptions, AmqpQueue, QueueArgument};
 
@@ -137,7 +137,10 @@ impl AmqpTransport {
 
     /// Publishes `wires` (each with its delay in ms and whether it is a retry into `queue`),
     /// then waits for every confirm.
-    async fn publish(&self, wires: Vec<(SymfonyEncoded, u64, Option<String>)>) -> Result<(), TransportError> {
+    async fn publish(
+        &self,
+        wires: Vec<(SymfonyEncoded, u64, Option<String>)>,
+    ) -> Result<(), TransportError> {
         let name = self.name().to_owned();
         self.link
             .with(async |s: &mut Session| {
@@ -189,10 +192,7 @@ impl AmqpTransport {
             .or_else(|| o.default_publish_routing_key.clone())
             .unwrap_or_default();
         if delay_ms == 0 {
-            return Ok((
-                o.exchange_name.as_str().into(),
-                routing_key.as_str().into(),
-            ));
+            return Ok((o.exchange_name.as_str().into(), routing_key.as_str().into()));
         }
         let queue = o.delay_queue_name(delay_ms, &routing_key, retry_queue.is_some());
         // A retry goes straight back to its queue through the default exchange.
@@ -204,10 +204,7 @@ impl AmqpTransport {
         self.link
             .declare_delay(s, &queue, delay_ms, (dead_letter_exchange, &routing_key))
             .await?;
-        Ok((
-            o.delay_exchange_name.as_str().into(),
-            queue.as_str().into(),
-        ))
+        Ok((o.delay_exchange_name.as_str().into(), queue.as_str().into()))
     }
 
     fn decode(&self, delivery: &lapin::message::Delivery, generation: u64) -> Envelope {
@@ -224,10 +221,12 @@ impl AmqpTransport {
         }
         let body = String::from_utf8_lossy(&delivery.data).into_owned();
         let encoded = self.serializer.to_courier(body, headers);
-        self.registry.decode(encoded).with(TransportMessageIdStamp(format!(
-            "{generation}:{}",
-            delivery.delivery_tag
-        )))
+        self.registry
+            .decode(encoded)
+            .with(TransportMessageIdStamp(format!(
+                "{generation}:{}",
+                delivery.delivery_tag
+            )))
     }
 
     /// Acks (`ack`) or nacks without requeue the delivery of `envelope`. A delivery of an
@@ -314,9 +313,9 @@ fn amqp_message(wire: &SymfonyEncoded) -> (&str, BasicProperties) {
 
 /// The delay of `envelope` in whole milliseconds (PHP's `DelayStamp` holds milliseconds).
 fn delay_ms(envelope: &Envelope) -> u64 {
-    envelope
-        .last::<DelayStamp>()
-        .map_or(0, |DelayStamp(d)| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    envelope.last::<DelayStamp>().map_or(0, |DelayStamp(d)| {
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+    })
 }
 
 #[async_trait]
@@ -327,7 +326,8 @@ impl Transport for AmqpTransport {
 
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
         let wire = self.encode(&envelope)?;
-        self.publish(vec![(wire, delay_ms(&envelope), None)]).await?;
+        self.publish(vec![(wire, delay_ms(&envelope), None)])
+            .await?;
         Ok(envelope)
     }
 
@@ -366,10 +366,17 @@ impl Transport for AmqpTransport {
                     while got.len() < max {
                         let message = s
                             .getter
-                            .basic_get(queue.name.as_str().into(), BasicGetOptions { no_ack: false })
+                            .basic_get(
+                                queue.name.as_str().into(),
+                                BasicGetOptions { no_ack: false },
+                            )
                             .await
                             .map_err(|e| {
-                                amqp_error(&name, &format!("basic.get from `{}` failed", queue.name), e)
+                                amqp_error(
+                                    &name,
+                                    &format!("basic.get from `{}` failed", queue.name),
+                                    e,
+                                )
                             })?;
                         let Some(message) = message else { break };
                         let delivery = message.delivery;
@@ -392,11 +399,18 @@ impl Transport for AmqpTransport {
     }
 
     fn abilities(&self) -> Abilities<'_> {
-        Abilities::none().message_count(self)
+        Abilities::none().message_count(self).setup(self)
     }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::none().with_delay(None).with_redelivery()
+    }
+}
+
+#[async_trait]
+impl Setup for AmqpTransport {
+    async fn setup(&self) -> Result<(), TransportError> {
+        AmqpTransport::setup(self).await
     }
 }
 
@@ -419,7 +433,9 @@ impl MessageCount for AmqpTransport {
                             FieldTable::default(),
                         )
                         .await
-                        .map_err(|e| amqp_error(&name, &format!("cannot count queue `{}`", queue.name), e))?;
+                        .map_err(|e| {
+                            amqp_error(&name, &format!("cannot count queue `{}`", queue.name), e)
+                        })?;
                     total += u64::from(declared.message_count());
                 }
                 Ok(total)

@@ -372,7 +372,11 @@ mod tests {
             ("exchange[flags]", "2", "`exchange[flags]`"),
             ("queues[a][flags]", "2", "`queues[a][flags]`"),
             ("exchange[type]", "weird", "`exchange[type]`"),
-            ("queues[a][arguments][x-message-ttl]", "soon", "x-message-ttl"),
+            (
+                "queues[a][arguments][x-message-ttl]",
+                "soon",
+                "x-message-ttl",
+            ),
             ("delay[exchange_name", "x", "unclosed"),
         ] {
             let err = AmqpOptions::from_query("ex", &q(&[(key, value)])).expect_err(key);
