@@ -300,6 +300,11 @@ async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count() {
     )
     .await;
     assert_eq!(consumed(&out).len(), 20);
+    let php_retry_queue = format!("delay_{}_{}_1000_retry", topo.exchange, topo.queue);
+    assert!(
+        queue_exists(&topo.url, &php_retry_queue).await,
+        "{php_retry_queue}"
+    );
 
     // Courier fails each again: its worker retries it with RedeliveryStamp 2.
     let (counts, stats) = retry_worker(t.clone(), 20).await;
@@ -320,7 +325,7 @@ async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
-async fn a_retry_crosses_from_courier_to_php_and_back_with_its_count() {
+async fn a_retry_crosses_from_courier_to_php_with_its_count() {
     let topo = Topology::new();
     let t = topo.courier().await;
     courier_sends(&t, 1, 20).await;
@@ -328,6 +333,11 @@ async fn a_retry_crosses_from_courier_to_php_and_back_with_its_count() {
     let (counts, stats) = retry_worker(t.clone(), 20).await;
     assert_eq!(stats.retried, 20, "{stats:?}");
     assert_eq!(counts, vec![0; 20]);
+    let retry_queue = format!("delay_{}_{}_1000_retry", topo.exchange, topo.queue);
+    assert!(
+        queue_exists(&topo.url, &retry_queue).await,
+        "Courier retried through PHP's retry delay queue {retry_queue}"
+    );
     // PHP fails each again (it has count 1 already: fail-new fails only count 0, so run a
     // plain consumer that reads them and check the count).
     let out = php("consume.php", &[&topo.php(), "20", "30"], "UTC", PHP_LIMIT).await;
@@ -505,4 +515,104 @@ async fn courier_publishes_the_layout_php_publishes() {
         from_php.2
     );
     assert_eq!(from_courier, from_php);
+}
+
+/// Whether `queue` exists (a passive declare on a channel of its own).
+async fn queue_exists(url: &str, queue: &str) -> bool {
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let ch = conn.create_channel().await.expect("channel");
+    let found = ch
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .is_ok();
+    let _ = conn.close(200, "done".into()).await;
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn both_sides_declare_the_same_delay_queue_alike() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    let delay_queue = format!("delay_{}__1000_delay", topo.exchange);
+    let delayed = |id| Envelope::new(email(id, "+00:00")).with(DelayStamp(Duration::from_secs(1)));
+    // Courier declares PHP's delay queue, PHP declares it again (RabbitMQ refuses a
+    // declaration with other arguments), and Courier once more.
+    timeout(t.send(delayed(1))).await.unwrap();
+    assert!(queue_exists(&topo.url, &delay_queue).await, "{delay_queue}");
+    php(
+        "dispatch.php",
+        &[&topo.php(), "2", "1", "1"],
+        "UTC",
+        PHP_LIMIT,
+    )
+    .await;
+    t.close().await;
+    timeout(t.send(delayed(3))).await.unwrap();
+    assert_eq!(
+        message_count(&t).await,
+        0,
+        "all three wait in the delay queue"
+    );
+    let got = drain(&t, 3, Duration::from_secs(10)).await;
+    let ids: BTreeSet<i64> = got
+        .iter()
+        .map(|e| e.message::<SendEmail>().unwrap().id)
+        .collect();
+    assert_eq!(ids, common::ids(1..=3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn the_factory_builds_it_from_a_symfony_amqp_dsn_php_shares() {
+    use courier_core::{FactoryContext, TransportRegistry};
+    use courier_symfony::{SymfonyTransportFactory, SymfonyTypes};
+
+    let topo = Topology::new();
+    let factories = TransportRegistry::new().with(Arc::new(SymfonyTransportFactory::new(
+        SymfonyTypes::new().map(r"App\Message\SendEmail", "mail.send"),
+    )));
+    let create = |dsn: String| {
+        let ctx = FactoryContext::new("async", Dsn::parse(&dsn).unwrap()).registry(registry());
+        let factories = &factories;
+        async move { timeout(factories.create(ctx)).await }
+    };
+    let t = create(format!("symfony+{}", topo.php())).await.unwrap();
+    assert_eq!(t.messaging_system(), "rabbitmq");
+    assert!(
+        queue_exists(&topo.url, &topo.queue).await,
+        "auto_setup declared the queue"
+    );
+    t.send(Envelope::new(email(5, "+00:00"))).await.unwrap();
+    let out = php("consume.php", &[&topo.php(), "1", "10"], "UTC", PHP_LIMIT).await;
+    let lines = consumed(&out);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0].id, Some(5));
+
+    // A bad option is named, the password never shown.
+    let bad = topo.php().replace("guest:guest@", "guest:s3cr3t@") + "&queue=x";
+    let err = create(format!("symfony+{bad}"))
+        .await
+        .err()
+        .expect("refused");
+    let text = courier_core::error_chain(&err).to_string();
+    assert!(text.contains("`queue`"), "{text}");
+    assert!(!text.contains("s3cr3t"), "{text}");
+    // A wrong password fails to connect without showing it.
+    let wrong = topo.php().replace("guest:guest@", "guest:s3cr3t@");
+    let err = create(format!("symfony+{wrong}"))
+        .await
+        .err()
+        .expect("refused");
+    let text = courier_core::error_chain(&err).to_string();
+    assert!(!text.contains("s3cr3t"), "{text}");
 }
