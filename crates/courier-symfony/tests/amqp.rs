@@ -600,10 +600,7 @@ async fn the_factory_builds_it_from_a_symfony_amqp_dsn_php_shares() {
 
     // A bad option is named, the password never shown.
     let bad = topo.php().replace("guest:guest@", "guest:s3cr3t@") + "&queue=x";
-    let err = create(format!("symfony+{bad}"))
-        .await
-        .err()
-        .expect("refused");
+    let err = create(format!("symfony+{bad}")).await.expect_err("refused");
     let text = courier_core::error_chain(&err).to_string();
     assert!(text.contains("`queue`"), "{text}");
     assert!(!text.contains("s3cr3t"), "{text}");
@@ -611,8 +608,7 @@ async fn the_factory_builds_it_from_a_symfony_amqp_dsn_php_shares() {
     let wrong = topo.php().replace("guest:guest@", "guest:s3cr3t@");
     let err = create(format!("symfony+{wrong}"))
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     let text = courier_core::error_chain(&err).to_string();
     assert!(!text.contains("s3cr3t"), "{text}");
 }

@@ -56,8 +56,8 @@ pub struct AmqpTransport {
     link: Link,
     serializer: SymfonySerializer,
     registry: Arc<MessageRegistry>,
-    /// Delivery tag to the queue it came from, for the live session's deliveries.
-    pending: std::sync::Mutex<HashMap<u64, String>>,
+    /// Session generation and delivery tag to the queue the delivery came from.
+    pending: std::sync::Mutex<HashMap<(u64, u64), String>>,
 }
 
 impl AmqpTransport {
@@ -238,6 +238,7 @@ impl AmqpTransport {
         self.link
             .with(async |s: &mut Session| {
                 if s.generation != generation {
+                    self.lock_pending().remove(&(generation, tag));
                     tracing::warn!(messaging.destination.name = %name, "amqp delivery of a closed connection not settled: the broker delivers it again");
                     return Ok(());
                 }
@@ -255,13 +256,13 @@ impl AmqpTransport {
                         .await
                 };
                 done.map_err(|e| amqp_error(&name, if ack { "basic.ack failed" } else { "basic.nack failed" }, e))?;
-                self.lock_pending().remove(&tag);
+                self.lock_pending().remove(&(generation, tag));
                 Ok(())
             })
             .await
     }
 
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, String>> {
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64), String>> {
         self.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -342,8 +343,8 @@ impl Transport for AmqpTransport {
     }
 
     async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
-        let (_, tag) = self.tag(&envelope)?;
-        let queue = self.lock_pending().get(&tag).cloned();
+        let delivery = self.tag(&envelope)?;
+        let queue = self.lock_pending().get(&delivery).cloned();
         let next = envelope.clone().without_all::<DelayStamp>();
         let next = if delay.is_zero() {
             next
@@ -382,7 +383,7 @@ impl Transport for AmqpTransport {
                         let Some(message) = message else { break };
                         let delivery = message.delivery;
                         self.lock_pending()
-                            .insert(delivery.delivery_tag, queue.name.clone());
+                            .insert((s.generation, delivery.delivery_tag), queue.name.clone());
                         got.push(self.decode(&delivery, s.generation));
                     }
                 }
