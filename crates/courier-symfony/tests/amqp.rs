@@ -93,7 +93,7 @@ impl Topology {
     /// What the test may have created: queues and exchanges.
     fn leftovers(&self) -> (Vec<String>, Vec<String>) {
         let mut queues = vec![self.queue.clone(), self.failed.clone()];
-        for ms in [1000, 2000] {
+        for ms in [1000] {
             queues.push(format!("delay_{}__{ms}_delay", self.exchange));
             queues.push(format!("delay_{}_{}_{ms}_retry", self.exchange, self.queue));
             queues.push(format!("delay_{}__{ms}_delay", self.failed));
@@ -264,6 +264,7 @@ async fn retry_worker(t: Arc<AmqpTransport>, n: u64) -> (Vec<u32>, courier_core:
                 MultiplierRetryStrategy::default()
                     .max_retries(3)
                     .delay(Duration::from_secs(1))
+                    .multiplier(1.0)
                     .jitter(0.0),
             ))
             .on_received(move |received| {

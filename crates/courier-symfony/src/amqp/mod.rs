@@ -28,6 +28,9 @@ pub use options::{AmqpOptions, AmqpQueue, QueueArgument};
 
 use crate::{SymfonyEncoded, SymfonySerializer};
 
+/// The longest delay: RabbitMQ's largest `x-message-ttl` (2^32 - 1 ms, about 49 days).
+const MAX_DELAY: Duration = Duration::from_millis(u32::MAX as u64);
+
 /// Symfony's content type header, which PHP's `AmqpSender` moves to the `content_type`
 /// property.
 const CONTENT_TYPE: &str = "Content-Type";
@@ -327,6 +330,7 @@ impl Transport for AmqpTransport {
     }
 
     async fn send(&self, envelope: Envelope) -> Result<Envelope, TransportError> {
+        self.capabilities().check_delay(self.name(), &envelope)?;
         let wire = self.encode(&envelope)?;
         self.publish(vec![(wire, delay_ms(&envelope), None)])
             .await?;
@@ -336,7 +340,10 @@ impl Transport for AmqpTransport {
     async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
         let wires = envelopes
             .iter()
-            .map(|e| Ok((self.encode(e)?, delay_ms(e), None)))
+            .map(|e| {
+                self.capabilities().check_delay(self.name(), e)?;
+                Ok((self.encode(e)?, delay_ms(e), None))
+            })
             .collect::<Result<Vec<_>, TransportError>>()?;
         self.publish(wires).await?;
         Ok(envelopes)
@@ -405,7 +412,9 @@ impl Transport for AmqpTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::none().with_delay(None).with_redelivery()
+        Capabilities::none()
+            .with_delay(Some(MAX_DELAY))
+            .with_redelivery()
     }
 }
 
