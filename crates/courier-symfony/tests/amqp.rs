@@ -92,12 +92,14 @@ impl Topology {
 
     /// What the test may have created: queues and exchanges.
     fn leftovers(&self) -> (Vec<String>, Vec<String>) {
-        let mut queues = vec![self.queue.clone(), self.failed.clone()];
-        for ms in [1000] {
-            queues.push(format!("delay_{}__{ms}_delay", self.exchange));
-            queues.push(format!("delay_{}_{}_{ms}_retry", self.exchange, self.queue));
-            queues.push(format!("delay_{}__{ms}_delay", self.failed));
-        }
+        // Every delay and retry delay of these tests is a second.
+        let queues = vec![
+            self.queue.clone(),
+            self.failed.clone(),
+            format!("delay_{}__1000_delay", self.exchange),
+            format!("delay_{}_{}_1000_retry", self.exchange, self.queue),
+            format!("delay_{}__1000_delay", self.failed),
+        ];
         let exchanges = vec![
             self.exchange.clone(),
             self.failed.clone(),

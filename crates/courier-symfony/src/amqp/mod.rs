@@ -152,7 +152,8 @@ impl AmqpTransport {
                 for (wire, delay_ms, retry_queue) in &wires {
                     let (exchange, routing_key) =
                         self.route(s, *delay_ms, retry_queue.as_deref()).await?;
-                    let (body, properties) = amqp_message(wire);
+                    let (body, properties) = amqp_message(wire)
+                        .map_err(|reason| self.error(TransportErrorKind::Encode, reason))?;
                     let confirm = s
                         .publisher
                         .basic_publish(
@@ -292,15 +293,21 @@ fn header_text(value: &AMQPValue) -> String {
     }
 }
 
-/// The body and properties PHP's `AmqpSender` publishes for `wire`.
-fn amqp_message(wire: &SymfonyEncoded) -> (&str, BasicProperties) {
+/// The body and properties PHP's `AmqpSender` publishes for `wire`; `Err` names a header
+/// whose name AMQP cannot carry (over 255 bytes).
+fn amqp_message(wire: &SymfonyEncoded) -> Result<(&str, BasicProperties), String> {
     let mut headers = FieldTable::default();
     let mut content_type = None;
     for (key, value) in &wire.headers {
         if key == CONTENT_TYPE {
             content_type = Some(value.as_str());
-        } else if let Ok(key) = ShortString::try_new(key.as_str()) {
-            headers.insert(key, AMQPValue::LongString(LongString::from(value.as_str())));
+        } else {
+            let name = ShortString::try_new(key.as_str())
+                .map_err(|_| format!("header `{key}` is longer than 255 bytes"))?;
+            headers.insert(
+                name,
+                AMQPValue::LongString(LongString::from(value.as_str())),
+            );
         }
     }
     let now = SystemTime::now()
@@ -313,7 +320,7 @@ fn amqp_message(wire: &SymfonyEncoded) -> (&str, BasicProperties) {
     if let Some(content_type) = content_type.and_then(|c| ShortString::try_new(c).ok()) {
         properties = properties.with_content_type(content_type);
     }
-    (wire.body.as_str(), properties)
+    Ok((wire.body.as_str(), properties))
 }
 
 /// The delay of `envelope` in whole milliseconds (PHP's `DelayStamp` holds milliseconds).
