@@ -48,7 +48,7 @@
 //! | `runs` (default) | [`runs`]: durable runs under a lease, heartbeat, reaper, retry per failure class |
 //! | `otel` | `otel` (`courier-otel`): OpenTelemetry spans and W3C trace context across transports, an OTLP exporter |
 //! | `agent` | `agent` (`courier-agent`): an OpenAI-compatible tool-calling agent on durable steps, with provider fallback and shared circuit breakers (reqwest, rustls on ring) |
-//! | `symfony` | `symfony` (`courier-symfony`): Symfony Messenger interop (its serializers and, with `sqlite`, `postgres` or `mysql`, its Doctrine table: `symfony+postgres://`, `symfony+sqlite://`, `symfony+mysql://`; with `redis`, its Redis transport: `symfony+redis://`) |
+//! | `symfony` | `symfony` (`courier-symfony`): Symfony Messenger interop (its serializers and, with `sqlite`, `postgres` or `mysql`, its Doctrine table: `symfony+postgres://`, `symfony+sqlite://`, `symfony+mysql://`; with `redis`, its Redis transport: `symfony+redis://`; with `amqp`, its AMQP layout: `symfony+amqp://`) |
 //! | `full` | everything |
 //!
 //! The defaults are a library: no command line, no web server, no allocator, and tokio gets only
@@ -81,7 +81,7 @@ pub use courier_symfony as symfony;
 
 /// A [`TransportRegistry`] with every transport this build enables: `sync://`, `in-memory://`
 /// and, by feature, the SQL, Redis, AMQP and NATS schemes, and Symfony's Doctrine table and
-/// Redis transport (`symfony+postgres://`, `symfony+redis://`, ...; its factory maps no PHP class: register
+/// Redis and AMQP transports (`symfony+postgres://`, `symfony+redis://`, `symfony+amqp://`, ...; its factory maps no PHP class: register
 /// `SymfonyTransportFactory::from_config(&config)` over it for `[symfony.types]`). The one list
 /// of the transport factories: the `courier` command line starts from it too.
 #[must_use]
@@ -102,7 +102,8 @@ pub fn transport_registry() -> TransportRegistry {
             feature = "sqlite",
             feature = "postgres",
             feature = "mysql",
-            feature = "redis"
+            feature = "redis",
+            feature = "amqp"
         )
     ))]
     registry.register(std::sync::Arc::new(

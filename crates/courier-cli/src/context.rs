@@ -145,7 +145,8 @@ impl<'a> Ctx<'a> {
                 feature = "sqlite",
                 feature = "postgres",
                 feature = "mysql",
-                feature = "redis"
+                feature = "redis",
+                feature = "amqp"
             )
         ))]
         if self.config.symfony.is_some() {

@@ -87,6 +87,8 @@ impl SymfonyTransportFactory {
         "symfony+mariadb",
         #[cfg(feature = "redis")]
         "symfony+redis",
+        #[cfg(feature = "amqp")]
+        "symfony+amqp",
     ];
 
     /// A factory whose transports map PHP classes with `types`.
@@ -175,6 +177,10 @@ impl TransportFactory for SymfonyTransportFactory {
     }
 
     async fn create(&self, ctx: FactoryContext) -> Result<Arc<dyn Transport>, TransportError> {
+        #[cfg(feature = "amqp")]
+        if ctx.dsn.scheme() == "symfony+amqp" {
+            return crate::amqp::create(&ctx, &self.types).await;
+        }
         #[cfg(feature = "redis")]
         if ctx.dsn.scheme() == "symfony+redis" {
             let (options, server) =

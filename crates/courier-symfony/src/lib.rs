@@ -14,6 +14,12 @@
 //!   delayed messages in `<stream>__queue`), read and written as PHP does, so that PHP and
 //!   Courier workers share one stream and group; `SymfonyTransportFactory` builds it from a
 //!   `symfony+redis://host:port/<stream>/<group>/<consumer>` DSN with Symfony's options.
+//! - `AmqpTransport` (feature `amqp`): Symfony's AMQP transport on RabbitMQ, its exchange,
+//!   queues, delay exchange and delay queues laid out and its messages published as PHP's
+//!   `Bridge\Amqp` does (headers as an AMQP table, `content_type` property, persistent), so
+//!   that PHP and Courier workers share its queues, delayed messages and retries included.
+//!   `SymfonyTransportFactory` builds it from a `symfony+amqp://user:pass@host:5672/vhost/exchange`
+//!   DSN with PHP's options (`queues[name][binding_keys][]=...`, `delay[exchange_name]=...`).
 //!
 //! The PHP side must use `messenger.transport.symfony_serializer` on the transports it shares
 //! with Courier.
@@ -36,13 +42,16 @@
 //! # Ok::<(), courier_core::EncodeError>(())
 //! ```
 
+#[cfg(feature = "amqp")]
+mod amqp;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod doctrine;
 #[cfg(any(
     feature = "postgres",
     feature = "sqlite",
     feature = "mysql",
-    feature = "redis"
+    feature = "redis",
+    feature = "amqp"
 ))]
 mod factory;
 pub mod php_datetime;
@@ -56,13 +65,16 @@ mod serializer;
 mod stamps;
 mod types;
 
+#[cfg(feature = "amqp")]
+pub use amqp::{AmqpOptions, AmqpQueue, AmqpTransport, QueueArgument, amqp_uri};
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use doctrine::{DoctrineOptions, DoctrineTransport};
 #[cfg(any(
     feature = "postgres",
     feature = "sqlite",
     feature = "mysql",
-    feature = "redis"
+    feature = "redis",
+    feature = "amqp"
 ))]
 pub use factory::SymfonyTransportFactory;
 pub use php_serialize::PhpSerializeError;

@@ -1,0 +1,636 @@
+//! Courier and real Symfony Messenger 5.4 (PHP, Debian's packages, ext-amqp) on one RabbitMQ
+//! exchange and queue, laid out by Symfony's AMQP transport: each side consumes what the other
+//! sends (delayed messages included), a retry crosses sides with its count, both consume one
+//! queue together with none lost or doubled, a message Courier cannot read lands in its failure
+//! transport, and both publish the same wire layout.
+//!
+//! Run with `--include-ignored` after `scripts/services` (PHP, RabbitMQ):
+//! `cargo test -p courier-symfony --features amqp,sqlite --test amqp -- --include-ignored`.
+
+#![cfg(all(feature = "amqp", feature = "sqlite"))]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{SendEmail, consumed, email, ids, php, registry, serializer};
+use courier_core::{
+    CancellationToken, DelayStamp, Dsn, Envelope, ErrorDetailsStamp, HandlerError, MessageBus,
+    MultiplierRetryStrategy, PriorityStamp, RedeliveryStamp, Transport, Worker,
+};
+use courier_symfony::AmqpTransport;
+use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
+use lapin::types::AMQPValue;
+use lapin::{Connection, ConnectionProperties};
+
+const PHP_LIMIT: Duration = Duration::from_secs(120);
+
+async fn timeout<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .expect("operation timed out")
+}
+
+/// One test's exchange, queue and delay exchange (unique names), deleted with the delay
+/// queues PHP's pattern names when dropped, also when the test fails.
+struct Topology {
+    /// The broker, `amqp://guest:guest@127.0.0.1:5672/%2f`.
+    url: String,
+    exchange: String,
+    queue: String,
+    delays: String,
+    failed: String,
+}
+
+impl Topology {
+    fn new() -> Self {
+        let base = courier_test::env::unique_name("courier_symfony");
+        Self {
+            url: courier_test::env::amqp_url(),
+            queue: format!("{base}_q"),
+            delays: format!("{base}_delays"),
+            failed: format!("{base}_failed"),
+            exchange: base,
+        }
+    }
+
+    /// PHP's DSN for the exchange `exchange` with its queue `queue`.
+    fn php_for(&self, exchange: &str, queue: &str) -> String {
+        format!(
+            "{}/{exchange}?queues[{queue}]&delay[exchange_name]={}",
+            self.url, self.delays
+        )
+    }
+
+    fn php(&self) -> String {
+        self.php_for(&self.exchange, &self.queue)
+    }
+
+    fn php_failed(&self) -> String {
+        self.php_for(&self.failed, &self.failed)
+    }
+
+    fn courier_for(&self, name: &str, php: &str) -> Arc<AmqpTransport> {
+        let dsn = Dsn::parse(&format!("symfony+{php}")).expect("dsn");
+        Arc::new(AmqpTransport::from_dsn(name, &dsn, serializer(), registry()).expect("transport"))
+    }
+
+    async fn courier(&self) -> Arc<AmqpTransport> {
+        let t = self.courier_for("async", &self.php());
+        timeout(t.setup()).await.expect("setup");
+        t
+    }
+
+    async fn courier_failed(&self) -> Arc<AmqpTransport> {
+        let t = self.courier_for("failed", &self.php_failed());
+        timeout(t.setup()).await.expect("setup");
+        t
+    }
+
+    /// What the test may have created: queues and exchanges.
+    fn leftovers(&self) -> (Vec<String>, Vec<String>) {
+        // Every delay and retry delay of these tests is a second.
+        let queues = vec![
+            self.queue.clone(),
+            self.failed.clone(),
+            format!("delay_{}__1000_delay", self.exchange),
+            format!("delay_{}_{}_1000_retry", self.exchange, self.queue),
+            format!("delay_{}__1000_delay", self.failed),
+        ];
+        let exchanges = vec![
+            self.exchange.clone(),
+            self.failed.clone(),
+            self.delays.clone(),
+        ];
+        (queues, exchanges)
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let (queues, exchanges) = self.leftovers();
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let conn = Connection::connect(&url, ConnectionProperties::default())
+                    .await
+                    .expect("connect for cleanup");
+                for q in &queues {
+                    // Deleting a queue that is not there is fine with RabbitMQ; a fresh channel
+                    // each time all the same.
+                    let ch = conn.create_channel().await.expect("channel");
+                    let _ = ch
+                        .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                        .await;
+                }
+                for e in &exchanges {
+                    let ch = conn.create_channel().await.expect("channel");
+                    let _ = ch
+                        .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
+                        .await;
+                }
+                let _ = conn.close(200, "cleanup done".into()).await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Receives and acks until `n` envelopes came (or `within` passed): what came.
+async fn drain(t: &AmqpTransport, n: usize, within: Duration) -> Vec<Envelope> {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < n && start.elapsed() < within {
+        let batch = timeout(t.get(100)).await.unwrap();
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        timeout(t.ack_batch(&batch)).await.unwrap();
+        got.extend(batch);
+    }
+    got
+}
+
+/// Courier sends `email(first..first+n)`, every 10th delayed by a second, each with a stamp
+/// only Courier knows (a plain header to PHP).
+async fn courier_sends(t: &AmqpTransport, first: i64, n: i64) {
+    let envelopes = (first..first + n)
+        .map(|id| {
+            let envelope = Envelope::new(email(id, "+00:00")).with(PriorityStamp(3));
+            if id % 10 == 0 {
+                envelope.with(DelayStamp(Duration::from_secs(1)))
+            } else {
+                envelope
+            }
+        })
+        .collect();
+    timeout(t.send_batch(envelopes)).await.unwrap();
+}
+
+async fn message_count(t: &AmqpTransport) -> u64 {
+    let t: &dyn Transport = t;
+    let counter = t.as_message_count().expect("counts");
+    timeout(counter.message_count()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn php_dispatches_1000_and_courier_consumes_them_all() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    let start = Instant::now();
+    php(
+        "dispatch.php",
+        &[&topo.php(), "1", "1000", "10"],
+        "UTC",
+        PHP_LIMIT,
+    )
+    .await;
+    let delay_queue = format!("delay_{}__1000_delay", topo.exchange);
+    assert!(
+        queue_exists(&topo.url, &delay_queue).await,
+        "PHP delayed through {delay_queue}"
+    );
+    // Each received with the time it came: a delayed one comes a second after it was sent at
+    // the earliest, so a second after PHP started.
+    let mut got = Vec::new();
+    while got.len() < 1000 && start.elapsed() < Duration::from_secs(60) {
+        let batch = timeout(t.get(100)).await.unwrap();
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        let at = start.elapsed();
+        timeout(t.ack_batch(&batch)).await.unwrap();
+        got.extend(batch.into_iter().map(|e| (e, at)));
+    }
+    let mut seen = BTreeSet::new();
+    for (envelope, at) in &got {
+        let message = envelope
+            .message::<SendEmail>()
+            .unwrap_or_else(|| panic!("{:?}", envelope.decode_error()));
+        assert_eq!(message, &email(message.id, "+00:00"));
+        if message.id % 10 == 0 {
+            assert!(
+                *at >= Duration::from_secs(1),
+                "{} delayed a second, came after {at:?}",
+                message.id
+            );
+        }
+        assert!(seen.insert(message.id), "{} twice", message.id);
+    }
+    assert_eq!(seen, ids(1..=1000));
+    assert_eq!(message_count(&t).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn courier_dispatches_1000_and_php_consumes_them_all() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    courier_sends(&t, 1, 1000).await;
+    let out = php(
+        "consume.php",
+        &[&topo.php(), "1000", "60"],
+        "UTC",
+        PHP_LIMIT,
+    )
+    .await;
+    let lines = consumed(&out);
+    let mut seen = BTreeSet::new();
+    for line in &lines {
+        let id = line.id.unwrap();
+        let expected = email(id, "+00:00");
+        assert_eq!(line.class, r"App\Message\SendEmail");
+        assert_eq!(line.retry, 0);
+        assert_eq!(line.subject.as_deref(), Some(expected.subject.as_str()));
+        let priority = if id % 2 == 0 { "high" } else { "low" };
+        assert_eq!(line.priority.as_deref(), Some(priority));
+        assert_eq!(line.sent_at.as_deref(), Some("2024-05-06T07:08:09+00:00"));
+        assert!(seen.insert(id), "{id} twice");
+    }
+    assert_eq!(seen, ids(1..=1000), "PHP consumed them all");
+    assert_eq!(message_count(&t).await, 0);
+}
+
+async fn retry_worker(t: Arc<AmqpTransport>, n: u64) -> (Vec<u32>, courier_core::WorkerStats) {
+    let bus = MessageBus::builder()
+        .handler_fn("fail", move |_: Arc<SendEmail>| async move {
+            Err::<(), _>(HandlerError::recoverable("failed in Rust", None))
+        })
+        .build();
+    let retries = Arc::new(Mutex::new(Vec::new()));
+    let on_received = Arc::clone(&retries);
+    let stats = tokio::time::timeout(
+        Duration::from_secs(60),
+        Worker::builder(bus)
+            .receiver("async", t)
+            .retry_strategy(Arc::new(
+                MultiplierRetryStrategy::default()
+                    .max_retries(3)
+                    .delay(Duration::from_secs(1))
+                    .multiplier(1.0)
+                    .jitter(0.0),
+            ))
+            .on_received(move |received| {
+                let count = received
+                    .envelope()
+                    .last::<RedeliveryStamp>()
+                    .map_or(0, |s| s.retry_count);
+                on_received.lock().unwrap().push(count);
+            })
+            .limit(n)
+            .build()
+            .run(CancellationToken::new()),
+    )
+    .await
+    .expect("worker in time")
+    .unwrap();
+    let counts = retries.lock().unwrap().clone();
+    (counts, stats)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    php("dispatch.php", &[&topo.php(), "1", "20"], "UTC", PHP_LIMIT).await;
+    // PHP fails each once: Symfony's retry listener sends it again with RedeliveryStamp 1,
+    // through its retry delay queue.
+    let out = php(
+        "consume.php",
+        &[&topo.php(), "20", "30", "fail-new"],
+        "UTC",
+        PHP_LIMIT,
+    )
+    .await;
+    assert_eq!(consumed(&out).len(), 20);
+    let php_retry_queue = format!("delay_{}_{}_1000_retry", topo.exchange, topo.queue);
+    assert!(
+        queue_exists(&topo.url, &php_retry_queue).await,
+        "{php_retry_queue}"
+    );
+
+    // Courier fails each again: its worker retries it with RedeliveryStamp 2.
+    let (counts, stats) = retry_worker(t.clone(), 20).await;
+    assert_eq!(stats.retried, 20, "{stats:?}");
+    assert_eq!(counts, vec![1; 20], "Courier read PHP's retry count");
+
+    let out = php("consume.php", &[&topo.php(), "20", "30"], "UTC", PHP_LIMIT).await;
+    let lines = consumed(&out);
+    assert_eq!(lines.len(), 20, "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l.retry == 2),
+        "PHP read Courier's retry count: {lines:?}"
+    );
+    let ids: BTreeSet<i64> = lines.iter().map(|l| l.id.unwrap()).collect();
+    assert_eq!(ids, common::ids(1..=20));
+    assert_eq!(message_count(&t).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn a_retry_crosses_from_courier_to_php_with_its_count() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    // None delayed: the worker's 20 are the 20 first deliveries, not a retry among them.
+    let envelopes = (1..=20)
+        .map(|id| Envelope::new(email(id, "+00:00")))
+        .collect();
+    timeout(t.send_batch(envelopes)).await.unwrap();
+    // Courier fails each once (RedeliveryStamp 1, through PHP's retry delay queue).
+    let (counts, stats) = retry_worker(t.clone(), 20).await;
+    assert_eq!(stats.retried, 20, "{stats:?}");
+    assert_eq!(counts, vec![0; 20]);
+    let retry_queue = format!("delay_{}_{}_1000_retry", topo.exchange, topo.queue);
+    assert!(
+        queue_exists(&topo.url, &retry_queue).await,
+        "Courier retried through PHP's retry delay queue {retry_queue}"
+    );
+    // PHP fails each again (it has count 1 already: fail-new fails only count 0, so run a
+    // plain consumer that reads them and check the count).
+    let out = php("consume.php", &[&topo.php(), "20", "30"], "UTC", PHP_LIMIT).await;
+    let lines = consumed(&out);
+    assert_eq!(lines.len(), 20, "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l.retry == 1),
+        "PHP read Courier's retry count: {lines:?}"
+    );
+    assert_eq!(message_count(&t).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn php_and_courier_workers_share_one_queue_with_none_lost_or_doubled() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    courier_sends(&t, 1, 1000).await;
+    let dsn = topo.php();
+    let php_side =
+        tokio::spawn(
+            async move { php("consume.php", &[&dsn, "1000", "15"], "UTC", PHP_LIMIT).await },
+        );
+    let mut courier_ids = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        let batch = timeout(t.get(5)).await.unwrap();
+        if batch.is_empty() {
+            if php_side.is_finished() || start.elapsed() > Duration::from_secs(12) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        courier_ids.extend(batch.iter().map(|e| e.message::<SendEmail>().unwrap().id));
+        // Slower than PHP alone, so that both sides take a share.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        timeout(t.ack_batch(&batch)).await.unwrap();
+    }
+    let php_ids: Vec<i64> = consumed(&php_side.await.unwrap())
+        .iter()
+        .map(|l| l.id.unwrap())
+        .collect();
+    assert!(
+        !courier_ids.is_empty() && !php_ids.is_empty(),
+        "both took a share: courier {}, php {}",
+        courier_ids.len(),
+        php_ids.len()
+    );
+    let mut all: Vec<i64> = courier_ids.iter().chain(&php_ids).copied().collect();
+    all.sort_unstable();
+    let unique: Vec<i64> = all
+        .iter()
+        .copied()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(all, unique, "none handled twice");
+    assert_eq!(all, (1..=1000).collect::<Vec<_>>(), "none lost");
+    assert_eq!(message_count(&t).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class_and_reason() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    let failed = topo.courier_failed().await;
+    php(
+        "dispatch.php",
+        &[&topo.php(), "1", "1", "0", "Unmapped"],
+        "UTC",
+        PHP_LIMIT,
+    )
+    .await;
+    php(
+        "dispatch.php",
+        &[&topo.php(), "2", "1", "0", "Misfit"],
+        "UTC",
+        PHP_LIMIT,
+    )
+    .await;
+    let bus = MessageBus::builder()
+        .handler_fn("never", |_: Arc<SendEmail>| async {
+            Ok::<(), HandlerError>(())
+        })
+        .build();
+    let stats = tokio::time::timeout(
+        Duration::from_secs(60),
+        Worker::builder(bus)
+            .receiver("async", t.clone())
+            .failure_transport("failed", failed.clone())
+            .limit(2)
+            .build()
+            .run(CancellationToken::new()),
+    )
+    .await
+    .expect("worker in time")
+    .unwrap();
+    assert_eq!(stats.moved_to_failure, 2, "{stats:?}");
+    assert_eq!(message_count(&t).await, 0, "none left to loop");
+    let mut moved = drain(&failed, 2, Duration::from_secs(10)).await;
+    moved.sort_by_key(|e| e.message_name().to_owned());
+    let reasons: Vec<(String, String)> = moved
+        .iter()
+        .map(|e| {
+            let details = e.last::<ErrorDetailsStamp>().expect("error details");
+            (e.message_name().to_owned(), details.message.clone())
+        })
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert_eq!(reasons[0].0, r"App\Message\Unmapped");
+    assert!(
+        reasons[0].1.contains(r"App\Message\Unmapped"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[1].0, "mail.misfit");
+    assert!(reasons[1].1.contains("invalid JSON body"), "{reasons:?}");
+    assert_eq!(message_count(&failed).await, 0);
+}
+
+/// The message as it sits in the queue: content type, delivery mode, header names and types.
+async fn raw_layout(url: &str, queue: &str) -> (Option<String>, Option<u8>, Vec<(String, char)>) {
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let ch = conn.create_channel().await.expect("channel");
+    let got = timeout(ch.basic_get(queue.into(), BasicGetOptions { no_ack: true }))
+        .await
+        .expect("basic.get")
+        .expect("a message");
+    let p = &got.delivery.properties;
+    let headers = p
+        .headers()
+        .as_ref()
+        .map(|t| {
+            t.inner()
+                .iter()
+                .map(|(k, v)| {
+                    let kind = match v {
+                        AMQPValue::LongString(_) => 'S',
+                        _ => '?',
+                    };
+                    (k.as_str().to_owned(), kind)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let layout = (
+        p.content_type().as_ref().map(|c| c.as_str().to_owned()),
+        *p.delivery_mode(),
+        headers,
+    );
+    assert!(p.timestamp().is_some(), "a timestamp as PHP sets");
+    let _ = conn.close(200, "done".into()).await;
+    layout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn courier_publishes_the_layout_php_publishes() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    php("dispatch.php", &[&topo.php(), "1", "1"], "UTC", PHP_LIMIT).await;
+    let from_php = raw_layout(&topo.url, &topo.queue).await;
+    timeout(t.send(Envelope::new(email(1, "+00:00"))))
+        .await
+        .unwrap();
+    let from_courier = raw_layout(&topo.url, &topo.queue).await;
+    assert_eq!(from_php.0.as_deref(), Some("application/json"));
+    assert_eq!(from_php.1, Some(2), "persistent");
+    assert!(
+        from_php.2.iter().any(|(k, _)| k == "type"),
+        "{:?}",
+        from_php.2
+    );
+    assert_eq!(from_courier, from_php);
+}
+
+/// Whether `queue` exists (a passive declare on a channel of its own).
+async fn queue_exists(url: &str, queue: &str) -> bool {
+    let conn = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let ch = conn.create_channel().await.expect("channel");
+    let found = ch
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .is_ok();
+    let _ = conn.close(200, "done".into()).await;
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn both_sides_declare_the_same_delay_queue_alike() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    let delay_queue = format!("delay_{}__1000_delay", topo.exchange);
+    let delayed = |id| Envelope::new(email(id, "+00:00")).with(DelayStamp(Duration::from_secs(1)));
+    // Courier declares PHP's delay queue, PHP declares it again (RabbitMQ refuses a
+    // declaration with other arguments), and Courier once more.
+    timeout(t.send(delayed(1))).await.unwrap();
+    assert!(queue_exists(&topo.url, &delay_queue).await, "{delay_queue}");
+    php(
+        "dispatch.php",
+        &[&topo.php(), "2", "1", "1"],
+        "UTC",
+        PHP_LIMIT,
+    )
+    .await;
+    t.close().await;
+    timeout(t.send(delayed(3))).await.unwrap();
+    let early = timeout(t.get(10)).await.unwrap();
+    assert!(
+        early
+            .iter()
+            .all(|e| e.message::<SendEmail>().unwrap().id != 3),
+        "the one sent just now waits in the delay queue"
+    );
+    timeout(t.ack_batch(&early)).await.unwrap();
+    let got = drain(&t, 3 - early.len(), Duration::from_secs(10)).await;
+    let ids: BTreeSet<i64> = got
+        .iter()
+        .chain(&early)
+        .map(|e| e.message::<SendEmail>().unwrap().id)
+        .collect();
+    assert_eq!(ids, common::ids(1..=3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn the_factory_builds_it_from_a_symfony_amqp_dsn_php_shares() {
+    use courier_core::{FactoryContext, TransportRegistry};
+    use courier_symfony::{SymfonyTransportFactory, SymfonyTypes};
+
+    let topo = Topology::new();
+    let factories = TransportRegistry::new().with(Arc::new(SymfonyTransportFactory::new(
+        SymfonyTypes::new().map(r"App\Message\SendEmail", "mail.send"),
+    )));
+    let create = |dsn: String| {
+        let ctx = FactoryContext::new("async", Dsn::parse(&dsn).unwrap()).registry(registry());
+        let factories = &factories;
+        async move { timeout(factories.create(ctx)).await }
+    };
+    let t = create(format!("symfony+{}", topo.php())).await.unwrap();
+    assert_eq!(t.messaging_system(), "rabbitmq");
+    assert!(
+        queue_exists(&topo.url, &topo.queue).await,
+        "auto_setup declared the queue"
+    );
+    t.send(Envelope::new(email(5, "+00:00"))).await.unwrap();
+    let out = php("consume.php", &[&topo.php(), "1", "10"], "UTC", PHP_LIMIT).await;
+    let lines = consumed(&out);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0].id, Some(5));
+
+    // A bad option is named, the password never shown.
+    let bad = topo.php().replace("guest:guest@", "guest:s3cr3t@") + "&queue=x";
+    let err = create(format!("symfony+{bad}")).await.expect_err("refused");
+    let text = courier_core::error_chain(&err).to_string();
+    assert!(text.contains("`queue`"), "{text}");
+    assert!(!text.contains("s3cr3t"), "{text}");
+    // A wrong password fails to connect without showing it.
+    let wrong = topo.php().replace("guest:guest@", "guest:s3cr3t@");
+    let err = create(format!("symfony+{wrong}"))
+        .await
+        .expect_err("refused");
+    let text = courier_core::error_chain(&err).to_string();
+    assert!(!text.contains("s3cr3t"), "{text}");
+}
