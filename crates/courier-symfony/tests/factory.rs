@@ -134,7 +134,7 @@ async fn an_unknown_option_is_refused_by_name_without_the_password() {
         .map(drop)
         .unwrap_err();
     assert!(err.to_string().contains("`timezone`"), "{err}");
-    let err = create(&registry, "symfony+amqp://127.0.0.1")
+    let err = create(&registry, "symfony+nats://127.0.0.1")
         .await
         .map(drop)
         .unwrap_err();
