@@ -120,16 +120,21 @@ impl FlowStatements {
         let claim = claim_with(&pick);
         let head_claim = match (max, dialect) {
             (Some(_), _) if fair => None,
-            // PostgreSQL counts the busy slots of the head's keys only (one range of the
-            // concurrency index per key), not of every key of the queue.
+            // PostgreSQL counts the busy slots of the head's keys only: one range of the
+            // concurrency index `(queue_name, concurrency_key, delivered_at)` per key, a subquery
+            // per key so that the planner seeks each key's range rather than joining the whole
+            // queue's index, its start `(SELECT now - window)` computed once (a bound of the
+            // index range; `clock_timestamp()` itself is volatile, so written inline it is a
+            // filter over every row of the key). The pick of 64 rows among 20,000 of 100 keys,
+            // 640 in flight: 6.6 ms before, 3.2 ms after (13.6 ms with the filter).
             (Some(max), Dialect::Postgres) => Some(r(format!(
                 "WITH h AS (SELECT id, priority, available_at, concurrency_key FROM {t} \
                  WHERE queue_name = $1 AND available_at <= {{now}} \
                  AND (delivered_at IS NULL OR delivered_at < {{now}} - $2) \
                  ORDER BY priority DESC, available_at, id LIMIT {HEAD_ROWS}), \
-                 b AS (SELECT concurrency_key, COUNT(*) AS busy FROM {t} WHERE queue_name = $1 \
-                 AND concurrency_key IN (SELECT concurrency_key FROM h WHERE concurrency_key IS NOT NULL) \
-                 AND delivered_at >= {{now}} - $2 GROUP BY concurrency_key), \
+                 b AS (SELECT k.concurrency_key, (SELECT COUNT(*) FROM {t} c WHERE c.queue_name = $1 \
+                 AND c.concurrency_key = k.concurrency_key AND c.delivered_at >= (SELECT {{now}} - $2)) AS busy \
+                 FROM (SELECT DISTINCT concurrency_key FROM h WHERE concurrency_key IS NOT NULL) k), \
                  picked AS (SELECT ARRAY(SELECT r.id FROM (SELECT h.*, ROW_NUMBER() OVER \
                  (PARTITION BY concurrency_key ORDER BY priority DESC, available_at, id) AS rn FROM h) r \
                  LEFT JOIN b ON b.concurrency_key = r.concurrency_key \
@@ -146,9 +151,15 @@ impl FlowStatements {
             Dialect::Sqlite => (None, None),
             Dialect::Postgres => (
                 // The transport's sessions plan with `enable_sort = off` (its plain statements
-                // walk indexes); ranking per key sorts, so this transaction turns it back on.
+                // walk indexes); ranking per key sorts, so this transaction turns it back on,
+                // and turns off the scans that would read the whole queue to sort it: with
+                // statistics taken while the queue was empty (autovacuum's), the planner
+                // otherwise reads every row of a 20,000-row backlog (a bitmap scan and a sort,
+                // 15 ms) where the claim index gives the head in order (1 ms).
                 Some(
-                    "SELECT set_config('enable_sort', 'on', true), pg_advisory_xact_lock(hashtext($1))"
+                    "SELECT set_config('enable_sort', 'on', true), \
+                     set_config('enable_bitmapscan', 'off', true), \
+                     set_config('enable_seqscan', 'off', true), pg_advisory_xact_lock(hashtext($1))"
                         .to_owned(),
                 ),
                 None,
