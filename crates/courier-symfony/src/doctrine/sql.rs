@@ -46,14 +46,19 @@ const SQLITE_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY 
 pub(crate) const INDEXES: [&str; 3] = ["queue_name", "available_at", "delivered_at"];
 
 #[cfg(feature = "postgres")]
-const PG_CLAIM: &str = "UPDATE {t} SET delivered_at = $1::timestamp WHERE id IN (\
+/// The claim on PostgreSQL. `id = ANY(ARRAY(...))` rather than `id IN (...)`: the claimed ids are found by the primary
+/// key, where `IN` lets the planner hash-join them against a scan of the whole table.
+const PG_CLAIM: &str = "UPDATE {t} SET delivered_at = $1::timestamp WHERE id = ANY(ARRAY(\
      SELECT id FROM {t} WHERE queue_name = $2 \
      AND (delivered_at IS NULL OR delivered_at < $3::timestamp) AND available_at <= $1::timestamp \
-     ORDER BY available_at ASC LIMIT $4 FOR UPDATE SKIP LOCKED) RETURNING id, body, headers";
+     ORDER BY available_at ASC LIMIT $4 FOR UPDATE SKIP LOCKED)) RETURNING id, body, headers";
 
 #[cfg(feature = "sqlite")]
+/// The claim on SQLite. `+queue_name` keeps SQLite's planner off the `queue_name` index, which (one queue per table
+/// being the rule) matches every row and leaves all of them to sort on each claim: it walks the
+/// `available_at` index instead, in the statement's order, and stops at the limit.
 const SQLITE_CLAIM: &str = "UPDATE {t} SET delivered_at = ?1 WHERE id IN (\
-     SELECT id FROM {t} WHERE queue_name = ?2 \
+     SELECT id FROM {t} WHERE +queue_name = ?2 \
      AND (delivered_at IS NULL OR delivered_at < ?3) AND available_at <= ?1 \
      ORDER BY available_at ASC LIMIT ?4) RETURNING id, body, headers";
 
