@@ -110,6 +110,9 @@ impl Pool {
                     // A checkpoint (its copy and fsyncs) once per 10,000 WAL pages rather than
                     // SQLite's 1,000: a queue rewrites the same pages, copied once per checkpoint.
                     .pragma("wal_autocheckpoint", "10000")
+                    // A claim's rows cross from the connection's thread in one go, not 50 at a
+                    // time with the statement (and the write lock) paused in between.
+                    .row_buffer_size(1024)
                     .busy_timeout(std::time::Duration::from_secs(30));
                 Ok(Self::Sqlite(
                     sqlx::sqlite::SqlitePoolOptions::new()
