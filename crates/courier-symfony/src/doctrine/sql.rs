@@ -294,20 +294,22 @@ impl Pool {
                 query.fetch_all(pool).await?
             }
             #[cfg(feature = "sqlite")]
+            // Anonymous `?`s: sqlx asks SQLite each parameter's name, which SQLite finds by
+            // scanning the statement's list of named ones (`?NNN`), hundreds per batch.
             Self::Sqlite(pool) => {
-                let values: Vec<String> = (0..rows.len())
-                    .map(|i| {
-                        let p = 3 + i * 3;
-                        format!("(?{}, ?{}, ?1, ?2, ?{})", p, p + 1, p + 2)
-                    })
-                    .collect();
+                let values = vec!["(?, ?, ?, ?, ?)"; rows.len()];
                 let sql = format!(
                     "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
                     values.join(", ")
                 );
-                let mut query = sqlx::query_scalar(&sql).bind(queue).bind(created);
+                let mut query = sqlx::query_scalar(&sql);
                 for (body, headers, available) in rows {
-                    query = query.bind(body).bind(headers).bind(available);
+                    query = query
+                        .bind(body)
+                        .bind(headers)
+                        .bind(queue)
+                        .bind(created)
+                        .bind(available);
                 }
                 query.fetch_all(pool).await?
             }
