@@ -36,20 +36,64 @@ pub(crate) fn php_escape(json: &str) -> String {
 
 /// A JSON string literal as `json_encode` writes it.
 pub(crate) fn php_string(s: &str) -> String {
-    php_escape(&serde_json::Value::from(s).to_string())
+    let mut out = String::with_capacity(s.len() + 2);
+    push_php_string(&mut out, s);
+    out
+}
+
+/// Appends `s` to `out` as a JSON string literal as `json_encode` writes it: serde_json's
+/// escapes (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, other control characters as
+/// `\u00xx`), then PHP's (`/` as `\/`, beyond ASCII as `\uxxxx`), in one pass.
+pub(crate) fn push_php_string(out: &mut String, s: &str) {
+    fn unit(out: &mut String, u: u16) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        out.push_str("\\u");
+        for shift in [12, 8, 4, 0] {
+            out.push(char::from(HEX[usize::from((u >> shift) & 0xf)]));
+        }
+    }
+    out.push('"');
+    let mut plain = 0;
+    for (i, c) in s.char_indices() {
+        let escape = match c {
+            '"' => "\\\"",
+            '\\' => "\\\\",
+            '/' => "\\/",
+            '\u{8}' => "\\b",
+            '\u{c}' => "\\f",
+            '\n' => "\\n",
+            '\r' => "\\r",
+            '\t' => "\\t",
+            c if c < ' ' || !c.is_ascii() => "",
+            _ => continue,
+        };
+        out.push_str(&s[plain..i]);
+        plain = i + c.len_utf8();
+        if escape.is_empty() {
+            let mut units = [0u16; 2];
+            for &u in c.encode_utf16(&mut units).iter() {
+                unit(out, u);
+            }
+        } else {
+            out.push_str(escape);
+        }
+    }
+    out.push_str(&s[plain..]);
+    out.push('"');
 }
 
 /// A JSON object of string values in this order, as `json_encode` writes a PHP array of strings
 /// (`[]` when empty, as PHP writes an empty array).
 pub(crate) fn php_object<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
-    let mut out = String::from("{");
+    let mut out = String::with_capacity(128);
+    out.push('{');
     for (key, value) in pairs {
         if out.len() > 1 {
             out.push(',');
         }
-        out.push_str(&php_string(key));
+        push_php_string(&mut out, key);
         out.push(':');
-        out.push_str(&php_string(value));
+        push_php_string(&mut out, value);
     }
     if out.len() == 1 {
         return "[]".to_owned();
@@ -74,6 +118,23 @@ mod tests {
     #[test]
     fn text_php_already_escaped_is_kept() {
         assert_eq!(php_escape(r#"{"a":"x\/y\\/z"}"#), r#"{"a":"x\/y\\\/z"}"#);
+    }
+
+    #[test]
+    fn a_string_is_escaped_as_serde_json_then_php_do() {
+        for s in [
+            "plain",
+            "",
+            "q\"b\\s/\u{8}\u{c}\n\r\t\u{1}\u{1f}\u{7f}",
+            "Grüße/€ 😀 end",
+            "\u{7f}\u{80}\u{ffff}\u{10000}",
+        ] {
+            assert_eq!(
+                php_string(s),
+                php_escape(&serde_json::Value::from(s).to_string()),
+                "{s:?}"
+            );
+        }
     }
 
     #[test]

@@ -200,7 +200,11 @@ impl SymfonySerializer {
             out.push((TYPE_HEADER.to_owned(), class.unwrap_or(name)));
         }
         let content_type = headers.remove(CONTENT_TYPE_HEADER);
-        for mapped in Mapped::ALL {
+        // Most messages carry no stamp header: no names to build then.
+        let stamped = headers.keys().any(|name| {
+            name.starts_with(STAMP_HEADER_PREFIX) || name.starts_with(SYMFONY_STAMP_PREFIX)
+        });
+        for mapped in Mapped::ALL.into_iter().filter(|_| stamped) {
             let symfony_name = format!("{SYMFONY_STAMP_PREFIX}{}", mapped.php_class());
             let converted = mapped.courier_name().and_then(|name| {
                 let courier_name = format!("{STAMP_HEADER_PREFIX}{name}");

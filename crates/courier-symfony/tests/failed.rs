@@ -51,6 +51,8 @@ async fn php_failures_are_listed_with_class_and_error_and_a_retry_goes_back_to_p
     .expect("connect in time")
     .unwrap();
 
+    // PHP stores whole seconds: the failed time (the row's `created_at`) is this or later.
+    let before = std::time::SystemTime::now() - Duration::from_secs(1);
     php(
         "dispatch.php",
         &[&db.php("default"), "1", "3"],
@@ -85,11 +87,23 @@ async fn php_failures_are_listed_with_class_and_error_and_a_retry_goes_back_to_p
             Some(format!("failed in PHP for good: {n}").as_str())
         );
         assert_eq!(envelope.message::<SendEmail>().map(|m| m.id), Some(n));
+        // PHP's SentToFailureTransportStamp carries no time: the row's `created_at` says it.
+        let failed_at = summary.failed_at.as_deref().expect("a failed time");
+        let failed_at = humantime::parse_rfc3339(failed_at).unwrap();
+        assert!(
+            failed_at >= before && failed_at <= std::time::SystemTime::now(),
+            "failed at {failed_at:?}, the test ran from {before:?}"
+        );
     }
     assert_eq!(list.list(2).await.unwrap().len(), 2, "the limit holds");
 
     let id = listed[0].id().unwrap().to_owned();
     let found = list.find(&id).await.unwrap().expect("found by its row id");
+    assert_eq!(
+        FailedMessage::new("failed", &found).failed_at,
+        FailedMessage::new("failed", &listed[0]).failed_at,
+        "found and listed, it has one failed time"
+    );
     assert_eq!(found.message::<SendEmail>().map(|m| m.id), Some(1));
     assert!(list.find("not-a-row").await.unwrap().is_none());
     assert!(list.find("999999999").await.unwrap().is_none());

@@ -208,6 +208,8 @@ impl Transport for DoctrineTransport {
 
     async fn send_batch(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
         let now = SystemTime::now();
+        // Most messages are due at once: their `available_at` is `created_at`, written once.
+        let created = self.wall_clock(now);
         let mut sent = Vec::with_capacity(envelopes.len());
         for chunk in envelopes.chunks(SEND_CHUNK) {
             let mut rows = Vec::with_capacity(chunk.len());
@@ -221,10 +223,15 @@ impl Transport for DoctrineTransport {
                             .with_source(e)
                     })?;
                 let headers = wire.headers_json();
+                let available = available_at(now, envelope);
                 rows.push((
                     wire.body,
                     headers,
-                    self.wall_clock(available_at(now, envelope)),
+                    if available == now {
+                        created.clone()
+                    } else {
+                        self.wall_clock(available)
+                    },
                 ));
             }
             let ids = self
@@ -233,7 +240,7 @@ impl Transport for DoctrineTransport {
                     &self.options.table_name,
                     &rows,
                     &self.options.queue_name,
-                    &self.wall_clock(now),
+                    &created,
                 )
                 .await
                 .map_err(|e| self.db_error("inserting messages", e))?;
