@@ -13,26 +13,22 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{SendEmail, consumed, email, ids, php, registry, serializer};
-use courier_core::{
-    CancellationToken, DelayStamp, Dsn, Envelope, ErrorDetailsStamp, HandlerError, MessageBus,
-    MultiplierRetryStrategy, PriorityStamp, RedeliveryStamp, Transport, Worker,
+use common::scenarios::{
+    PHP_LIMIT, assert_courier_got_the_1000, assert_unmapped_and_misfit,
+    courier_fails_php_retries_again, courier_moves_unreadable_to, courier_sends, drain,
+    failure_reasons, php_and_courier_share_1000, php_consumes_courier_1000,
+    php_dispatches_unreadable, php_fails_20_once, php_reads_courier_retries, retry_strategy,
+    retry_worker, timeout,
 };
+use common::{SendEmail, consumed, email, php, registry, serializer};
+use courier_core::{DelayStamp, Dsn, Envelope, Transport};
 use courier_symfony::AmqpTransport;
 use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::types::AMQPValue;
 use lapin::{Connection, ConnectionProperties};
-
-const PHP_LIMIT: Duration = Duration::from_secs(120);
-
-async fn timeout<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .expect("operation timed out")
-}
 
 /// One test's exchange, queue and delay exchange (unique names), deleted with the delay
 /// queues PHP's pattern names when dropped, also when the test fails.
@@ -143,38 +139,6 @@ impl Drop for Topology {
     }
 }
 
-/// Receives and acks until `n` envelopes came (or `within` passed): what came.
-async fn drain(t: &AmqpTransport, n: usize, within: Duration) -> Vec<Envelope> {
-    let start = Instant::now();
-    let mut got = Vec::new();
-    while got.len() < n && start.elapsed() < within {
-        let batch = timeout(t.get(100)).await.unwrap();
-        if batch.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        timeout(t.ack_batch(&batch)).await.unwrap();
-        got.extend(batch);
-    }
-    got
-}
-
-/// Courier sends `email(first..first+n)`, every 10th delayed by a second, each with a stamp
-/// only Courier knows (a plain header to PHP).
-async fn courier_sends(t: &AmqpTransport, first: i64, n: i64) {
-    let envelopes = (first..first + n)
-        .map(|id| {
-            let envelope = Envelope::new(email(id, "+00:00")).with(PriorityStamp(3));
-            if id % 10 == 0 {
-                envelope.with(DelayStamp(Duration::from_secs(1)))
-            } else {
-                envelope
-            }
-        })
-        .collect();
-    timeout(t.send_batch(envelopes)).await.unwrap();
-}
-
 async fn message_count(t: &AmqpTransport) -> u64 {
     let t: &dyn Transport = t;
     let counter = t.as_message_count().expect("counts");
@@ -212,12 +176,10 @@ async fn php_dispatches_1000_and_courier_consumes_them_all() {
         timeout(t.ack_batch(&batch)).await.unwrap();
         got.extend(batch.into_iter().map(|e| (e, at)));
     }
-    let mut seen = BTreeSet::new();
     for (envelope, at) in &got {
         let message = envelope
             .message::<SendEmail>()
             .unwrap_or_else(|| panic!("{:?}", envelope.decode_error()));
-        assert_eq!(message, &email(message.id, "+00:00"));
         if message.id % 10 == 0 {
             assert!(
                 *at >= Duration::from_secs(1),
@@ -225,9 +187,8 @@ async fn php_dispatches_1000_and_courier_consumes_them_all() {
                 message.id
             );
         }
-        assert!(seen.insert(message.id), "{} twice", message.id);
     }
-    assert_eq!(seen, ids(1..=1000));
+    assert_courier_got_the_1000(got.iter().map(|(envelope, _)| envelope));
     assert_eq!(message_count(&t).await, 0);
 }
 
@@ -236,66 +197,9 @@ async fn php_dispatches_1000_and_courier_consumes_them_all() {
 async fn courier_dispatches_1000_and_php_consumes_them_all() {
     let topo = Topology::new();
     let t = topo.courier().await;
-    courier_sends(&t, 1, 1000).await;
-    let out = php(
-        "consume.php",
-        &[&topo.php(), "1000", "60"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    let lines = consumed(&out);
-    let mut seen = BTreeSet::new();
-    for line in &lines {
-        let id = line.id.unwrap();
-        let expected = email(id, "+00:00");
-        assert_eq!(line.class, r"App\Message\SendEmail");
-        assert_eq!(line.retry, 0);
-        assert_eq!(line.subject.as_deref(), Some(expected.subject.as_str()));
-        let priority = if id % 2 == 0 { "high" } else { "low" };
-        assert_eq!(line.priority.as_deref(), Some(priority));
-        assert_eq!(line.sent_at.as_deref(), Some("2024-05-06T07:08:09+00:00"));
-        assert!(seen.insert(id), "{id} twice");
-    }
-    assert_eq!(seen, ids(1..=1000), "PHP consumed them all");
+    courier_sends(&*t, 1, 1000, "+00:00").await;
+    php_consumes_courier_1000(&topo.php(), "UTC", "+00:00").await;
     assert_eq!(message_count(&t).await, 0);
-}
-
-async fn retry_worker(t: Arc<AmqpTransport>, n: u64) -> (Vec<u32>, courier_core::WorkerStats) {
-    let bus = MessageBus::builder()
-        .handler_fn("fail", move |_: Arc<SendEmail>| async move {
-            Err::<(), _>(HandlerError::recoverable("failed in Rust", None))
-        })
-        .build();
-    let retries = Arc::new(Mutex::new(Vec::new()));
-    let on_received = Arc::clone(&retries);
-    let stats = tokio::time::timeout(
-        Duration::from_secs(60),
-        Worker::builder(bus)
-            .receiver("async", t)
-            .retry_strategy(Arc::new(
-                MultiplierRetryStrategy::default()
-                    .max_retries(3)
-                    .delay(Duration::from_secs(1))
-                    .multiplier(1.0)
-                    .jitter(0.0),
-            ))
-            .on_received(move |received| {
-                let count = received
-                    .envelope()
-                    .last::<RedeliveryStamp>()
-                    .map_or(0, |s| s.retry_count);
-                on_received.lock().unwrap().push(count);
-            })
-            .limit(n)
-            .build()
-            .run(CancellationToken::new()),
-    )
-    .await
-    .expect("worker in time")
-    .unwrap();
-    let counts = retries.lock().unwrap().clone();
-    (counts, stats)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,17 +207,9 @@ async fn retry_worker(t: Arc<AmqpTransport>, n: u64) -> (Vec<u32>, courier_core:
 async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count() {
     let topo = Topology::new();
     let t = topo.courier().await;
-    php("dispatch.php", &[&topo.php(), "1", "20"], "UTC", PHP_LIMIT).await;
     // PHP fails each once: Symfony's retry listener sends it again with RedeliveryStamp 1,
     // through its retry delay queue.
-    let out = php(
-        "consume.php",
-        &[&topo.php(), "20", "30", "fail-new"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    assert_eq!(consumed(&out).len(), 20);
+    php_fails_20_once(&topo.php()).await;
     let php_retry_queue = format!("delay_{}_{}_1000_retry", topo.exchange, topo.queue);
     assert!(
         queue_exists(&topo.url, &php_retry_queue).await,
@@ -321,17 +217,9 @@ async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count() {
     );
 
     // Courier fails each again: its worker retries it with RedeliveryStamp 2.
-    let (counts, stats) = retry_worker(t.clone(), 20).await;
-    assert_eq!(stats.retried, 20, "{stats:?}");
-    assert_eq!(counts, vec![1; 20], "Courier read PHP's retry count");
+    courier_fails_php_retries_again(t.clone(), "async", retry_strategy().multiplier(1.0)).await;
 
-    let out = php("consume.php", &[&topo.php(), "20", "30"], "UTC", PHP_LIMIT).await;
-    let lines = consumed(&out);
-    assert_eq!(lines.len(), 20, "{lines:?}");
-    assert!(
-        lines.iter().all(|l| l.retry == 2),
-        "PHP read Courier's retry count: {lines:?}"
-    );
+    let lines = php_reads_courier_retries(&topo.php(), 2).await;
     let ids: BTreeSet<i64> = lines.iter().map(|l| l.id.unwrap()).collect();
     assert_eq!(ids, common::ids(1..=20));
     assert_eq!(message_count(&t).await, 0);
@@ -348,7 +236,8 @@ async fn a_retry_crosses_from_courier_to_php_with_its_count() {
         .collect();
     timeout(t.send_batch(envelopes)).await.unwrap();
     // Courier fails each once (RedeliveryStamp 1, through PHP's retry delay queue).
-    let (counts, stats) = retry_worker(t.clone(), 20).await;
+    let (counts, stats) =
+        retry_worker(t.clone(), "async", retry_strategy().multiplier(1.0), 20).await;
     assert_eq!(stats.retried, 20, "{stats:?}");
     assert_eq!(counts, vec![0; 20]);
     let retry_queue = format!("delay_{}_{}_1000_retry", topo.exchange, topo.queue);
@@ -358,13 +247,7 @@ async fn a_retry_crosses_from_courier_to_php_with_its_count() {
     );
     // PHP fails each again (it has count 1 already: fail-new fails only count 0, so run a
     // plain consumer that reads them and check the count).
-    let out = php("consume.php", &[&topo.php(), "20", "30"], "UTC", PHP_LIMIT).await;
-    let lines = consumed(&out);
-    assert_eq!(lines.len(), 20, "{lines:?}");
-    assert!(
-        lines.iter().all(|l| l.retry == 1),
-        "PHP read Courier's retry count: {lines:?}"
-    );
+    php_reads_courier_retries(&topo.php(), 1).await;
     assert_eq!(message_count(&t).await, 0);
 }
 
@@ -373,48 +256,10 @@ async fn a_retry_crosses_from_courier_to_php_with_its_count() {
 async fn php_and_courier_workers_share_one_queue_with_none_lost_or_doubled() {
     let topo = Topology::new();
     let t = topo.courier().await;
-    courier_sends(&t, 1, 1000).await;
-    let dsn = topo.php();
-    let php_side =
-        tokio::spawn(
-            async move { php("consume.php", &[&dsn, "1000", "15"], "UTC", PHP_LIMIT).await },
-        );
-    let mut courier_ids = Vec::new();
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
-        let batch = timeout(t.get(5)).await.unwrap();
-        if batch.is_empty() {
-            if php_side.is_finished() || start.elapsed() > Duration::from_secs(12) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        courier_ids.extend(batch.iter().map(|e| e.message::<SendEmail>().unwrap().id));
-        // Slower than PHP alone, so that both sides take a share.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        timeout(t.ack_batch(&batch)).await.unwrap();
-    }
-    let php_ids: Vec<i64> = consumed(&php_side.await.unwrap())
-        .iter()
-        .map(|l| l.id.unwrap())
-        .collect();
-    assert!(
-        !courier_ids.is_empty() && !php_ids.is_empty(),
-        "both took a share: courier {}, php {}",
-        courier_ids.len(),
-        php_ids.len()
-    );
-    let mut all: Vec<i64> = courier_ids.iter().chain(&php_ids).copied().collect();
-    all.sort_unstable();
-    let unique: Vec<i64> = all
-        .iter()
-        .copied()
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    assert_eq!(all, unique, "none handled twice");
-    assert_eq!(all, (1..=1000).collect::<Vec<_>>(), "none lost");
+    php_and_courier_share_1000(&*t, topo.php(), "15", async |php_finished, elapsed| {
+        php_finished || elapsed > Duration::from_secs(12)
+    })
+    .await;
     assert_eq!(message_count(&t).await, 0);
 }
 
@@ -424,56 +269,11 @@ async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class
     let topo = Topology::new();
     let t = topo.courier().await;
     let failed = topo.courier_failed().await;
-    php(
-        "dispatch.php",
-        &[&topo.php(), "1", "1", "0", "Unmapped"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    php(
-        "dispatch.php",
-        &[&topo.php(), "2", "1", "0", "Misfit"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    let bus = MessageBus::builder()
-        .handler_fn("never", |_: Arc<SendEmail>| async {
-            Ok::<(), HandlerError>(())
-        })
-        .build();
-    let stats = tokio::time::timeout(
-        Duration::from_secs(60),
-        Worker::builder(bus)
-            .receiver("async", t.clone())
-            .failure_transport("failed", failed.clone())
-            .limit(2)
-            .build()
-            .run(CancellationToken::new()),
-    )
-    .await
-    .expect("worker in time")
-    .unwrap();
-    assert_eq!(stats.moved_to_failure, 2, "{stats:?}");
+    php_dispatches_unreadable(&topo.php()).await;
+    courier_moves_unreadable_to(t.clone(), "async", failed.clone(), 2).await;
     assert_eq!(message_count(&t).await, 0, "none left to loop");
-    let mut moved = drain(&failed, 2, Duration::from_secs(10)).await;
-    moved.sort_by_key(|e| e.message_name().to_owned());
-    let reasons: Vec<(String, String)> = moved
-        .iter()
-        .map(|e| {
-            let details = e.last::<ErrorDetailsStamp>().expect("error details");
-            (e.message_name().to_owned(), details.message.clone())
-        })
-        .collect();
-    assert_eq!(reasons.len(), 2, "{reasons:?}");
-    assert_eq!(reasons[0].0, r"App\Message\Unmapped");
-    assert!(
-        reasons[0].1.contains(r"App\Message\Unmapped"),
-        "{reasons:?}"
-    );
-    assert_eq!(reasons[1].0, "mail.misfit");
-    assert!(reasons[1].1.contains("invalid JSON body"), "{reasons:?}");
+    let (_, reasons) = failure_reasons(&*failed, 2).await;
+    assert_unmapped_and_misfit(&reasons);
     assert_eq!(message_count(&failed).await, 0);
 }
 
@@ -584,7 +384,7 @@ async fn both_sides_declare_the_same_delay_queue_alike() {
         "the one sent just now waits in the delay queue"
     );
     timeout(t.ack_batch(&early)).await.unwrap();
-    let got = drain(&t, 3 - early.len(), Duration::from_secs(10)).await;
+    let got = drain(&*t, 3 - early.len(), Duration::from_secs(10)).await;
     let ids: BTreeSet<i64> = got
         .iter()
         .chain(&early)

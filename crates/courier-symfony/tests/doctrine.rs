@@ -10,41 +10,15 @@
 
 mod common;
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
 use chrono_tz::Tz;
-use common::{Db, Kind, SendEmail, consumed, email, ids, php};
-use courier_core::{
-    CancellationToken, DelayStamp, Envelope, ErrorDetailsStamp, HandlerError, MessageBus,
-    MultiplierRetryStrategy, PriorityStamp, RedeliveryStamp, Transport, Worker,
+use common::scenarios::{
+    PHP_LIMIT, assert_unmapped_and_misfit, courier_drains_php_1000,
+    courier_fails_php_retries_again, courier_moves_unreadable_to, courier_sends, failure_reasons,
+    php_and_courier_share_1000, php_consumes_courier_1000, php_dispatches_unreadable,
+    php_fails_20_once, php_reads_courier_retries, retry_strategy, timeout,
 };
-use courier_symfony::DoctrineTransport;
-
-const PHP_LIMIT: Duration = Duration::from_secs(120);
-
-async fn timeout<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .expect("operation timed out")
-}
-
-/// Receives and acks until `n` envelopes came (or `within` passed): what came.
-async fn drain(t: &DoctrineTransport, n: usize, within: Duration) -> Vec<Envelope> {
-    let start = Instant::now();
-    let mut got = Vec::new();
-    while got.len() < n && start.elapsed() < within {
-        let batch = timeout(t.get(100)).await.unwrap();
-        if batch.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        timeout(t.ack_batch(&batch)).await.unwrap();
-        got.extend(batch);
-    }
-    got
-}
+use common::{Db, Kind, consumed, php};
+use courier_core::Transport;
 
 /// One number from the database of `db`.
 async fn scalar(db: &Db, kind: Kind, sql: &str) -> i64 {
@@ -102,7 +76,7 @@ const PENDING: &str =
 async fn a_message_courier_holds_reaches_php_only_once_its_lease_expires(kind: Kind) {
     let db = Db::new(kind);
     let t = db.courier("default", Tz::UTC).await;
-    courier_sends(&t, 1, 1, "+00:00").await;
+    courier_sends(&*t, 1, 1, "+00:00").await;
     let held = timeout(t.get(1)).await.unwrap();
     assert_eq!(held.len(), 1);
     let php_gets = || async {
@@ -151,33 +125,8 @@ async fn php_dispatches_1000_and_courier_consumes_them_all(kind: Kind) {
         100,
         "every 10th message is delayed by PHP"
     );
-    let got = drain(&t, 1000, Duration::from_secs(30)).await;
-    let mut seen = BTreeSet::new();
-    for envelope in &got {
-        let message = envelope
-            .message::<SendEmail>()
-            .unwrap_or_else(|| panic!("{:?}", envelope.decode_error()));
-        assert_eq!(message, &email(message.id, "+00:00"));
-        assert!(seen.insert(message.id), "{} twice", message.id);
-    }
-    assert_eq!(seen, ids(1..=1000));
+    courier_drains_php_1000(&*t).await;
     assert_eq!(scalar(&db, kind, "SELECT COUNT(*) FROM {t}").await, 0);
-}
-
-/// Courier sends `email(first..first+n)`, every 10th delayed by a second, each with a stamp
-/// only Courier knows (a plain header to PHP).
-async fn courier_sends(t: &DoctrineTransport, first: i64, n: i64, offset: &str) {
-    let envelopes = (first..first + n)
-        .map(|id| {
-            let envelope = Envelope::new(email(id, offset)).with(PriorityStamp(3));
-            if id % 10 == 0 {
-                envelope.with(DelayStamp(Duration::from_secs(1)))
-            } else {
-                envelope
-            }
-        })
-        .collect();
-    timeout(t.send_batch(envelopes)).await.unwrap();
 }
 
 async fn courier_dispatches_1000_and_php_consumes_them_all(kind: Kind, zone: &str) {
@@ -185,7 +134,7 @@ async fn courier_dispatches_1000_and_php_consumes_them_all(kind: Kind, zone: &st
     let tz: Tz = zone.parse().unwrap();
     let t = db.courier("default", tz).await;
     let offset = if zone == "UTC" { "+00:00" } else { "-04:00" };
-    courier_sends(&t, 1, 1000, offset).await;
+    courier_sends(&*t, 1, 1000, offset).await;
     let headers = scalar(
         &db,
         kind,
@@ -193,159 +142,29 @@ async fn courier_dispatches_1000_and_php_consumes_them_all(kind: Kind, zone: &st
     )
     .await;
     assert_eq!(headers, 1000, "Courier's own stamps are plain headers");
-    let out = php(
-        "consume.php",
-        &[&db.php("default"), "1000", "60"],
-        zone,
-        PHP_LIMIT,
-    )
-    .await;
-    let lines = consumed(&out);
-    let mut seen = BTreeSet::new();
-    for line in &lines {
-        let id = line.id.unwrap();
-        let expected = email(id, offset);
-        assert_eq!(line.class, r"App\Message\SendEmail");
-        assert_eq!(line.retry, 0);
-        assert_eq!(line.subject.as_deref(), Some(expected.subject.as_str()));
-        let priority = if id % 2 == 0 { "high" } else { "low" };
-        assert_eq!(line.priority.as_deref(), Some(priority));
-        assert_eq!(
-            line.sent_at.as_deref(),
-            Some(format!("2024-05-06T07:08:09{offset}").as_str())
-        );
-        assert!(seen.insert(id), "{id} twice");
-    }
-    assert_eq!(seen, ids(1..=1000), "PHP consumed them all");
+    php_consumes_courier_1000(&db.php("default"), zone, offset).await;
     assert_eq!(scalar(&db, kind, PENDING).await, 0);
 }
 
 async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count(kind: Kind) {
     let db = Db::new(kind);
     let t = db.courier("default", Tz::UTC).await;
-    php(
-        "dispatch.php",
-        &[&db.php("default"), "1", "20"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    // PHP fails each once: Symfony's retry listener sends it again with RedeliveryStamp 1.
-    let out = php(
-        "consume.php",
-        &[&db.php("default"), "20", "30", "fail-new"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    assert_eq!(consumed(&out).len(), 20);
+    php_fails_20_once(&db.php("default")).await;
 
     // Courier fails each again: its worker retries it with RedeliveryStamp 2.
-    let counts = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&counts);
-    let bus = MessageBus::builder()
-        .handler_fn("fail", move |m: Arc<SendEmail>| {
-            let seen = Arc::clone(&seen);
-            async move {
-                seen.lock().unwrap().push(m.id);
-                Err::<(), _>(HandlerError::recoverable("failed in Rust", None))
-            }
-        })
-        .build();
-    let retries = Arc::new(Mutex::new(Vec::new()));
-    let on_received = Arc::clone(&retries);
-    let stats = tokio::time::timeout(
-        Duration::from_secs(60),
-        Worker::builder(bus)
-            .receiver("default", t.clone())
-            .retry_strategy(Arc::new(
-                MultiplierRetryStrategy::default()
-                    .max_retries(3)
-                    .delay(Duration::from_secs(1))
-                    .jitter(0.0),
-            ))
-            .on_received(move |received| {
-                let count = received
-                    .envelope()
-                    .last::<RedeliveryStamp>()
-                    .map_or(0, |s| s.retry_count);
-                on_received.lock().unwrap().push(count);
-            })
-            .limit(20)
-            .build()
-            .run(CancellationToken::new()),
-    )
-    .await
-    .expect("worker in time")
-    .unwrap();
-    assert_eq!(stats.retried, 20, "{stats:?}");
-    assert_eq!(
-        *retries.lock().unwrap(),
-        vec![1; 20],
-        "Courier read PHP's retry count"
-    );
+    courier_fails_php_retries_again(t.clone(), "default", retry_strategy()).await;
 
-    let out = php(
-        "consume.php",
-        &[&db.php("default"), "20", "30"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    let lines = consumed(&out);
-    assert_eq!(lines.len(), 20);
-    assert!(
-        lines.iter().all(|l| l.retry == 2),
-        "PHP read Courier's retry count: {lines:?}"
-    );
+    php_reads_courier_retries(&db.php("default"), 2).await;
     assert_eq!(scalar(&db, kind, PENDING).await, 0);
 }
 
 async fn php_and_courier_workers_share_one_queue_with_none_lost_or_doubled(kind: Kind) {
     let db = Db::new(kind);
     let t = db.courier("default", Tz::UTC).await;
-    courier_sends(&t, 1, 1000, "+00:00").await;
-    let dsn = db.php("default");
-    let php_side =
-        tokio::spawn(
-            async move { php("consume.php", &[&dsn, "1000", "10"], "UTC", PHP_LIMIT).await },
-        );
-    let mut courier_ids = Vec::new();
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
-        let batch = timeout(t.get(5)).await.unwrap();
-        if batch.is_empty() {
-            if scalar(&db, kind, PENDING).await == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        courier_ids.extend(batch.iter().map(|e| e.message::<SendEmail>().unwrap().id));
-        // Slower than PHP alone, so that both sides take a share.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        timeout(t.ack_batch(&batch)).await.unwrap();
-    }
-    let php_ids: Vec<i64> = consumed(&php_side.await.unwrap())
-        .iter()
-        .map(|l| l.id.unwrap())
-        .collect();
-    assert!(
-        !courier_ids.is_empty() && !php_ids.is_empty(),
-        "both took a share: courier {}, php {}",
-        courier_ids.len(),
-        php_ids.len()
-    );
-    let mut all: Vec<i64> = courier_ids.iter().chain(&php_ids).copied().collect();
-    all.sort_unstable();
-    let unique: Vec<i64> = all
-        .iter()
-        .copied()
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    assert_eq!(all, unique, "none handled twice");
-    assert_eq!(all, (1..=1000).collect::<Vec<_>>(), "none lost");
+    php_and_courier_share_1000(&*t, db.php("default"), "10", async |_, _| {
+        scalar(&db, kind, PENDING).await == 0
+    })
+    .await;
 }
 
 async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class_and_reason(
@@ -354,38 +173,8 @@ async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class
     let db = Db::new(kind);
     let t = db.courier("default", Tz::UTC).await;
     let failed = db.courier("failed", Tz::UTC).await;
-    php(
-        "dispatch.php",
-        &[&db.php("default"), "1", "1", "0", "Unmapped"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    php(
-        "dispatch.php",
-        &[&db.php("default"), "2", "1", "0", "Misfit"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    let bus = MessageBus::builder()
-        .handler_fn("never", |_: Arc<SendEmail>| async {
-            Ok::<(), HandlerError>(())
-        })
-        .build();
-    let stats = tokio::time::timeout(
-        Duration::from_secs(60),
-        Worker::builder(bus)
-            .receiver("default", t.clone())
-            .failure_transport("failed", failed.clone())
-            .limit(2)
-            .build()
-            .run(CancellationToken::new()),
-    )
-    .await
-    .expect("worker in time")
-    .unwrap();
-    assert_eq!(stats.moved_to_failure, 2, "{stats:?}");
+    php_dispatches_unreadable(&db.php("default")).await;
+    courier_moves_unreadable_to(t.clone(), "default", failed.clone(), 2).await;
     assert_eq!(
         scalar(
             &db,
@@ -396,23 +185,8 @@ async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class
         0,
         "none left to loop"
     );
-    let mut moved = drain(&failed, 2, Duration::from_secs(10)).await;
-    moved.sort_by_key(|e| e.message_name().to_owned());
-    let reasons: Vec<(String, String)> = moved
-        .iter()
-        .map(|e| {
-            let details = e.last::<ErrorDetailsStamp>().expect("error details");
-            (e.message_name().to_owned(), details.message.clone())
-        })
-        .collect();
-    assert_eq!(reasons.len(), 2, "{reasons:?}");
-    assert_eq!(reasons[0].0, r"App\Message\Unmapped");
-    assert!(
-        reasons[0].1.contains(r"App\Message\Unmapped"),
-        "{reasons:?}"
-    );
-    assert_eq!(reasons[1].0, "mail.misfit");
-    assert!(reasons[1].1.contains("invalid JSON body"), "{reasons:?}");
+    let (_, reasons) = failure_reasons(&*failed, 2).await;
+    assert_unmapped_and_misfit(&reasons);
 }
 
 /// The tests on SQLite, PostgreSQL and MariaDB.

@@ -12,27 +12,24 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{SendEmail, consumed, email, ids, php};
+use common::scenarios::{
+    PHP_LIMIT, courier_drains_php_1000, courier_fails_php_retries_again,
+    courier_moves_unreadable_to, courier_sends, failure_reasons, php_and_courier_share_1000,
+    php_consumes_courier_1000, php_dispatches_unreadable, php_fails_20_once,
+    php_reads_courier_retries, retry_strategy, timeout,
+};
+use common::{SendEmail, consumed, php};
 use courier_core::{
-    CancellationToken, DelayStamp, Dsn, Envelope, ErrorDetailsStamp, FactoryContext, HandlerError,
-    MessageBus, MultiplierRetryStrategy, PriorityStamp, RedeliveryStamp, Transport,
-    TransportRegistry, Worker,
+    CancellationToken, Dsn, FactoryContext, HandlerError, MessageBus, Transport, TransportRegistry,
+    Worker,
 };
 use courier_symfony::{PHP_DECODE_ERROR_HEADER, SymfonyTransportFactory};
 use redis::aio::MultiplexedConnection;
 
-const PHP_LIMIT: Duration = Duration::from_secs(120);
 const IGNORE: &str = "";
-
-async fn timeout<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .expect("operation timed out")
-}
 
 /// One stream of a test (unique name; it and its `__queue` deleted when the test ends).
 struct Stream {
@@ -146,38 +143,6 @@ impl Stream {
     }
 }
 
-/// Receives and acks until `n` envelopes came (or `within` passed): what came.
-async fn drain(t: &dyn Transport, n: usize, within: Duration) -> Vec<Envelope> {
-    let start = Instant::now();
-    let mut got = Vec::new();
-    while got.len() < n && start.elapsed() < within {
-        let batch = timeout(t.get(100)).await.unwrap();
-        if batch.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        timeout(t.ack_batch(&batch)).await.unwrap();
-        got.extend(batch);
-    }
-    got
-}
-
-/// Courier sends `email(first..first+n)`, every 10th delayed by a second, each with a stamp
-/// only Courier knows (a plain header to PHP).
-async fn courier_sends(t: &dyn Transport, first: i64, n: i64) {
-    let envelopes = (first..first + n)
-        .map(|id| {
-            let envelope = Envelope::new(email(id, "+00:00")).with(PriorityStamp(3));
-            if id % 10 == 0 {
-                envelope.with(DelayStamp(Duration::from_secs(1)))
-            } else {
-                envelope
-            }
-        })
-        .collect();
-    timeout(t.send_batch(envelopes)).await.unwrap();
-}
-
 async fn php_dispatches_1000_and_courier_consumes_them_all(serializer: u8) {
     let mut s = Stream::new().await;
     let t = s.courier("rust", serializer, IGNORE).await;
@@ -202,23 +167,14 @@ async fn php_dispatches_1000_and_courier_consumes_them_all(serializer: u8) {
         "PHP wrote with serializer={serializer}: {}",
         fields[0]
     );
-    let got = drain(&*t, 1000, Duration::from_secs(30)).await;
-    let mut seen = BTreeSet::new();
-    for envelope in &got {
-        let message = envelope
-            .message::<SendEmail>()
-            .unwrap_or_else(|| panic!("{:?}", envelope.decode_error()));
-        assert_eq!(message, &email(message.id, "+00:00"));
-        assert!(seen.insert(message.id), "{} twice", message.id);
-    }
-    assert_eq!(seen, ids(1..=1000));
+    courier_drains_php_1000(&*t).await;
     assert_eq!((s.len().await, s.delayed().await), (0, 0), "all acked");
 }
 
 async fn courier_dispatches_1000_and_php_consumes_them_all(serializer: u8) {
     let mut s = Stream::new().await;
     let t = s.courier("rust", serializer, IGNORE).await;
-    courier_sends(&*t, 1, 1000).await;
+    courier_sends(&*t, 1, 1000, "+00:00").await;
     assert_eq!(s.delayed().await, 100, "every 10th message is delayed");
     let fields = s.fields().await;
     assert_eq!(fields.len(), 900);
@@ -232,26 +188,7 @@ async fn courier_dispatches_1000_and_php_consumes_them_all(serializer: u8) {
             "Courier's own stamps are plain headers: {field}"
         );
     }
-    let out = php(
-        "consume.php",
-        &[&s.php("php", serializer, IGNORE), "1000", "60"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    let mut seen = BTreeSet::new();
-    for line in consumed(&out) {
-        let id = line.id.unwrap();
-        let expected = email(id, "+00:00");
-        assert_eq!(line.class, r"App\Message\SendEmail");
-        assert_eq!(line.retry, 0);
-        assert_eq!(line.subject.as_deref(), Some(expected.subject.as_str()));
-        let priority = if id % 2 == 0 { "high" } else { "low" };
-        assert_eq!(line.priority.as_deref(), Some(priority));
-        assert_eq!(line.sent_at.as_deref(), Some("2024-05-06T07:08:09+00:00"));
-        assert!(seen.insert(id), "{id} twice");
-    }
-    assert_eq!(seen, ids(1..=1000), "PHP consumed them all");
+    php_consumes_courier_1000(&s.php("php", serializer, IGNORE), "UTC", "+00:00").await;
     assert_eq!((s.len().await, s.delayed().await), (0, 0), "all acked");
 }
 
@@ -259,116 +196,29 @@ async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count(serializer:
     let mut s = Stream::new().await;
     let t = s.courier("rust", serializer, IGNORE).await;
     let php_dsn = s.php("php", serializer, IGNORE);
-    php("dispatch.php", &[&php_dsn, "1", "20"], "UTC", PHP_LIMIT).await;
     // PHP fails each once: Symfony's retry listener sends it again with RedeliveryStamp 1, a
     // second later (in `__queue`).
-    let out = php(
-        "consume.php",
-        &[&php_dsn, "20", "30", "fail-new"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    assert_eq!(consumed(&out).len(), 20);
+    php_fails_20_once(&php_dsn).await;
     assert_eq!(s.delayed().await, 20, "PHP's retries wait in __queue");
 
     // Courier moves them when due and fails each again: its worker retries it with
     // RedeliveryStamp 2, into `__queue` too.
-    let bus = MessageBus::builder()
-        .handler_fn("fail", move |_: Arc<SendEmail>| async move {
-            Err::<(), _>(HandlerError::recoverable("failed in Rust", None))
-        })
-        .build();
-    let retries = Arc::new(Mutex::new(Vec::new()));
-    let on_received = Arc::clone(&retries);
-    let stats = tokio::time::timeout(
-        Duration::from_secs(60),
-        Worker::builder(bus)
-            .receiver("default", t.clone())
-            .retry_strategy(Arc::new(
-                MultiplierRetryStrategy::default()
-                    .max_retries(3)
-                    .delay(Duration::from_secs(1))
-                    .jitter(0.0),
-            ))
-            .on_received(move |received| {
-                let count = received
-                    .envelope()
-                    .last::<RedeliveryStamp>()
-                    .map_or(0, |s| s.retry_count);
-                on_received.lock().unwrap().push(count);
-            })
-            .limit(20)
-            .build()
-            .run(CancellationToken::new()),
-    )
-    .await
-    .expect("worker in time")
-    .unwrap();
-    assert_eq!(stats.retried, 20, "{stats:?}");
-    assert_eq!(
-        *retries.lock().unwrap(),
-        vec![1; 20],
-        "Courier read PHP's retry count"
-    );
+    courier_fails_php_retries_again(t.clone(), "default", retry_strategy()).await;
     assert_eq!(s.delayed().await, 20, "Courier's retries wait in __queue");
 
     // PHP moves Courier's retries when due.
-    let out = php("consume.php", &[&php_dsn, "20", "30"], "UTC", PHP_LIMIT).await;
-    let lines = consumed(&out);
-    assert_eq!(lines.len(), 20);
-    assert!(
-        lines.iter().all(|l| l.retry == 2),
-        "PHP read Courier's retry count: {lines:?}"
-    );
+    php_reads_courier_retries(&php_dsn, 2).await;
     assert_eq!((s.len().await, s.delayed().await), (0, 0), "all handled");
 }
 
 async fn php_and_courier_workers_share_one_stream_with_none_lost_or_doubled(serializer: u8) {
     let mut s = Stream::new().await;
     let t = s.courier("rust", serializer, IGNORE).await;
-    courier_sends(&*t, 1, 1000).await;
     let dsn = s.php("php", serializer, IGNORE);
-    let php_side =
-        tokio::spawn(
-            async move { php("consume.php", &[&dsn, "1000", "10"], "UTC", PHP_LIMIT).await },
-        );
-    let mut courier_ids = Vec::new();
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
-        let batch = timeout(t.get(5)).await.unwrap();
-        if batch.is_empty() {
-            if s.len().await == 0 && s.delayed().await == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        courier_ids.extend(batch.iter().map(|e| e.message::<SendEmail>().unwrap().id));
-        // Slower than PHP alone, so that both sides take a share.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        timeout(t.ack_batch(&batch)).await.unwrap();
-    }
-    let php_ids: Vec<i64> = consumed(&php_side.await.unwrap())
-        .iter()
-        .map(|l| l.id.unwrap())
-        .collect();
-    assert!(
-        !courier_ids.is_empty() && !php_ids.is_empty(),
-        "both took a share: courier {}, php {}",
-        courier_ids.len(),
-        php_ids.len()
-    );
-    let mut all: Vec<i64> = courier_ids.iter().chain(&php_ids).copied().collect();
-    all.sort_unstable();
-    let unique: Vec<i64> = all
-        .iter()
-        .copied()
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    assert_eq!(all, unique, "none handled twice");
-    assert_eq!(all, (1..=1000).collect::<Vec<_>>(), "none lost");
+    php_and_courier_share_1000(&*t, dsn, "10", async |_, _| {
+        s.len().await == 0 && s.delayed().await == 0
+    })
+    .await;
 }
 
 /// PHP claims what another consumer left pending past `redeliver_timeout` (a second here);
@@ -377,7 +227,7 @@ async fn a_message_courier_keeps_alive_is_not_claimed_by_php(serializer: u8) {
     let mut s = Stream::new().await;
     let fast = "&redeliver_timeout=1&claim_interval=200";
     let t = s.courier("rust", serializer, fast).await;
-    courier_sends(&*t, 1, 1).await;
+    courier_sends(&*t, 1, 1, "+00:00").await;
     let held = timeout(t.get(1)).await.unwrap();
     assert_eq!(held.len(), 1);
     let php_dsn = s.php("php", serializer, fast);
@@ -414,20 +264,7 @@ async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class
         .courier_on(&failed_stream, "rust", serializer, IGNORE)
         .await;
     let php_dsn = s.php("php", serializer, IGNORE);
-    php(
-        "dispatch.php",
-        &[&php_dsn, "1", "1", "0", "Unmapped"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
-    php(
-        "dispatch.php",
-        &[&php_dsn, "2", "1", "0", "Misfit"],
-        "UTC",
-        PHP_LIMIT,
-    )
-    .await;
+    php_dispatches_unreadable(&php_dsn).await;
     // And a field that is no Symfony message at all.
     let _: String = redis::cmd("XADD")
         .arg(&s.name)
@@ -437,24 +274,7 @@ async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class
         .query_async(&mut s.conn)
         .await
         .unwrap();
-    let bus = MessageBus::builder()
-        .handler_fn("never", |_: Arc<SendEmail>| async {
-            Ok::<(), HandlerError>(())
-        })
-        .build();
-    let stats = tokio::time::timeout(
-        Duration::from_secs(60),
-        Worker::builder(bus)
-            .receiver("default", t.clone())
-            .failure_transport("failed", failed.clone())
-            .limit(3)
-            .build()
-            .run(CancellationToken::new()),
-    )
-    .await
-    .expect("worker in time")
-    .unwrap();
-    assert_eq!(stats.moved_to_failure, 3, "{stats:?}");
+    courier_moves_unreadable_to(t.clone(), "default", failed.clone(), 3).await;
     let pending: Vec<redis::Value> = redis::cmd("XPENDING")
         .arg(&s.name)
         .arg("symfony")
@@ -467,16 +287,7 @@ async fn a_message_courier_cannot_read_lands_in_the_failure_transport_with_class
     assert!(pending.is_empty(), "none left to loop: {pending:?}");
     assert_eq!(s.len().await, 0, "rejected entries are deleted");
 
-    let mut moved = drain(&*failed, 3, Duration::from_secs(10)).await;
-    moved.sort_by_key(|e| e.message_name().to_owned());
-    let reasons: Vec<(String, String)> = moved
-        .iter()
-        .map(|e| {
-            let details = e.last::<ErrorDetailsStamp>().expect("error details");
-            (e.message_name().to_owned(), details.message.clone())
-        })
-        .collect();
-    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    let (moved, reasons) = failure_reasons(&*failed, 3).await;
     let unmapped = reasons
         .iter()
         .find(|(class, _)| class == r"App\Message\Unmapped")
@@ -543,7 +354,7 @@ async fn a_long_courier_handler_is_not_redelivered_to_php(serializer: u8) {
     let mut s = Stream::new().await;
     let fast = "&redeliver_timeout=3&claim_interval=200";
     let t = s.courier("rust", serializer, fast).await;
-    courier_sends(&*t, 1, 1).await;
+    courier_sends(&*t, 1, 1, "+00:00").await;
     let handled = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&handled);
     let bus = MessageBus::builder()

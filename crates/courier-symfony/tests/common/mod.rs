@@ -15,6 +15,8 @@ use courier_symfony::{DoctrineOptions, DoctrineTransport};
 use courier_symfony::{SymfonySerializer, SymfonyTypes};
 use serde::{Deserialize, Serialize};
 
+pub(crate) mod scenarios;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Address {
     pub(crate) street: String,
