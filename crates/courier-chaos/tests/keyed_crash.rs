@@ -69,7 +69,9 @@ fn queue_dsn(target: Target, cleanup: &Cleanup) -> String {
             let url = redis_url();
             let stream = unique_name("chaos_keyed");
             cleanup.redis_keys(&url, &stream);
-            format!("{url}?stream={stream}")
+            // A group of its own too: the worker registry is `<group>:workers`, and the
+            // SIGKILLed workers' entries must go with the test's keys.
+            format!("{url}?stream={stream}&group={stream}")
         }
         Target::Postgres => {
             let url = postgres_url();

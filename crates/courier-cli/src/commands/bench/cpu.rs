@@ -172,10 +172,12 @@ mod tests {
             spent.own >= Duration::from_millis(100),
             "20 s spinning in this process counted only {spent:?}"
         );
+        // The machine's busy time includes this process's, give or take the ticks between
+        // reading `/proc/stat` and `/proc/self/stat` (and the other tests' threads, counted
+        // in this process's time too).
         assert!(
-            spent.busy >= spent.own,
+            spent.busy + Duration::from_millis(50) >= spent.own,
             "the machine's busy time includes this process's: {spent:?}"
         );
-        assert!(spent.wall >= spent.own / 2, "{spent:?}");
     }
 }
