@@ -7,6 +7,25 @@ mod common;
 use common::{Env, service_url};
 use serde_json::Value;
 
+/// A service database's URL with a message table of its own (`table_name`), dropped with its
+/// side tables (`<table>_workers`, `_paused`, ...) when `cleanup` goes. Without it the bench
+/// creates the default `courier_messages` and its side tables, which stay (a fresh server
+/// then fails the leftovers check).
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(dead_code, reason = "used by the service tests")
+)]
+fn own_table(var: &str, cleanup: &courier_test::Cleanup) -> String {
+    let url = service_url(var);
+    let table = if var == "COURIER_TEST_MYSQL_URL" {
+        cleanup.mysql_table("bench_cli")
+    } else {
+        cleanup.postgres_table("bench_cli")
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}table_name={table}")
+}
+
 fn positive(v: &Value) -> bool {
     v.as_f64().is_some_and(|x| x > 0.0 && x.is_finite())
 }
@@ -330,8 +349,9 @@ fn bench_latency_on_redis_is_beside_a_blocking_read() {
 #[test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn bench_latency_on_postgres_is_beside_listen_notify() {
+    let cleanup = courier_test::Cleanup::new();
     latency_beside_floor(
-        Some(&service_url("COURIER_TEST_POSTGRES_URL")),
+        Some(&own_table("COURIER_TEST_POSTGRES_URL", &cleanup)),
         "LISTEN/NOTIFY",
     );
 }
@@ -340,14 +360,16 @@ fn bench_latency_on_postgres_is_beside_listen_notify() {
 #[test]
 #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
 fn bench_runs_on_postgres_counts_statements_per_run() {
-    runs_are_counted(Some(&service_url("COURIER_TEST_POSTGRES_URL")));
+    let cleanup = courier_test::Cleanup::new();
+    runs_are_counted(Some(&own_table("COURIER_TEST_POSTGRES_URL", &cleanup)));
 }
 
 #[cfg(all(feature = "runs", feature = "mysql"))]
 #[test]
 #[ignore = "needs mysql: set COURIER_TEST_MYSQL_URL"]
 fn bench_runs_on_mariadb_counts_statements_per_run_beside_the_raw_loop() {
-    runs_are_counted(Some(&service_url("COURIER_TEST_MYSQL_URL")));
+    let cleanup = courier_test::Cleanup::new();
+    runs_are_counted(Some(&own_table("COURIER_TEST_MYSQL_URL", &cleanup)));
 }
 
 #[cfg_attr(
@@ -426,8 +448,9 @@ fn bench_relay_reports_the_outbox_ceiling_on_sqlite() {
 #[test]
 #[ignore = "needs postgres and redis: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_REDIS_URL"]
 fn bench_relay_from_postgres_to_redis() {
+    let cleanup = courier_test::Cleanup::new();
     relay_beside_direct_send(
-        &service_url("COURIER_TEST_POSTGRES_URL"),
+        &own_table("COURIER_TEST_POSTGRES_URL", &cleanup),
         &service_url("COURIER_TEST_REDIS_URL"),
     );
 }
@@ -436,8 +459,9 @@ fn bench_relay_from_postgres_to_redis() {
 #[test]
 #[ignore = "needs postgres and nats: set COURIER_TEST_POSTGRES_URL and COURIER_TEST_NATS_URL"]
 fn bench_relay_from_postgres_to_nats() {
+    let cleanup = courier_test::Cleanup::new();
     relay_beside_direct_send(
-        &service_url("COURIER_TEST_POSTGRES_URL"),
+        &own_table("COURIER_TEST_POSTGRES_URL", &cleanup),
         &service_url("COURIER_TEST_NATS_URL"),
     );
 }
