@@ -14,8 +14,8 @@ use std::time::Duration;
 use courier_core::{InMemoryTransport, MessageBus};
 use courier_runs::{
     Agent, AgentError, AgentOutcome, Budget, Effect, FailureClass, NewRun, OnAmbiguous, Outcome,
-    ReapOptions, Resolution, RunContext, RunError, RunStatus, Runtime, RuntimeOptions, Signal,
-    SignalSent, StepError, StepStatus, TerminationReason, Usage,
+    ReapOptions, Resolution, RunContext, RunError, RunStatus, Runtime, RuntimeOptions, Settlement,
+    Signal, SignalSent, StepError, StepStatus, TerminationReason, Usage,
 };
 use serde_json::json;
 use support::Fixture;
@@ -625,6 +625,140 @@ fn write_at(index: i64, usage: Usage) -> courier_runs::StepWrite {
     }
 }
 
+/// Many runs' claims, steps and settles at once (on PostgreSQL they ride shared statements):
+/// each write gets its own answer. 40 runs are claimed by 40 tasks while 10 more tasks race for
+/// 10 of them (one winner each); then every run journals step 1 at once, where one run was
+/// cancelled and one taken over by another worker (both refused); then step 2 at once, where
+/// one run writes step 1 again (that write alone fails, as a duplicate); then every run settles
+/// at once, the two refused runs refused again. Nothing a refused or failed write carried is
+/// stored.
+async fn concurrent_writes_of_many_runs_get_their_own_answers(fx: &Fixture) {
+    let store = fx.store.clone();
+    let lease = Duration::from_secs(900);
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let run = store
+            .insert_queued(&NewRun::new("numbered", json!({})))
+            .await
+            .unwrap();
+        ids.push(run.id);
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(50));
+    let claims: Vec<_> = (0..50)
+        .map(|i| {
+            let (store, id, barrier) = (store.clone(), ids[i % 40], barrier.clone());
+            let worker = format!("w{i}");
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let claimed = store.claim(id, &worker, lease).await;
+                (id, worker, claimed)
+            })
+        })
+        .collect();
+    let mut owners: HashMap<Uuid, String> = HashMap::new();
+    for claim in claims {
+        let (id, worker, claimed) = claim.await.unwrap();
+        if let Some(run) = claimed.unwrap() {
+            assert_eq!(run.id, id);
+            assert_eq!(run.claimed_by.as_deref(), Some(worker.as_str()));
+            assert!(owners.insert(id, worker).is_none(), "{id} claimed twice");
+        }
+    }
+    assert_eq!(owners.len(), 40, "every run claimed exactly once");
+
+    let (cancelled, taken, dup) = (ids[3], ids[17], ids[29]);
+    assert!(store.cancel(cancelled).await.unwrap());
+    assert!(
+        store
+            .requeue_owned(taken, &owners[&taken], Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    assert!(store.claim(taken, "thief", lease).await.unwrap().is_some());
+    // Step 1 of every run at once; then step 2, where `dup` writes step 1 again.
+    for round in 1..=2 {
+        let barrier = Arc::new(tokio::sync::Barrier::new(ids.len()));
+        let journals: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let (store, owner, barrier) = (store.clone(), owners[&id].clone(), barrier.clone());
+                let index = if id == dup { 1 } else { round };
+                tokio::spawn(async move {
+                    let w = write_at(index, Usage::tokens(0, 100));
+                    barrier.wait().await;
+                    (id, store.journal(id, Some(&owner), lease, &w).await)
+                })
+            })
+            .collect();
+        for journal in journals {
+            let (id, done) = journal.await.unwrap();
+            match id {
+                id if id == cancelled || id == taken => {
+                    assert!(
+                        !done.unwrap(),
+                        "{id}: a write without the lease went through"
+                    );
+                }
+                id if id == dup && round == 2 => {
+                    assert!(done.is_err(), "a second row at index 1: {done:?}");
+                }
+                id => assert!(done.unwrap(), "{id}: refused in round {round}"),
+            }
+        }
+    }
+    for &id in &ids {
+        let run = store.find(id).await.unwrap().unwrap();
+        let steps = store.steps(id).await.unwrap();
+        let (tokens, rows) = match id {
+            id if id == cancelled || id == taken => (0, 0),
+            id if id == dup => (100, 1),
+            _ => (200, 2),
+        };
+        assert_eq!((run.usage.tokens_out, steps.len()), (tokens, rows), "{id}");
+    }
+
+    let barrier = Arc::new(tokio::sync::Barrier::new(ids.len()));
+    let settles: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let (store, owner, barrier) = (store.clone(), owners[&id].clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let done = Settlement {
+                    status: RunStatus::Completed,
+                    reason: Some(TerminationReason::Completed),
+                    class: None,
+                    output: Some(json!({"run": id.to_string()})),
+                };
+                (id, store.settle(id, Some(&owner), &done).await.unwrap())
+            })
+        })
+        .collect();
+    for settle in settles {
+        let (id, settled) = settle.await.unwrap();
+        assert_eq!(settled, id != cancelled && id != taken, "{id}");
+    }
+    for &id in &ids {
+        let run = store.find(id).await.unwrap().unwrap();
+        let expected = match id {
+            id if id == cancelled => (RunStatus::Cancelled, None),
+            id if id == taken => (RunStatus::Running, None),
+            id => (RunStatus::Completed, Some(json!({"run": id.to_string()}))),
+        };
+        assert_eq!((run.status, run.output), expected, "{id}");
+    }
+    assert_eq!(
+        store
+            .find(taken)
+            .await
+            .unwrap()
+            .unwrap()
+            .claimed_by
+            .as_deref(),
+        Some("thief")
+    );
+}
+
 /// A journal write is all or nothing, and a failed one leaves every pooled connection usable:
 /// a step row that cannot be written (its index taken) adds no usage, renews nothing, and the
 /// next writes, on whichever connection the pool hands out, go through; a write by a worker
@@ -762,7 +896,8 @@ mod sqlite {
         allow(unused),
         [
             corrupt_journal_row_dead_letters,
-            a_failed_journal_write_leaves_nothing_behind
+            a_failed_journal_write_leaves_nothing_behind,
+            concurrent_writes_of_many_runs_get_their_own_answers
         ]
     );
 }
@@ -778,7 +913,8 @@ mod postgres {
         ignore = "needs PostgreSQL (scripts/services)",
         [
             corrupt_journal_row_dead_letters,
-            a_failed_journal_write_leaves_nothing_behind
+            a_failed_journal_write_leaves_nothing_behind,
+            concurrent_writes_of_many_runs_get_their_own_answers
         ]
     );
 }
@@ -791,7 +927,8 @@ mod mysql {
         ignore = "needs MariaDB (scripts/services)",
         [
             corrupt_journal_row_dead_letters,
-            a_failed_journal_write_leaves_nothing_behind
+            a_failed_journal_write_leaves_nothing_behind,
+            concurrent_writes_of_many_runs_get_their_own_answers
         ]
     );
 }

@@ -295,7 +295,7 @@ impl SqlRunStore {
     ///
     /// # Errors
     /// The database failed.
-    #[cfg(feature = "test-util")]
+    #[cfg(any(test, feature = "test-util"))]
     pub async fn drop_tables(&self) -> Result<(), StoreError> {
         let runs = &self.options.runs_table;
         for t in [

@@ -37,6 +37,8 @@ macro_rules! runs_impl {
     };
 }
 
+#[cfg(feature = "postgres")]
+mod batch;
 mod claims;
 #[cfg(feature = "sqlite")]
 mod combine;
@@ -122,6 +124,10 @@ pub(super) struct Runs<DB: RunDialect> {
     /// concurrent runs share a transaction (None elsewhere).
     #[cfg(feature = "sqlite")]
     pub(super) combiner: Option<combine::Combiner>,
+    /// PostgreSQL: the hot writes (claim, step, settle) of concurrent runs ride one statement
+    /// per kind (None elsewhere).
+    #[cfg(feature = "postgres")]
+    batches: Option<batch::Batches>,
 }
 
 impl<DB: RunDialect> Runs<DB> {
@@ -146,6 +152,10 @@ impl<DB: RunDialect> Runs<DB> {
             combiner: (&pool as &dyn std::any::Any)
                 .downcast_ref::<sqlx::SqlitePool>()
                 .map(|pool| combine::Combiner::new(pool.clone())),
+            #[cfg(feature = "postgres")]
+            batches: (&pool as &dyn std::any::Any)
+                .downcast_ref::<sqlx::PgPool>()
+                .map(|pool| batch::Batches::new(pool.clone(), &options.runs_table)),
             pool,
             runs: options.runs_table.clone(),
             events: options.events_table.clone(),

@@ -52,6 +52,12 @@ runs_impl! {
                 .map(decode_run::<sqlx::sqlite::SqliteRow>)
                 .transpose();
         }
+        #[cfg(feature = "postgres")]
+        if let Some(batches) = &self.batches
+            && let Ok(run) = in_flight(batches.claim(id, worker, lease_ms(lease))).await
+        {
+            return Ok(run);
+        }
         if DB::DIALECT != Dialect::Mysql {
             // UPDATE ... RETURNING: a row back is the guard matched.
             let q = sqlx::query_as(&self.q.claim)

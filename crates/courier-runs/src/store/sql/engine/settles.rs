@@ -18,6 +18,12 @@ runs_impl! {
         owner: Option<&str>,
         s: &Settlement,
     ) -> Result<bool, StoreError> {
+        #[cfg(feature = "postgres")]
+        if let Some(batches) = &self.batches
+            && let Ok(done) = in_flight(batches.settle(id, owner, s)).await
+        {
+            return Ok(done);
+        }
         let sql = if owner.is_some() {
             &self.q.settle_owned
         } else {

@@ -21,6 +21,20 @@ pub(crate) const MAX_PRUNE_BATCH: usize = 500;
 
 const STEP_COLUMNS: &str = "run_id, idx, name, effect, status, output, error, error_class, step_usage, \
     duration_ms, attempts, created_at, finished_at";
+/// A step's renew of an owned run's lease: renewed when less than three quarters of it is left
+/// (binds that bound, then the lease). A lease that is left as it is keeps the run's indexed
+/// columns unchanged, so that on PostgreSQL the step's update of the run's row is a HOT update
+/// (no new entry in each of the run table's indexes); the lease never runs below three quarters
+/// of its length while steps are written, and the worker's lease watch renews it too.
+pub(super) const STEP_LEASE: &str =
+    "lease_expires = CASE WHEN lease_expires < {now} + ? THEN {now} + ? ELSE lease_expires END, ";
+
+/// The bound under which a step renews the lease (see [`STEP_LEASE`]), ms from now.
+pub(super) fn step_renew_below(lease: Duration) -> i64 {
+    let lease = lease_ms(lease);
+    lease - lease / 4
+}
+
 /// The statuses of a row a later write finishes.
 const UNFINISHED: &str = "('intent', 'retry', 'waiting')";
 
@@ -66,11 +80,7 @@ impl StepQueries {
             steps_replayed = steps_replayed + ?, ";
         let renews: [String; 4] = std::array::from_fn(|v| {
             let (owned, counted) = (v & 1 == 1, v & 2 == 2);
-            let lease = if owned {
-                "lease_expires = {now} + ?, "
-            } else {
-                ""
-            };
+            let lease = if owned { STEP_LEASE } else { "" };
             let add = if counted { add } else { "" };
             let owner = if owned { "= ?" } else { "IS NULL" };
             format!(
@@ -115,11 +125,7 @@ impl StepQueries {
                 let guard = format!(
                     "EXISTS (SELECT 1 FROM {{runs}} WHERE id = ? AND status = 'running' AND claimed_by {owner})"
                 );
-                let lease = if owned {
-                    "lease_expires = {now} + ?, "
-                } else {
-                    ""
-                };
+                let lease = if owned { STEP_LEASE } else { "" };
                 let add = if counted { add } else { "" };
                 let renew = format!(
                     "UPDATE {{runs}} SET {lease}{add}updated_at = {{now}} WHERE id = ? AND changes() = 1"
@@ -176,7 +182,7 @@ fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn is_finished(status: StepStatus) -> i64 {
+pub(super) fn is_finished(status: StepStatus) -> i64 {
     i64::from(matches!(status, StepStatus::Done | StepStatus::Failed))
 }
 
@@ -190,7 +196,7 @@ fn variant(owned: bool, w: &StepWrite) -> usize {
     usize::from(owned) | (usize::from(counted(w)) << 1)
 }
 
-fn usage_json(usage: &Usage) -> Option<serde_json::Value> {
+pub(super) fn usage_json(usage: &Usage) -> Option<serde_json::Value> {
     (!usage.is_zero()).then(|| serde_json::to_value(usage).unwrap_or_default())
 }
 
@@ -207,7 +213,7 @@ macro_rules! bind_renew {
     (@head $q:expr, $owned:expr, $lease:expr, $w:expr) => {{
         let mut q = $q;
         if $owned {
-            q = q.bind(lease_ms($lease));
+            q = q.bind(step_renew_below($lease)).bind(lease_ms($lease));
         }
         if counted($w) {
             q = q
@@ -277,6 +283,12 @@ where
         lease: Duration,
         w: &StepWrite,
     ) -> Result<bool, StoreError> {
+        #[cfg(feature = "postgres")]
+        if let Some(batches) = &self.batches
+            && let Ok(done) = in_flight(batches.journal(id, owner, lease_ms(lease), w)).await
+        {
+            return Ok(done);
+        }
         if let Some(cte) = &self.sq.cte {
             let mode = usize::from(w.mode == JournalMode::Finish);
             let sql = &cte[variant(owner.is_some(), w)][mode];
@@ -567,6 +579,7 @@ fn script_binds(
         b.push(Bind::Text(owner.to_owned()));
     }
     if owner.is_some() {
+        b.push(Bind::Int(step_renew_below(lease)));
         b.push(Bind::Int(lease_ms(lease)));
     }
     if counted(w) {
