@@ -1,13 +1,15 @@
 //! SQLite: the hot writes of concurrent runs (claims, journaled steps, settles) share one
-//! transaction, sent to the connection's thread as one script.
+//! transaction.
 //!
 //! SQLite has one writer, so this store's writes take turns anyway, on the file's turn that the
 //! message table's writes take too (`courier_sql::sqlite_write_turn`). Here a
 //! write that finds the turn taken waits in a queue; the next writer to get the turn takes
-//! every queued write with it, in order: `BEGIN IMMEDIATE; <write>; <write>; ...; COMMIT` with
-//! their values bound one after another, one round trip to the connection's thread and one
-//! commit for all of them, each write's rows and changes handed back to its caller. An idle
-//! store writes alone, as before: nothing waits for a batch to fill.
+//! every queued write with it, in order: `BEGIN IMMEDIATE`, each write's statements with its
+//! values, `COMMIT`, one hop to the connection's thread per write (the first carries the
+//! `BEGIN`, the last the `COMMIT`) and one commit for all of them, each write's rows and
+//! changes handed back to its caller. Each hop's statements are the same string for every
+//! write of its kind, so SQLite compiles them once per connection. An idle store writes alone,
+//! as before (one hop): nothing waits for a batch to fill.
 //!
 //! Each write keeps its own guard (its statements' `WHERE`), so a batch changes what a write
 //! costs, not what it may do. A batch that fails (one write's constraint, a busy database) is
@@ -141,87 +143,96 @@ async fn run(pool: &SqlitePool, batch: Vec<(Write, Reply)>) {
 }
 
 /// `writes` in one transaction: what each returned, in order.
+///
+/// `BEGIN IMMEDIATE`, each write's statements with its values, `COMMIT`, on one connection, one
+/// hop to the connection's thread per write: the first write carries the `BEGIN`, the last the
+/// `COMMIT`. Each of those strings is the same for every write of its kind, so SQLite compiles
+/// it once per connection; a script joining a whole batch would be a new string each time,
+/// parsed and compiled on every batch (that cost more than the rest of the writes together).
 async fn transaction(pool: &SqlitePool, writes: &[&Write]) -> Result<Vec<Written>, sqlx::Error> {
-    let mut sql = String::from("BEGIN IMMEDIATE; ");
-    for w in writes {
-        sql.push_str(&w.sql);
-        sql.push_str("; ");
-    }
-    sql.push_str("COMMIT");
-    let mut q = sqlx::query(&sql);
-    for w in writes {
-        for b in &w.binds {
-            q = match b {
-                Bind::Int(v) => q.bind(*v),
-                Bind::Text(v) => q.bind(v.as_str()),
-                Bind::OptText(v) => q.bind(v.as_deref()),
-                Bind::OptJson(v) => q.bind(v.clone()),
-            };
+    let mut conn = pool.acquire().await?;
+    let mut results: Vec<Written> = Vec::with_capacity(writes.len());
+    let last = writes.len().saturating_sub(1);
+    let mut failed = None;
+    for (i, w) in writes.iter().enumerate() {
+        match statements(&mut conn, w, i == 0, i == last).await {
+            Ok(written) => results.push(written),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
-    let mut conn = pool.acquire().await?;
-    let results = {
-        // One prepared script of several statements, each answered in turn (`Left` ends one):
-        // what sqlx's SQLite driver does and `raw_sql` cannot (it binds no values).
-        #[allow(
-            deprecated,
-            reason = "SQLite runs a multi-statement script with its values bound"
-        )]
-        let mut stream = q.fetch_many(&mut *conn);
-        let mut results: Vec<Written> = writes.iter().map(|_| Written::default()).collect();
-        // Statement 0 is BEGIN; then each write's statements; then COMMIT.
-        let mut statement = 0_usize;
-        let mut rows: Vec<SqliteRow> = Vec::new();
-        let mut failed = None;
-        loop {
-            match stream.try_next().await {
-                Ok(Some(Either::Right(row))) => rows.push(row),
-                Ok(Some(Either::Left(done))) => {
-                    let answered = std::mem::take(&mut rows);
-                    if let Some((w, _)) = locate(writes, statement) {
-                        results[w].rows.push(answered);
-                        results[w].changes.push(done.rows_affected());
-                    }
-                    statement += 1;
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    failed = Some(e);
-                    break;
+    match failed {
+        None => Ok(results),
+        Some(e) => {
+            // A statement failed after BEGIN: roll back on this connection before it returns
+            // to the pool (an error of its own means no transaction was open, or a connection
+            // to drop).
+            if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
+                drop(conn.detach());
+            }
+            Err(e)
+        }
+    }
+}
+
+/// One write's statements on `conn`, after `BEGIN IMMEDIATE` when `begin` and before `COMMIT`
+/// when `commit`: each of its own statements' rows and changes.
+async fn statements(
+    conn: &mut sqlx::pool::PoolConnection<sqlx::Sqlite>,
+    w: &Write,
+    begin: bool,
+    commit: bool,
+) -> Result<Written, sqlx::Error> {
+    let sql = format!(
+        "{}{}{}",
+        if begin { "BEGIN IMMEDIATE; " } else { "" },
+        w.sql,
+        if commit { "; COMMIT" } else { "" }
+    );
+    let mut q = sqlx::query(&sql);
+    for b in &w.binds {
+        q = match b {
+            Bind::Int(v) => q.bind(*v),
+            Bind::Text(v) => q.bind(v.as_str()),
+            Bind::OptText(v) => q.bind(v.as_deref()),
+            Bind::OptJson(v) => q.bind(v.clone()),
+        };
+    }
+    // A prepared script of several statements, each answered in turn (`Left` ends one): what
+    // sqlx's SQLite driver does and `raw_sql` cannot (it binds no values).
+    #[allow(
+        deprecated,
+        reason = "SQLite runs a multi-statement script with its values bound"
+    )]
+    let mut stream = q.fetch_many(&mut **conn);
+    let mut written = Written::default();
+    let mut rows: Vec<SqliteRow> = Vec::new();
+    let mut answered = 0_usize;
+    while let Some(item) = stream.try_next().await? {
+        match item {
+            Either::Right(row) => rows.push(row),
+            Either::Left(done) => {
+                let own = answered.checked_sub(usize::from(begin));
+                answered += 1;
+                // BEGIN and COMMIT answer nothing of the write's.
+                if own.is_some_and(|n| n < w.statements) {
+                    written.rows.push(std::mem::take(&mut rows));
+                    written.changes.push(done.rows_affected());
+                } else {
+                    rows.clear();
                 }
             }
         }
-        let expected = 2 + writes.iter().map(|w| w.statements).sum::<usize>();
-        match failed {
-            Some(e) => Err(e),
-            None if statement != expected => Err(sqlx::Error::Protocol(format!(
-                "a batch of {} writes answered {statement} statements of {expected}",
-                writes.len()
-            ))),
-            None => Ok(results),
-        }
-    };
-    if results.is_err() {
-        // A statement failed after BEGIN: roll back on this connection before it returns to
-        // the pool (an error of its own means no transaction was open, or a connection to drop).
-        if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
-            drop(conn.detach());
-        }
     }
-    results
-}
-
-/// Which write (and which of its statements) statement `n` of the script is: `None` for BEGIN
-/// and COMMIT.
-fn locate(writes: &[&Write], n: usize) -> Option<(usize, usize)> {
-    let mut at = n.checked_sub(1)?;
-    for (i, w) in writes.iter().enumerate() {
-        if at < w.statements {
-            return Some((i, at));
-        }
-        at -= w.statements;
+    let expected = w.statements + usize::from(begin) + usize::from(commit);
+    if answered != expected {
+        return Err(sqlx::Error::Protocol(format!(
+            "a write of {expected} statements answered {answered}"
+        )));
     }
-    None
+    Ok(written)
 }
 
 #[cfg(test)]
@@ -286,25 +297,6 @@ mod tests {
         assert!(
             combiner.shared.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "some writes shared a transaction"
-        );
-    }
-
-    fn write(statements: usize) -> Write {
-        Write {
-            sql: String::new(),
-            statements,
-            binds: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn statements_are_told_apart_by_write() {
-        let (a, b) = (write(2), write(1));
-        let writes = [&a, &b];
-        let found: Vec<_> = (0..5).map(|n| locate(&writes, n)).collect();
-        assert_eq!(
-            found,
-            [None, Some((0, 0)), Some((0, 1)), Some((1, 0)), None]
         );
     }
 }
