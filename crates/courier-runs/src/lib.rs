@@ -103,7 +103,7 @@ pub use step::{
     StepStatus, StepWrite, Usage,
 };
 #[cfg(feature = "sql")]
-pub use store::{Dialect, MIGRATIONS, SqlRunStore, SqlRunStoreOptions};
+pub use store::{Dialect, MIGRATIONS, SharedWrites, SqlRunStore, SqlRunStoreOptions};
 pub use store::{
     Enqueued, Inserted, InvalidCursor, InvalidUnique, MemoryRunStore, NewRun, PageFrom, Run,
     RunCursor, RunEvent, RunPageQuery, RunProbe, RunStore, Settlement, StoreError, UniqueKey,

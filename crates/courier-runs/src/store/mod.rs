@@ -20,7 +20,7 @@ pub use json::rfc3339_ms;
 pub use memory::MemoryRunStore;
 pub use page::{InvalidCursor, PageFrom, RunCursor, RunPageQuery};
 #[cfg(feature = "sql")]
-pub use sql::{Dialect, MIGRATIONS, SqlRunStore, SqlRunStoreOptions};
+pub use sql::{Dialect, MIGRATIONS, SharedWrites, SqlRunStore, SqlRunStoreOptions};
 pub use unique::{Enqueued, Inserted, InvalidUnique, UniqueKey};
 
 /// A run as stored. Times are epoch milliseconds from the store's clock (the database clock for

@@ -90,6 +90,43 @@ trait Engine: RunStore {
     fn stale_query(&self) -> &str;
     fn page_query(&self, query: &RunPageQuery) -> &str;
     fn insert_returning(&self) -> bool;
+    fn shared_writes(&self) -> SharedWrites;
+}
+
+/// What the hot writes (claims, journaled steps, settles) of concurrent runs cost together:
+/// on PostgreSQL the statements they rode (one per batch), on SQLite the statements of the
+/// transactions they shared, `BEGIN` and `COMMIT` included (a lone write of one statement is
+/// one). Read by `courier bench --runs`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SharedWrites {
+    /// Writes sent.
+    pub writes: u64,
+    /// Statements they took.
+    pub statements: u64,
+}
+
+/// Counters of [`SharedWrites`], bumped by the batches.
+#[derive(Debug, Default)]
+pub(super) struct WriteCounter {
+    writes: std::sync::atomic::AtomicU64,
+    statements: std::sync::atomic::AtomicU64,
+}
+
+impl WriteCounter {
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(super) fn add(&self, writes: usize, statements: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.writes.fetch_add(writes as u64, Relaxed);
+        self.statements.fetch_add(statements as u64, Relaxed);
+    }
+
+    pub(super) fn read(&self) -> SharedWrites {
+        use std::sync::atomic::Ordering::Relaxed;
+        SharedWrites {
+            writes: self.writes.load(Relaxed),
+            statements: self.statements.load(Relaxed),
+        }
+    }
 }
 
 /// The SQL run store.
@@ -255,6 +292,13 @@ impl SqlRunStore {
     #[must_use]
     pub fn insert_returning(&self) -> bool {
         self.engine.insert_returning()
+    }
+
+    /// What the hot writes of concurrent runs cost together so far (see [`SharedWrites`]);
+    /// zero on MySQL/MariaDB, whose writes go one by one.
+    #[must_use]
+    pub fn shared_writes(&self) -> SharedWrites {
+        self.engine.shared_writes()
     }
 
     /// The query the reaper's stale select runs, with `?`/`$1` placeholders (for EXPLAIN).

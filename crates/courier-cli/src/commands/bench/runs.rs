@@ -261,7 +261,7 @@ async fn execute(
     let runs = args.messages.unwrap_or(DEFAULT_RUNS);
     let workers = usize::from(args.workers);
     let rounds = usize::from(args.rounds.unwrap_or(1).max(1));
-    let counting = Arc::new(CountingStore::new(store, dialect));
+    let counting = Arc::new(CountingStore::new(store.clone(), dialect));
     let registry = Arc::new(MessageRegistry::new().with::<RunAgent>());
     let ctx = FactoryContext::new(BENCH, isolated.clone()).registry(registry);
     let inner = app.factories.create(ctx).await?;
@@ -296,6 +296,7 @@ async fn execute(
         );
     }
     let tasks = workers * usize::from(args.concurrency);
+    let shared_before = store.shared_writes();
     let mut ours = Vec::with_capacity(rounds);
     let mut theirs = Vec::with_capacity(rounds);
     for round in 0..rounds {
@@ -309,6 +310,15 @@ async fn execute(
         }
     }
     let counted = side.counted(runs * rounds as u64);
+    let shared = {
+        let after = store.shared_writes();
+        let per_run = |n: u64| n as f64 / (runs * rounds as u64).max(1) as f64;
+        // The raw rounds write elsewhere: only Courier's rounds are counted.
+        (
+            per_run(after.writes - shared_before.writes),
+            per_run(after.statements - shared_before.statements),
+        )
+    };
     let latency_runs = runs.min(LATENCY_RUNS);
     let (mut idle, mut loaded) = side.latency(latency_runs / 2, latency_runs).await?;
     let (idle_p50, idle_p99) = percentiles(&mut idle);
@@ -355,6 +365,7 @@ async fn execute(
             "store_statements_per_run": submit_statements + execute_statements,
             "store_statements": { "submit": submit_statements, "execute": execute_statements },
             "store_round_trips_per_run": round_trips,
+            "shared_writes_per_run": {"writes": shared.0, "statements": shared.1},
             "store_calls_per_run": store_calls,
             "transport_statements_per_run": transport_statements,
             "transport_calls_per_run": transport_calls,
@@ -397,6 +408,20 @@ async fn execute(
         raw_cost.round_trips,
     );
     println!("  calls per run: {}", listing(&store_calls));
+    if shared.0 > 0.0 {
+        println!(
+            "  the hot writes (claims, steps, settles) of concurrent runs, sent together: {:.2} writes per run \
+             in {:.2} statements per run ({:.1} writes per statement{})",
+            shared.0,
+            shared.1,
+            shared.0 / shared.1.max(1e-9),
+            if dialect == Dialect::Sqlite {
+                ", BEGIN and COMMIT included"
+            } else {
+                ""
+            }
+        );
+    }
     println!(
         "transport statements per run: {transport_statements:.2} ({}); idle polls (empty gets) per run: {empty_gets:.2}",
         listing(&transport_calls)

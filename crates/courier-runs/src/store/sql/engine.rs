@@ -2,6 +2,7 @@
 //! dialect in `queries.rs`) and binds on every database. What differs is the type a run id
 //! travels as ([`RunDialect::Id`]) and, read from the dialect, MySQL's missing `RETURNING`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -128,6 +129,8 @@ pub(super) struct Runs<DB: RunDialect> {
     /// per kind (None elsewhere).
     #[cfg(feature = "postgres")]
     batches: Option<batch::Batches>,
+    /// What the batches and the combiner sent.
+    shared: Arc<super::WriteCounter>,
 }
 
 impl<DB: RunDialect> Runs<DB> {
@@ -147,15 +150,17 @@ impl<DB: RunDialect> Runs<DB> {
         options: &SqlRunStoreOptions,
         insert_returning: bool,
     ) -> Self {
+        let shared = Arc::<super::WriteCounter>::default();
         Self {
             #[cfg(feature = "sqlite")]
             combiner: (&pool as &dyn std::any::Any)
                 .downcast_ref::<sqlx::SqlitePool>()
-                .map(|pool| combine::Combiner::new(pool.clone())),
+                .map(|pool| combine::Combiner::new(pool.clone(), shared.clone())),
             #[cfg(feature = "postgres")]
             batches: (&pool as &dyn std::any::Any)
                 .downcast_ref::<sqlx::PgPool>()
-                .map(|pool| batch::Batches::new(pool.clone(), &options.runs_table)),
+                .map(|pool| batch::Batches::new(pool.clone(), &options.runs_table, shared.clone())),
+            shared,
             pool,
             runs: options.runs_table.clone(),
             events: options.events_table.clone(),
@@ -504,6 +509,10 @@ where
 
     fn insert_returning(&self) -> bool {
         self.insert_returning
+    }
+
+    fn shared_writes(&self) -> super::SharedWrites {
+        self.shared.read()
     }
 }
 

@@ -46,12 +46,14 @@ trait Keyed: Send + 'static {
 }
 
 type Reply<O> = oneshot::Sender<Result<O, Alone>>;
+/// Writes waiting for a batch, each with where its answer goes.
+type Queue<I, O> = Arc<Mutex<Vec<(I, Reply<O>)>>>;
 type Flush<I, O> =
     fn(Arc<Shared>, Vec<I>) -> Pin<Box<dyn Future<Output = Result<Vec<O>, sqlx::Error>> + Send>>;
 
 /// The queue of one kind of write, and its turn.
 struct Batcher<I, O> {
-    queue: Arc<Mutex<Vec<(I, Reply<O>)>>>,
+    queue: Queue<I, O>,
     /// Held by the task sending this kind's batches.
     turn: Arc<Semaphore>,
     flush: Flush<I, O>,
@@ -73,20 +75,20 @@ impl<I: Keyed, O: Send + 'static> Batcher<I, O> {
         // Either a task sending batches holds the turn and takes this write with its next
         // batch, or this writer gets the turn and starts one. A task sends until it finds the
         // queue empty, and a write queued after that looks for the turn itself.
-        if let Ok(turn) = self.turn.clone().acquire_owned().await {
-            if !lock(&self.queue).is_empty() {
-                let (queue, flush, shared) = (self.queue.clone(), self.flush, shared.clone());
-                tokio::spawn(async move {
-                    loop {
-                        let batch = take(&queue);
-                        if batch.is_empty() {
-                            break;
-                        }
-                        send(&shared, flush, batch).await;
+        if let Ok(turn) = self.turn.clone().acquire_owned().await
+            && !lock(&self.queue).is_empty()
+        {
+            let (queue, flush, shared) = (self.queue.clone(), self.flush, shared.clone());
+            tokio::spawn(async move {
+                loop {
+                    let batch = take(&queue);
+                    if batch.is_empty() {
+                        break;
                     }
-                    drop(turn);
-                });
-            }
+                    send(&shared, flush, batch).await;
+                }
+                drop(turn);
+            });
         }
         done.await.unwrap_or(Err(Alone))
     }
@@ -120,6 +122,7 @@ async fn send<I, O>(shared: &Arc<Shared>, flush: Flush<I, O>, batch: Vec<(I, Rep
     }
     match flush(shared.clone(), items).await {
         Ok(answers) if answers.len() == n => {
+            shared.counter.add(n, 1);
             for (reply, answer) in replies.into_iter().zip(answers) {
                 let _ = reply.send(Ok(answer));
             }
@@ -166,6 +169,7 @@ impl Keyed for Settle {
 /// The pool and the batched statements, shared with the tasks sending batches.
 struct Shared {
     pool: PgPool,
+    counter: Arc<crate::store::sql::WriteCounter>,
     claim: String,
     /// Per [`JournalMode`]: insert, finish.
     journal: [String; 2],
@@ -193,7 +197,11 @@ fn mode(m: JournalMode) -> usize {
 
 impl Batches {
     /// The batched statements on the run table `runs` (its steps in `<runs>_steps`).
-    pub(in crate::store::sql) fn new(pool: PgPool, runs: &str) -> Self {
+    pub(in crate::store::sql) fn new(
+        pool: PgPool,
+        runs: &str,
+        counter: Arc<crate::store::sql::WriteCounter>,
+    ) -> Self {
         let steps = format!("{runs}_steps");
         let render = |sql: &str| {
             courier_sql::Dialect::Postgres.render(
@@ -253,6 +261,7 @@ impl Batches {
         Self {
             shared: Arc::new(Shared {
                 pool,
+                counter,
                 claim,
                 journal: [insert, finish],
                 settle,

@@ -13,6 +13,20 @@ use super::row::decode_run;
 use super::{RunDialect, Runs, db, in_flight, rows_error};
 use crate::store::{Run, RunProbe, StoreError, lease_ms};
 
+/// A step's renew of an owned run's lease: renewed when less than three quarters of it is left
+/// (binds that bound, then the lease). A lease that is left as it is keeps the run's indexed
+/// columns unchanged, so that on PostgreSQL the step's update of the run's row is a HOT update
+/// (no new entry in each of the run table's indexes); the lease never runs below three quarters
+/// of its length while steps are written, and the worker's lease watch renews it too.
+pub(super) const STEP_LEASE: &str =
+    "lease_expires = CASE WHEN lease_expires < {now} + ? THEN {now} + ? ELSE lease_expires END, ";
+
+/// The bound under which a step renews the lease (see [`STEP_LEASE`]), ms from now.
+pub(super) fn step_renew_below(lease: Duration) -> i64 {
+    let lease = lease_ms(lease);
+    lease - lease / 4
+}
+
 /// The most ids one `id IN (...)` statement binds.
 const MAX_IDS_PER_STATEMENT: usize = 500;
 

@@ -62,6 +62,7 @@ pub(in crate::store::sql) struct Combiner {
     shared: Arc<std::sync::atomic::AtomicUsize>,
     queue: Arc<Mutex<Vec<(Write, Reply)>>>,
     turn: Arc<tokio::sync::Mutex<()>>,
+    counter: Arc<crate::store::sql::WriteCounter>,
 }
 
 impl std::fmt::Debug for Combiner {
@@ -75,8 +76,12 @@ impl std::fmt::Debug for Combiner {
 impl Combiner {
     /// Writes through `pool`, taking turns with every other writer of its file in this process
     /// ([`courier_sql::sqlite_write_turn`]).
-    pub(in crate::store::sql) fn new(pool: SqlitePool) -> Self {
+    pub(in crate::store::sql) fn new(
+        pool: SqlitePool,
+        counter: Arc<crate::store::sql::WriteCounter>,
+    ) -> Self {
         Self {
+            counter,
             turn: courier_sql::sqlite_write_turn(&pool),
             pool,
             #[cfg(test)]
@@ -113,6 +118,11 @@ impl Combiner {
                 .fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
         }
         let pool = self.pool.clone();
+        let statements = match batch.as_slice() {
+            [(w, _)] if w.statements == 1 => 1,
+            _ => 2 + batch.iter().map(|(w, _)| w.statements).sum::<usize>(),
+        };
+        self.counter.add(batch.len(), statements);
         tokio::spawn(async move {
             run(&pool, batch).await;
             drop(turn);
@@ -256,7 +266,7 @@ mod tests {
             .execute(&pool)
             .await
             .unwrap();
-        let combiner = Arc::new(Combiner::new(pool.clone()));
+        let combiner = Arc::new(Combiner::new(pool.clone(), Arc::default()));
         let barrier = Arc::new(tokio::sync::Barrier::new(40));
         let tasks: Vec<_> = (0..40_i64)
             .map(|i| {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use courier_sql::Dialect;
 use uuid::Uuid;
 
+use super::claims::{STEP_LEASE, step_renew_below};
 use super::row::{column, rows_error};
 use super::{RunDialect, Runs, db, in_flight, limit};
 use crate::RunStatus;
@@ -21,20 +22,6 @@ pub(crate) const MAX_PRUNE_BATCH: usize = 500;
 
 const STEP_COLUMNS: &str = "run_id, idx, name, effect, status, output, error, error_class, step_usage, \
     duration_ms, attempts, created_at, finished_at";
-/// A step's renew of an owned run's lease: renewed when less than three quarters of it is left
-/// (binds that bound, then the lease). A lease that is left as it is keeps the run's indexed
-/// columns unchanged, so that on PostgreSQL the step's update of the run's row is a HOT update
-/// (no new entry in each of the run table's indexes); the lease never runs below three quarters
-/// of its length while steps are written, and the worker's lease watch renews it too.
-pub(super) const STEP_LEASE: &str =
-    "lease_expires = CASE WHEN lease_expires < {now} + ? THEN {now} + ? ELSE lease_expires END, ";
-
-/// The bound under which a step renews the lease (see [`STEP_LEASE`]), ms from now.
-pub(super) fn step_renew_below(lease: Duration) -> i64 {
-    let lease = lease_ms(lease);
-    lease - lease / 4
-}
-
 /// The statuses of a row a later write finishes.
 const UNFINISHED: &str = "('intent', 'retry', 'waiting')";
 
