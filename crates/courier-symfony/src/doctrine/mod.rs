@@ -33,7 +33,10 @@ use crate::SymfonySerializer;
 ///   never waits on a row PHP is claiming, while PHP's own `FOR UPDATE` waits on Courier's claim
 ///   and then finds the row taken. On MariaDB the same in two statements of one transaction
 ///   (`SELECT ... FOR UPDATE SKIP LOCKED`, then `UPDATE ... SET delivered_at`); a claim the
-///   server picks as a deadlock's victim is tried again, then returns nothing that time.
+///   server picks as a deadlock's victim is tried again, then returns nothing that time. A
+///   send, an ack or a keepalive refused for a deadlock or a lock wait timeout (PHP's `FOR
+///   UPDATE` takes gap locks) is sent again, up to 5 times: the refused statement was rolled
+///   back whole.
 /// - `keepalive` sets `delivered_at` to now again; `ack` and `reject` delete the row, as PHP does
 ///   (on MySQL PHP instead sets `delivered_at` to 9999-12-31 and deletes those rows on its next
 ///   fetch: Courier never claims them, and deletes its own at once).

@@ -52,6 +52,33 @@ fn crc32(bytes: &[u8]) -> u32 {
     !crc
 }
 
+/// How often a single-statement write on MariaDB (a send, an ack, a keepalive) is sent when the
+/// server picked it as a deadlock's victim or its lock wait timed out. PHP's `SELECT ... FOR
+/// UPDATE` takes gap locks, so a write on a table PHP workers share can be refused although it
+/// conflicts with nothing of Courier's own. The refused statement was rolled back whole (each runs
+/// in a transaction of its own), so sending it again cannot apply it twice.
+pub(crate) const MYSQL_WRITE_TRIES: u32 = 5;
+
+/// Runs `write` (one statement) until it is not refused for a lock conflict, at most
+/// [`MYSQL_WRITE_TRIES`] times, 10 ms more apart each time; the last refusal is returned.
+pub(crate) async fn mysql_write<T, F, Fut>(mut write: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut tries = 1;
+    loop {
+        match write().await {
+            Err(e) if lock_conflict(&e) && tries < MYSQL_WRITE_TRIES => {
+                tracing::debug!(error = %e, tries, "MariaDB refused a write for a lock conflict; sending it again");
+                tokio::time::sleep(std::time::Duration::from_millis(10 * u64::from(tries))).await;
+                tries += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Whether MariaDB refused a statement for a deadlock or a lock wait timeout.
 pub(crate) fn lock_conflict(e: &sqlx::Error) -> bool {
     e.as_database_error()
@@ -90,8 +117,72 @@ pub(crate) async fn mysql_claim(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
 mod tests {
-    use super::mysql_index;
+    use std::time::Duration;
+
+    use super::{lock_conflict, mysql_index, mysql_write};
+
+    /// A write MariaDB picks as a deadlock's victim is sent again and goes through: another
+    /// transaction holds row 2 and has changed 49 rows; the write (a delete of rows 1 and 2, as
+    /// an ack of two messages) locks row 1 and waits for row 2; the other transaction then wants
+    /// row 1, and MariaDB rolls back the lighter one, the write. Sent again, it waits for the
+    /// other to commit, and deletes both rows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs MariaDB (scripts/services)"]
+    async fn a_write_refused_for_a_deadlock_is_sent_again() {
+        let pool = sqlx::MySqlPool::connect(&courier_test::env::mysql_url())
+            .await
+            .unwrap();
+        let t = courier_test::env::unique_name("deadlock");
+        sqlx::query(&format!(
+            "CREATE TABLE {t} (id BIGINT PRIMARY KEY, v INT NOT NULL) ENGINE = InnoDB"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let rows: Vec<String> = (1..=50).map(|i| format!("({i}, 0)")).collect();
+        sqlx::query(&format!("INSERT INTO {t} VALUES {}", rows.join(", ")))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut other = pool.begin().await.unwrap();
+        sqlx::query(&format!("UPDATE {t} SET v = v + 1 WHERE id >= 2"))
+            .execute(&mut *other)
+            .await
+            .unwrap();
+        let (writer, delete) = (pool.clone(), format!("DELETE FROM {t} WHERE id IN (1, 2)"));
+        let write =
+            tokio::spawn(
+                async move { mysql_write(|| sqlx::query(&delete).execute(&writer)).await },
+            );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let other_row_1 = sqlx::query(&format!("UPDATE {t} SET v = v + 1 WHERE id = 1"))
+            .execute(&mut *other)
+            .await;
+        other.commit().await.unwrap();
+        let done = tokio::time::timeout(Duration::from_secs(30), write).await;
+        let (left,): (i64,) =
+            sqlx::query_as(&format!("SELECT COUNT(*) FROM {t} WHERE id IN (1, 2)"))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        sqlx::query(&format!("DROP TABLE {t}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert!(
+            other_row_1.is_ok(),
+            "the heavier transaction was picked: {other_row_1:?}"
+        );
+        let done = done.unwrap().unwrap();
+        assert!(
+            done.as_ref().is_ok_and(|d| d.rows_affected() == 2),
+            "the write was not sent again: {done:?} (a lock conflict: {})",
+            done.as_ref().err().is_some_and(lock_conflict)
+        );
+        assert_eq!(left, 0);
+    }
 
     #[test]
     fn index_names_are_doctrine_dbals() {

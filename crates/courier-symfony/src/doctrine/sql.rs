@@ -6,7 +6,9 @@
 use courier_core::{TransportError, TransportErrorKind};
 
 #[cfg(feature = "mysql")]
-use super::mysql::{MYSQL_CLAIM_TRIES, MYSQL_CREATE, lock_conflict, mysql_claim, mysql_index};
+use super::mysql::{
+    MYSQL_CLAIM_TRIES, MYSQL_CREATE, lock_conflict, mysql_claim, mysql_index, mysql_write,
+};
 
 /// A claimed row.
 #[derive(Debug)]
@@ -248,14 +250,16 @@ impl Pool {
                     "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
                      VALUES (?, ?, ?, ?, ?) RETURNING id"
                 );
-                sqlx::query_scalar(&sql)
-                    .bind(body)
-                    .bind(headers)
-                    .bind(queue)
-                    .bind(created)
-                    .bind(available)
-                    .fetch_one(pool)
-                    .await
+                mysql_write(|| {
+                    sqlx::query_scalar(&sql)
+                        .bind(body)
+                        .bind(headers)
+                        .bind(queue)
+                        .bind(created)
+                        .bind(available)
+                        .fetch_one(pool)
+                })
+                .await
             }
         }
     }
@@ -320,16 +324,19 @@ impl Pool {
                     "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
                     values.join(", ")
                 );
-                let mut query = sqlx::query_scalar(&sql);
-                for (body, headers, available) in rows {
-                    query = query
-                        .bind(body)
-                        .bind(headers)
-                        .bind(queue)
-                        .bind(created)
-                        .bind(available);
-                }
-                query.fetch_all(pool).await?
+                mysql_write(|| {
+                    let mut query = sqlx::query_scalar(&sql);
+                    for (body, headers, available) in rows {
+                        query = query
+                            .bind(body)
+                            .bind(headers)
+                            .bind(queue)
+                            .bind(created)
+                            .bind(available);
+                    }
+                    query.fetch_all(pool)
+                })
+                .await?
             }
         };
         // One statement takes its ids in the order of its rows.
@@ -400,7 +407,9 @@ impl Pool {
             #[cfg(feature = "mysql")]
             Self::Mysql(pool) => {
                 let sql = format!("DELETE FROM {t} WHERE id = ?");
-                sqlx::query(&sql).bind(id).execute(pool).await.map(drop)
+                mysql_write(|| sqlx::query(&sql).bind(id).execute(pool))
+                    .await
+                    .map(drop)
             }
         }
     }
@@ -433,11 +442,15 @@ impl Pool {
             #[cfg(feature = "mysql")]
             Self::Mysql(pool) => {
                 let sql = placeholders();
-                let mut query = sqlx::query(&sql);
-                for id in ids {
-                    query = query.bind(id);
-                }
-                query.execute(pool).await.map(drop)
+                mysql_write(|| {
+                    let mut query = sqlx::query(&sql);
+                    for id in ids {
+                        query = query.bind(id);
+                    }
+                    query.execute(pool)
+                })
+                .await
+                .map(drop)
             }
         }
     }
@@ -473,10 +486,7 @@ impl Pool {
                 let sql = format!(
                     "UPDATE {t} SET delivered_at = ? WHERE id = ? AND delivered_at IS NOT NULL"
                 );
-                sqlx::query(&sql)
-                    .bind(now)
-                    .bind(id)
-                    .execute(pool)
+                mysql_write(|| sqlx::query(&sql).bind(now).bind(id).execute(pool))
                     .await
                     .map(drop)
             }
