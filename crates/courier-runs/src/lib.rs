@@ -1,6 +1,7 @@
 //! Durable agent runs on top of Courier: a run is a row, the
 //! message [`RunAgent`] carries only its id, and **the row is the state**: a worker claims it
-//! under a lease, renews the lease at every step boundary, and on failure either requeues it
+//! under a lease, checks its claim at every step boundary (renewing the lease once a quarter of
+//! it has passed), and on failure either requeues it
 //! with backoff or dead-letters it (`failed` + a [`TerminationReason`]); a [`Reaper`] recovers
 //! runs whose worker died.
 //!

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use courier_core::{InMemoryTransport, MessageBus};
 use courier_runs::{
-    Agent, AgentError, AgentOutcome, Budget, Effect, FailureClass, NewRun, OnAmbiguous, Outcome,
-    ReapOptions, Resolution, RunContext, RunError, RunStatus, Runtime, RuntimeOptions, Settlement,
-    Signal, SignalSent, StepError, StepStatus, TerminationReason, Usage,
+    Agent, AgentError, AgentOutcome, Budget, Dialect, Effect, FailureClass, NewRun, OnAmbiguous,
+    Outcome, ReapOptions, Resolution, RunContext, RunError, RunStatus, Runtime, RuntimeOptions,
+    Settlement, Signal, SignalSent, StepError, StepStatus, TerminationReason, Usage,
 };
 use serde_json::json;
 use support::Fixture;
@@ -839,6 +839,68 @@ async fn a_failed_journal_write_leaves_nothing_behind(fx: &Fixture) {
     );
 }
 
+/// A step writes the run's row only when it must: while more than three quarters of the lease
+/// is surely left and the step adds no usage, the step's row is all it writes (one statement on
+/// SQLite and MySQL; PostgreSQL's CTE leaves the lease as it is); once a quarter of the lease has
+/// passed, the step renews it; a step that adds usage writes the run's row too.
+async fn a_step_renews_the_lease_only_when_it_runs_low(fx: &Fixture) {
+    let (store, sql) = (&fx.store, fx.sql().expect("a SQL store"));
+    let dialect = sql.dialect();
+    let lease = Duration::from_secs(6);
+    let run = store
+        .insert_queued(&NewRun::new("numbered", json!({})))
+        .await
+        .unwrap();
+    let claimed = store.claim(run.id, "w1", lease).await.unwrap().unwrap();
+    let plain = |index| courier_runs::StepWrite {
+        replayed: 0,
+        ..write_at(index, Usage::default())
+    };
+    let journal = |w: courier_runs::StepWrite| async move {
+        let before = sql.shared_writes().journal_statements;
+        assert!(store.journal(run.id, Some("w1"), lease, &w).await.unwrap());
+        let row = store.find(run.id).await.unwrap().unwrap();
+        (row, sql.shared_writes().journal_statements - before)
+    };
+    let (row, statements) = journal(plain(1)).await;
+    assert_eq!(row.lease_expires, claimed.lease_expires, "renewed at once");
+    assert_eq!(statements, 1, "a step with a fresh lease on {dialect:?}");
+
+    // More than a quarter of the lease has passed: the next step renews it.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let (row, statements) = journal(plain(2)).await;
+    let renewed = row.lease_expires;
+    assert!(
+        renewed >= claimed.lease_expires + 1_500,
+        "not renewed: {renewed} against {} claimed",
+        claimed.lease_expires
+    );
+    let with_run_row = match dialect {
+        Dialect::Postgres => 1,
+        Dialect::Sqlite => 2,
+        _ => 4,
+    };
+    assert_eq!(statements, with_run_row, "a renewing step on {dialect:?}");
+
+    let (row, statements) = journal(plain(3)).await;
+    assert_eq!(
+        (row.lease_expires, statements),
+        (renewed, 1),
+        "the renewed lease is fresh"
+    );
+    let (row, statements) = journal(write_at(4, Usage::tokens(0, 7))).await;
+    assert_eq!(
+        (row.lease_expires, row.usage.tokens_out, statements),
+        (renewed, 7, with_run_row),
+        "a step adding usage writes the run's row, not its lease"
+    );
+    let steps = store.steps(run.id).await.unwrap();
+    assert_eq!(
+        steps.iter().map(|s| s.index).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+}
+
 macro_rules! step_tests {
     ($fixture:path, $attr:meta, [$($name:ident),* $(,)?]) => {
         $(
@@ -897,7 +959,8 @@ mod sqlite {
         [
             corrupt_journal_row_dead_letters,
             a_failed_journal_write_leaves_nothing_behind,
-            concurrent_writes_of_many_runs_get_their_own_answers
+            concurrent_writes_of_many_runs_get_their_own_answers,
+            a_step_renews_the_lease_only_when_it_runs_low
         ]
     );
 }
@@ -914,7 +977,8 @@ mod postgres {
         [
             corrupt_journal_row_dead_letters,
             a_failed_journal_write_leaves_nothing_behind,
-            concurrent_writes_of_many_runs_get_their_own_answers
+            concurrent_writes_of_many_runs_get_their_own_answers,
+            a_step_renews_the_lease_only_when_it_runs_low
         ]
     );
 }
@@ -928,7 +992,8 @@ mod mysql {
         [
             corrupt_journal_row_dead_letters,
             a_failed_journal_write_leaves_nothing_behind,
-            concurrent_writes_of_many_runs_get_their_own_answers
+            concurrent_writes_of_many_runs_get_their_own_answers,
+            a_step_renews_the_lease_only_when_it_runs_low
         ]
     );
 }

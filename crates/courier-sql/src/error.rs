@@ -66,12 +66,20 @@ pub(crate) fn transport_error(name: &str, context: &'static str, e: sqlx::Error)
         .with_source(e)
 }
 
-/// Runs `op` until it succeeds, fails permanently, or has failed transiently
-/// [`MAX_ATTEMPTS`] times, sleeping [`BACKOFF`] in between.
-pub(crate) async fn retry_transient<T, F, Fut>(
-    what: &'static str,
-    mut op: F,
-) -> Result<T, sqlx::Error>
+/// Runs `op` until it succeeds, fails permanently, or has failed transiently (see
+/// [`is_transient`]: a deadlock, a lock wait timeout, a dropped connection) 10 times, sleeping
+/// 10 ms doubling up to 2 s (+-25 %) in between; `what` names the operation in the debug log of
+/// each retry. `op` must be safe to run again after a transient failure: one statement, or one
+/// transaction, that the database rolled back whole.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::SqlitePool) -> Result<(), sqlx::Error> {
+/// courier_sql::retry_transient("ack", || sqlx::query("DELETE FROM t WHERE id = 1").execute(&pool))
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn retry_transient<T, F, Fut>(what: &'static str, mut op: F) -> Result<T, sqlx::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,

@@ -138,7 +138,7 @@ mod workers;
 pub use dialect::{
     Dialect, MAX_TABLE_NAME_LEN, UnknownDialect, invalid_table_name, is_valid_identifier,
 };
-pub use error::is_transient;
+pub use error::{is_transient, retry_transient};
 pub use factory::{SqlPoolFactory, SqlTransportFactory};
 pub use inbox::{Inbox, InboxOptions, MAX_MESSAGE_ID_LEN};
 pub use limits::limits_table;

@@ -15,7 +15,8 @@ pub const CANCEL_CHECK_EVERY: Duration = Duration::from_millis(500);
 /// Runtime settings (see [`RunsConfig`](crate::RunsConfig) for the file form).
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
-    /// Lease of a claimed run, renewed at every step boundary (default 900 s).
+    /// Lease of a claimed run (default 900 s). Every step boundary checks the claim, and renews
+    /// the lease once less than three quarters of it is left; the lease watch renews it too.
     pub lease: Duration,
     /// Requeues allowed, failure retries and stale reclaims together (default 3).
     pub max_requeues: u32,

@@ -96,13 +96,18 @@ trait Engine: RunStore {
 /// What the hot writes (claims, journaled steps, settles) of concurrent runs cost together:
 /// on PostgreSQL the statements they rode (one per batch), on SQLite the statements of the
 /// transactions they shared, `BEGIN` and `COMMIT` included (a lone write of one statement is
-/// one). Read by `courier bench --runs`.
+/// one); and what the step journal's writes took on their own. Read by `courier bench --runs`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SharedWrites {
     /// Writes sent.
     pub writes: u64,
     /// Statements they took.
     pub statements: u64,
+    /// The statements of the step journal's writes, before any sharing: on PostgreSQL one per
+    /// write (a CTE); on SQLite one (the step's row, guarded by the run's) or two (and the
+    /// run's row: its lease or its usage), `BEGIN` and `COMMIT` not counted; on MySQL one or
+    /// four (`BEGIN`, the run's row, the step's row, `COMMIT`).
+    pub journal_statements: u64,
 }
 
 /// Counters of [`SharedWrites`], bumped by the batches.
@@ -110,6 +115,7 @@ pub struct SharedWrites {
 pub(super) struct WriteCounter {
     writes: std::sync::atomic::AtomicU64,
     statements: std::sync::atomic::AtomicU64,
+    journal_statements: std::sync::atomic::AtomicU64,
 }
 
 impl WriteCounter {
@@ -120,11 +126,18 @@ impl WriteCounter {
         self.statements.fetch_add(statements as u64, Relaxed);
     }
 
+    /// A journal write took `statements` (see [`SharedWrites::journal_statements`]).
+    pub(super) fn add_journal(&self, statements: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.journal_statements.fetch_add(statements, Relaxed);
+    }
+
     pub(super) fn read(&self) -> SharedWrites {
         use std::sync::atomic::Ordering::Relaxed;
         SharedWrites {
             writes: self.writes.load(Relaxed),
             statements: self.statements.load(Relaxed),
+            journal_statements: self.journal_statements.load(Relaxed),
         }
     }
 }

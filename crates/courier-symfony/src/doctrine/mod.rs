@@ -130,9 +130,10 @@ impl DoctrineTransport {
 
     fn db_error(&self, doing: &'static str, e: sqlx::Error) -> TransportError {
         let kind = match &e {
-            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
-                TransportErrorKind::Connection
-            }
+            sqlx::Error::PoolTimedOut => TransportErrorKind::Timeout,
+            sqlx::Error::PoolClosed => TransportErrorKind::Connection,
+            // A deadlock, a lock wait timeout, a dropped connection: worth trying again.
+            e if courier_sql::is_transient(e) => TransportErrorKind::Connection,
             _ => TransportErrorKind::Protocol,
         };
         TransportError::new(kind, self.name.clone())

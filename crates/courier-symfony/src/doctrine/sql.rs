@@ -6,9 +6,7 @@
 use courier_core::{TransportError, TransportErrorKind};
 
 #[cfg(feature = "mysql")]
-use super::mysql::{
-    MYSQL_CLAIM_TRIES, MYSQL_CREATE, lock_conflict, mysql_claim, mysql_index, mysql_write,
-};
+use super::mysql::{MYSQL_CLAIM_TRIES, MYSQL_CREATE, lock_conflict, mysql_claim, mysql_index};
 
 /// A claimed row.
 #[derive(Debug)]
@@ -204,7 +202,7 @@ impl Pool {
         Ok(())
     }
 
-    pub(crate) async fn insert(
+    async fn insert_once(
         &self,
         t: &str,
         body: &str,
@@ -213,66 +211,64 @@ impl Pool {
         created: &str,
         available: &str,
     ) -> Result<i64, sqlx::Error> {
+        // The values in each dialect's placeholders, the same binds on each database.
+        macro_rules! insert {
+            ($pool:expr, $values:literal) => {{
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
+                     VALUES {} RETURNING id",
+                    $values
+                );
+                sqlx::query_scalar(&sql)
+                    .bind(body)
+                    .bind(headers)
+                    .bind(queue)
+                    .bind(created)
+                    .bind(available)
+                    .fetch_one($pool)
+                    .await
+            }};
+        }
         match self {
             #[cfg(feature = "postgres")]
-            Self::Postgres(pool) => {
-                let sql = format!(
-                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
-                     VALUES ($1, $2, $3, $4::timestamp, $5::timestamp) RETURNING id"
-                );
-                sqlx::query_scalar(&sql)
-                    .bind(body)
-                    .bind(headers)
-                    .bind(queue)
-                    .bind(created)
-                    .bind(available)
-                    .fetch_one(pool)
-                    .await
-            }
+            Self::Postgres(pool) => insert!(pool, "($1, $2, $3, $4::timestamp, $5::timestamp)"),
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => {
-                let sql = format!(
-                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5) RETURNING id"
-                );
-                sqlx::query_scalar(&sql)
-                    .bind(body)
-                    .bind(headers)
-                    .bind(queue)
-                    .bind(created)
-                    .bind(available)
-                    .fetch_one(pool)
-                    .await
-            }
+            Self::Sqlite(pool) => insert!(pool, "(?1, ?2, ?3, ?4, ?5)"),
             #[cfg(feature = "mysql")]
-            Self::Mysql(pool) => {
-                let sql = format!(
-                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
-                     VALUES (?, ?, ?, ?, ?) RETURNING id"
-                );
-                mysql_write(|| {
-                    sqlx::query_scalar(&sql)
-                        .bind(body)
-                        .bind(headers)
-                        .bind(queue)
-                        .bind(created)
-                        .bind(available)
-                        .fetch_one(pool)
-                })
-                .await
-            }
+            Self::Mysql(pool) => insert!(pool, "(?, ?, ?, ?, ?)"),
         }
     }
 
-    /// Inserts rows (`body`, `headers`, `available_at`) in one statement, all created at
-    /// `created`; their ids in order.
-    pub(crate) async fn insert_many(
+    /// One try of [`Pool::insert_many`].
+    async fn insert_many_once(
         &self,
         t: &str,
         rows: &[(String, String, String)],
         queue: &str,
         created: &str,
     ) -> Result<Vec<i64>, sqlx::Error> {
+        // SQLite and MariaDB: anonymous `?`s (sqlx asks SQLite each parameter's name, which
+        // SQLite finds by scanning the statement's list of named ones, `?NNN`, hundreds per batch).
+        #[cfg(any(feature = "sqlite", feature = "mysql"))]
+        macro_rules! insert_anonymous {
+            ($pool:expr) => {{
+                let values = vec!["(?, ?, ?, ?, ?)"; rows.len()];
+                let sql = format!(
+                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
+                    values.join(", ")
+                );
+                let mut query = sqlx::query_scalar(&sql);
+                for (body, headers, available) in rows {
+                    query = query
+                        .bind(body)
+                        .bind(headers)
+                        .bind(queue)
+                        .bind(created)
+                        .bind(available);
+                }
+                query.fetch_all($pool).await?
+            }};
+        }
         let mut ids: Vec<i64> = match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(pool) => {
@@ -298,46 +294,9 @@ impl Pool {
                 query.fetch_all(pool).await?
             }
             #[cfg(feature = "sqlite")]
-            // Anonymous `?`s: sqlx asks SQLite each parameter's name, which SQLite finds by
-            // scanning the statement's list of named ones (`?NNN`), hundreds per batch.
-            Self::Sqlite(pool) => {
-                let values = vec!["(?, ?, ?, ?, ?)"; rows.len()];
-                let sql = format!(
-                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
-                    values.join(", ")
-                );
-                let mut query = sqlx::query_scalar(&sql);
-                for (body, headers, available) in rows {
-                    query = query
-                        .bind(body)
-                        .bind(headers)
-                        .bind(queue)
-                        .bind(created)
-                        .bind(available);
-                }
-                query.fetch_all(pool).await?
-            }
+            Self::Sqlite(pool) => insert_anonymous!(pool),
             #[cfg(feature = "mysql")]
-            Self::Mysql(pool) => {
-                let values = vec!["(?, ?, ?, ?, ?)"; rows.len()];
-                let sql = format!(
-                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
-                    values.join(", ")
-                );
-                mysql_write(|| {
-                    let mut query = sqlx::query_scalar(&sql);
-                    for (body, headers, available) in rows {
-                        query = query
-                            .bind(body)
-                            .bind(headers)
-                            .bind(queue)
-                            .bind(created)
-                            .bind(available);
-                    }
-                    query.fetch_all(pool)
-                })
-                .await?
-            }
+            Self::Mysql(pool) => insert_anonymous!(pool),
         };
         // One statement takes its ids in the order of its rows.
         ids.sort_unstable();
@@ -392,7 +351,7 @@ impl Pool {
             .collect())
     }
 
-    pub(crate) async fn delete(&self, t: &str, id: i64) -> Result<(), sqlx::Error> {
+    async fn delete_once(&self, t: &str, id: i64) -> Result<(), sqlx::Error> {
         match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(pool) => {
@@ -407,17 +366,15 @@ impl Pool {
             #[cfg(feature = "mysql")]
             Self::Mysql(pool) => {
                 let sql = format!("DELETE FROM {t} WHERE id = ?");
-                mysql_write(|| sqlx::query(&sql).bind(id).execute(pool))
-                    .await
-                    .map(drop)
+                sqlx::query(&sql).bind(id).execute(pool).await.map(drop)
             }
         }
     }
 
-    /// Deletes the rows with these ids, in one statement.
+    /// One try of [`Pool::delete_many`].
     /// The ids are bound, not written into the text: one statement per batch size, prepared
     /// once and then found in the connection's statement cache (one array on PostgreSQL).
-    pub(crate) async fn delete_many(&self, t: &str, ids: &[i64]) -> Result<(), sqlx::Error> {
+    async fn delete_many_once(&self, t: &str, ids: &[i64]) -> Result<(), sqlx::Error> {
         #[cfg(any(feature = "sqlite", feature = "mysql"))]
         let placeholders = || {
             let list = vec!["?"; ids.len()].join(", ");
@@ -442,20 +399,16 @@ impl Pool {
             #[cfg(feature = "mysql")]
             Self::Mysql(pool) => {
                 let sql = placeholders();
-                mysql_write(|| {
-                    let mut query = sqlx::query(&sql);
-                    for id in ids {
-                        query = query.bind(id);
-                    }
-                    query.execute(pool)
-                })
-                .await
-                .map(drop)
+                let mut query = sqlx::query(&sql);
+                for id in ids {
+                    query = query.bind(id);
+                }
+                query.execute(pool).await.map(drop)
             }
         }
     }
 
-    pub(crate) async fn touch(&self, t: &str, id: i64, now: &str) -> Result<(), sqlx::Error> {
+    async fn touch_once(&self, t: &str, id: i64, now: &str) -> Result<(), sqlx::Error> {
         match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(pool) => {
@@ -486,10 +439,66 @@ impl Pool {
                 let sql = format!(
                     "UPDATE {t} SET delivered_at = ? WHERE id = ? AND delivered_at IS NOT NULL"
                 );
-                mysql_write(|| sqlx::query(&sql).bind(now).bind(id).execute(pool))
+                sqlx::query(&sql)
+                    .bind(now)
+                    .bind(id)
+                    .execute(pool)
                     .await
                     .map(drop)
             }
         }
+    }
+}
+
+/// The writes, each sent again while the database refuses it transiently
+/// ([`courier_sql::retry_transient`]: a deadlock, a lock wait timeout, a dropped connection).
+/// PHP's `SELECT ... FOR UPDATE` on MariaDB takes gap locks, so a write on a table PHP workers
+/// share can be refused although it conflicts with nothing of Courier's own. Each write is one
+/// statement, rolled back whole when refused, so sending it again cannot apply it twice.
+impl Pool {
+    /// Inserts a row; its id.
+    pub(crate) async fn insert(
+        &self,
+        t: &str,
+        body: &str,
+        headers: &str,
+        queue: &str,
+        created: &str,
+        available: &str,
+    ) -> Result<i64, sqlx::Error> {
+        courier_sql::retry_transient("send", || {
+            self.insert_once(t, body, headers, queue, created, available)
+        })
+        .await
+    }
+
+    /// Inserts rows (`body`, `headers`, `available_at`) in one statement, all created at
+    /// `created`; their ids in order.
+    pub(crate) async fn insert_many(
+        &self,
+        t: &str,
+        rows: &[(String, String, String)],
+        queue: &str,
+        created: &str,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        courier_sql::retry_transient("send a batch", || {
+            self.insert_many_once(t, rows, queue, created)
+        })
+        .await
+    }
+
+    /// Deletes the row `id` (an ack or a reject).
+    pub(crate) async fn delete(&self, t: &str, id: i64) -> Result<(), sqlx::Error> {
+        courier_sql::retry_transient("delete", || self.delete_once(t, id)).await
+    }
+
+    /// Deletes the rows with these ids, in one statement.
+    pub(crate) async fn delete_many(&self, t: &str, ids: &[i64]) -> Result<(), sqlx::Error> {
+        courier_sql::retry_transient("delete a batch", || self.delete_many_once(t, ids)).await
+    }
+
+    /// Moves a claimed row's `delivered_at` to `now` (a keepalive).
+    pub(crate) async fn touch(&self, t: &str, id: i64, now: &str) -> Result<(), sqlx::Error> {
+        courier_sql::retry_transient("keepalive", || self.touch_once(t, id, now)).await
     }
 }

@@ -8,9 +8,12 @@
 //! got); on MySQL/MariaDB (no `UPDATE ... RETURNING`) `claim` is two (the guarded UPDATE, then a
 //! SELECT of the claimed row; one when the guard matched nothing, counted as two all the same),
 //! and so is `renew_many` (the UPDATE, then a SELECT of the runs still held; up to 500 runs).
-//! `journal` (a durable step) is one statement on PostgreSQL (a data-modifying CTE) and four
-//! elsewhere (BEGIN, the guarded renew, the step row's write, COMMIT); SQLite sends its four as
-//! one script, one round trip to the connection's thread.
+//! `journal` (a durable step) takes what the store reports it sent
+//! ([`SharedWrites::journal_statements`](courier_runs::SharedWrites)): one statement on
+//! PostgreSQL (a data-modifying CTE); on SQLite and MySQL one (the step's row, guarded by the
+//! run's) unless the run's row changes too (its lease is due for renewal, or the step adds
+//! usage): then two on SQLite (one script, one round trip to the connection's thread) and four
+//! on MySQL (BEGIN, the guarded renew, the step row's write, COMMIT, four round trips).
 //! [`CountingStore::statements`] and [`CountingStore::round_trips`] apply exactly those rules.
 //!
 //! [`CountingTransport`] wraps the RunAgent transport and counts calls per [`Transport`] method,
@@ -86,6 +89,10 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Debug)]
 pub(super) struct CountingStore {
     inner: Arc<dyn RunStore>,
+    /// The store, for the statements its journal writes took ([`SqlRunStore::shared_writes`]),
+    /// counted from `journal_base`.
+    sql: Arc<SqlRunStore>,
+    journal_base: u64,
     dialect: Dialect,
     insert_returning: bool,
     calls: [AtomicU64; STORE_METHODS.len()],
@@ -101,6 +108,8 @@ impl CountingStore {
     pub(super) fn new(inner: Arc<SqlRunStore>, dialect: Dialect) -> Self {
         Self {
             insert_returning: inner.insert_returning(),
+            journal_base: inner.shared_writes().journal_statements,
+            sql: inner.clone(),
             inner,
             dialect,
             calls: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -135,6 +144,15 @@ impl CountingStore {
         std::array::from_fn(|i| self.calls[i].load(Ordering::Relaxed))
     }
 
+    /// The statements the journal writes took so far, as the store reports them; none when
+    /// `calls` holds none.
+    fn journal_statements(&self, calls: &StoreCalls) -> u64 {
+        if calls[index("journal")] == 0 {
+            return 0;
+        }
+        self.sql.shared_writes().journal_statements - self.journal_base
+    }
+
     /// The round trips to the database these calls cost: the statements, except a journal
     /// write on SQLite, one script (see the module docs).
     pub(super) fn round_trips(&self, calls: &StoreCalls) -> u64 {
@@ -142,34 +160,36 @@ impl CountingStore {
         let mut others = *calls;
         others[journal] = 0;
         let journal_trips = match self.dialect {
-            Dialect::Mysql => 4,
-            _ => 1,
+            Dialect::Mysql => self.journal_statements(calls),
+            _ => calls[journal],
         };
-        self.statements(&others) + calls[journal] * journal_trips
+        self.statements(&others) + journal_trips
     }
 
     /// The SQL statements these calls cost (see the module docs).
     pub(super) fn statements(&self, calls: &StoreCalls) -> u64 {
-        calls
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let per_call = match STORE_METHODS[i] {
-                    "insert_queued" | "insert_interactive" | "append_event"
-                        if !self.insert_returning =>
-                    {
-                        2
-                    }
-                    "claim" | "renew_many" if self.dialect == Dialect::Mysql => 2,
-                    // One CTE on PostgreSQL; elsewhere BEGIN, the renew, the step row, COMMIT.
-                    "journal" if self.dialect != Dialect::Postgres => 4,
-                    // Select, then BEGIN, three deletes, COMMIT.
-                    "prune" => 6,
-                    _ => 1,
-                };
-                n * per_call
-            })
-            .sum()
+        let journal = index("journal");
+        let mut others = *calls;
+        others[journal] = 0;
+        self.journal_statements(calls)
+            + others
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let per_call = match STORE_METHODS[i] {
+                        "insert_queued" | "insert_interactive" | "append_event"
+                            if !self.insert_returning =>
+                        {
+                            2
+                        }
+                        "claim" | "renew_many" if self.dialect == Dialect::Mysql => 2,
+                        // Select, then BEGIN, three deletes, COMMIT.
+                        "prune" => 6,
+                        _ => 1,
+                    };
+                    n * per_call
+                })
+                .sum::<u64>()
     }
 
     /// Waits until `n` runs were settled (a settle whose guard matched), or `idle` passed

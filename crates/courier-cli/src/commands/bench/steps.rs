@@ -1,7 +1,8 @@
 //! `courier bench --runs --steps N`: the cost of a durable step. `--messages` runs (default
 //! 100) of N steps each are executed one at a time by the runtime (claim, N steps, settle), each
-//! step a [`RunContext::step`](courier_runs::RunContext::step) journaling a small result in the
-//! write that renews the lease, timed around the call. Beside it, run for run (ABBA: the side
+//! step a [`RunContext::step`](courier_runs::RunContext::step) journaling a small result, guarded
+//! by the run's claim (the write renews the lease too once a quarter of it has passed; a bench
+//! run's steps come well before that), timed around the call. Beside it, run for run (ABBA: the side
 //! that goes first alternates), a raw sqlx loop on the same database does the same durable work
 //! for each step: in one transaction, the guarded lease renewal of its run row (indexed on
 //! `(status, lease_expires)` for the reaper, as the run store's is) and the insert of the step's

@@ -45,6 +45,8 @@ mod claims;
 mod combine;
 mod events;
 mod inserts;
+mod journal;
+mod leases;
 mod listing;
 mod reaping;
 mod row;
@@ -131,6 +133,8 @@ pub(super) struct Runs<DB: RunDialect> {
     batches: Option<batch::Batches>,
     /// What the batches and the combiner sent.
     shared: Arc<super::WriteCounter>,
+    /// The leases this store set, and how long they surely last.
+    leases: leases::Leases,
 }
 
 impl<DB: RunDialect> Runs<DB> {
@@ -173,6 +177,7 @@ impl<DB: RunDialect> Runs<DB> {
             pages: PageQueries::new(DB::DIALECT, &options.runs_table),
             sq: steps::StepQueries::new(DB::DIALECT, &options.runs_table),
             insert_returning,
+            leases: leases::Leases::default(),
         }
     }
 
@@ -250,7 +255,16 @@ runs_impl! {
         worker: &str,
         lease: Duration,
     ) -> Result<Vec<Uuid>, StoreError> {
-        self.renew_leases(ids, worker, lease).await
+        let sent = std::time::Instant::now();
+        let lost = self.renew_leases(ids, worker, lease).await?;
+        for id in ids {
+            if lost.contains(id) {
+                self.leases.forget(*id);
+            } else {
+                self.leases.set(*id, sent, lease);
+            }
+        }
+        Ok(lost)
     }
 
     async fn list(&self, status: Option<RunStatus>, n: usize) -> Result<Vec<Run>, StoreError> {
@@ -271,11 +285,23 @@ runs_impl! {
         worker: &str,
         lease: Duration,
     ) -> Result<Option<Run>, StoreError> {
-        self.claim_run(id, worker, lease).await
+        let sent = std::time::Instant::now();
+        let run = self.claim_run(id, worker, lease).await?;
+        if run.is_some() {
+            self.leases.set(id, sent, lease);
+        }
+        Ok(run)
     }
 
     async fn renew(&self, id: Uuid, worker: &str, lease: Duration) -> Result<bool, StoreError> {
-        self.renew_lease(id, worker, lease).await
+        let sent = std::time::Instant::now();
+        let renewed = self.renew_lease(id, worker, lease).await?;
+        if renewed {
+            self.leases.set(id, sent, lease);
+        } else {
+            self.leases.forget(id);
+        }
+        Ok(renewed)
     }
 
     async fn requeue_owned(
@@ -284,6 +310,7 @@ runs_impl! {
         worker: &str,
         due_in: Duration,
     ) -> Result<bool, StoreError> {
+        self.leases.forget(id);
         self.requeue_run(id, worker, due_in).await
     }
 
@@ -321,6 +348,7 @@ runs_impl! {
         owner: Option<&str>,
         s: &Settlement,
     ) -> Result<bool, StoreError> {
+        self.leases.forget(id);
         self.settle_run(id, owner, s).await
     }
 
@@ -379,6 +407,7 @@ runs_impl! {
         until: i64,
         signal: Option<&str>,
     ) -> Result<bool, StoreError> {
+        self.leases.forget(id);
         self.suspend_run(id, owner, until, signal).await
     }
 

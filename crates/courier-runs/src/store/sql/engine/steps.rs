@@ -1,21 +1,22 @@
-//! The step journal and durable waits on SQL: a step's row is written with the renewal of the
-//! run's lease in one round trip where the database allows: a data-modifying CTE on
-//! PostgreSQL (one statement); on SQLite one script sent to the connection's thread at once
-//! (`BEGIN IMMEDIATE`, the row's write guarded by the run's row, the renew, `COMMIT`). On MySQL a
-//! transaction of the guarded renew and the row's write, the renew first so that a refused
-//! guard writes nothing (four round trips: the protocol prepares one statement at a time).
+//! The step journal's statements (written by `journal.rs`), its reads, and the durable waits on
+//! SQL.
 
 use std::time::Duration;
 
 use courier_sql::Dialect;
 use uuid::Uuid;
 
-use super::claims::{STEP_LEASE, step_renew_below};
+use super::claims::STEP_LEASE;
 use super::row::{column, rows_error};
 use super::{RunDialect, Runs, db, in_flight, limit};
 use crate::RunStatus;
-use crate::step::{JournalMode, StepRecord, StepStatus, StepWrite, Usage};
+use crate::step::{StepRecord, StepStatus, Usage};
 use crate::store::{Run, StoreError, lease_ms};
+
+/// A step's renew of an owned run's lease on SQLite and MySQL: renewed when the store asks
+/// (binds 1 or 0, then the lease), which it does when it cannot be sure that more than three
+/// quarters of the lease are left (`leases.rs`).
+const RENEW_IF: &str = "lease_expires = CASE WHEN ? = 1 THEN {now} + ? ELSE lease_expires END, ";
 
 /// The most runs one prune deletes (its statements bind one id per run).
 pub(crate) const MAX_PRUNE_BATCH: usize = 500;
@@ -28,18 +29,23 @@ const UNFINISHED: &str = "('intent', 'retry', 'waiting')";
 /// The statements of the step journal and the durable waits, rendered for one dialect.
 #[derive(Debug)]
 pub(in crate::store::sql) struct StepQueries {
-    /// The guarded renew, indexed by [`variant`]: owned (binds the lease first) or interactive,
-    /// adding usage and replays or not (a step that used nothing binds six fewer values).
-    renew: [String; 4],
-    insert_step: String,
-    finish_step: String,
-    /// PostgreSQL: the renew and the row's write in one statement, per [`variant`] and mode.
-    cte: Option<[[String; 2]; 4]>,
-    /// SQLite: the row's write (guarded by the run's row) and the renew, in one transaction
-    /// sent as one script, per [`variant`] and mode: one round trip to the connection's thread.
-    /// (Read by the combiner, which only SQLite has.)
+    /// The guarded renew, indexed by [`variant`](super::journal): owned (binds the lease first)
+    /// or interactive, adding usage and replays or not (a step that used nothing binds six fewer
+    /// values). PostgreSQL renews an owned run's lease when less than three quarters of it is
+    /// left ([`STEP_LEASE`]); MySQL when the store says so ([`RENEW_IF`]).
+    pub(super) renew: [String; 4],
+    pub(super) insert_step: String,
+    pub(super) finish_step: String,
+    /// PostgreSQL: the renew and the row's write in one statement, per variant and mode.
+    pub(super) cte: Option<[[String; 2]; 4]>,
+    /// SQLite: the row's write (guarded by the run's row) and the renew ([`RENEW_IF`]), in one
+    /// transaction sent as one script, per variant and mode: one round trip to the connection's
+    /// thread. (Read by the combiner, which only SQLite has.)
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-    script: Option<[[String; 2]; 4]>,
+    pub(super) script: Option<[[String; 2]; 4]>,
+    /// SQLite and MySQL: the row's write alone, guarded by the run's row, per owned and mode:
+    /// a step that adds no usage to a run whose lease needs no renewal (one statement).
+    pub(super) alone: Option<[[String; 2]; 2]>,
     steps: String,
     suspend_owned: String,
     suspend_interactive: String,
@@ -67,7 +73,11 @@ impl StepQueries {
             steps_replayed = steps_replayed + ?, ";
         let renews: [String; 4] = std::array::from_fn(|v| {
             let (owned, counted) = (v & 1 == 1, v & 2 == 2);
-            let lease = if owned { STEP_LEASE } else { "" };
+            let lease = match (owned, dialect) {
+                (false, _) => "",
+                (true, Dialect::Postgres) => STEP_LEASE,
+                (true, _) => RENEW_IF,
+            };
             let add = if counted { add } else { "" };
             let owner = if owned { "= ?" } else { "IS NULL" };
             format!(
@@ -102,34 +112,49 @@ impl StepQueries {
             };
             std::array::from_fn(|v| [insert(&renews[v]), finish(&renews[v])])
         });
-        // SQLite: the row's write first, guarded by the run's row (the write lock is held from
-        // BEGIN IMMEDIATE, so the guard cannot change under it), then the renew and the usage,
-        // only when the row was written (`changes()` of the statement before).
-        let script = (dialect == Dialect::Sqlite).then(|| {
-            std::array::from_fn(|v| {
-                let (owned, counted) = (v & 1 == 1, v & 2 == 2);
-                let owner = if owned { "= ?" } else { "IS NULL" };
+        // SQLite and MySQL: the row's write guarded by the run's row (on SQLite the write lock is
+        // held from BEGIN IMMEDIATE or the statement's start, on MySQL the run's row is read
+        // with a shared lock, so the guard cannot change under it).
+        let alone = (dialect != Dialect::Postgres).then(|| {
+            let (from, returning) = match dialect {
+                Dialect::Mysql => (" FROM DUAL", ""),
+                _ => ("", " RETURNING idx"),
+            };
+            std::array::from_fn(|owned| {
+                let owner = if owned == 1 { "= ?" } else { "IS NULL" };
                 let guard = format!(
                     "EXISTS (SELECT 1 FROM {{runs}} WHERE id = ? AND status = 'running' AND claimed_by {owner})"
                 );
-                let lease = if owned { STEP_LEASE } else { "" };
-                let add = if counted { add } else { "" };
-                let renew = format!(
-                    "UPDATE {{runs}} SET {lease}{add}updated_at = {{now}} WHERE id = ? AND changes() = 1"
-                );
-                // The combiner wraps it in BEGIN IMMEDIATE ... COMMIT, with other writes or alone.
-                let script = |write: String| render(&format!("{write}; {renew}"));
                 [
-                    script(format!(
-                        "INSERT INTO {{steps}} ({{step_cols}}) SELECT ?, {insert_values} WHERE {guard} RETURNING idx"
-                    )),
-                    script(format!(
+                    format!(
+                        "INSERT INTO {{steps}} ({{step_cols}}) SELECT ?, {insert_values}{from} WHERE {guard}{returning}"
+                    ),
+                    format!(
                         "UPDATE {{steps}} SET {finish_set} WHERE run_id = ? AND idx = ? \
-                         AND status IN {{unfinished}} AND {guard} RETURNING idx"
-                    )),
+                         AND status IN {{unfinished}} AND {guard}{returning}"
+                    ),
                 ]
             })
         });
+        // SQLite: then the renew and the usage, only when the row was written (`changes()` of
+        // the statement before).
+        let script = alone
+            .as_ref()
+            .filter(|_| dialect == Dialect::Sqlite)
+            .map(|alone: &[[String; 2]; 2]| {
+                std::array::from_fn(|v| {
+                    let (owned, counted) = (v & 1 == 1, v & 2 == 2);
+                    let lease = if owned { RENEW_IF } else { "" };
+                    let add = if counted { add } else { "" };
+                    let renew = format!(
+                        "UPDATE {{runs}} SET {lease}{add}updated_at = {{now}} WHERE id = ? AND changes() = 1"
+                    );
+                    // The combiner wraps it in BEGIN IMMEDIATE ... COMMIT, with other writes or alone.
+                    let owned = usize::from(owned);
+                    [0, 1].map(|mode| render(&format!("{}; {renew}", alone[owned][mode])))
+                })
+            });
+        let alone = alone.map(|alone| alone.map(|modes| modes.map(|sql| render(&sql))));
         let suspend = "UPDATE {runs} SET status = 'waiting', claimed_by = NULL, lease_expires = 0, due_at = ?, \
             wait_signal = ?, updated_at = {now} WHERE id = ? AND status = 'running' AND claimed_by";
         let wake = "UPDATE {runs} SET status = 'queued', due_at = {now}, wait_signal = NULL, updated_at = {now} \
@@ -137,6 +162,7 @@ impl StepQueries {
         Self {
             renew: std::array::from_fn(|v| render(&renews[v])),
             script,
+            alone,
             insert_step: render(&insert_step),
             finish_step: render(&finish_step),
             cte,
@@ -165,86 +191,12 @@ impl StepQueries {
     }
 }
 
-fn count(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
 pub(super) fn is_finished(status: StepStatus) -> i64 {
     i64::from(matches!(status, StepStatus::Done | StepStatus::Failed))
 }
 
-/// Whether a write adds usage or replays to the run.
-fn counted(w: &StepWrite) -> bool {
-    !w.usage.is_zero() || w.replayed > 0
-}
-
-/// The renew variant of a write: bit 0 owned, bit 1 counted.
-fn variant(owned: bool, w: &StepWrite) -> usize {
-    usize::from(owned) | (usize::from(counted(w)) << 1)
-}
-
 pub(super) fn usage_json(usage: &Usage) -> Option<serde_json::Value> {
     (!usage.is_zero()).then(|| serde_json::to_value(usage).unwrap_or_default())
-}
-
-/// Binds a query's renew: (lease when owned), the usage counters and replays, the id, (owner).
-macro_rules! bind_renew {
-    ($q:expr, $id:expr, $owner:expr, $lease:expr, $w:expr) => {{
-        let q = bind_renew!(@head $q, $owner.is_some(), $lease, $w).bind(DB::id($id));
-        match $owner {
-            Some(owner) => q.bind(owner),
-            None => q,
-        }
-    }};
-    // The values before the id: the lease when owned, the usage counters and replays.
-    (@head $q:expr, $owned:expr, $lease:expr, $w:expr) => {{
-        let mut q = $q;
-        if $owned {
-            q = q.bind(step_renew_below($lease)).bind(lease_ms($lease));
-        }
-        if counted($w) {
-            q = q
-                .bind(count($w.usage.tokens_in))
-                .bind(count($w.usage.tokens_out))
-                .bind(count($w.usage.cost_micros))
-                .bind(count($w.usage.tool_calls))
-                .bind(count($w.usage.turns))
-                .bind(count($w.replayed));
-        }
-        q
-    }};
-}
-
-/// Binds a step row's write: insert (without the run id, which the caller binds first or the
-/// CTE supplies) or finish (with the run id and index last).
-macro_rules! bind_row {
-    ($q:expr, $id:expr, $w:expr) => {{
-        let q = $q;
-        match $w.mode {
-            JournalMode::Insert => q
-                .bind($w.index)
-                .bind($w.name.as_str())
-                .bind($w.effect)
-                .bind($w.status.as_str())
-                .bind($w.output.clone())
-                .bind($w.error.as_deref())
-                .bind($w.error_class.as_deref())
-                .bind(usage_json(&$w.usage))
-                .bind($w.duration_ms)
-                .bind(is_finished($w.status))
-                .bind(is_finished($w.status)),
-            JournalMode::Finish => q
-                .bind($w.status.as_str())
-                .bind($w.output.clone())
-                .bind($w.error.as_deref())
-                .bind($w.error_class.as_deref())
-                .bind(usage_json(&$w.usage))
-                .bind($w.duration_ms)
-                .bind(is_finished($w.status))
-                .bind(DB::id($id))
-                .bind($w.index),
-        }
-    }};
 }
 
 impl<DB> Runs<DB>
@@ -263,65 +215,6 @@ where
     for<'r> serde_json::Value: sqlx::Decode<'r, DB>,
     for<'a> &'a str: sqlx::ColumnIndex<DB::Row>,
 {
-    pub(super) async fn journal_step(
-        &self,
-        id: Uuid,
-        owner: Option<&str>,
-        lease: Duration,
-        w: &StepWrite,
-    ) -> Result<bool, StoreError> {
-        #[cfg(feature = "postgres")]
-        if let Some(batches) = &self.batches
-            && let Ok(done) = in_flight(batches.journal(id, owner, lease_ms(lease), w)).await
-        {
-            return Ok(done);
-        }
-        if let Some(cte) = &self.sq.cte {
-            let mode = usize::from(w.mode == JournalMode::Finish);
-            let sql = &cte[variant(owner.is_some(), w)][mode];
-            let q = bind_renew!(sqlx::query(sql), id, owner, lease, w);
-            let q = bind_row!(q, id, w);
-            let row = in_flight(q.fetch_optional(&self.pool))
-                .await
-                .map_err(|e| step_error(id, w, e))?;
-            return Ok(row.is_some());
-        }
-        #[cfg(feature = "sqlite")]
-        if let (Some(script), Some(combiner)) = (&self.sq.script, &self.combiner) {
-            let mode = usize::from(w.mode == JournalMode::Finish);
-            let write = super::combine::Write {
-                sql: script[variant(owner.is_some(), w)][mode].clone(),
-                statements: 2,
-                binds: script_binds(id, owner, lease, w),
-            };
-            let written = in_flight(combiner.write(write))
-                .await
-                .map_err(|e| step_error(id, w, e))?;
-            return Ok(written.rows.first().is_some_and(|rows| !rows.is_empty()));
-        }
-        let renew = &self.sq.renew[variant(owner.is_some(), w)];
-        let write = async {
-            let mut tx = self.pool.begin().await?;
-            let q = bind_renew!(sqlx::query(renew), id, owner, lease, w);
-            if DB::rows_affected(&q.execute(&mut *tx).await?) == 0 {
-                tx.rollback().await?;
-                return Ok(false);
-            }
-            let q = match w.mode {
-                JournalMode::Insert => sqlx::query(&self.sq.insert_step).bind(DB::id(id)),
-                JournalMode::Finish => sqlx::query(&self.sq.finish_step),
-            };
-            let done = bind_row!(q, id, w).execute(&mut *tx).await?;
-            if DB::rows_affected(&done) == 0 {
-                tx.rollback().await?;
-                return Ok(false);
-            }
-            tx.commit().await?;
-            Ok(true)
-        };
-        in_flight(write).await.map_err(|e| step_error(id, w, e))
-    }
-
     pub(super) async fn select_steps(&self, id: Uuid) -> Result<Vec<StepRecord>, StoreError> {
         let rows = sqlx::query(&self.sq.steps)
             .bind(DB::id(id))
@@ -518,80 +411,5 @@ where
             .await
             .map_err(db("resolve step"))?;
         Ok(DB::rows_affected(&done) > 0)
-    }
-}
-
-/// A journal write's failure: a step index written twice is [`StoreError::DuplicateSequence`].
-/// SQLite: the values of a step's script, in its order: the row (insert: the run id first;
-/// finish: the run id and index last), its guard (the run's id and owner), then the renew
-/// (lease when owned, the usage counters and replays when counted, the id).
-#[cfg(feature = "sqlite")]
-fn script_binds(
-    id: Uuid,
-    owner: Option<&str>,
-    lease: Duration,
-    w: &StepWrite,
-) -> Vec<super::combine::Bind> {
-    use super::combine::Bind;
-    let run = || Bind::Text(id.hyphenated().to_string());
-    let finished = is_finished(w.status);
-    let mut b = Vec::with_capacity(24);
-    let values = [
-        Bind::Text(w.status.as_str().to_owned()),
-        Bind::OptJson(w.output.clone()),
-        Bind::OptText(w.error.clone()),
-        Bind::OptText(w.error_class.clone()),
-        Bind::OptJson(usage_json(&w.usage)),
-        Bind::Int(w.duration_ms),
-        Bind::Int(finished),
-    ];
-    match w.mode {
-        JournalMode::Insert => {
-            b.extend([
-                run(),
-                Bind::Int(w.index),
-                Bind::Text(w.name.clone()),
-                Bind::Text(w.effect.to_owned()),
-            ]);
-            b.extend(values);
-            b.push(Bind::Int(finished));
-        }
-        JournalMode::Finish => {
-            b.extend(values);
-            b.extend([run(), Bind::Int(w.index)]);
-        }
-    }
-    b.push(run());
-    if let Some(owner) = owner {
-        b.push(Bind::Text(owner.to_owned()));
-    }
-    if owner.is_some() {
-        b.push(Bind::Int(step_renew_below(lease)));
-        b.push(Bind::Int(lease_ms(lease)));
-    }
-    if counted(w) {
-        b.extend(
-            [
-                w.usage.tokens_in,
-                w.usage.tokens_out,
-                w.usage.cost_micros,
-                w.usage.tool_calls,
-                w.usage.turns,
-                w.replayed,
-            ]
-            .map(|n| Bind::Int(count(n))),
-        );
-    }
-    b.push(run());
-    b
-}
-
-fn step_error(id: Uuid, w: &StepWrite, e: sqlx::Error) -> StoreError {
-    match e {
-        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::DuplicateSequence {
-            run_id: id,
-            seq: w.index,
-        },
-        e => db("journal a step")(e),
     }
 }
