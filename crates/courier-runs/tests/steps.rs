@@ -894,10 +894,29 @@ async fn a_step_renews_the_lease_only_when_it_runs_low(fx: &Fixture) {
         (renewed, 7, with_run_row),
         "a step adding usage writes the run's row, not its lease"
     );
+    // The single statement keeps the guard and the journal's answers: another worker's step is
+    // refused, a step written twice fails as a duplicate, and neither leaves anything behind.
+    assert!(
+        !store
+            .journal(run.id, Some("w2"), lease, &plain(5))
+            .await
+            .unwrap(),
+        "a worker without the claim journaled"
+    );
+    let twice = store.journal(run.id, Some("w1"), lease, &plain(3)).await;
+    assert!(
+        matches!(
+            twice,
+            Err(courier_runs::StoreError::DuplicateSequence { seq: 3, .. })
+        ),
+        "{twice:?}"
+    );
+    let (_, statements) = journal(plain(5)).await;
+    assert_eq!(statements, 1);
     let steps = store.steps(run.id).await.unwrap();
     assert_eq!(
         steps.iter().map(|s| s.index).collect::<Vec<_>>(),
-        [1, 2, 3, 4]
+        [1, 2, 3, 4, 5]
     );
 }
 

@@ -534,6 +534,28 @@ async fn a_keyed_queue_reports_each_keys_load(h: &common::SqlHarness) {
     assert_eq!(loads.keys, [load("b", 1, 1), load("a", 0, 2)]);
 }
 
+/// A claim ranks the queue's FIFO head first (on PostgreSQL a head sized to the claim, 128
+/// rows for this one); when that head is all one full key, the rest of the claim comes from
+/// the whole queue: 300 messages of key `a`, then one each of `b` to `f`, at most 2 per key. A
+/// claim of 10 takes 2 of `a` and every other key's message.
+async fn a_head_taken_by_a_full_key_does_not_hide_the_others(h: &common::SqlHarness) {
+    let (transport, table) = h.make("&concurrency_max=2").await;
+    let mut batch: Vec<Envelope> = (0..300).map(|seq| keyed(seq, "a")).collect();
+    batch.extend(
+        ["b", "c", "d", "e", "f"]
+            .iter()
+            .zip(300..)
+            .map(|(k, seq)| keyed(seq, k)),
+    );
+    timeout(transport.send_batch(batch)).await.unwrap();
+    let got = timeout(transport.get(10)).await.unwrap();
+    let mut keys: Vec<String> = got.iter().map(key_of).collect();
+    keys.sort();
+    assert_eq!(keys, ["a", "a", "b", "c", "d", "e", "f"]);
+    timeout(transport.ack_batch(&got)).await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 298);
+}
+
 macro_rules! on_every_dialect {
     ($($case:ident),*) => {
         #[cfg(feature = "sqlite")]
@@ -569,6 +591,7 @@ macro_rules! on_every_dialect {
 }
 
 on_every_dialect!(
+    a_head_taken_by_a_full_key_does_not_hide_the_others,
     a_keyed_queue_reports_each_keys_load,
     at_most_max_per_key_are_in_flight_across_workers,
     a_dead_workers_slot_frees_itself_when_its_lease_ends,

@@ -186,7 +186,7 @@ where
                     .await?;
             }
             let mut rows = Vec::new();
-            if let Some(head) = &flow.head_claim {
+            if let Some(head) = flow.head_claim(max) {
                 rows = self
                     .flow_claim(conn, head, flow.next_due.is_some(), max, delivery_id)
                     .await?;

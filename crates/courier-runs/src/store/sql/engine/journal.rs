@@ -141,10 +141,10 @@ runs_impl! {
                     .await
             }
         };
-        match written {
-            Ok(true) if renew => self.leases.set(id, sent, lease),
-            Ok(false) => self.leases.forget(id),
-            _ => {}
+        // A refused write leaves the entry: it may be another worker's of this process, and a
+        // stale one costs nothing (every step checks the claim).
+        if renew && matches!(written, Ok(true)) {
+            self.leases.set(id, sent, lease);
         }
         written
     }
