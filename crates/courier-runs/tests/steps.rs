@@ -839,6 +839,14 @@ async fn a_failed_journal_write_leaves_nothing_behind(fx: &Fixture) {
     );
 }
 
+/// A step row at `index` that adds no usage and replays nothing.
+fn plain_at(index: i64) -> courier_runs::StepWrite {
+    courier_runs::StepWrite {
+        replayed: 0,
+        ..write_at(index, Usage::default())
+    }
+}
+
 /// A step writes the run's row only when it must: while more than three quarters of the lease
 /// is surely left and the step adds no usage, the step's row is all it writes (one statement on
 /// SQLite and MySQL; PostgreSQL's CTE leaves the lease as it is); once a quarter of the lease has
@@ -852,10 +860,7 @@ async fn a_step_renews_the_lease_only_when_it_runs_low(fx: &Fixture) {
         .await
         .unwrap();
     let claimed = store.claim(run.id, "w1", lease).await.unwrap().unwrap();
-    let plain = |index| courier_runs::StepWrite {
-        replayed: 0,
-        ..write_at(index, Usage::default())
-    };
+    let plain = plain_at;
     let journal = |w: courier_runs::StepWrite| async move {
         let before = sql.shared_writes().journal_statements;
         assert!(store.journal(run.id, Some("w1"), lease, &w).await.unwrap());
@@ -920,6 +925,94 @@ async fn a_step_renews_the_lease_only_when_it_runs_low(fx: &Fixture) {
     );
 }
 
+/// A step whose lease is fresh is one statement, and it still cannot slip past a takeover being
+/// committed: another connection hands the run to worker w2 and holds its transaction open; the
+/// step of w1 waits for it, then finds the run taken and writes nothing. On MySQL the store runs
+/// on a pool of READ COMMITTED sessions (an application's pool may be), where a plain read of
+/// the run's row would be a snapshot that does not wait.
+async fn a_step_racing_a_takeover_waits_for_it_and_is_refused(fx: &Fixture) {
+    let sql = fx.sql().expect("a SQL store");
+    let dsn = fx.dsn.clone().expect("a DSN");
+    let store: Arc<dyn courier_runs::RunStore> = match sql.dialect() {
+        #[cfg(feature = "mysql")]
+        Dialect::Mysql => {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .after_connect(|conn, _| {
+                    Box::pin(async move {
+                        sqlx::Executor::execute(
+                            conn,
+                            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                        )
+                        .await
+                        .map(drop)
+                    })
+                })
+                .connect(&dsn)
+                .await
+                .unwrap();
+            let prefix = sql.runs_table().trim_end_matches("_runs");
+            Arc::new(
+                courier_runs::SqlRunStore::from_pool(
+                    pool,
+                    courier_runs::SqlRunStoreOptions::default().table_prefix(prefix),
+                )
+                .unwrap(),
+            )
+        }
+        _ => fx.store.clone(),
+    };
+    let lease = Duration::from_secs(60);
+    let run = store
+        .insert_queued(&NewRun::new("numbered", json!({})))
+        .await
+        .unwrap();
+    store.claim(run.id, "w1", lease).await.unwrap().unwrap();
+    let takeover = format!(
+        "UPDATE {} SET claimed_by = 'w2' WHERE id = '{}'",
+        sql.runs_table(),
+        run.id
+    );
+    let step = {
+        let store = store.clone();
+        move || {
+            tokio::spawn(
+                async move { store.journal(run.id, Some("w1"), lease, &plain_at(1)).await },
+            )
+        }
+    };
+    // Holds the takeover uncommitted while the step is sent, then commits it.
+    macro_rules! race {
+        ($pool:expr, $begin:expr) => {{
+            let pool = $pool.await.unwrap();
+            let mut conn = pool.acquire().await.unwrap();
+            let mut tx = sqlx::Connection::begin_with(&mut *conn, $begin)
+                .await
+                .unwrap();
+            sqlx::query(&takeover).execute(&mut *tx).await.unwrap();
+            let step = step();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let waited = !step.is_finished();
+            tx.commit().await.unwrap();
+            (waited, step.await.unwrap())
+        }};
+    }
+    let (waited, written) = match sql.dialect() {
+        #[cfg(feature = "postgres")]
+        Dialect::Postgres => race!(sqlx::PgPool::connect(&dsn), "BEGIN"),
+        #[cfg(feature = "mysql")]
+        Dialect::Mysql => race!(sqlx::MySqlPool::connect(&dsn), "BEGIN"),
+        #[cfg(feature = "sqlite")]
+        Dialect::Sqlite => race!(sqlx::SqlitePool::connect(&dsn), "BEGIN IMMEDIATE"),
+        other => panic!("no race for {other:?}"),
+    };
+    assert!(
+        waited,
+        "the step did not wait for the takeover being committed"
+    );
+    assert!(!written.unwrap(), "w1 journaled a step of a run w2 took");
+    assert!(store.steps(run.id).await.unwrap().is_empty());
+}
+
 macro_rules! step_tests {
     ($fixture:path, $attr:meta, [$($name:ident),* $(,)?]) => {
         $(
@@ -979,7 +1072,8 @@ mod sqlite {
             corrupt_journal_row_dead_letters,
             a_failed_journal_write_leaves_nothing_behind,
             concurrent_writes_of_many_runs_get_their_own_answers,
-            a_step_renews_the_lease_only_when_it_runs_low
+            a_step_renews_the_lease_only_when_it_runs_low,
+            a_step_racing_a_takeover_waits_for_it_and_is_refused
         ]
     );
 }
@@ -997,7 +1091,8 @@ mod postgres {
             corrupt_journal_row_dead_letters,
             a_failed_journal_write_leaves_nothing_behind,
             concurrent_writes_of_many_runs_get_their_own_answers,
-            a_step_renews_the_lease_only_when_it_runs_low
+            a_step_renews_the_lease_only_when_it_runs_low,
+            a_step_racing_a_takeover_waits_for_it_and_is_refused
         ]
     );
 }
@@ -1012,7 +1107,8 @@ mod mysql {
             corrupt_journal_row_dead_letters,
             a_failed_journal_write_leaves_nothing_behind,
             concurrent_writes_of_many_runs_get_their_own_answers,
-            a_step_renews_the_lease_only_when_it_runs_low
+            a_step_renews_the_lease_only_when_it_runs_low,
+            a_step_racing_a_takeover_waits_for_it_and_is_refused
         ]
     );
 }

@@ -16,6 +16,8 @@ use uuid::Uuid;
 /// A store under test plus the means to rewrite its rows behind its back.
 pub struct Fixture {
     pub store: Arc<dyn RunStore>,
+    /// The SQL store's DSN (None in memory).
+    pub dsn: Option<String>,
     backend: Backend,
     _dir: Option<TempDir>,
     /// Drops the store's tables on a server when the fixture goes, pass or fail (last, after
@@ -49,6 +51,7 @@ pub fn memory() -> Fixture {
     let m = MemoryRunStore::new();
     Fixture {
         store: Arc::new(m.clone()),
+        dsn: None,
         backend: Backend::Memory(m),
         _dir: None,
         _cleanup: courier_test::Cleanup::new(),
@@ -68,6 +71,7 @@ pub async fn sql(dsn: &str, dir: Option<TempDir>) -> Fixture {
     s.setup().await.expect("setup is idempotent");
     Fixture {
         store: Arc::new(s.clone()),
+        dsn: Some(dsn.to_owned()),
         backend: Backend::Sql(s),
         _dir: dir,
         _cleanup: cleanup,

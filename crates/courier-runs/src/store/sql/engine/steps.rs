@@ -112,18 +112,19 @@ impl StepQueries {
             };
             std::array::from_fn(|v| [insert(&renews[v]), finish(&renews[v])])
         });
-        // SQLite and MySQL: the row's write guarded by the run's row (on SQLite the write lock is
-        // held from BEGIN IMMEDIATE or the statement's start, on MySQL the run's row is read
-        // with a shared lock, so the guard cannot change under it).
+        // SQLite and MySQL: the row's write guarded by the run's row. On SQLite the write lock is
+        // held from BEGIN IMMEDIATE or the statement's start. On MySQL the run's row is read
+        // with a shared lock: a plain read in a READ COMMITTED session (Courier's) is a
+        // snapshot that does not wait for another worker's uncommitted takeover of the run.
         let alone = (dialect != Dialect::Postgres).then(|| {
-            let (from, returning) = match dialect {
-                Dialect::Mysql => (" FROM DUAL", ""),
-                _ => ("", " RETURNING idx"),
+            let (from, lock, returning) = match dialect {
+                Dialect::Mysql => (" FROM DUAL", " LOCK IN SHARE MODE", ""),
+                _ => ("", "", " RETURNING idx"),
             };
             std::array::from_fn(|owned| {
                 let owner = if owned == 1 { "= ?" } else { "IS NULL" };
                 let guard = format!(
-                    "EXISTS (SELECT 1 FROM {{runs}} WHERE id = ? AND status = 'running' AND claimed_by {owner})"
+                    "EXISTS (SELECT 1 FROM {{runs}} WHERE id = ? AND status = 'running' AND claimed_by {owner}{lock})"
                 );
                 [
                     format!(
