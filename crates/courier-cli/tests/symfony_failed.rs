@@ -1,7 +1,7 @@
 //! `courier failed show` and `failed retry` on a Symfony failure transport: a real Symfony
 //! Messenger 5.4 worker (PHP, `tests/symfony/`) fails messages for good into the `failed` queue
-//! of its Doctrine table (SQLite); the `courier` binary, configured with `symfony+sqlite://`
-//! DSNs and `[symfony.types]`, shows them with their type, origin and error, and retries one
+//! of its Doctrine table (SQLite); the `courier` binary, configured with a `symfony+sqlite://`
+//! DSN and a `sqlite://` one with `serializer = "symfony"`, and `[symfony.types]`, shows them with their type, origin and error, and retries one
 //! back to the PHP queue, where PHP consumes it.
 //!
 //! Run with `--include-ignored` after `scripts/services php` (COURIER_TEST_PHP names php).
@@ -63,7 +63,8 @@ fn courier_failed_shows_and_retries_what_symfony_failed() {
         format!(
             "[transports.async]\ndsn = \"symfony+sqlite://{db}?queue_name=default\"\n\
              failure_transport = \"failed\"\n\
-             [transports.failed]\ndsn = \"symfony+sqlite://{db}?queue_name=failed\"\n\
+             [transports.failed]\ndsn = \"sqlite://{db}\"\nserializer = \"symfony\"\n\
+             options = {{ queue_name = \"failed\" }}\n\
              [symfony.types]\n\"App\\\\Message\\\\SendEmail\" = \"mail.send\"\n",
             db = db.display()
         ),

@@ -34,6 +34,7 @@ mod rate_limit;
 mod schedules;
 mod table;
 mod transports;
+mod wire_format;
 
 pub use buses::BusConfig;
 pub use concurrency::{ConcurrencyKeyError, ConcurrencyKeys, ConcurrencyLimitConfig, LimitsConfig};
@@ -41,6 +42,7 @@ pub use rate_limit::RateLimitConfig;
 pub use schedules::ScheduleConfig;
 pub use table::{Table, TransportOptions};
 pub use transports::Transports;
+pub use wire_format::WireFormat;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -156,6 +158,10 @@ pub struct TransportConfig {
     /// [`WorkerBuilder::handler_timeout`](crate::WorkerBuilder::handler_timeout)).
     #[serde(default, deserialize_with = "de_opt_duration")]
     pub handler_timeout: Option<Duration>,
+    /// The wire format ([`WireFormat`]): Courier's own (the default) or Symfony Messenger's,
+    /// on Symfony's own table, stream or queue.
+    #[serde(default)]
+    pub serializer: Option<WireFormat>,
 }
 
 /// A `retry = { ... }` table: a [`MultiplierRetryStrategy`].
@@ -376,6 +382,7 @@ impl Config {
             if let Some(limit) = &t.rate_limit {
                 limit.rate_limit(name)?;
             }
+            t.check_serializer(name)?;
             if t.handler_timeout.is_some_and(|d| d.is_zero()) {
                 return Err(ConfigError::new(format!(
                     "transports.{name}.handler_timeout: must be longer than zero (leave it out for no timeout)"
@@ -442,7 +449,7 @@ impl Config {
     /// The DSN of a transport with its `options` merged in.
     fn own_dsn(&self, name: &str) -> Option<Dsn> {
         let t = self.transports.get(name)?;
-        let mut dsn = t.dsn.clone();
+        let mut dsn = t.dsn_of_format();
         for (k, v) in t.options.iter() {
             if let Some(v) = v {
                 dsn = dsn.with_option(k, v);

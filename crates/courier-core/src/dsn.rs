@@ -384,6 +384,28 @@ impl Dsn {
         self
     }
 
+    /// The same DSN under the scheme `prefix` + its scheme (`symfony+` makes `redis://h/s`
+    /// `symfony+redis://h/s`); `prefix` is lowercased, like every scheme.
+    ///
+    /// ```
+    /// use courier_core::Dsn;
+    ///
+    /// let dsn = Dsn::parse("Redis://:pw@h/messages?serializer=0")?.with_scheme_prefix("symfony+");
+    /// assert_eq!(dsn.scheme(), "symfony+redis");
+    /// assert_eq!(dsn.expose(), "symfony+Redis://:pw@h/messages?serializer=0");
+    /// assert_eq!(dsn.path(), "/messages");
+    /// # Ok::<(), courier_core::DsnError>(())
+    /// ```
+    #[must_use]
+    pub fn with_scheme_prefix(&self, prefix: &str) -> Self {
+        let mut dsn = self.clone();
+        let prefix = prefix.to_ascii_lowercase();
+        dsn.raw = format!("{prefix}{}", self.raw);
+        dsn.exposed = format!("{prefix}{}", self.exposed);
+        dsn.scheme = format!("{prefix}{}", self.scheme);
+        dsn
+    }
+
     /// The DSN for a driver, password included: as written, except that the user and password
     /// are percent-encoded (`ab/cd+ef==` becomes `ab%2Fcd%2Bef%3D%3D`), so a URL parser reads
     /// them back exactly. Never log it.

@@ -290,6 +290,68 @@ async fn an_ack_wakes_a_worker_waiting_for_the_slot() {
     timeout(holder.ack_batch(&got)).await.ok();
 }
 
+/// The scripts settle and store a batch in one command per hash: an ack batch naming a delivery
+/// twice frees its slot once (the other message of the key keeps its own), and delayed messages
+/// of several keys become ready in order, each key within its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+async fn a_batch_settles_each_delivery_once_and_delayed_keys_keep_their_order() {
+    let q = Queue::new(|o| o.concurrency_max(2));
+    let w = q.worker().await;
+    timeout(w.send_batch(vec![keyed(1, "a"), keyed(2, "a"), keyed(3, "a")]))
+        .await
+        .unwrap();
+    let got = timeout(w.get(10)).await.unwrap();
+    assert_eq!(seqs(&got), vec![1, 2], "two slots");
+    timeout(w.ack_batch(&[got[0].clone(), got[0].clone()]))
+        .await
+        .unwrap();
+    let (busy, leases) = q.slots().await;
+    assert_eq!(busy.get("a"), Some(&1), "freed once: {busy:?}");
+    assert_eq!(leases, 1);
+    let next = timeout(w.get(10)).await.unwrap();
+    assert_eq!(seqs(&next), vec![3], "one slot free, not two");
+    timeout(w.ack_batch(&[got[1].clone(), next[0].clone()]))
+        .await
+        .unwrap();
+    assert_eq!(q.slots().await, (HashMap::new(), 0), "every slot free");
+
+    // Due a few milliseconds apart (messages due at the same millisecond are ordered by id).
+    let delayed = |seq: u64, key| {
+        keyed(seq, key).with(courier_core::DelayStamp(Duration::from_millis(
+            300 + 5 * seq,
+        )))
+    };
+    timeout(w.send_batch(vec![
+        delayed(10, "b"),
+        delayed(11, "c"),
+        delayed(12, "b"),
+        delayed(13, "b"),
+        delayed(14, "c"),
+    ]))
+    .await
+    .unwrap();
+    assert!(timeout(w.get(10)).await.unwrap().is_empty(), "not due yet");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut due = Vec::new();
+    while due.len() < 4 {
+        due.extend(timeout(w.get(10)).await.unwrap());
+    }
+    let of = |key: &str| {
+        due.iter()
+            .filter(|e| key_of(e) == key)
+            .map(seq)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of("b"), vec![10, 12], "in order, two slots");
+    assert_eq!(of("c"), vec![11, 14]);
+    timeout(w.ack_batch(&due)).await.unwrap();
+    let last = timeout(w.get(10)).await.unwrap();
+    assert_eq!(seqs(&last), vec![13]);
+    timeout(w.ack_batch(&last)).await.unwrap();
+    assert_eq!(q.slots().await, (HashMap::new(), 0));
+}
+
 /// Bad options fail at connect naming the option; a message whose key path is missing, not a
 /// string, or too long is refused at send naming the path (nothing stored); the key comes
 /// from the body when no stamp overrides it; retry and reject free the slot.

@@ -99,6 +99,41 @@ async fn a_configured_transport_writes_the_table_php_reads_with_its_options() {
 }
 
 #[tokio::test]
+async fn serializer_symfony_on_a_plain_dsn_is_symfonys_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("messenger.db");
+    let config: Config = format!(
+        "[transports.async]\ndsn = \"sqlite://{}\"\nserializer = \"symfony\"\n\
+         options = {{ queue_name = \"emails\" }}\n\
+         [symfony.types]\n\"App\\\\Message\\\\SendEmail\" = \"mail.send\"\n",
+        path.display()
+    )
+    .parse()
+    .unwrap();
+    let factories = factories(SymfonyTypes::from_config(&config).unwrap());
+    let transports = config.connect(&factories, registry()).await.unwrap();
+    transports
+        .get("async")
+        .unwrap()
+        .send(Envelope::new(email(3, "+00:00")))
+        .await
+        .unwrap();
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let (queue, headers): (String, String) =
+        sqlx::query_as("SELECT queue_name, headers FROM messenger_messages")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(queue, "emails", "the option reached Symfony's layout");
+    assert!(
+        headers.contains(r#""type":"App\\Message\\SendEmail""#),
+        "{headers}"
+    );
+}
+
+#[tokio::test]
 async fn a_factory_without_types_keeps_php_classes() {
     let dir = tempfile::tempdir().unwrap();
     let dsn = format!("symfony+sqlite://{}", dir.path().join("m.db").display());

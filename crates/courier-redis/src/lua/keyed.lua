@@ -49,6 +49,69 @@ local function owned(id, consumer, count)
   return o == consumer .. '\n' .. count
 end
 
+-- The most arguments one command of a batch takes (Lua's stack holds 8,000): even, so pairs
+-- stay whole.
+local CHUNK = 4000
+
+-- Runs `cmd` on `key` with `args` (a flat list), CHUNK at a time: one command per chunk rather
+-- than one per message.
+local function each_chunk(cmd, key, args)
+  for i = 1, #args, CHUNK do
+    redis.call(cmd, key, unpack(args, i, math.min(#args, i + CHUNK - 1)))
+  end
+end
+
+-- HMGET of `ids` in `hash`, CHUNK at a time: the values in the order of `ids` (false where
+-- missing).
+local function hmget(hash, ids)
+  local out = {}
+  for i = 1, #ids, CHUNK do
+    for _, v in ipairs(redis.call('HMGET', hash, unpack(ids, i, math.min(#ids, i + CHUNK - 1)))) do
+      out[#out + 1] = v
+    end
+  end
+  return out
+end
+
+-- Queues `ids` (in order) under `key`, putting the key in turn when it had nothing ready.
+local function ready_all(key, ids)
+  each_chunk('RPUSH', P .. 'q:' .. key, ids)
+  if redis.call('SADD', P .. 'ringset', key) == 1 then
+    redis.call('RPUSH', P .. 'ring', key)
+  end
+end
+
+-- Forgets delivered messages (each at most once in `ids`) and frees their slots, one command
+-- per hash and per key rather than per message; returns whether one of their keys has
+-- messages waiting.
+local function settle_all(ids)
+  if #ids == 0 then return false end
+  local keys = hmget(P .. 'key', ids)
+  each_chunk('ZREM', P .. 'leases', ids)
+  each_chunk('HDEL', P .. 'owner', ids)
+  each_chunk('HDEL', P .. 'data', ids)
+  each_chunk('HDEL', P .. 'key', ids)
+  local freed, order = {}, {}
+  for i = 1, #ids do
+    local key = keys[i]
+    if key then
+      if not freed[key] then
+        freed[key] = 0
+        order[#order + 1] = key
+      end
+      freed[key] = freed[key] + 1
+    end
+  end
+  local wake = false
+  for _, key in ipairs(order) do
+    if redis.call('HINCRBY', P .. 'busy', key, -freed[key]) <= 0 then
+      redis.call('HDEL', P .. 'busy', key)
+    end
+    if not wake and redis.call('EXISTS', P .. 'q:' .. key) == 1 then wake = true end
+  end
+  return wake
+end
+
 -- Forgets a delivered message and frees its slot; returns whether its key has messages
 -- waiting (a consumer may now take one).
 local function settle(id)

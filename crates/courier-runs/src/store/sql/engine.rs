@@ -177,7 +177,8 @@ impl<DB: RunDialect> Runs<DB> {
             pages: PageQueries::new(DB::DIALECT, &options.runs_table),
             sq: steps::StepQueries::new(DB::DIALECT, &options.runs_table),
             insert_returning,
-            leases: leases::Leases::default(),
+            // PostgreSQL's step statement decides the renewal itself.
+            leases: leases::Leases::new(DB::DIALECT != Dialect::Postgres),
         }
     }
 

@@ -18,19 +18,34 @@ use uuid::Uuid;
 /// process lost without hearing of it).
 const TIDY_ABOVE: usize = 4096;
 
-/// Per run: the earliest its lease can run out.
-#[derive(Debug, Default)]
-pub(super) struct Leases(Mutex<HashMap<Uuid, Instant>>);
+/// Per run: the earliest its lease can run out. Off (nothing kept, no lease fresh) where the
+/// database decides the renewal itself (PostgreSQL's step statement).
+#[derive(Debug)]
+pub(super) struct Leases {
+    on: bool,
+    map: Mutex<HashMap<Uuid, Instant>>,
+}
 
 impl Leases {
+    /// Leases kept when `on`.
+    pub(super) fn new(on: bool) -> Self {
+        Self {
+            on,
+            map: Mutex::default(),
+        }
+    }
+
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Instant>> {
-        self.0
+        self.map
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A statement sent at `sent` set run `id`'s lease to `lease` from the database's now.
     pub(super) fn set(&self, id: Uuid, sent: Instant, lease: Duration) {
+        if !self.on {
+            return;
+        }
         let mut map = self.map();
         if map.len() >= TIDY_ABOVE {
             let now = Instant::now();
@@ -41,7 +56,9 @@ impl Leases {
 
     /// Run `id` is no longer held here (settled, requeued, suspended, or lost).
     pub(super) fn forget(&self, id: Uuid) {
-        self.map().remove(&id);
+        if self.on {
+            self.map().remove(&id);
+        }
     }
 
     /// Whether run `id`'s lease surely has more than `left` to go.
@@ -58,7 +75,7 @@ mod tests {
 
     #[test]
     fn a_lease_is_fresh_until_less_than_the_bound_is_left() {
-        let leases = Leases::default();
+        let leases = Leases::new(true);
         let id = Uuid::new_v4();
         assert!(!leases.fresh(id, Duration::ZERO), "unknown: not fresh");
         let sent = Instant::now();
@@ -75,11 +92,15 @@ mod tests {
         );
         leases.forget(id);
         assert!(!leases.fresh(id, Duration::ZERO));
+        let off = Leases::new(false);
+        off.set(id, Instant::now(), Duration::from_secs(60));
+        assert!(!off.fresh(id, Duration::ZERO), "off: nothing kept");
+        assert!(off.map().is_empty());
     }
 
     #[test]
     fn runs_lost_without_a_word_are_dropped_when_the_map_grows() {
-        let leases = Leases::default();
+        let leases = Leases::new(true);
         let long_ago = Instant::now() - Duration::from_secs(120);
         for _ in 0..TIDY_ABOVE {
             leases.set(Uuid::new_v4(), long_ago, Duration::from_secs(60));
