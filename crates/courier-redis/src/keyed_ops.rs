@@ -34,8 +34,21 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A new message id that sorts in send order: milliseconds since the epoch, then a counter of
+/// this process, then random bits. Messages due at the same millisecond come out of the delayed
+/// set in id order (a sorted set orders equal scores by member), so a process's messages
+/// delayed alike become ready in the order they were sent.
 fn new_id() -> String {
-    format!("k-{:032x}", fastrand::u128(..))
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "k-{:012x}{seq:08x}{:012x}",
+        ms & 0xffff_ffff_ffff,
+        fastrand::u64(..) & 0xffff_ffff_ffff
+    )
 }
 
 impl RedisTransport {
@@ -420,6 +433,15 @@ impl KeyedQueue for RedisTransport {
 #[allow(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_ids_sort_in_the_order_they_were_made() {
+        let ids: Vec<String> = (0..1000).map(|_| new_id()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, sorted);
+        assert!(ids.iter().all(|id| id.len() == 34 && id.starts_with("k-")));
+    }
 
     #[test]
     fn reads_the_claim_reply() {

@@ -316,12 +316,9 @@ async fn a_batch_settles_each_delivery_once_and_delayed_keys_keep_their_order() 
         .unwrap();
     assert_eq!(q.slots().await, (HashMap::new(), 0), "every slot free");
 
-    // Due a few milliseconds apart (messages due at the same millisecond are ordered by id).
-    let delayed = |seq: u64, key| {
-        keyed(seq, key).with(courier_core::DelayStamp(Duration::from_millis(
-            300 + 5 * seq,
-        )))
-    };
+    // Delayed alike: due at the same millisecond, they become ready in the order sent.
+    let delayed =
+        |seq: u64, key| keyed(seq, key).with(courier_core::DelayStamp(Duration::from_millis(300)));
     timeout(w.send_batch(vec![
         delayed(10, "b"),
         delayed(11, "c"),
