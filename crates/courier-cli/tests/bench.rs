@@ -78,6 +78,31 @@ fn bench_raw_reports_produce_and_consume_ratios_on_sqlite() {
     throughput_beside_raw(None);
 }
 
+/// On Symfony's Doctrine table the raw side runs the same statements on the same layout (PHP's
+/// indexes on both sides), and leaves no row of its own behind.
+#[cfg(all(feature = "sqlite", feature = "symfony"))]
+#[test]
+fn bench_raw_on_symfonys_table_measures_sqlx_on_the_same_layout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("messenger.db");
+    let out = throughput_beside_raw(Some(&format!("symfony+sqlite://{}", db.display())));
+    assert_eq!(
+        out["dsn"].as_str().map(|d| d.starts_with("symfony+sqlite")),
+        Some(true),
+        "{out}"
+    );
+    let left: i64 = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await?;
+            sqlx::query_scalar("SELECT COUNT(*) FROM messenger_messages")
+                .fetch_one(&pool)
+                .await
+        })
+        .expect("count Symfony's rows");
+    assert_eq!(left, 0, "rows left in Symfony's table");
+}
+
 fn calls_total_of(calls: &Value) -> f64 {
     calls
         .as_object()

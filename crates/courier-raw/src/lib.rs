@@ -24,7 +24,8 @@
 //!
 //! A crate of its own below `courier-cli`, which converts its [`RawError`] and reports its
 //! [`Figures`]: each driver comes with its feature (`sqlite`, `postgres`, `mysql`, `redis`,
-//! `amqp`, `nats`); without it the scheme has no raw implementation.
+//! `amqp`, `nats`; `sqlite` also measures `symfony+sqlite`, Symfony's Doctrine table); without
+//! it the scheme has no raw implementation.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,6 +53,13 @@ pub async fn measure(dsn: &Dsn, work: &Work) -> RawResult<Option<Figures>> {
         #[cfg(feature = "sqlite")]
         "sqlite" => run(
             Arc::new(sqlite::Raw::connect(dsn, work.fetch_size).await?),
+            work,
+        )
+        .await
+        .map(Some),
+        #[cfg(feature = "sqlite")]
+        "symfony+sqlite" => run(
+            Arc::new(symfony_sqlite::Raw::connect(dsn, work.fetch_size).await?),
             work,
         )
         .await
@@ -336,3 +344,5 @@ pub mod redis_streams;
 pub mod runs;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlite")]
+mod symfony_sqlite;

@@ -29,20 +29,7 @@ fn err(e: sqlx::Error) -> RawError {
 
 impl Raw {
     pub(super) async fn connect(dsn: &Dsn, fetch_size: usize) -> RawResult<Self> {
-        let url = dsn.expose_without_query();
-        let options = SqliteConnectOptions::from_str(url)
-            .map_err(err)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(5));
-        // No ping per acquire, like the transport's pool.
-        let pool = SqlitePoolOptions::new()
-            .test_before_acquire(false)
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .map_err(err)?;
+        let pool = pool(dsn.expose_without_query(), err).await?;
         let table = dsn.option("table_name").unwrap_or("courier_messages");
         let insert = (1..=fetch_size)
             .map(|n| {
@@ -91,27 +78,63 @@ impl Driver for Raw {
             .fetch_all(&self.pool)
             .await
             .map_err(err)?;
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        let mut ids = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let body: String = row.try_get("body").map_err(err)?;
-            on(decode(body.as_bytes(), "sqlite")?);
-            ids.push(row.try_get::<i64, _>("id").map_err(err)?);
-        }
-        let sql = format!(
-            "DELETE FROM {} WHERE delivery_id = ? AND id IN ({})",
-            self.table,
-            vec!["?"; ids.len()].join(", ")
-        );
-        let mut q = sqlx::query(&sql).bind(delivery);
-        for id in &ids {
-            q = q.bind(id);
-        }
-        q.execute(&self.pool).await.map_err(err)?;
-        Ok(ids.len())
+        handle_and_delete(
+            &self.pool,
+            &rows,
+            on,
+            &format!("DELETE FROM {} WHERE delivery_id = ? AND", self.table),
+            (Some(delivery), "sqlite", err),
+        )
+        .await
     }
+}
+
+/// The pool of both SQLite drivers, as the transports open theirs: WAL, `synchronous=NORMAL`,
+/// no ping per acquire.
+pub(super) async fn pool(url: &str, err: fn(sqlx::Error) -> RawError) -> RawResult<SqlitePool> {
+    let options = SqliteConnectOptions::from_str(url)
+        .map_err(err)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(5));
+    SqlitePoolOptions::new()
+        .test_before_acquire(false)
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .map_err(err)
+}
+
+/// Hands each claimed row's body to `on`, then deletes the rows: `delete` is the statement up
+/// to the id list (`DELETE FROM t WHERE delivery_id = ? AND`), `guard` its parameter, if any.
+/// How many there were.
+pub(super) async fn handle_and_delete(
+    pool: &SqlitePool,
+    rows: &[sqlx::sqlite::SqliteRow],
+    on: OnHandled<'_>,
+    delete: &str,
+    (guard, what, err): (Option<i64>, &str, fn(sqlx::Error) -> RawError),
+) -> RawResult<usize> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in rows {
+        let body: String = row.try_get("body").map_err(err)?;
+        on(decode(body.as_bytes(), what)?);
+        ids.push(row.try_get::<i64, _>("id").map_err(err)?);
+    }
+    let sql = format!("{delete} id IN ({})", vec!["?"; ids.len()].join(", "));
+    let mut q = sqlx::query(&sql);
+    if let Some(guard) = guard {
+        q = q.bind(guard);
+    }
+    for id in &ids {
+        q = q.bind(id);
+    }
+    q.execute(pool).await.map_err(err)?;
+    Ok(ids.len())
 }
 
 /// The first idle wait of the latency floor's polling, doubled while the queue stays empty.
