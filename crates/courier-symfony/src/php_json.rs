@@ -10,28 +10,44 @@ pub(crate) fn php_escape(json: &str) -> String {
         return json.to_owned();
     }
     let mut out = String::with_capacity(json.len() + json.len() / 8);
-    let mut escaped = false;
-    for c in json.chars() {
-        match c {
-            _ if escaped => {
-                out.push(c);
-                escaped = false;
+    let bytes = json.as_bytes();
+    // Bytes are scanned, runs of plain ASCII copied whole; a backslash's next character is an
+    // escape and stays as it is.
+    let (mut plain, mut i) = (0, 0);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 1 + json[i + 1..].chars().next().map_or(0, char::len_utf8),
+            b'/' => {
+                out.push_str(&json[plain..i]);
+                out.push_str("\\/");
+                i += 1;
+                plain = i;
             }
-            '\\' => {
-                out.push(c);
-                escaped = true;
-            }
-            '/' => out.push_str("\\/"),
-            c if c.is_ascii() => out.push(c),
-            c => {
-                let mut units = [0u16; 2];
-                for unit in c.encode_utf16(&mut units) {
-                    out.push_str(&format!("\\u{unit:04x}"));
-                }
+            b if b.is_ascii() => i += 1,
+            _ => {
+                out.push_str(&json[plain..i]);
+                let c = json[i..].chars().next().unwrap_or_default();
+                push_units(&mut out, c);
+                i += c.len_utf8().max(1);
+                plain = i;
             }
         }
     }
+    out.push_str(json.get(plain..).unwrap_or_default());
     out
+}
+
+/// Appends `c` as `json_encode` writes a character beyond ASCII or a control character: its
+/// UTF-16 units as `\uxxxx`.
+fn push_units(out: &mut String, c: char) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut units = [0u16; 2];
+    for &u in c.encode_utf16(&mut units).iter() {
+        out.push_str("\\u");
+        for shift in [12, 8, 4, 0] {
+            out.push(char::from(HEX[usize::from((u >> shift) & 0xf)]));
+        }
+    }
 }
 
 /// A JSON string literal as `json_encode` writes it.
@@ -45,42 +61,59 @@ pub(crate) fn php_string(s: &str) -> String {
 /// escapes (`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, other control characters as
 /// `\u00xx`), then PHP's (`/` as `\/`, beyond ASCII as `\uxxxx`), in one pass.
 pub(crate) fn push_php_string(out: &mut String, s: &str) {
-    fn unit(out: &mut String, u: u16) {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        out.push_str("\\u");
-        for shift in [12, 8, 4, 0] {
-            out.push(char::from(HEX[usize::from((u >> shift) & 0xf)]));
-        }
-    }
+    out.reserve(s.len() + s.len() / 8 + 2);
     out.push('"');
-    let mut plain = 0;
-    for (i, c) in s.char_indices() {
-        let escape = match c {
-            '"' => "\\\"",
-            '\\' => "\\\\",
-            '/' => "\\/",
-            '\u{8}' => "\\b",
-            '\u{c}' => "\\f",
-            '\n' => "\\n",
-            '\r' => "\\r",
-            '\t' => "\\t",
-            c if c < ' ' || !c.is_ascii() => "",
-            _ => continue,
-        };
+    let bytes = s.as_bytes();
+    // Bytes are scanned, runs of plain ASCII copied whole (a character beyond ASCII starts with
+    // a byte of 0x80 or more, and is decoded there).
+    let (mut plain, mut i) = (0, 0);
+    while i < bytes.len() {
+        let b = bytes[i];
+        if !NEEDS_ESCAPE[usize::from(b)] {
+            i += 1;
+            continue;
+        }
         out.push_str(&s[plain..i]);
-        plain = i + c.len_utf8();
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'/' => "\\/",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            _ => "",
+        };
         if escape.is_empty() {
-            let mut units = [0u16; 2];
-            for &u in c.encode_utf16(&mut units).iter() {
-                unit(out, u);
-            }
+            let c = s[i..].chars().next().unwrap_or_default();
+            push_units(out, c);
+            i += c.len_utf8().max(1);
         } else {
             out.push_str(escape);
+            i += 1;
         }
+        plain = i;
     }
-    out.push_str(&s[plain..]);
+    out.push_str(s.get(plain..).unwrap_or_default());
     out.push('"');
 }
+
+/// The bytes a JSON string literal as `json_encode` writes it does not hold as they are:
+/// control characters, `"`, `\\`, `/`, and every byte of a character beyond ASCII.
+const NEEDS_ESCAPE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = b < 0x20
+            || b >= 0x80
+            || b == b'"' as usize
+            || b == b'\\' as usize
+            || b == b'/' as usize;
+        b += 1;
+    }
+    table
+};
 
 /// A JSON object of string values in this order, as `json_encode` writes a PHP array of strings
 /// (`[]` when empty, as PHP writes an empty array).
@@ -113,6 +146,10 @@ mod tests {
             r#"{"a":"Gr\u00fc\u00dfe\/\u20ac \ud83d\ude00"}"#
         );
         assert_eq!(php_escape(r#"{"n":1.5}"#), r#"{"n":1.5}"#);
+        assert_eq!(
+            php_escape(r#"{"a/b":"€","c":["\"x/\\"]}"#),
+            r#"{"a\/b":"\u20ac","c":["\"x\/\\"]}"#
+        );
     }
 
     #[test]
@@ -128,6 +165,8 @@ mod tests {
             "q\"b\\s/\u{8}\u{c}\n\r\t\u{1}\u{1f}\u{7f}",
             "Grüße/€ 😀 end",
             "\u{7f}\u{80}\u{ffff}\u{10000}",
+            "€",
+            "plain run, then \"quoted\" and a\\b/c€😀\u{1}\n, then a plain run again",
         ] {
             assert_eq!(
                 php_string(s),

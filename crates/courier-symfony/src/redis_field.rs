@@ -68,7 +68,13 @@ pub fn write(encoded: &SymfonyEncoded, php_serialized: bool) -> String {
     json.push_str(&headers);
     json.push('}');
     if php_serialized {
-        format!("s:{}:\"{json}\";", json.len())
+        let mut out = String::with_capacity(json.len() + 16);
+        out.push_str("s:");
+        out.push_str(&json.len().to_string());
+        out.push_str(":\"");
+        out.push_str(&json);
+        out.push_str("\";");
+        out
     } else {
         json
     }
