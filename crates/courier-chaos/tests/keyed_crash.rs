@@ -210,8 +210,11 @@ async fn run(target: Target, limited: bool) -> Outcome {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let leases: u64 = redis::cmd("ZCARD")
+        // The deliveries' leases, not the member at +inf that keeps the set a skiplist.
+        let leases: u64 = redis::cmd("ZCOUNT")
             .arg(format!("{stream}:keyed:leases"))
+            .arg("-inf")
+            .arg("(+inf")
             .query_async(&mut conn)
             .await
             .unwrap();

@@ -195,8 +195,11 @@ async fn keyed_held(messages: ServerKind, hosts: &Hosts) -> anyhow::Result<(u64,
             .get_multiplexed_async_connection()
             .await?;
         let (leases, busy): (u64, u64) = redis::pipe()
-            .cmd("ZCARD")
+            // The deliveries' leases, not the member at +inf that keeps the set a skiplist.
+            .cmd("ZCOUNT")
             .arg(format!("{QUEUE}:keyed:leases"))
+            .arg("-inf")
+            .arg("(+inf")
             .cmd("HLEN")
             .arg(format!("{QUEUE}:keyed:busy"))
             .query_async(&mut c)

@@ -85,8 +85,11 @@ impl Queue {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let leases: u64 = redis::cmd("ZCARD")
+        // The deliveries' leases, not the member at +inf that keeps the set a skiplist.
+        let leases: u64 = redis::cmd("ZCOUNT")
             .arg(self.key("leases"))
+            .arg("-inf")
+            .arg("(+inf")
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -96,10 +99,10 @@ impl Queue {
     /// Ends every lease now, as if its worker had stopped keeping it alive a window ago.
     async fn expire_leases(&self) {
         let mut conn = self.conn().await;
-        let ids: Vec<String> = redis::cmd("ZRANGE")
+        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
             .arg(self.key("leases"))
-            .arg(0)
-            .arg(-1)
+            .arg("-inf")
+            .arg("(+inf")
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -288,6 +291,44 @@ async fn an_ack_wakes_a_worker_waiting_for_the_slot() {
     assert_eq!(seqs(&got), vec![2], "woken by the ack");
     println!("redis: woken {:?} after the ack", acked_at.elapsed());
     timeout(holder.ack_batch(&got)).await.ok();
+}
+
+/// The leases of a keyed queue stay in Redis's skiplist encoding however few deliveries are in
+/// flight (in the listpack encoding of small sets, each `ZADD` and `ZREM` scans the set), and
+/// the member that keeps them there is never delivered, counted or waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+async fn the_leases_stay_a_skiplist_and_its_pin_is_never_a_delivery() {
+    let q = Queue::new(|o| o.concurrency_max(2));
+    let w = q.worker().await;
+    timeout(w.send_batch(vec![keyed(1, "a"), keyed(2, "b")]))
+        .await
+        .unwrap();
+    let got = timeout(w.get(10)).await.unwrap();
+    assert_eq!(seqs(&got), vec![1, 2]);
+    let mut conn = q.conn().await;
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(q.key("leases"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "skiplist", "two deliveries in flight");
+    // Their leases end unrenewed: both come back, and nothing else does.
+    q.expire_leases().await;
+    let other = q.worker().await;
+    let again = timeout(other.get(10)).await.unwrap();
+    assert_eq!(
+        seqs(&again),
+        vec![1, 2],
+        "the expired deliveries, once each"
+    );
+    timeout(other.ack_batch(&again)).await.unwrap();
+    let (busy, leases) = q.slots().await;
+    assert!(busy.is_empty(), "{busy:?}");
+    assert_eq!(leases, 0);
+    // Nothing in flight, nothing delayed: an idle claim finds nothing.
+    assert!(timeout(other.get(10)).await.unwrap().is_empty());
 }
 
 /// The scripts settle and store a batch in one command per hash: an ack batch naming a delivery

@@ -5,12 +5,18 @@
 --   P..'ring'     list   keys with ready ids, in turn order (P..'ringset': the same as a set)
 --   P..'delayed'  zset   delayed ids by due time (ms, server clock)
 --   P..'owner'    hash   id -> consumer, newline, delivery count (delivered ids only)
---   P..'leases'   zset   delivered ids by lease end (ms, server clock)
+--   P..'leases'   zset   delivered ids by lease end (ms, server clock), and PIN at +inf
 --   P..'busy'     hash   key -> delivered and not yet settled (a key's slots in use)
 --   P..'signal'   stream one entry per change a waiting consumer may act on (capped)
 -- A slot is a lease: taken with the delivery, released by ack, reject or retry in the same
 -- script, and a lease that ends (no keepalive) is delivered again, holding the same slot.
 local P = ARGV[1]
+
+-- A member of P..'leases' that is never a delivery, scored +inf: longer than Redis's
+-- `zset-max-listpack-value` (64 bytes by default), it keeps the set in its skiplist encoding. In
+-- the small sets' listpack encoding (up to 128 members, where a worker's in-flight deliveries
+-- are) every ZADD and ZREM scans the set: the claim cost about 3 µs more per message.
+local PIN = 'courier: not a delivery; keeps this sorted set out of the listpack encoding (see keyed.lua)'
 
 local function now_ms()
   local t = redis.call('TIME')

@@ -40,8 +40,9 @@ end
 -- The new deliveries are written after the turn, one command per hash: nothing in the turn
 -- reads them.
 local ring = P .. 'ring'
-local taken, owners, leases = {}, {}, {}
-local owner, until_ms = consumer .. '\n1', now + lease
+local taken, owners, leases = {}, {}, {'+inf', PIN}
+-- As a string once, rather than a number converted for each message.
+local owner, until_ms = consumer .. '\n1', tostring(now + lease)
 local idle, steps = 0, 0
 local n = redis.call('LLEN', ring)
 while #out + #taken < want and steps < 100000 do
@@ -91,7 +92,7 @@ local wait = -1
 local d = redis.call('ZRANGE', P .. 'delayed', 0, 0, 'WITHSCORES')
 if d[2] then wait = math.max(0, tonumber(d[2]) - now) end
 local l = redis.call('ZRANGE', P .. 'leases', 0, 0, 'WITHSCORES')
-if l[2] then
+if l[2] and l[1] ~= PIN then
   local w = math.max(0, tonumber(l[2]) - now)
   if wait < 0 or w < wait then wait = w end
 end
