@@ -59,7 +59,7 @@ pub async fn measure(dsn: &Dsn, work: &Work) -> RawResult<Option<Figures>> {
         .map(Some),
         #[cfg(feature = "sqlite")]
         "symfony+sqlite" => run(
-            Arc::new(symfony_sqlite::Raw::connect(dsn, work.fetch_size).await?),
+            Arc::new(sqlite::Raw::symfony(dsn, work.fetch_size).await?),
             work,
         )
         .await

@@ -15,15 +15,20 @@ use crate::error::{RawError, RawResult};
 const NOW: &str = "(CAST(strftime('%s', 'now') AS INTEGER) * 1000 + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER))";
 const HEADERS: &str = r#"{"content-type":"application/json","type":"courier.bench"}"#;
 
+/// The raw driver on a SQLite table: Courier's own layout, or Symfony's Doctrine table
+/// (`symfony_sqlite.rs` makes its statements).
 pub(super) struct Raw {
-    pool: SqlitePool,
-    queue: String,
-    table: String,
-    insert: Vec<String>,
-    claim: String,
+    pub(super) pool: SqlitePool,
+    pub(super) queue: String,
+    pub(super) table: String,
+    /// The batch insert per batch size (1 to the fetch size).
+    pub(super) insert: Vec<String>,
+    pub(super) claim: String,
+    /// Symfony's layout: its own binds, no delivery id.
+    pub(super) symfony: Option<&'static str>,
 }
 
-fn err(e: sqlx::Error) -> RawError {
+pub(super) fn err(e: sqlx::Error) -> RawError {
     RawError::failed(format!("raw sqlite benchmark: {e}"))
 }
 
@@ -54,6 +59,7 @@ impl Raw {
             table: table.to_owned(),
             insert,
             claim,
+            symfony: None,
         })
     }
 }
@@ -63,27 +69,36 @@ impl Driver for Raw {
     async fn send(&self, bodies: &[String]) -> RawResult {
         let mut q = sqlx::query(&self.insert[bodies.len() - 1]);
         for body in bodies {
-            q = q.bind(&self.queue).bind(body).bind(HEADERS);
+            q = match self.symfony {
+                Some(headers) => q.bind(body).bind(headers).bind(&self.queue),
+                None => q.bind(&self.queue).bind(body).bind(HEADERS),
+            };
         }
         q.fetch_all(&self.pool).await.map_err(err)?;
         Ok(())
     }
 
     async fn consume(&self, max: usize, on: OnHandled<'_>) -> RawResult<usize> {
-        let delivery = i64::from(fastrand::u32(..));
-        let rows = sqlx::query(&self.claim)
-            .bind(delivery)
-            .bind(&self.queue)
-            .bind(i64::try_from(max).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(err)?;
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        // Courier's layout claims under a delivery id, which the delete checks; Symfony's has
+        // none (`delivered_at` alone is the lease).
+        let delivery = self.symfony.is_none().then(|| i64::from(fastrand::u32(..)));
+        let claim = sqlx::query(&self.claim);
+        let claim = match delivery {
+            Some(delivery) => claim.bind(delivery).bind(&self.queue).bind(max),
+            None => claim.bind(&self.queue).bind(max),
+        };
+        let rows = claim.fetch_all(&self.pool).await.map_err(err)?;
+        let (delete, what) = match delivery {
+            Some(_) => ("delivery_id = ? AND", "sqlite"),
+            None => ("", "symfony+sqlite"),
+        };
         handle_and_delete(
             &self.pool,
             &rows,
             on,
-            &format!("DELETE FROM {} WHERE delivery_id = ? AND", self.table),
-            (Some(delivery), "sqlite", err),
+            &format!("DELETE FROM {} WHERE {delete}", self.table),
+            (delivery, what, err),
         )
         .await
     }

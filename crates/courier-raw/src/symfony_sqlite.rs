@@ -4,10 +4,9 @@
 //! The table is the one the transport's setup made (the bench connects the transport first).
 
 use courier_core::Dsn;
-use sqlx::sqlite::SqlitePool;
 
-use super::{Driver, OnHandled};
-use crate::error::{RawError, RawResult};
+use super::sqlite::{Raw, err};
+use crate::error::RawResult;
 
 /// Now as the table holds it: PHP's wall clock (UTC here), whole seconds.
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%S', 'now')";
@@ -16,20 +15,9 @@ const HORIZON: &str = "strftime('%Y-%m-%d %H:%M:%S', 'now', '-3600 seconds')";
 /// What Symfony's serializer writes for a message of type `courier.bench`.
 const HEADERS: &str = r#"{"type":"courier.bench","Content-Type":"application\/json"}"#;
 
-pub(super) struct Raw {
-    pool: SqlitePool,
-    queue: String,
-    table: String,
-    insert: Vec<String>,
-    claim: String,
-}
-
-fn err(e: sqlx::Error) -> RawError {
-    RawError::failed(format!("raw symfony+sqlite benchmark: {e}"))
-}
-
 impl Raw {
-    pub(super) async fn connect(dsn: &Dsn, fetch_size: usize) -> RawResult<Self> {
+    /// The raw driver on Symfony's table, which the transport's setup made.
+    pub(super) async fn symfony(dsn: &Dsn, fetch_size: usize) -> RawResult<Self> {
         let exposed = dsn.expose_without_query();
         let pool =
             super::sqlite::pool(exposed.strip_prefix("symfony+").unwrap_or(exposed), err).await?;
@@ -55,35 +43,7 @@ impl Raw {
             table: table.to_owned(),
             insert,
             claim,
+            symfony: Some(HEADERS),
         })
-    }
-}
-
-#[courier_core::async_trait]
-impl Driver for Raw {
-    async fn send(&self, bodies: &[String]) -> RawResult {
-        let mut q = sqlx::query(&self.insert[bodies.len() - 1]);
-        for body in bodies {
-            q = q.bind(body).bind(HEADERS).bind(&self.queue);
-        }
-        q.fetch_all(&self.pool).await.map_err(err)?;
-        Ok(())
-    }
-
-    async fn consume(&self, max: usize, on: OnHandled<'_>) -> RawResult<usize> {
-        let rows = sqlx::query(&self.claim)
-            .bind(&self.queue)
-            .bind(i64::try_from(max).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(err)?;
-        super::sqlite::handle_and_delete(
-            &self.pool,
-            &rows,
-            on,
-            &format!("DELETE FROM {} WHERE", self.table),
-            (None, "symfony+sqlite", err),
-        )
-        .await
     }
 }
