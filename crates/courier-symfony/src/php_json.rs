@@ -5,9 +5,9 @@
 /// as read), which holds `\/` already. Outside strings, valid JSON holds neither `/` nor
 /// non-ASCII characters, so each character is rewritten where it stands; the character after a
 /// backslash is an escape and stays as it is.
-pub(crate) fn php_escape(json: &str) -> String {
+pub(crate) fn php_escape(json: String) -> String {
     if json.bytes().all(|b| b.is_ascii() && b != b'/') {
-        return json.to_owned();
+        return json;
     }
     let mut out = String::with_capacity(json.len() + json.len() / 8);
     let bytes = json.as_bytes();
@@ -119,20 +119,31 @@ const NEEDS_ESCAPE: [bool; 256] = {
 /// (`[]` when empty, as PHP writes an empty array).
 pub(crate) fn php_object<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let mut out = String::with_capacity(128);
+    push_php_object(&mut out, pairs);
+    out
+}
+
+/// Appends [`php_object`]'s text to `out`.
+pub(crate) fn push_php_object<'a>(
+    out: &mut String,
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) {
+    let start = out.len();
     out.push('{');
     for (key, value) in pairs {
-        if out.len() > 1 {
+        if out.len() > start + 1 {
             out.push(',');
         }
-        push_php_string(&mut out, key);
+        push_php_string(out, key);
         out.push(':');
-        push_php_string(&mut out, value);
+        push_php_string(out, value);
     }
-    if out.len() == 1 {
-        return "[]".to_owned();
+    if out.len() == start + 1 {
+        out.truncate(start);
+        out.push_str("[]");
+    } else {
+        out.push('}');
     }
-    out.push('}');
-    out
 }
 
 #[cfg(test)]
@@ -142,19 +153,22 @@ mod tests {
     #[test]
     fn slashes_and_non_ascii_are_escaped_as_php_does() {
         assert_eq!(
-            php_escape(r#"{"a":"Grüße/€ 😀"}"#),
+            php_escape(r#"{"a":"Grüße/€ 😀"}"#.to_owned()),
             r#"{"a":"Gr\u00fc\u00dfe\/\u20ac \ud83d\ude00"}"#
         );
-        assert_eq!(php_escape(r#"{"n":1.5}"#), r#"{"n":1.5}"#);
+        assert_eq!(php_escape(r#"{"n":1.5}"#.to_owned()), r#"{"n":1.5}"#);
         assert_eq!(
-            php_escape(r#"{"a/b":"€","c":["\"x/\\"]}"#),
+            php_escape(r#"{"a/b":"€","c":["\"x/\\"]}"#.to_owned()),
             r#"{"a\/b":"\u20ac","c":["\"x\/\\"]}"#
         );
     }
 
     #[test]
     fn text_php_already_escaped_is_kept() {
-        assert_eq!(php_escape(r#"{"a":"x\/y\\/z"}"#), r#"{"a":"x\/y\\\/z"}"#);
+        assert_eq!(
+            php_escape(r#"{"a":"x\/y\\/z"}"#.to_owned()),
+            r#"{"a":"x\/y\\\/z"}"#
+        );
     }
 
     #[test]
@@ -170,7 +184,7 @@ mod tests {
         ] {
             assert_eq!(
                 php_string(s),
-                php_escape(&serde_json::Value::from(s).to_string()),
+                php_escape(serde_json::Value::from(s).to_string()),
                 "{s:?}"
             );
         }

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::php_json::php_string;
+use crate::php_json::{php_string, push_php_object, push_php_string};
 use crate::php_serialize::{PhpSerializeError, PhpValue, unserialize};
 use crate::serializer::SymfonyEncoded;
 
@@ -59,18 +59,23 @@ pub fn read(field: &[u8]) -> Result<(String, String), RedisFieldError> {
 /// `php_serialized` (phpredis's default), plain JSON otherwise.
 #[must_use]
 pub fn write(encoded: &SymfonyEncoded, php_serialized: bool) -> String {
-    let body = php_string(&encoded.body);
-    let headers = encoded.headers_json();
-    let mut json = String::with_capacity(body.len() + headers.len() + 24);
+    let mut json = String::with_capacity(encoded.body.len() * 5 / 4 + 160);
     json.push_str("{\"body\":");
-    json.push_str(&body);
+    push_php_string(&mut json, &encoded.body);
     json.push_str(",\"headers\":");
-    json.push_str(&headers);
+    push_php_object(
+        &mut json,
+        encoded
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+    );
     json.push('}');
     if php_serialized {
-        let mut out = String::with_capacity(json.len() + 16);
+        let len = json.len().to_string();
+        let mut out = String::with_capacity(json.len() + len.len() + 6);
         out.push_str("s:");
-        out.push_str(&json.len().to_string());
+        out.push_str(&len);
         out.push_str(":\"");
         out.push_str(&json);
         out.push_str("\";");

@@ -195,9 +195,9 @@ impl SymfonySerializer {
     pub fn to_symfony(&self, encoded: Encoded) -> SymfonyEncoded {
         let Encoded { body, mut headers } = encoded;
         let mut out = Vec::with_capacity(headers.len() + 1);
-        if let Some(name) = headers.remove(TYPE_HEADER) {
+        if let Some((header, name)) = headers.remove_entry(TYPE_HEADER) {
             let class = self.types.php_class(&name).map(str::to_owned);
-            out.push((TYPE_HEADER.to_owned(), class.unwrap_or(name)));
+            out.push((header, class.unwrap_or(name)));
         }
         let content_type = headers.remove(CONTENT_TYPE_HEADER);
         // Most messages carry no stamp header: no names to build then.
@@ -227,7 +227,7 @@ impl SymfonySerializer {
             content_type.unwrap_or_else(|| JSON_CONTENT_TYPE.to_owned()),
         ));
         SymfonyEncoded {
-            body: php_escape(&body),
+            body: php_escape(body),
             headers: out,
         }
     }
