@@ -51,19 +51,14 @@ pub async fn measure(dsn: &Dsn, work: &Work) -> RawResult<Option<Figures>> {
     let _ = work;
     match dsn.scheme() {
         #[cfg(feature = "sqlite")]
-        "sqlite" => run(
-            Arc::new(sqlite::Raw::connect(dsn, work.fetch_size).await?),
-            work,
-        )
-        .await
-        .map(Some),
-        #[cfg(feature = "sqlite")]
-        "symfony+sqlite" => run(
-            Arc::new(sqlite::Raw::symfony(dsn, work.fetch_size).await?),
-            work,
-        )
-        .await
-        .map(Some),
+        scheme @ ("sqlite" | "symfony+sqlite") => {
+            let raw = if scheme == "sqlite" {
+                sqlite::Raw::connect(dsn, work.fetch_size).await?
+            } else {
+                sqlite::Raw::symfony(dsn, work.fetch_size).await?
+            };
+            run(Arc::new(raw), work).await.map(Some)
+        }
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => run(Arc::new(postgres::Raw::connect(dsn, None).await?), work)
             .await

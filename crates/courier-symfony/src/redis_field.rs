@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::php_json::{php_string, push_php_object, push_php_string};
+use crate::php_json::{push_php_object, push_php_string};
 use crate::php_serialize::{PhpSerializeError, PhpValue, unserialize};
 use crate::serializer::SymfonyEncoded;
 
@@ -59,6 +59,17 @@ pub fn read(field: &[u8]) -> Result<(String, String), RedisFieldError> {
 /// `php_serialized` (phpredis's default), plain JSON otherwise.
 #[must_use]
 pub fn write(encoded: &SymfonyEncoded, php_serialized: bool) -> String {
+    let mut json = body_and_headers(encoded);
+    json.push('}');
+    if php_serialized {
+        format!("s:{}:\"{json}\";", json.len())
+    } else {
+        json
+    }
+}
+
+/// `{"body": ..., "headers": {...}` (the object left open), in one buffer, as PHP writes it.
+fn body_and_headers(encoded: &SymfonyEncoded) -> String {
     let mut json = String::with_capacity(encoded.body.len() * 5 / 4 + 160);
     json.push_str("{\"body\":");
     push_php_string(&mut json, &encoded.body);
@@ -70,19 +81,7 @@ pub fn write(encoded: &SymfonyEncoded, php_serialized: bool) -> String {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str())),
     );
-    json.push('}');
-    if php_serialized {
-        let len = json.len().to_string();
-        let mut out = String::with_capacity(json.len() + len.len() + 6);
-        out.push_str("s:");
-        out.push_str(&len);
-        out.push_str(":\"");
-        out.push_str(&json);
-        out.push_str("\";");
-        out
-    } else {
-        json
-    }
+    json
 }
 
 /// A delayed message's member of the sorted set `<stream>__queue`, as Symfony's Redis transport
@@ -90,10 +89,9 @@ pub fn write(encoded: &SymfonyEncoded, php_serialized: bool) -> String {
 /// serializer (`uniqid` keeps equal messages apart in the set; PHP's is `uniqid('', true)`).
 #[must_use]
 pub fn queue_member(encoded: &SymfonyEncoded, uniqid: &str) -> String {
-    format!(
-        "{{\"body\":{},\"headers\":{},\"uniqid\":{}}}",
-        php_string(&encoded.body),
-        encoded.headers_json(),
-        php_string(uniqid)
-    )
+    let mut json = body_and_headers(encoded);
+    json.push_str(",\"uniqid\":");
+    push_php_string(&mut json, uniqid);
+    json.push('}');
+    json
 }
