@@ -480,6 +480,24 @@ impl MessageDialect for Postgres {
         Some(q.map(|done| done.rows_affected()))
     }
 
+    async fn settle_and_lock(
+        m: &Messages<Self>,
+        conn: &mut PgConnection,
+        deliveries: &[(i64, i64)],
+    ) -> Option<Result<(), sqlx::Error>> {
+        let flow = m.flow.as_ref()?;
+        let settle = flow.settle.as_ref()?;
+        let (ids, tags): (Vec<i64>, Vec<i64>) = deliveries.iter().copied().unzip();
+        let mut q = sqlx::query(settle)
+            .bind(ids)
+            .bind(tags)
+            .bind(flow.lock_name.as_str());
+        if flow.notify.is_some() {
+            q = q.bind(m.table.as_str()).bind(m.queue.as_str());
+        }
+        Some(q.execute(conn).await.map(drop))
+    }
+
     fn start_listener(m: &Messages<Self>, wake: &Arc<Wake>) {
         if !m.state.listen {
             return;

@@ -252,12 +252,13 @@ async fn a_table_from_the_previous_release_is_adopted_with_its_messages(h: &comm
     let applied = timeout(t.migrate()).await.unwrap();
     // 0001 is found in place and recorded, then 0009 (the cursor column and table on
     // PostgreSQL, recorded without a change elsewhere), 0011 and 0012 (the concurrency key
-    // column and its index; 0012 recorded without a change on PostgreSQL); 0005-0008 create the
+    // column and its index; 0012 recorded without a change on PostgreSQL), 0013 (PostgreSQL's
+    // index of the rows in flight, recorded without a change elsewhere); 0005-0008 create the
     // workers, schedules, pause and rate-limit tables beside it (one version table), 0006 and
     // 0010 of its own the deduplication table and its expiry index.
     assert_eq!(
         applied.iter().map(|a| a.version).collect::<Vec<_>>(),
-        [1, 9, 11, 12, 5, 6, 7, 8, 6, 10],
+        [1, 9, 11, 12, 13, 5, 6, 7, 8, 6, 10],
         "{applied:?}"
     );
     assert!(timeout(t.migrate()).await.unwrap().is_empty(), "up to date");

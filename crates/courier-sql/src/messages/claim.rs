@@ -104,18 +104,24 @@ where
         }
         let claimed = async {
             let mut tx = guard.conn()?.begin().await?;
+            let mut locked = false;
             if !deliveries.is_empty() {
-                self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
-                    .await?;
-                if let Some(notify) = &flow.notify {
-                    sqlx::query(notify)
-                        .bind(self.table.as_str())
-                        .bind(self.queue.as_str())
-                        .execute(&mut *tx)
+                if let Some(settled) = DB::settle_and_lock(self, &mut tx, deliveries).await {
+                    settled?;
+                    locked = true;
+                } else {
+                    self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
                         .await?;
+                    if let Some(notify) = &flow.notify {
+                        sqlx::query(notify)
+                            .bind(self.table.as_str())
+                            .bind(self.queue.as_str())
+                            .execute(&mut *tx)
+                            .await?;
+                    }
                 }
             }
-            let rows = self.claim_on(&mut tx, max, delivery_id).await?;
+            let rows = self.claim_locked(&mut tx, max, delivery_id, locked).await?;
             tx.commit().await?;
             Ok::<_, sqlx::Error>(rows)
         }
@@ -176,8 +182,25 @@ where
         for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
         for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     {
+        self.claim_locked(conn, max, delivery_id, false).await
+    }
+
+    /// [`Self::claim_on`], where `locked` says this transaction holds PostgreSQL's claim lock
+    /// and settings already ([`MessageDialect::settle_and_lock`]).
+    async fn claim_locked(
+        &self,
+        conn: &mut DB::Connection,
+        max: usize,
+        delivery_id: i64,
+        locked: bool,
+    ) -> Result<Vec<StoredRow>, sqlx::Error>
+    where
+        for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
+        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
         if let Some(flow) = &self.flow {
             if DB::DIALECT == Dialect::Postgres
+                && !locked
                 && let Some(lock) = &flow.lock
             {
                 sqlx::query(lock)

@@ -106,6 +106,18 @@ pub(crate) trait MessageDialect: SqlDatabase {
         None
     }
 
+    /// A flow-control claim's first statement, on `conn` in its transaction: deletes these
+    /// deliveries and takes the claim's settings and lock in one statement of the dialect's own
+    /// ([`FlowStatements::settle`](flow::FlowStatements)); `None`: the dialect has none, and the caller deletes,
+    /// notifies and locks one statement at a time.
+    async fn settle_and_lock(
+        _m: &Messages<Self>,
+        _conn: &mut Self::Connection,
+        _deliveries: &[(i64, i64)],
+    ) -> Option<Result<(), sqlx::Error>> {
+        None
+    }
+
     /// Starts server push wake-ups (PostgreSQL `LISTEN`).
     fn start_listener(_m: &Messages<Self>, _wake: &Arc<Wake>) {}
 

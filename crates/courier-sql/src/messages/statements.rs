@@ -141,21 +141,15 @@ impl Statements {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    /// With a backlog of 60,000 rows, neither a 1,000-row claim nor a 1,000-row drain reads
-    /// the whole table: both walk the claim index, whether or not the table was analyzed since
-    /// it filled. (Joined to the picked ids as rows, the planner hashed the whole table for each
-    /// batch; before an `ANALYZE` it guessed a few rows match and sorted all 60,000 per batch:
-    /// 19 ms a drain, not 3.)
+    /// A message table of its own (named `<prefix>_<random>`, every PostgreSQL migration
+    /// applied), on a pool whose sessions are set up as the transport's: for tests of plans.
     #[cfg(feature = "postgres")]
-    #[tokio::test]
-    #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
-    async fn a_large_postgres_batch_finds_its_rows_by_index() {
+    pub(in crate::messages) async fn postgres_table(prefix: &str) -> (sqlx::PgPool, String) {
         let url = courier_test::env::postgres_url();
-        let table = format!("courier_plan_{}", fastrand::u32(..));
-        // Sessions as the transport opens them.
+        let table = format!("{prefix}_{}", fastrand::u32(..));
         let options = crate::SqlOptions::default();
         let (pool, _) = crate::pool::postgres_pool(&url, &crate::PoolSettings::from(&options))
             .await
@@ -170,6 +164,19 @@ mod tests {
             .execute(&pool)
             .await
             .expect("the message table");
+        (pool, table)
+    }
+
+    /// With a backlog of 60,000 rows, neither a 1,000-row claim nor a 1,000-row drain reads
+    /// the whole table: both walk the claim index, whether or not the table was analyzed since
+    /// it filled. (Joined to the picked ids as rows, the planner hashed the whole table for each
+    /// batch; before an `ANALYZE` it guessed a few rows match and sorted all 60,000 per batch:
+    /// 19 ms a drain, not 3.)
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    #[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+    async fn a_large_postgres_batch_finds_its_rows_by_index() {
+        let (pool, table) = postgres_table("courier_plan").await;
         sqlx::query(&format!(
             "INSERT INTO {table} (queue_name, body, headers, created_at, available_at) \
              SELECT 'default', repeat('x', 200), '{{}}', 1, 1 FROM generate_series(1, 60000)"
