@@ -103,6 +103,60 @@ fn bench_raw_on_symfonys_table_measures_sqlx_on_the_same_layout() {
     assert_eq!(left, 0, "rows left in Symfony's table");
 }
 
+/// `bench --concurrency-keys` measures the keyed queue beside the same queue without keys, in
+/// paired rounds: both sides' figures, the ratio keyed / unkeyed, one ratio per round, no raw
+/// side. The keyed queue's messages were all handled (the bench fails otherwise) and leave no
+/// row behind.
+#[cfg(feature = "sqlite")]
+#[test]
+fn bench_with_concurrency_keys_measures_the_queue_without_keys_beside_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("keyed.db");
+    let dsn = format!("sqlite://{}?concurrency_max=2", db.display());
+    let env = Env::empty();
+    let out = env
+        .run(&[
+            "bench",
+            "--dsn",
+            &dsn,
+            "--concurrency-keys",
+            "5",
+            "--messages",
+            "100",
+            "--fetch-size",
+            "16",
+            "--rounds",
+            "2",
+            "--format",
+            "json",
+        ])
+        .json();
+    assert_eq!(out["mode"], "throughput", "{out}");
+    assert_eq!(out["concurrency_keys"], 5, "{out}");
+    assert_eq!(out["rounds"], 2, "{out}");
+    assert!(out["raw"].is_null(), "no raw side: {out}");
+    for key in ["produce_per_s", "consume_per_s", "p50_ms", "p99_ms"] {
+        assert!(positive(&out[key]), "{key}: {out}");
+        assert!(positive(&out["unkeyed"][key]), "unkeyed {key}: {out}");
+    }
+    let ratio = out["ratio"].as_f64().expect("a ratio");
+    let expected = out["consume_per_s"].as_f64().unwrap_or_default()
+        / out["unkeyed"]["consume_per_s"].as_f64().unwrap_or(f64::NAN);
+    assert!((ratio - expected).abs() < 1e-9, "keyed / unkeyed: {out}");
+    let rounds = out["round_ratios"].as_array().expect("round_ratios");
+    assert_eq!(rounds.len(), 2, "one paired ratio per round: {out}");
+    let left: i64 = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await?;
+            sqlx::query_scalar("SELECT COUNT(*) FROM courier_messages")
+                .fetch_one(&pool)
+                .await
+        })
+        .expect("count the rows");
+    assert_eq!(left, 0, "rows left behind: {out}");
+}
+
 fn calls_total_of(calls: &Value) -> f64 {
     calls
         .as_object()

@@ -384,6 +384,22 @@ impl Dsn {
         self
     }
 
+    /// Drops an option, if set.
+    ///
+    /// ```
+    /// use courier_core::Dsn;
+    ///
+    /// let dsn = Dsn::parse("redis://h?stream=s&concurrency_max=10")?.without_option("concurrency_max");
+    /// assert_eq!(dsn.option("concurrency_max"), None);
+    /// assert_eq!(dsn.option("stream"), Some("s"));
+    /// # Ok::<(), courier_core::DsnError>(())
+    /// ```
+    #[must_use]
+    pub fn without_option(mut self, key: &str) -> Self {
+        self.options.retain(|(k, _)| k != key);
+        self
+    }
+
     /// The same DSN under the scheme `prefix` + its scheme (`symfony+` makes `redis://h/s`
     /// `symfony+redis://h/s`); `prefix` is lowercased, like every scheme.
     ///

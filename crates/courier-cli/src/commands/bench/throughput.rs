@@ -49,7 +49,21 @@ pub(super) async fn measure(
             if args.raw { ", and the raw driver" } else { "" }
         );
     }
-    let rounds = args.rounds.unwrap_or(if args.raw { 3 } else { 1 });
+    // With --concurrency-keys, the side beside is Courier on the same queue without keys: a
+    // plain queue of the same DSN (no flow-control options), on a queue of its own.
+    let unkeyed = args.concurrency_keys.map(|_| {
+        [
+            "concurrency_max",
+            "concurrency_key",
+            "fair",
+            "queue_name",
+            "stream",
+        ]
+        .into_iter()
+        .fold(dsn.clone(), Dsn::without_option)
+    });
+    let paired = args.raw || unkeyed.is_some();
+    let rounds = args.rounds.unwrap_or(if paired { 3 } else { 1 });
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     for round in 0..rounds {
@@ -58,36 +72,68 @@ pub(super) async fn measure(
         // classic queues move between serving from memory and from their index, at about twice
         // the rate apart), and one side must not inherit it while the other starts fresh.
         let (transport, isolated) = fresh(app, dsn, args.fetch_size).await?;
+        let beside = match &unkeyed {
+            Some(plain) => match fresh(app, plain, args.fetch_size).await {
+                Ok(made) => Some(made),
+                Err(e) => {
+                    drop(transport);
+                    remove_isolated(&isolated, dsn).await;
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         // ABBA order, so neither side always runs on the colder (or fuller) database.
-        let raw_first = args.raw && round % 2 == 1;
+        let other_first = paired && round % 2 == 1;
         let measured = async {
             // Each side starts on a table without the other's dead rows (PostgreSQL: VACUUM).
-            if raw_first {
+            let other = async {
+                match &beside {
+                    Some((plain, plain_isolated)) => {
+                        courier_raw::level(plain_isolated).await;
+                        let figures =
+                            courier_figures(plain, work, usize::from(args.concurrency), None)
+                                .await?;
+                        Ok::<_, CliError>(Some(figures))
+                    }
+                    None if args.raw => {
+                        courier_raw::level(&isolated).await;
+                        Ok(courier_raw::measure(&isolated, work).await?)
+                    }
+                    None => Ok(None),
+                }
+            };
+            let mine = async {
                 courier_raw::level(&isolated).await;
-                theirs.extend(courier_raw::measure(&isolated, work).await?);
-            }
-            courier_raw::level(&isolated).await;
-            ours.push(
                 courier_figures(
                     &transport,
                     work,
                     usize::from(args.concurrency),
                     args.concurrency_keys,
                 )
-                .await?,
-            );
-            if args.raw && !raw_first {
-                courier_raw::level(&isolated).await;
-                theirs.extend(courier_raw::measure(&isolated, work).await?);
+                .await
+            };
+            if other_first {
+                theirs.extend(other.await?);
+                ours.push(mine.await?);
+            } else {
+                ours.push(mine.await?);
+                theirs.extend(other.await?);
             }
             Ok::<_, CliError>(())
         }
         .await;
         drop(transport);
         remove_isolated(&isolated, dsn).await;
+        if let (Some((plain, plain_isolated)), Some(unkeyed)) = (beside, &unkeyed) {
+            drop(plain);
+            remove_isolated(&plain_isolated, unkeyed).await;
+        }
         measured?;
     }
+    let beside_unkeyed = unkeyed.is_some();
     let courier = median(&ours);
+    // The side beside: the raw driver, or (with --concurrency-keys) the queue without keys.
     let raw = (!theirs.is_empty()).then(|| median(&theirs));
     let ratio = raw.map(|r| courier.consume_per_s / r.consume_per_s);
     let produce_ratio = raw.map(|r| courier.produce_per_s / r.produce_per_s);
@@ -108,7 +154,8 @@ pub(super) async fn measure(
             "concurrency": args.concurrency,
             "concurrency_keys": args.concurrency_keys,
             "rounds": rounds,
-            "raw": raw,
+            "raw": if beside_unkeyed { None } else { raw.as_ref() },
+            "unkeyed": if beside_unkeyed { raw.as_ref() } else { None },
             "ratio": ratio,
             "produce_ratio": produce_ratio,
             "round_ratios": round_ratios,
@@ -131,10 +178,15 @@ pub(super) async fn measure(
         );
     };
     line("courier", &courier);
+    let (other, ratio_of) = if beside_unkeyed {
+        ("unkeyed", "keyed / unkeyed")
+    } else {
+        ("raw", "courier / raw")
+    };
     match (&raw, ratio, produce_ratio) {
         (Some(r), Some(ratio), Some(produce)) => {
-            line("raw", r);
-            println!("ratio (courier / raw): produce {produce:.2}, consume {ratio:.2}");
+            line(other, r);
+            println!("ratio ({ratio_of}): produce {produce:.2}, consume {ratio:.2}");
             if let Some((low, high)) = spread(&round_ratios) {
                 println!(
                     "consume ratio of each round (both sides back to back): {low:.2} to {high:.2} over {} rounds",
