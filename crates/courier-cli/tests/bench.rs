@@ -78,6 +78,20 @@ fn bench_raw_reports_produce_and_consume_ratios_on_sqlite() {
     throughput_beside_raw(None);
 }
 
+/// The rows of `table` in the SQLite file `db`.
+#[cfg(feature = "sqlite")]
+fn sqlite_rows(db: &std::path::Path, table: &str) -> i64 {
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await?;
+            sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+                .fetch_one(&pool)
+                .await
+        })
+        .unwrap_or_else(|e| panic!("counting the rows of {table}: {e}"))
+}
+
 /// On Symfony's Doctrine table the raw side runs the same statements on the same layout (PHP's
 /// indexes on both sides), and leaves no row of its own behind.
 #[cfg(all(feature = "sqlite", feature = "symfony"))]
@@ -91,16 +105,11 @@ fn bench_raw_on_symfonys_table_measures_sqlx_on_the_same_layout() {
         Some(true),
         "{out}"
     );
-    let left: i64 = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(async {
-            let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await?;
-            sqlx::query_scalar("SELECT COUNT(*) FROM messenger_messages")
-                .fetch_one(&pool)
-                .await
-        })
-        .expect("count Symfony's rows");
-    assert_eq!(left, 0, "rows left in Symfony's table");
+    assert_eq!(
+        sqlite_rows(&db, "messenger_messages"),
+        0,
+        "rows left in Symfony's table"
+    );
 }
 
 /// `bench --concurrency-keys` measures the keyed queue beside the same queue without keys, in
@@ -145,16 +154,11 @@ fn bench_with_concurrency_keys_measures_the_queue_without_keys_beside_it() {
     assert!((ratio - expected).abs() < 1e-9, "keyed / unkeyed: {out}");
     let rounds = out["round_ratios"].as_array().expect("round_ratios");
     assert_eq!(rounds.len(), 2, "one paired ratio per round: {out}");
-    let left: i64 = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(async {
-            let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display())).await?;
-            sqlx::query_scalar("SELECT COUNT(*) FROM courier_messages")
-                .fetch_one(&pool)
-                .await
-        })
-        .expect("count the rows");
-    assert_eq!(left, 0, "rows left behind: {out}");
+    assert_eq!(
+        sqlite_rows(&db, "courier_messages"),
+        0,
+        "rows left behind: {out}"
+    );
 }
 
 fn calls_total_of(calls: &Value) -> f64 {
