@@ -186,9 +186,8 @@ pub(crate) enum Command {
     ///   default: {"mode": "throughput", "dsn", "messages", "size", "fetch_size", "concurrency",
     ///     "rounds", "produce_per_s", "consume_per_s", "p50_ms", "p99_ms", "raw": {produce_per_s,
     ///     consume_per_s, p50_ms, p99_ms} | null, "ratio": courier / raw consume | null,
-    ///     "produce_ratio": courier / raw produce | null, "round_ratios"; with
-    ///     --concurrency-keys, "unkeyed" (the same figures for the queue without keys) in place
-    ///     of "raw", and the ratios keyed / unkeyed}
+    ///     "produce_ratio": courier / raw produce | null, "round_ratios"; --concurrency-keys:
+    ///     "unkeyed" (the queue without keys) in place of "raw", the ratios keyed / unkeyed}
     ///   --runs: {"mode": "runs", "dsn", "runs", "workers", "steps_per_run", "fetch_size",
     ///     "concurrency", "submit_per_s", "runs_per_s", "store_statements_per_run",
     ///     "store_statements": {"submit", "execute"} (per run), "store_calls_per_run": {method:
@@ -536,9 +535,8 @@ pub(crate) struct BenchArgs {
     /// Also measure the raw driver doing the same protocol work
     #[arg(long)]
     pub(crate) raw: bool,
-    /// Measurement rounds, alternating courier and raw (or, with --concurrency-keys, the keyed
-    /// queue and the unkeyed one); medians are reported (default 3 with --raw or
-    /// --concurrency-keys, else 1). Not with --latency, whose samples alternate one by one
+    /// Measurement rounds, alternating the two sides (--raw, --concurrency-keys; default 3 with
+    /// either, else 1); medians are reported. Not with --latency, whose samples alternate
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=20), conflicts_with = "latency")]
     pub(crate) rounds: Option<u8>,
     /// Measure durable runs: scripted runs of 3 no-op steps executed by --workers workers
@@ -570,11 +568,9 @@ pub(crate) struct BenchArgs {
     /// Latency samples per side (with --latency)
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(crate) samples: u32,
-    /// Stamp each message with one of this many concurrency keys in turn (a
-    /// `ConcurrencyKeyStamp`), to measure a keyed queue: give the DSN `concurrency_max=N` or
-    /// `fair=true` (SQL, Redis). The same DSN without its flow-control options (a plain queue)
-    /// is measured beside it in paired rounds (ABBA, default 3), and the ratio keyed / unkeyed
-    /// reported with each round's
+    /// Stamp messages with this many concurrency keys in turn (`ConcurrencyKeyStamp`), to measure
+    /// a keyed queue (the DSN sets `concurrency_max=N` or `fair=true`; SQL, Redis) beside the same
+    /// DSN without them, in paired rounds (ABBA): the ratio keyed / unkeyed, and each round's
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000), conflicts_with_all = ["runs", "latency", "relay", "raw"])]
     pub(crate) concurrency_keys: Option<u32>,
 }
