@@ -21,13 +21,26 @@ use crate::transport::is_retryable;
 /// Messages per send script call.
 const SEND_CHUNK: usize = 500;
 
-/// How an operation names a delivery: its id and delivery count.
-fn delivery(envelope: &Envelope) -> Option<(&str, &str)> {
+/// A delivery of a keyed queue, as its scripts name it.
+struct Delivery<'a> {
+    id: &'a str,
+    /// The concurrency key whose slot it holds.
+    key: &'a str,
+    /// Its member of the leases set: id, newline, delivery tag (`count, newline, key`).
+    lease: String,
+}
+
+/// The delivery an envelope holds: none without its id and delivery tag (an envelope this
+/// queue did not deliver, which holds no lease).
+fn delivery(envelope: &Envelope) -> Option<Delivery<'_>> {
     let id = envelope.last::<TransportMessageIdStamp>()?.0.as_str();
-    let count = envelope
-        .last::<DeliveryTagStamp>()
-        .map_or("", |t| t.0.as_str());
-    Some((id, count))
+    let tag = envelope.last::<DeliveryTagStamp>()?.0.as_str();
+    let (_, key) = tag.split_once('\n')?;
+    Some(Delivery {
+        id,
+        key,
+        lease: format!("{id}\n{tag}"),
+    })
 }
 
 fn millis(d: Duration) -> u64 {
@@ -141,16 +154,16 @@ impl RedisTransport {
         context: &'static str,
     ) -> Result<(), TransportError> {
         let keyed = self.keyed()?;
-        let deliveries: Vec<(&str, &str)> = envelopes.iter().filter_map(delivery).collect();
+        let deliveries: Vec<Delivery> = envelopes.iter().filter_map(delivery).collect();
         if deliveries.is_empty() {
             return Ok(());
         }
         let mut pipe = redis::pipe();
         for chunk in deliveries.chunks(1000) {
             let mut cmd = self.scripts.keyed_ack.cmd(&[]);
-            cmd.arg(&keyed.prefix).arg(&self.options.consumer);
-            for (id, count) in chunk {
-                cmd.arg(*id).arg(*count);
+            cmd.arg(&keyed.prefix);
+            for d in chunk {
+                cmd.arg(d.id).arg(d.key).arg(&d.lease);
             }
             pipe.add_command(cmd).ignore();
         }
@@ -166,23 +179,23 @@ impl RedisTransport {
         delay: Duration,
     ) -> Result<(), TransportError> {
         let keyed = self.keyed()?;
-        let held = delivery(&envelope).map(|(id, count)| (id.to_owned(), count.to_owned()));
+        let held = delivery(&envelope).map(|d| (d.id.to_owned(), d.key.to_owned(), d.lease));
         let next = envelope.without_all::<DelayStamp>();
         let next = if delay.is_zero() {
             next
         } else {
             next.with(DelayStamp(delay))
         };
-        let Some((id, count)) = held else {
+        let Some((id, held_key, lease)) = held else {
             return self.keyed_send_batch(vec![next]).await.map(drop);
         };
         let (key, delay_ms, payload) =
             self.keyed_payload(keyed, &next, &mut EncodedJson::default())?;
         let mut cmd = self.scripts.keyed_retry.cmd(&[]);
         cmd.arg(&keyed.prefix)
-            .arg(&self.options.consumer)
             .arg(&id)
-            .arg(&count)
+            .arg(&held_key)
+            .arg(&lease)
             .arg(new_id())
             .arg(key)
             .arg(delay_ms)
@@ -200,16 +213,15 @@ impl RedisTransport {
         envelopes: &[Envelope],
     ) -> Result<(), TransportError> {
         let keyed = self.keyed()?;
-        let deliveries: Vec<(&str, &str)> = envelopes.iter().filter_map(delivery).collect();
+        let deliveries: Vec<Delivery> = envelopes.iter().filter_map(delivery).collect();
         if deliveries.is_empty() {
             return Ok(());
         }
         let mut cmd = self.scripts.keyed_keepalive.cmd(&[]);
         cmd.arg(&keyed.prefix)
-            .arg(&self.options.consumer)
             .arg(millis(self.options.redeliver_timeout));
-        for (id, count) in &deliveries {
-            cmd.arg(*id).arg(*count);
+        for d in &deliveries {
+            cmd.arg(&d.lease);
         }
         let mut pipe = redis::pipe();
         pipe.add_command(cmd).ignore();
@@ -246,7 +258,6 @@ impl RedisTransport {
                 let (generation, mut conn) = link.get().await.map_err(|e| (u64::MAX, e))?;
                 let mut cmd = self.scripts.keyed_claim.cmd(&[]);
                 cmd.arg(&keyed.prefix)
-                    .arg(&self.options.consumer)
                     .arg(max)
                     .arg(millis(self.options.redeliver_timeout))
                     .arg(keyed.max)
@@ -255,9 +266,9 @@ impl RedisTransport {
                     Ok(v) => v,
                     Err(e) => return Err((generation, e)),
                 };
-                let (entries, wait, last) = claim_reply(reply);
-                if !entries.is_empty() {
-                    return Ok(entries);
+                let (claimed, wait, last) = claim_reply(reply);
+                if !claimed.is_empty() {
+                    return Ok(claimed);
                 }
                 let now = Instant::now();
                 let mut block = deadline.saturating_duration_since(now);
@@ -310,7 +321,7 @@ impl RedisTransport {
         let mut decoder = self.registry.json_decoder();
         entries
             .into_iter()
-            .map(|(id, mut payload, count)| {
+            .map(|(id, mut payload, tag)| {
                 let (body, headers) = match payload.iter().position(|b| *b == b'\n') {
                     Some(at) => {
                         let body = payload.split_off(at + 1);
@@ -322,55 +333,62 @@ impl RedisTransport {
                 decoder
                     .decode_bytes(body, headers.as_deref())
                     .with(TransportMessageIdStamp(id))
-                    .with(DeliveryTagStamp(count.to_string()))
+                    .with(DeliveryTagStamp(tag))
             })
             .collect()
     }
 }
 
-/// A claimed message: its id, payload (headers, newline, body) and delivery count.
-type Claimed = (String, Vec<u8>, u64);
+/// A claimed message: its id, payload (headers, newline, body) and delivery tag.
+type Claimed = (String, Vec<u8>, String);
 
-/// The claim script's `{{{id, payload, count}, ...}, wait ms or -1, last signal id}`.
+/// The claim script's `{ids, payloads, runs of delivery tags {tag, n, ...}, wait ms or -1, last
+/// signal id}`: the claimed deliveries (a payload gone since is skipped), how long nothing can
+/// be due, and where to wait for a signal.
 fn claim_reply(v: Value) -> (Vec<Claimed>, Option<Duration>, String) {
-    let Value::Array(mut parts) = v else {
+    let Value::Array(parts) = v else {
         return (Vec::new(), None, "$".to_owned());
     };
-    let last = parts
-        .get(2)
-        .and_then(reply::text)
-        .unwrap_or_else(|| "$".to_owned());
+    let mut parts = parts.into_iter();
+    let (ids, payloads, runs) = (parts.next(), parts.next(), parts.next());
     let wait = parts
-        .get(1)
+        .next()
+        .as_ref()
         .and_then(reply::int)
         .and_then(|ms| u64::try_from(ms).ok())
         .map(Duration::from_millis);
-    let entries = match parts.drain(..).next() {
-        Some(Value::Array(items)) => items
-            .into_iter()
-            .filter_map(|item| {
-                let Value::Array(fields) = item else {
-                    return None;
-                };
-                let mut fields = fields.into_iter();
-                let id = reply::into_text(fields.next()?)?;
-                let payload = match fields.next()? {
-                    Value::BulkString(b) => b,
-                    Value::SimpleString(s) => s.into_bytes(),
-                    _ => Vec::new(),
-                };
-                let count = fields
-                    .next()
-                    .as_ref()
-                    .and_then(reply::int)
-                    .and_then(|c| u64::try_from(c).ok())
-                    .unwrap_or(1);
-                Some((id, payload, count))
-            })
-            .collect(),
+    let last = parts
+        .next()
+        .as_ref()
+        .and_then(reply::text)
+        .unwrap_or_else(|| "$".to_owned());
+    let list = |v: Option<Value>| match v {
+        Some(Value::Array(items)) => items,
         _ => Vec::new(),
     };
-    (entries, wait, last)
+    let mut tags = Vec::new();
+    let mut runs = list(runs).into_iter();
+    while let (Some(tag), Some(n)) = (runs.next(), runs.next()) {
+        let n = reply::int(&n)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
+        if let Some(tag) = reply::into_text(tag) {
+            tags.extend(std::iter::repeat_n(tag, n));
+        }
+    }
+    let claimed = list(ids)
+        .into_iter()
+        .zip(list(payloads))
+        .zip(tags)
+        .filter_map(|((id, payload), tag)| {
+            let payload = match payload {
+                Value::BulkString(b) => b,
+                _ => return None,
+            };
+            Some((reply::into_text(id)?, payload, tag))
+        })
+        .collect();
+    (claimed, wait, last)
 }
 
 /// A keyed queue's loads (a plain queue does not offer the ability).
@@ -415,7 +433,8 @@ impl KeyedQueue for RedisTransport {
                 })
                 .in_flight = n;
         }
-        for (key, n) in ring.into_iter().zip(queued) {
+        // A key may stay in the ring a visit after its list is gone (see keyed.lua).
+        for (key, n) in ring.into_iter().zip(queued).filter(|(_, n)| *n > 0) {
             loads
                 .entry(key.clone())
                 .or_insert_with(|| KeyLoad {
@@ -447,25 +466,38 @@ mod tests {
     fn reads_the_claim_reply() {
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
         let reply = Value::Array(vec![
-            Value::Array(vec![Value::Array(vec![
-                bulk("k-1"),
-                bulk("{}\n{\"a\":1}"),
+            Value::Array(vec![bulk("k-1"), bulk("k-2"), bulk("k-3")]),
+            Value::Array(vec![bulk("{}\n{\"a\":1}"), Value::Nil, bulk("{}\n{}")]),
+            Value::Array(vec![
+                bulk("2\nt"),
+                Value::Int(1),
+                bulk("1\nu"),
                 Value::Int(2),
-            ])]),
-            Value::Int(250),
-            bulk("17-0"),
-        ]);
-        let (entries, wait, last) = claim_reply(reply);
-        assert_eq!(entries.len(), 1);
-        assert_eq!(entries[0].0, "k-1");
-        assert_eq!(entries[0].2, 2);
-        assert_eq!(wait, Some(Duration::from_millis(250)));
-        assert_eq!(last, "17-0");
-        let (_, none, _) = claim_reply(Value::Array(vec![
-            Value::Array(vec![]),
+            ]),
             Value::Int(-1),
             bulk("0-0"),
+        ]);
+        let (entries, wait, _) = claim_reply(reply);
+        let got: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(id, _, tag)| (id.as_str(), tag.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("k-1", "2\nt"), ("k-3", "1\nu")],
+            "each id with its run's tag; a payload gone is skipped"
+        );
+        assert_eq!(entries[0].1, b"{}\n{\"a\":1}");
+        assert_eq!(wait, None);
+        let (none, wait, last) = claim_reply(Value::Array(vec![
+            Value::Array(vec![]),
+            Value::Array(vec![]),
+            Value::Array(vec![]),
+            Value::Int(250),
+            bulk("17-0"),
         ]));
-        assert_eq!(none, None);
+        assert!(none.is_empty());
+        assert_eq!(wait, Some(Duration::from_millis(250)));
+        assert_eq!(last, "17-0");
     }
 }

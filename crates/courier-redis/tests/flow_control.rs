@@ -244,8 +244,8 @@ async fn a_dead_workers_slot_frees_itself_when_its_lease_ends() {
         again[0]
             .last::<courier_core::DeliveryTagStamp>()
             .map(|t| t.0.clone()),
-        Some("2".to_owned()),
-        "a second delivery"
+        Some("2\nk".to_owned()),
+        "a second delivery (its count, then its key)"
     );
     // The dead worker's late ack must not free the survivor's slot.
     timeout(doomed.ack_batch(&held)).await.unwrap();
@@ -758,4 +758,159 @@ async fn keys_from_config_limit_a_message_type() {
         0,
         "nothing else was stored"
     );
+}
+
+/// A keyed delivery's keepalive renews its lease (an ended lease renewed in time is not
+/// delivered again) and a superseded one's renews nothing; a lease that is not a delivery and a
+/// delayed message whose key is lost are what a corrupt or foreign write leaves: the claim
+/// drops the first and delivers the second (unlimited) rather than failing or losing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+async fn keepalive_renews_a_keyed_lease_and_corrupt_entries_lose_nothing() {
+    let q = Queue::new(|o| o.concurrency_max(1));
+    let holder = q.worker().await;
+    let other = q.worker().await;
+    timeout(holder.send_batch(vec![keyed(1, "k")]))
+        .await
+        .unwrap();
+    let got = timeout(holder.get(10)).await.unwrap();
+    assert_eq!(seqs(&got), vec![1]);
+    q.expire_leases().await;
+    timeout(holder.keepalive(&got[0])).await.unwrap();
+    assert!(
+        timeout(other.get(10)).await.unwrap().is_empty(),
+        "the renewed lease still holds the message and its key's slot"
+    );
+
+    let mut conn = q.conn().await;
+    let _: () = redis::cmd("ZADD")
+        .arg(q.key("leases"))
+        .arg(0)
+        .arg("not a delivery")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let sent = timeout(holder.send_batch(vec![
+        keyed(2, "j").with(courier_core::DelayStamp(Duration::from_millis(200))),
+    ]))
+    .await
+    .unwrap();
+    let id = sent[0]
+        .last::<courier_core::TransportMessageIdStamp>()
+        .unwrap()
+        .0
+        .clone();
+    let lost: u64 = redis::cmd("HDEL")
+        .arg(q.key("key"))
+        .arg(&id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(lost, 1, "a delayed message's key is stored until it is due");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let due = timeout(other.get(10)).await.unwrap();
+    assert_eq!(seqs(&due), vec![2], "the delayed message, its key lost");
+    let garbage: Option<f64> = redis::cmd("ZSCORE")
+        .arg(q.key("leases"))
+        .arg("not a delivery")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        garbage, None,
+        "the claim dropped the lease that is no delivery"
+    );
+    timeout(other.ack(&due[0])).await.unwrap();
+
+    // Superseded: the holder's lease ends and the other worker takes the message again.
+    q.expire_leases().await;
+    let again = timeout(other.get(10)).await.unwrap();
+    assert_eq!(
+        seqs(&again),
+        vec![1],
+        "delivered again once its lease ended"
+    );
+    q.expire_leases().await;
+    timeout(holder.keepalive(&got[0])).await.unwrap();
+    timeout(holder.ack(&got[0])).await.unwrap();
+    let third = timeout(holder.get(10)).await.unwrap();
+    assert_eq!(
+        seqs(&third),
+        vec![1],
+        "the superseded keepalive renewed nothing and its ack settled nothing"
+    );
+    timeout(holder.ack(&third[0])).await.unwrap();
+    assert_eq!(count(&holder).await, 0);
+    assert_eq!(q.slots().await, (HashMap::new(), 0), "every slot free");
+}
+
+/// A delivery an earlier Courier made (its lease the bare id, its owner and key in hashes of
+/// their own) is taken over when its lease ends, holding its slot, and settles clean: workers
+/// of the previous layout stopped before these started lose nothing in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+async fn a_delivery_of_the_earlier_layout_is_taken_over() {
+    let q = Queue::new(|o| o.concurrency_max(1));
+    let w = q.worker().await;
+    let sent = timeout(w.send_batch(vec![keyed(7, "t")])).await.unwrap();
+    let id = sent[0]
+        .last::<courier_core::TransportMessageIdStamp>()
+        .unwrap()
+        .0
+        .clone();
+    // What an earlier worker's claim left: the id off its list, an ended lease, owner and key.
+    let mut conn = q.conn().await;
+    let () = redis::pipe()
+        .cmd("LPOP")
+        .arg(q.key("q:t"))
+        .ignore()
+        .cmd("ZADD")
+        .arg(q.key("leases"))
+        .arg(0)
+        .arg(&id)
+        .ignore()
+        .cmd("HSET")
+        .arg(q.key("owner"))
+        .arg(&id)
+        .arg("gone\n1")
+        .ignore()
+        .cmd("HSET")
+        .arg(q.key("key"))
+        .arg(&id)
+        .arg("t")
+        .ignore()
+        .cmd("HINCRBY")
+        .arg(q.key("busy"))
+        .arg("t")
+        .arg(1)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let got = timeout(w.get(10)).await.unwrap();
+    assert_eq!(seqs(&got), vec![7]);
+    assert_eq!(
+        got[0]
+            .last::<courier_core::DeliveryTagStamp>()
+            .map(|t| t.0.clone()),
+        Some("2\nt".to_owned()),
+        "its second delivery, of key t"
+    );
+    assert_eq!(
+        q.slots().await.0.get("t"),
+        Some(&1),
+        "the same slot, held once"
+    );
+    timeout(w.ack(&got[0])).await.unwrap();
+    assert_eq!(count(&w).await, 0);
+    assert_eq!(q.slots().await, (HashMap::new(), 0), "every slot free");
+    let left: (u64, u64) = redis::pipe()
+        .cmd("HLEN")
+        .arg(q.key("owner"))
+        .cmd("HLEN")
+        .arg(q.key("key"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, (0, 0), "nothing of the earlier layout left");
 }

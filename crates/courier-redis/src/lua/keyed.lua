@@ -1,15 +1,20 @@
 -- A keyed queue (shared by its scripts). ARGV[1] is the prefix P (`<stream>:keyed:`) of its keys:
 --   P..'data'     hash   id -> headers JSON, newline, body
---   P..'key'      hash   id -> concurrency key ('' for the unkeyed lane, which has no limit)
+--   P..'key'      hash   id -> concurrency key, of delayed ids only ('' for the unkeyed lane,
+--                        which has no limit)
 --   P..'q:'..key  list   ids ready to deliver, oldest first
---   P..'ring'     list   keys with ready ids, in turn order (P..'ringset': the same as a set)
+--   P..'ring'     list   keys with ready ids, in turn order (P..'ringset': the same as a set); a
+--                        key whose list a claim emptied leaves it at its next visit
 --   P..'delayed'  zset   delayed ids by due time (ms, server clock)
---   P..'owner'    hash   id -> consumer, newline, delivery count (delivered ids only)
---   P..'leases'   zset   delivered ids by lease end (ms, server clock), and PIN at +inf
+--   P..'leases'   zset   deliveries by lease end (ms, server clock), and PIN at +inf; a
+--                        delivery is `id, newline, delivery count, newline, key`
 --   P..'busy'     hash   key -> delivered and not yet settled (a key's slots in use)
 --   P..'signal'   stream one entry per change a waiting consumer may act on (capped)
 -- A slot is a lease: taken with the delivery, released by ack, reject or retry in the same
--- script, and a lease that ends (no keepalive) is delivered again, holding the same slot.
+-- script, and a lease that ends (no keepalive) is delivered again, holding the same slot. A
+-- delivery names itself: its count goes up at each redelivery, so the late ack of a superseded
+-- one finds no member and frees nothing, and its key tells which slot to free without a read.
+-- The consumer gets the delivery's `count, newline, key` as its delivery tag.
 local P = ARGV[1]
 
 -- A member of P..'leases' that is never a delivery, scored +inf: longer than Redis's
@@ -34,8 +39,8 @@ end
 -- Stores a new message; `delay` in ms (0: ready now).
 local function add(id, key, delay, payload, now)
   redis.call('HSET', P .. 'data', id, payload)
-  redis.call('HSET', P .. 'key', id, key)
   if tonumber(delay) > 0 then
+    redis.call('HSET', P .. 'key', id, key)
     redis.call('ZADD', P .. 'delayed', now + tonumber(delay), id)
   else
     ready(key, id)
@@ -45,14 +50,6 @@ end
 -- Wakes the consumers waiting for a change.
 local function signal()
   redis.call('XADD', P .. 'signal', 'MAXLEN', 16, '*', 's', 1)
-end
-
--- Whether `consumer` holds the delivery of `id` with delivery count `count` ('' for any).
-local function owned(id, consumer, count)
-  local o = redis.call('HGET', P .. 'owner', id)
-  if not o then return false end
-  if count == '' then return string.sub(o, 1, #consumer + 1) == consumer .. '\n' end
-  return o == consumer .. '\n' .. count
 end
 
 -- The most arguments one command of a batch takes (Lua's stack holds 8,000): even, so pairs
@@ -67,12 +64,14 @@ local function each_chunk(cmd, key, args)
   end
 end
 
--- HMGET of `ids` in `hash`, CHUNK at a time: the values in the order of `ids` (false where
--- missing).
-local function hmget(hash, ids)
+-- The replies of `cmd` on `key` with `args` (a list of names: hash fields, set members), CHUNK
+-- at a time, in the order of `args` (false where missing).
+local function read_chunks(cmd, key, args)
+  if #args == 0 then return {} end
+  if #args <= CHUNK then return redis.call(cmd, key, unpack(args)) end
   local out = {}
-  for i = 1, #ids, CHUNK do
-    for _, v in ipairs(redis.call('HMGET', hash, unpack(ids, i, math.min(#ids, i + CHUNK - 1)))) do
+  for i = 1, #args, CHUNK do
+    for _, v in ipairs(redis.call(cmd, key, unpack(args, i, math.min(#args, i + CHUNK - 1)))) do
       out[#out + 1] = v
     end
   end
@@ -87,26 +86,22 @@ local function ready_all(key, ids)
   end
 end
 
--- Forgets delivered messages (each at most once in `ids`) and frees their slots, one command
--- per hash and per key rather than per message; returns whether one of their keys has
--- messages waiting.
-local function settle_all(ids)
+-- Forgets delivered messages whose leases are gone (removed by the caller) and frees their
+-- slots: `ids` and their `keys`, one command for the payloads and one per key rather than per
+-- message; returns whether one of their keys has messages waiting.
+local function settle_all(ids, keys)
   if #ids == 0 then return false end
-  local keys = hmget(P .. 'key', ids)
-  each_chunk('ZREM', P .. 'leases', ids)
-  each_chunk('HDEL', P .. 'owner', ids)
   each_chunk('HDEL', P .. 'data', ids)
+  -- What an earlier layout kept for every message (its key); nothing in this one.
   each_chunk('HDEL', P .. 'key', ids)
   local freed, order = {}, {}
-  for i = 1, #ids do
+  for i = 1, #keys do
     local key = keys[i]
-    if key then
-      if not freed[key] then
-        freed[key] = 0
-        order[#order + 1] = key
-      end
-      freed[key] = freed[key] + 1
+    if not freed[key] then
+      freed[key] = 0
+      order[#order + 1] = key
     end
+    freed[key] = freed[key] + 1
   end
   local wake = false
   for _, key in ipairs(order) do
@@ -118,17 +113,7 @@ local function settle_all(ids)
   return wake
 end
 
--- Forgets a delivered message and frees its slot; returns whether its key has messages
--- waiting (a consumer may now take one).
-local function settle(id)
-  local key = redis.call('HGET', P .. 'key', id)
-  redis.call('ZREM', P .. 'leases', id)
-  redis.call('HDEL', P .. 'owner', id)
-  redis.call('HDEL', P .. 'data', id)
-  redis.call('HDEL', P .. 'key', id)
-  if not key then return false end
-  if redis.call('HINCRBY', P .. 'busy', key, -1) <= 0 then
-    redis.call('HDEL', P .. 'busy', key)
-  end
-  return redis.call('EXISTS', P .. 'q:' .. key) == 1
+-- Reads the id, delivery count and key of a delivery (nil for a member that is not one).
+local function parse_delivery(member)
+  return string.match(member, '^([^\n]*)\n(%d+)\n(.*)$')
 end

@@ -1,21 +1,14 @@
--- ARGV: prefix, consumer, then id, count pairs. Settles the deliveries the consumer still holds
--- (ack and reject alike); a superseded delivery is left to its new holder. Returns how many.
-local consumer = ARGV[2]
-local ids, counts = {}, {}
-for i = 3, #ARGV, 2 do
-  ids[#ids + 1] = ARGV[i]
-  counts[#counts + 1] = ARGV[i + 1]
-end
-local owners = hmget(P .. 'owner', ids)
-local mine, seen = {}, {}
-for i, id in ipairs(ids) do
-  local o, count = owners[i], counts[i]
-  local holds = o and not seen[id] and ((count == '' and string.sub(o, 1, #consumer + 1) == consumer .. '\n')
-    or o == consumer .. '\n' .. count)
-  if holds then
-    seen[id] = true
-    mine[#mine + 1] = id
+-- ARGV: prefix, then id, key, delivery triples (the delivery: id, newline, delivery tag).
+-- Settles the deliveries still leased (ack and reject alike): removing a delivery's lease tells
+-- whether it was (once per batch, however often it is named); a superseded delivery is left to
+-- its new holder. Returns how many.
+local ids, keys = {}, {}
+local leases = P .. 'leases'
+for i = 2, #ARGV, 3 do
+  if redis.call('ZREM', leases, ARGV[i + 2]) == 1 then
+    ids[#ids + 1] = ARGV[i]
+    keys[#keys + 1] = ARGV[i + 1]
   end
 end
-if settle_all(mine) then signal() end
-return #mine
+if settle_all(ids, keys) then signal() end
+return #ids

@@ -176,7 +176,6 @@ pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
             format!("{stream}:keyed:ring"),
             format!("{stream}:keyed:ringset"),
             format!("{stream}:keyed:delayed"),
-            format!("{stream}:keyed:owner"),
             format!("{stream}:keyed:leases"),
             format!("{stream}:keyed:busy"),
         ];
