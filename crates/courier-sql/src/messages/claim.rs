@@ -110,15 +110,9 @@ where
                     settled?;
                     locked = true;
                 } else {
+                    // SQLite and MariaDB: no NOTIFY to send (PostgreSQL settles above).
                     self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
                         .await?;
-                    if let Some(notify) = &flow.notify {
-                        sqlx::query(notify)
-                            .bind(self.table.as_str())
-                            .bind(self.queue.as_str())
-                            .execute(&mut *tx)
-                            .await?;
-                    }
                 }
             }
             let rows = self.claim_locked(&mut tx, max, delivery_id, locked).await?;
