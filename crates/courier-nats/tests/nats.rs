@@ -159,3 +159,25 @@ async fn a_worker_handles_every_message_sent_through_nats_once() {
     assert_eq!(handled.load(Ordering::Relaxed), (1..=40).sum::<u64>());
     assert_eq!(count(&t).await, 0, "every message acked");
 }
+
+/// Deleting a stream that is gone fails naming it as not found (the test harness's teardown
+/// relies on it to tell a lost answer from a stream left behind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats: set COURIER_TEST_NATS_URL"]
+async fn deleting_a_stream_that_is_gone_says_not_found() {
+    let h = NatsHarness::new().await;
+    let t = h
+        .make(NatsHarness::options(&NatsHarness::unique("courier_gone")))
+        .await;
+    ok("send", t.send(Envelope::new(TestMessage::new(1)))).await;
+    ok("delete", t.delete_stream()).await;
+    let e = tokio::time::timeout(OP, t.delete_stream())
+        .await
+        .expect("an answer")
+        .expect_err("the stream is gone");
+    assert!(
+        common::error_chain(&e).contains("not found"),
+        "{}",
+        common::error_chain(&e)
+    );
+}

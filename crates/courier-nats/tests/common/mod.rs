@@ -197,7 +197,31 @@ impl Drop for NatsHarness {
         }
         let cleanup = async move {
             for t in made {
-                let _ = tokio::time::timeout(OP, t.delete_stream()).await;
+                // A loaded server can miss the JetStream API's request timeout while it deletes
+                // a big stream: try again on a fresh connection, and say so if it stays.
+                let mut failure = None;
+                for _ in 0..3 {
+                    match tokio::time::timeout(OP, t.delete_stream()).await {
+                        Ok(Ok(())) => {
+                            failure = None;
+                            break;
+                        }
+                        Ok(Err(e)) => {
+                            let e = error_chain(&e);
+                            // Gone already (an earlier attempt's answer was lost).
+                            if e.contains("not found") {
+                                failure = None;
+                                break;
+                            }
+                            failure = Some(e);
+                        }
+                        Err(_) => failure = Some(format!("no answer within {OP:?}")),
+                    }
+                    t.close().await;
+                }
+                if let Some(e) = failure {
+                    eprintln!("test teardown: cannot delete a test stream: {e}");
+                }
                 t.close().await;
             }
         };
@@ -260,4 +284,16 @@ impl Harness for NatsHarness {
     fn poll_window(&self) -> Duration {
         Duration::from_millis(500)
     }
+}
+
+/// An error and its sources, one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }

@@ -29,6 +29,10 @@ pub(crate) struct FlowStatements {
     /// the wake-up of waiting consumers, in one statement, so a claim that settles the batch
     /// before it takes one round trip where it took three (binds: ids, delivery ids, the lock's
     /// name, then, limited, channel and queue). It notifies only when a row was deleted.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "read by the PostgreSQL dialect only")
+    )]
     pub(crate) settle: Option<String>,
     /// The name of the queue's claim lock.
     pub(crate) lock_name: String,
