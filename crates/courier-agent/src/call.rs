@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use courier_core::error_chain;
 use courier_runs::{ProviderError, StepScope, Usage};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
@@ -308,7 +309,7 @@ fn transport(provider: &Provider, e: reqwest::Error) -> ProviderError {
     let e = e.without_url();
     ProviderError::Connection(Some(Box::new(CallFailed {
         provider: provider.name.clone(),
-        detail: error_chain(&e),
+        detail: error_chain(&e).to_string(),
     })))
 }
 
@@ -337,18 +338,6 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         at.duration_since(SystemTime::now())
             .unwrap_or(Duration::ZERO),
     )
-}
-
-/// An error and its sources, `: `-separated.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -176,8 +176,10 @@ async fn deleting_a_stream_that_is_gone_says_not_found() {
         .expect("an answer")
         .expect_err("the stream is gone");
     assert!(
-        common::error_chain(&e).contains("not found"),
+        courier_core::error_chain(&e)
+            .to_string()
+            .contains("not found"),
         "{}",
-        common::error_chain(&e)
+        courier_core::error_chain(&e).to_string()
     );
 }

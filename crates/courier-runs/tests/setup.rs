@@ -13,17 +13,6 @@ use futures_util::future::join_all;
 
 const SETUPS: usize = 8;
 
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
 async fn concurrent_setups_of_fresh_tables_all_succeed(dsn: &str) {
     let prefix = courier_test::env::unique_name("race");
     let cleanup = courier_test::Cleanup::new();
@@ -46,7 +35,7 @@ async fn concurrent_setups_of_fresh_tables_all_succeed(dsn: &str) {
         tokio::time::timeout(Duration::from_secs(60), s.setup())
             .await
             .map_err(|_| "timed out".to_owned())
-            .and_then(|r| r.map_err(|e| chain(&e)))
+            .and_then(|r| r.map_err(|e| courier_core::error_chain(&e).to_string()))
     }))
     .await;
     let usable = stores[0].list(None, 1).await.map(|runs| runs.len());

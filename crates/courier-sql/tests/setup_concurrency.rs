@@ -11,17 +11,6 @@ use futures_util::future::join_all;
 
 const SETUPS: usize = 8;
 
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
 async fn concurrent_setups_of_a_fresh_table_all_succeed(h: &common::SqlHarness) {
     let table = h.table("courier_race");
     let dsn = format!("{}?table_name={table}&poll_window=200ms{}", h.base, h.extra);
@@ -34,7 +23,10 @@ async fn concurrent_setups_of_a_fresh_table_all_succeed(h: &common::SqlHarness) 
             )
             .await
             .map_err(|_| "timed out".to_owned())
-            .and_then(|r| r.map(drop).map_err(|e| chain(&e)))
+            .and_then(|r| {
+                r.map(drop)
+                    .map_err(|e| courier_core::error_chain(&e).to_string())
+            })
         }
     });
     let results = join_all(attempts).await;

@@ -207,7 +207,7 @@ impl Drop for NatsHarness {
                             break;
                         }
                         Ok(Err(e)) => {
-                            let e = error_chain(&e);
+                            let e = courier_core::error_chain(&e).to_string();
                             // Gone already (an earlier attempt's answer was lost).
                             if e.contains("not found") {
                                 failure = None;
@@ -284,16 +284,4 @@ impl Harness for NatsHarness {
     fn poll_window(&self) -> Duration {
         Duration::from_millis(500)
     }
-}
-
-/// An error and its sources, one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
