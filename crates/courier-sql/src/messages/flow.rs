@@ -400,7 +400,7 @@ mod tests {
                 .expect("rollback");
         }
         drop(conn);
-        let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+        let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}, {table}_cursors"))
             .execute(&pool)
             .await;
         // Without JIT in the server the test could not fail; Debian's PostgreSQL has it.
