@@ -15,7 +15,10 @@ use courier_core::{
     TransportMessageIdStamp,
 };
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisError, Value};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisError, RedisResult,
+    Value,
+};
 
 pub use options::RedisOptions;
 use options::Server;
@@ -472,30 +475,116 @@ impl RedisTransport {
         Ok(wire::entries(claimed))
     }
 
-    async fn read_group(
+    /// The move of the due delayed messages (the `MOVE_DUE` script), to run alone or in a
+    /// pipeline.
+    fn move_invocation(&self) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.scripts.move_due.prepare_invoke();
+        invocation
+            .key(&self.queue)
+            .key(&self.options.stream)
+            .arg(wire::now_ms())
+            .arg(MOVE_LIMIT)
+            .arg(if self.options.php_serializer {
+                "1"
+            } else {
+                "0"
+            })
+            .arg(self.options.stream_max_entries);
+        invocation
+    }
+
+    /// Moves the due delayed messages to the stream.
+    async fn move_due(&self, conn: &mut MultiplexedConnection) -> Result<(), TransportError> {
+        let _moved: u64 = self
+            .move_invocation()
+            .invoke_async(conn)
+            .await
+            .map_err(|e| self.error("moving due delayed messages", e))?;
+        Ok(())
+    }
+
+    /// Moves the due delayed messages, then reads the group from `from`, in one round trip.
+    /// What the read delivered is returned even when the move failed (the entries are this
+    /// consumer's now; the move is tried again at the next `get`); a script missing from the
+    /// server's cache (flushed, or a new server behind the address) is loaded for the next one.
+    async fn move_and_read(
         &self,
         conn: &mut MultiplexedConnection,
         from: &str,
         count: usize,
     ) -> Result<Vec<Entry>, TransportError> {
-        let reply: Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
+        let invocation = self.move_invocation();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .invoke_script(&invocation)
+            .add_command(self.read_cmd(from, count));
+        let replies: Vec<RedisResult<Value>> = pipe
+            .query_async(conn)
+            .await
+            .map_err(|e| self.error("reading the stream", e))?;
+        let mut replies = replies.into_iter();
+        let (moved, read) = (replies.next(), replies.next());
+        let entries = match read {
+            Some(read) => self.read_result(read)?,
+            None => {
+                return Err(
+                    TransportError::new(TransportErrorKind::Protocol, self.name.clone())
+                        .with_context("no reply to reading the stream"),
+                );
+            }
+        };
+        match moved {
+            Some(Err(e)) if e.code() == Some("NOSCRIPT") => {
+                self.scripts
+                    .move_due
+                    .load_async(conn)
+                    .await
+                    .map_err(|e| self.error("loading the delayed messages' script", e))?;
+            }
+            Some(Err(e)) if entries.is_empty() => {
+                return Err(self.error("moving due delayed messages", e));
+            }
+            Some(Err(e)) => tracing::warn!(
+                messaging.destination.name = %self.options.stream,
+                error = %e,
+                "moving due delayed messages failed; they are moved at the next read"
+            ),
+            _ => {}
+        }
+        Ok(entries)
+    }
+
+    fn read_cmd(&self, from: &str, count: usize) -> redis::Cmd {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
             .arg(&self.options.group)
             .arg(&self.options.consumer)
             .arg("COUNT")
             .arg(count)
             .arg("STREAMS")
             .arg(&self.options.stream)
-            .arg(from)
-            .query_async(conn)
-            .await
-            .map_err(|e| {
-                if e.code() == Some("NOGROUP") && self.options.auto_setup {
-                    // The stream or its group was deleted: the next `get` creates them again.
-                    self.state().set_up = false;
-                }
-                self.error("reading the stream", e)
-            })?;
+            .arg(from);
+        cmd
+    }
+
+    fn read_result(&self, reply: RedisResult<Value>) -> Result<Vec<Entry>, TransportError> {
+        let reply = reply.map_err(|e| {
+            if e.code() == Some("NOGROUP") && self.options.auto_setup {
+                // The stream or its group was deleted: the next `get` creates them again.
+                self.state().set_up = false;
+            }
+            self.error("reading the stream", e)
+        })?;
         Ok(wire::read_reply(reply))
+    }
+
+    async fn read_group(
+        &self,
+        conn: &mut MultiplexedConnection,
+        from: &str,
+        count: usize,
+    ) -> Result<Vec<Entry>, TransportError> {
+        let reply = self.read_cmd(from, count).query_async(conn).await;
+        self.read_result(reply)
     }
 }

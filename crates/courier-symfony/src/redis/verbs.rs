@@ -8,7 +8,7 @@ use courier_core::{
     TransportErrorKind, TransportMessageIdStamp,
 };
 
-use super::{MOVE_LIMIT, RedisTransport, wire};
+use super::RedisTransport;
 
 #[async_trait]
 impl Transport for RedisTransport {
@@ -34,23 +34,6 @@ impl Transport for RedisTransport {
         }
         self.ensure_setup().await?;
         let mut conn = self.conn().await?;
-        let _moved: u64 = self
-            .scripts
-            .move_due
-            .key(&self.queue)
-            .key(&self.options.stream)
-            .arg(wire::now_ms())
-            .arg(MOVE_LIMIT)
-            .arg(if self.options.php_serializer {
-                "1"
-            } else {
-                "0"
-            })
-            .arg(self.options.stream_max_entries)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.error("moving due delayed messages", e))?;
-
         let (pending_after, claim_due) = {
             let state = self.state();
             (
@@ -58,20 +41,33 @@ impl Transport for RedisTransport {
                 state.next_claim <= Instant::now(),
             )
         };
+        // PHP's order: move the due delayed messages, read this consumer's own pending entries,
+        // claim others' stale ones, read new ones. The move goes in one round trip with the
+        // first read (Redis runs a connection's commands in order).
+        let mut moved = false;
         let mut entries = match pending_after {
             Some(after) => {
-                let own = self.read_group(&mut conn, &after, max).await?;
+                let own = self.move_and_read(&mut conn, &after, max).await?;
+                moved = true;
                 self.state().pending_after = own.last().map(|(id, _)| id.clone());
                 own
             }
             None => Vec::new(),
         };
         if entries.is_empty() && claim_due {
+            if !moved {
+                self.move_due(&mut conn).await?;
+                moved = true;
+            }
             entries = self.claim(&mut conn, max).await?;
             self.state().next_claim = Instant::now() + self.options.claim_interval;
         }
         if entries.is_empty() {
-            entries = self.read_group(&mut conn, ">", max).await?;
+            entries = if moved {
+                self.read_group(&mut conn, ">", max).await?
+            } else {
+                self.move_and_read(&mut conn, ">", max).await?
+            };
         }
 
         let mut deleted = Vec::new();
