@@ -112,6 +112,27 @@ fn bench_raw_on_symfonys_table_measures_sqlx_on_the_same_layout() {
     );
 }
 
+/// On Symfony's Redis layout the raw side is redis-rs writing and reading Symfony's `message`
+/// field on a stream of its own (deleted at the end; the leftovers check of `scripts/test` sees
+/// a key left behind).
+#[cfg(all(feature = "redis", feature = "symfony"))]
+#[test]
+#[ignore = "needs redis: set COURIER_TEST_REDIS_URL"]
+fn bench_raw_on_symfonys_redis_stream_measures_redis_rs_on_the_same_layout() {
+    let cleanup = courier_test::Cleanup::new();
+    let stream = cleanup.redis_name("bench_symfony");
+    let url = service_url("COURIER_TEST_REDIS_URL");
+    let out = throughput_beside_raw(Some(&format!(
+        "symfony+{}/{stream}/g/c",
+        url.trim_end_matches('/')
+    )));
+    assert_eq!(
+        out["dsn"].as_str().map(|d| d.starts_with("symfony+redis")),
+        Some(true),
+        "{out}"
+    );
+}
+
 /// `bench --concurrency-keys` measures the keyed queue beside the same queue without keys, in
 /// paired rounds: both sides' figures, the ratio keyed / unkeyed, one ratio per round, no raw
 /// side. The keyed queue's messages were all handled (the bench fails otherwise) and leave no

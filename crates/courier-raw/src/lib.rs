@@ -24,7 +24,8 @@
 //!
 //! A crate of its own below `courier-cli`, which converts its [`RawError`] and reports its
 //! [`Figures`]: each driver comes with its feature (`sqlite`, `postgres`, `mysql`, `redis`,
-//! `amqp`, `nats`; `sqlite` also measures `symfony+sqlite`, Symfony's Doctrine table); without
+//! `amqp`, `nats`; `sqlite` also measures `symfony+sqlite`, Symfony's Doctrine table, and `redis`
+//! `symfony+redis`, Symfony's Redis layout); without
 //! it the scheme has no raw implementation.
 
 use std::sync::Arc;
@@ -65,6 +66,10 @@ pub async fn measure(dsn: &Dsn, work: &Work) -> RawResult<Option<Figures>> {
             .map(Some),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => run(Arc::new(redis_streams::Raw::connect(dsn).await?), work)
+            .await
+            .map(Some),
+        #[cfg(feature = "redis")]
+        "symfony+redis" => run(Arc::new(redis_streams::Raw::symfony(dsn).await?), work)
             .await
             .map(Some),
         #[cfg(feature = "amqp")]

@@ -1,4 +1,7 @@
-//! Redis Streams: the transport's commands on a connection of its own.
+//! Redis Streams: the transport's commands on a connection of its own; with `symfony+redis://`,
+//! the commands of Courier's Symfony transport on Symfony's layout (one `message` field holding
+//! JSON `{"body", "headers"}`, wrapped by phpredis's serializer unless `serializer=0`; each read
+//! looks for due delayed messages in `<stream>__queue` in the same round trip).
 
 use std::time::Duration;
 
@@ -16,10 +19,58 @@ const GROUP: &str = "courier";
 /// How long the latency floor's `XREADGROUP` blocks (the transport's poll window).
 const BLOCK: Duration = Duration::from_secs(1);
 
+/// What Symfony's serializer writes as the headers of a message of type `courier.bench`.
+const SYMFONY_HEADERS: &str = r#"{"type":"courier.bench","Content-Type":"application\/json"}"#;
+
 pub(crate) struct Raw {
     client: redis::Client,
     conn: MultiplexedConnection,
     stream: String,
+    symfony: Option<Symfony>,
+}
+
+/// Symfony's layout, as the DSN's options set it.
+struct Symfony {
+    /// phpredis's PHP serializer (`serializer=1`, its default).
+    php_serialized: bool,
+    /// `delete_after_ack` (off by default in Symfony 5.4): `XDEL` beside `XACK`.
+    delete: bool,
+    /// `<stream>__queue`, the delayed messages.
+    queue: String,
+}
+
+impl Symfony {
+    /// The `message` field of `body`. The benchmark's bodies hold no `/` and nothing beyond
+    /// ASCII, so serde_json's string escapes are PHP's.
+    fn field(&self, body: &str) -> RawResult<String> {
+        let body = serde_json::to_string(body)
+            .map_err(|e| RawError::failed(format!("raw symfony benchmark: {e}")))?;
+        let json = format!(r#"{{"body":{body},"headers":{SYMFONY_HEADERS}}}"#);
+        Ok(if self.php_serialized {
+            format!("s:{}:\"{json}\";", json.len())
+        } else {
+            json
+        })
+    }
+
+    /// The body of a `message` field.
+    fn body(field: &[u8]) -> RawResult<String> {
+        #[derive(serde::Deserialize)]
+        struct Field {
+            body: String,
+        }
+        let json = match field.strip_prefix(b"s:") {
+            Some(rest) => {
+                let start = rest.iter().position(|&b| b == b':').map_or(0, |at| at + 2);
+                rest.get(start..rest.len().saturating_sub(2))
+                    .unwrap_or_default()
+            }
+            None => field,
+        };
+        let field: Field = serde_json::from_slice(json)
+            .map_err(|e| RawError::failed(format!("raw symfony benchmark: bad field: {e}")))?;
+        Ok(field.body)
+    }
 }
 
 fn err(e: redis::RedisError) -> RawError {
@@ -45,20 +96,41 @@ impl Raw {
         if let Some(block) = block {
             read.arg("BLOCK").arg(block.as_millis().max(1) as u64);
         }
-        let reply: Value = read
-            .arg("STREAMS")
-            .arg(&self.stream)
-            .arg(">")
-            .query_async(conn)
-            .await
-            .map_err(err)?;
-        let entries = entries(&reply);
+        read.arg("STREAMS").arg(&self.stream).arg(">");
+        let reply: Value = match &self.symfony {
+            None => read.query_async(conn).await.map_err(err)?,
+            Some(symfony) => {
+                // The due delayed messages (none here), looked for in the same round trip.
+                let mut pipe = redis::pipe();
+                pipe.cmd("ZRANGEBYSCORE")
+                    .arg(&symfony.queue)
+                    .arg("-inf")
+                    .arg(now_ms())
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(1000)
+                    .ignore();
+                pipe.add_command(read);
+                let (reply,): (Value,) = pipe.query_async(conn).await.map_err(err)?;
+                reply
+            }
+        };
+        let field = if self.symfony.is_some() {
+            "message"
+        } else {
+            "body"
+        };
+        let entries = entries(&reply, field.as_bytes());
         if entries.is_empty() {
             return Ok(0);
         }
         let mut ids = Vec::with_capacity(entries.len());
         for (id, body) in &entries {
-            on(decode(body, "redis")?);
+            if self.symfony.is_some() {
+                on(decode(Symfony::body(body)?.as_bytes(), "symfony redis")?);
+            } else {
+                on(decode(body, "redis")?);
+            }
             ids.push(*id);
         }
         let mut pipe = redis::pipe();
@@ -67,7 +139,9 @@ impl Raw {
             .arg(GROUP)
             .arg(&ids)
             .ignore();
-        pipe.cmd("XDEL").arg(&self.stream).arg(&ids).ignore();
+        if self.symfony.as_ref().is_none_or(|s| s.delete) {
+            pipe.cmd("XDEL").arg(&self.stream).arg(&ids).ignore();
+        }
         pipe.query_async::<()>(conn).await.map_err(err)?;
         Ok(entries.len())
     }
@@ -100,7 +174,33 @@ impl Raw {
     }
 
     pub(super) async fn connect(dsn: &Dsn) -> RawResult<Self> {
-        let client = redis::Client::open(dsn.expose_without_query()).map_err(err)?;
+        Self::connect_to(dsn.expose_without_query(), None).await
+    }
+
+    /// The raw loop on Symfony's layout (`symfony+redis://host:port/...`), on a stream of its
+    /// own, with the DSN's `serializer` and `delete_after_ack`.
+    pub(super) async fn symfony(dsn: &Dsn) -> RawResult<Self> {
+        let exposed = dsn.expose_without_query();
+        let server = exposed.strip_prefix("symfony+").unwrap_or(exposed);
+        // `redis://[auth@]host:port`, without Symfony's `/stream/group/consumer` path.
+        let authority_end = server
+            .find("://")
+            .and_then(|at| server[at + 3..].find('/').map(|end| at + 3 + end))
+            .unwrap_or(server.len());
+        let symfony = Symfony {
+            php_serialized: dsn.option("serializer") != Some("0"),
+            delete: dsn.option("delete_after_ack") == Some("true"),
+            queue: String::new(),
+        };
+        let mut raw = Self::connect_to(&server[..authority_end], Some(symfony)).await?;
+        if let Some(symfony) = &mut raw.symfony {
+            symfony.queue = format!("{}__queue", raw.stream);
+        }
+        Ok(raw)
+    }
+
+    async fn connect_to(url: &str, symfony: Option<Symfony>) -> RawResult<Self> {
+        let client = redis::Client::open(url).map_err(err)?;
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
@@ -119,12 +219,20 @@ impl Raw {
             client,
             conn,
             stream,
+            symfony,
         })
     }
 }
 
-/// The entry ids and bodies of an `XREADGROUP` reply for one stream.
-fn entries(reply: &Value) -> Vec<(&[u8], &[u8])> {
+/// Milliseconds since the epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The entry ids and `field` values of an `XREADGROUP` reply for one stream.
+fn entries<'a>(reply: &'a Value, field: &[u8]) -> Vec<(&'a [u8], &'a [u8])> {
     let Value::Array(streams) = reply else {
         return Vec::new();
     };
@@ -144,7 +252,7 @@ fn entries(reply: &Value) -> Vec<(&[u8], &[u8])> {
                 return None;
             };
             let body = fields.chunks(2).find_map(|kv| match kv {
-                [Value::BulkString(k), Value::BulkString(v)] if k == b"body" => Some(v.as_slice()),
+                [Value::BulkString(k), Value::BulkString(v)] if k == field => Some(v.as_slice()),
                 _ => None,
             })?;
             Some((id.as_slice(), body))
@@ -157,14 +265,24 @@ impl Driver for Raw {
     async fn send(&self, bodies: &[String]) -> RawResult {
         let mut pipe = redis::pipe();
         for body in bodies {
-            pipe.cmd("XADD")
-                .arg(&self.stream)
-                .arg("*")
-                .arg("body")
-                .arg(body)
-                .arg("headers")
-                .arg(HEADERS)
-                .ignore();
+            match &self.symfony {
+                None => pipe
+                    .cmd("XADD")
+                    .arg(&self.stream)
+                    .arg("*")
+                    .arg("body")
+                    .arg(body)
+                    .arg("headers")
+                    .arg(HEADERS)
+                    .ignore(),
+                Some(symfony) => pipe
+                    .cmd("XADD")
+                    .arg(&self.stream)
+                    .arg("*")
+                    .arg("message")
+                    .arg(symfony.field(body)?)
+                    .ignore(),
+            };
         }
         let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await.map_err(err)

@@ -6,7 +6,7 @@
 /// non-ASCII characters, so each character is rewritten where it stands; the character after a
 /// backslash is an escape and stays as it is.
 pub(crate) fn php_escape(json: String) -> String {
-    if json.bytes().all(|b| b.is_ascii() && b != b'/') {
+    if plain_run(json.as_bytes(), Escapes::Php) == json.len() {
         return json;
     }
     let mut out = String::with_capacity(json.len() + json.len() / 8);
@@ -68,11 +68,10 @@ pub(crate) fn push_php_string(out: &mut String, s: &str) {
     // a byte of 0x80 or more, and is decoded there).
     let (mut plain, mut i) = (0, 0);
     while i < bytes.len() {
-        let b = bytes[i];
-        if !NEEDS_ESCAPE[usize::from(b)] {
-            i += 1;
-            continue;
-        }
+        i += plain_run(&bytes[i..], Escapes::String);
+        let Some(&b) = bytes.get(i) else {
+            break;
+        };
         out.push_str(&s[plain..i]);
         let escape = match b {
             b'"' => "\\\"",
@@ -97,6 +96,47 @@ pub(crate) fn push_php_string(out: &mut String, s: &str) {
     }
     out.push_str(s.get(plain..).unwrap_or_default());
     out.push('"');
+}
+
+/// Which bytes end a run of plain text.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Escapes {
+    /// Inside a JSON string literal ([`NEEDS_ESCAPE`]): control characters, `"`, `\`, `/` and
+    /// bytes beyond ASCII.
+    String,
+    /// In JSON text [`php_escape`] rewrites: `/` and bytes beyond ASCII.
+    Php,
+}
+
+/// How many bytes at the start of `bytes` stand as they are (see [`Escapes`]): eight bytes at a
+/// time while none of them is one to escape, then byte by byte.
+fn plain_run(bytes: &[u8], escapes: Escapes) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // Non-zero when some byte of `x` is zero (never zero when one is; the usual bit trick).
+    let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    let has = |x: u64, b: u8| has_zero(x ^ (ONES * u64::from(b)));
+    let mut i = 0;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let mut word = [0; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        let mut stop = (x & HIGH) | has(x, b'/');
+        if escapes == Escapes::String {
+            // A byte below 0x20 (bytes of 0x80 or more are caught above).
+            stop |= x.wrapping_sub(ONES * 0x20) & !x & HIGH;
+            stop |= has(x, b'"') | has(x, b'\\');
+        }
+        if stop != 0 {
+            break;
+        }
+        i += 8;
+    }
+    let table = |b: u8| match escapes {
+        Escapes::String => NEEDS_ESCAPE[usize::from(b)],
+        Escapes::Php => b == b'/' || !b.is_ascii(),
+    };
+    i + bytes[i..].iter().take_while(|&&b| !table(b)).count()
 }
 
 /// The bytes a JSON string literal as `json_encode` writes it does not hold as they are:
@@ -188,6 +228,28 @@ mod tests {
                 "{s:?}"
             );
         }
+    }
+
+    /// Runs of plain text are skipped eight bytes at a time: every byte to escape is found
+    /// wherever it stands in the word (and in the bytes after the last whole word).
+    #[test]
+    fn an_escape_is_found_at_every_position() {
+        let base = "abcdefghijklmnopqrstuvwxyz";
+        for special in [
+            "\"", "\\", "/", "\n", "\u{1}", "\u{1f}", "\u{7f}", "é", "€", "😀",
+        ] {
+            for at in 0..=base.len() {
+                let s = format!("{}{special}{}", &base[..at], &base[at..]);
+                let json = serde_json::Value::from(s.as_str()).to_string();
+                assert_eq!(php_string(&s), php_escape(json.clone()), "{s:?}");
+                assert_eq!(
+                    php_escape(json.clone()) == json,
+                    special == "\"" || special.len() == 1 && special != "/",
+                    "{s:?}"
+                );
+            }
+        }
+        assert_eq!(php_string(base), format!("\"{base}\""));
     }
 
     #[test]

@@ -59,7 +59,23 @@ pub fn read(field: &[u8]) -> Result<(String, String), RedisFieldError> {
 /// `php_serialized` (phpredis's default), plain JSON otherwise.
 #[must_use]
 pub fn write(encoded: &SymfonyEncoded, php_serialized: bool) -> String {
-    let mut json = body_and_headers(encoded);
+    write_parts(
+        &encoded.body,
+        encoded
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+        php_serialized,
+    )
+}
+
+/// [`write`] of a body and headers.
+pub(crate) fn write_parts<'a>(
+    body: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+    php_serialized: bool,
+) -> String {
+    let mut json = body_and_headers(body, headers);
     json.push('}');
     if php_serialized {
         format!("s:{}:\"{json}\";", json.len())
@@ -69,18 +85,15 @@ pub fn write(encoded: &SymfonyEncoded, php_serialized: bool) -> String {
 }
 
 /// `{"body": ..., "headers": {...}` (the object left open), in one buffer, as PHP writes it.
-fn body_and_headers(encoded: &SymfonyEncoded) -> String {
-    let mut json = String::with_capacity(encoded.body.len() * 5 / 4 + 160);
+fn body_and_headers<'a>(
+    body: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
+    let mut json = String::with_capacity(body.len() * 5 / 4 + 160);
     json.push_str("{\"body\":");
-    push_php_string(&mut json, &encoded.body);
+    push_php_string(&mut json, body);
     json.push_str(",\"headers\":");
-    push_php_object(
-        &mut json,
-        encoded
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str())),
-    );
+    push_php_object(&mut json, headers);
     json
 }
 
@@ -89,7 +102,13 @@ fn body_and_headers(encoded: &SymfonyEncoded) -> String {
 /// serializer (`uniqid` keeps equal messages apart in the set; PHP's is `uniqid('', true)`).
 #[must_use]
 pub fn queue_member(encoded: &SymfonyEncoded, uniqid: &str) -> String {
-    let mut json = body_and_headers(encoded);
+    let mut json = body_and_headers(
+        &encoded.body,
+        encoded
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+    );
     json.push_str(",\"uniqid\":");
     push_php_string(&mut json, uniqid);
     json.push('}');

@@ -1,12 +1,13 @@
 //! [`SymfonySerializer`]: Symfony Messenger's JSON `Serializer` format to Courier's wire form and
 //! back.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use chrono_tz::Tz;
 use courier_core::{
-    CONTENT_TYPE_HEADER, EncodeError, Encoded, Envelope, JSON_CONTENT_TYPE, MessageRegistry,
-    STAMP_HEADER_PREFIX, TYPE_HEADER,
+    CONTENT_TYPE_HEADER, EncodeError, Encoded, EncodedJson, Envelope, JSON_CONTENT_TYPE,
+    MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode_json,
 };
 
 use crate::php_envelope;
@@ -187,33 +188,82 @@ impl SymfonySerializer {
         registry: &MessageRegistry,
         envelope: &Envelope,
     ) -> Result<SymfonyEncoded, EncodeError> {
-        Ok(self.to_symfony(registry.encode(envelope)?))
+        self.encode_with(registry, envelope, |body, headers| SymfonyEncoded {
+            body,
+            headers: owned(headers),
+        })
+    }
+
+    /// [`Self::encode`], handing `write` the body and the headers in Symfony's order, borrowed
+    /// where they can be (a transport writing them straight into its own buffer builds no
+    /// [`SymfonyEncoded`]).
+    pub(crate) fn encode_with<R>(
+        &self,
+        registry: &MessageRegistry,
+        envelope: &Envelope,
+        write: impl FnOnce(String, Vec<Pair<'_>>) -> R,
+    ) -> Result<R, EncodeError> {
+        // Courier's headers written as one JSON object, then read back borrowed: no header map
+        // and no header name built per message (what `registry.encode` would give, cheaper).
+        let EncodedJson { body, headers } = encode_json(envelope)?;
+        match serde_json::from_str::<HeaderPairs<'_>>(&headers) {
+            Ok(HeaderPairs(pairs)) => Ok(write(php_escape(body), self.symfony_headers(pairs))),
+            // Never taken (Courier wrote the object); the header map's way stays correct.
+            Err(_) => {
+                let Encoded { body, headers } = registry.encode(envelope)?;
+                let pairs = headers
+                    .into_iter()
+                    .map(|(k, v)| (Cow::Owned(k), Cow::Owned(v)))
+                    .collect();
+                Ok(write(php_escape(body), self.symfony_headers(pairs)))
+            }
+        }
     }
 
     /// Courier's wire form to Symfony's (see the type's documentation).
     #[must_use]
     pub fn to_symfony(&self, encoded: Encoded) -> SymfonyEncoded {
-        let Encoded { body, mut headers } = encoded;
-        let mut out = Vec::with_capacity(headers.len() + 1);
-        if let Some((header, name)) = headers.remove_entry(TYPE_HEADER) {
-            let class = self.types.php_class(&name).map(str::to_owned);
-            out.push((header, class.unwrap_or(name)));
+        let Encoded { body, headers } = encoded;
+        let pairs = headers
+            .into_iter()
+            .map(|(k, v)| (Cow::Owned(k), Cow::Owned(v)))
+            .collect();
+        SymfonyEncoded {
+            body: php_escape(body),
+            headers: owned(self.symfony_headers(pairs)),
         }
-        let content_type = headers.remove(CONTENT_TYPE_HEADER);
+    }
+
+    /// Courier's headers (sorted by name) as Symfony's, in the order Symfony writes them.
+    fn symfony_headers<'a>(&'a self, mut headers: Vec<Pair<'a>>) -> Vec<Pair<'a>> {
+        let mut out = Vec::with_capacity(headers.len() + 1);
+        if let Some(name) = take(&mut headers, TYPE_HEADER) {
+            let class = match name {
+                Cow::Borrowed(name) => Cow::Borrowed(self.types.php_class(name).unwrap_or(name)),
+                Cow::Owned(name) => self
+                    .types
+                    .php_class(&name)
+                    .map_or(Cow::Owned(name), Cow::Borrowed),
+            };
+            out.push((Cow::Borrowed(TYPE_HEADER), class));
+        }
+        let content_type = take(&mut headers, CONTENT_TYPE_HEADER);
         // Most messages carry no stamp header: no names to build then.
-        let stamped = headers.keys().any(|name| {
+        let stamped = headers.iter().any(|(name, _)| {
             name.starts_with(STAMP_HEADER_PREFIX) || name.starts_with(SYMFONY_STAMP_PREFIX)
         });
         for mapped in Mapped::ALL.into_iter().filter(|_| stamped) {
             let symfony_name = format!("{SYMFONY_STAMP_PREFIX}{}", mapped.php_class());
             let converted = mapped.courier_name().and_then(|name| {
                 let courier_name = format!("{STAMP_HEADER_PREFIX}{name}");
-                let list = mapped.to_symfony(headers.get(&courier_name)?, self.zone)?;
-                headers.remove(&courier_name);
-                Some(list)
+                let at = headers.iter().position(|(k, _)| *k == courier_name)?;
+                let list = mapped.to_symfony(&headers[at].1, self.zone)?;
+                headers.remove(at);
+                Some(Cow::Owned(list))
             });
-            if let Some(list) = converted.or_else(|| headers.remove(&symfony_name)) {
-                out.push((symfony_name, list));
+            let verbatim = || take(&mut headers, &symfony_name);
+            if let Some(list) = converted.or_else(verbatim) {
+                out.push((Cow::Owned(symfony_name), list));
             }
         }
         // Stamps Courier does not know (verbatim), then Courier's own plain headers.
@@ -223,13 +273,57 @@ impl SymfonySerializer {
         out.extend(stamps);
         out.extend(plain);
         out.push((
-            SYMFONY_CONTENT_TYPE.to_owned(),
-            content_type.unwrap_or_else(|| JSON_CONTENT_TYPE.to_owned()),
+            Cow::Borrowed(SYMFONY_CONTENT_TYPE),
+            content_type.unwrap_or(Cow::Borrowed(JSON_CONTENT_TYPE)),
         ));
-        SymfonyEncoded {
-            body: php_escape(body),
-            headers: out,
+        out
+    }
+}
+
+/// The pairs as owned strings.
+fn owned(pairs: Vec<Pair<'_>>) -> Vec<(String, String)> {
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+/// Removes the header `name` and gives its value.
+fn take<'a>(headers: &mut Vec<Pair<'a>>, name: &str) -> Option<Cow<'a, str>> {
+    let at = headers.iter().position(|(k, _)| k == name)?;
+    Some(headers.remove(at).1)
+}
+
+/// A header's name and value, borrowed from the JSON text where it needs no unescaping.
+pub(crate) type Pair<'a> = (Cow<'a, str>, Cow<'a, str>);
+
+/// A JSON object of strings read as its pairs in order, borrowing what it can.
+struct HeaderPairs<'a>(Vec<Pair<'a>>);
+
+/// A string borrowed from the JSON text unless it holds an escape.
+#[derive(serde::Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for HeaderPairs<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Pairs;
+        impl<'de> serde::de::Visitor<'de> for Pairs {
+            type Value = HeaderPairs<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of strings")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(4));
+                while let Some((Text(k), Text(v))) = map.next_entry()? {
+                    pairs.push((k, v));
+                }
+                Ok(HeaderPairs(pairs))
+            }
         }
+        d.deserialize_map(Pairs)
     }
 }
 
@@ -239,4 +333,85 @@ fn parse_headers(json: &str) -> Option<BTreeMap<String, String>> {
         return Some(BTreeMap::new());
     }
     serde_json::from_str(json).ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use courier_core::{
+        BusNameStamp, DelayStamp, ErrorDetailsStamp, Message, MessageIdStamp, RedeliveryStamp,
+    };
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct Ping {
+        to: String,
+    }
+
+    impl Message for Ping {
+        const NAME: &'static str = "app.ping";
+    }
+
+    /// `encode` reads Courier's headers back from their JSON text; it writes what the header map
+    /// of `registry.encode` gives, for every kind of header, and so does the Redis transport's
+    /// field written from the borrowed headers.
+    #[test]
+    fn encode_writes_what_the_header_map_gives() {
+        let registry = MessageRegistry::new().with::<Ping>();
+        let serializer = SymfonySerializer::new(SymfonyTypes::new().map(r"App\Ping", "app.ping"));
+        let ping = || {
+            Envelope::new(Ping {
+                to: "a/é\"b".into(),
+            })
+        };
+        let from_php = serializer.decode(
+            &registry,
+            r#"{"to":"x"}"#.to_owned(),
+            r#"{"type":"App\\Ping","X-Message-Stamp-App\\Stamp\\Custom":"[{\"k\":\"v\"}]","x-trace":"t\"1","Content-Type":"application\/json"}"#,
+        );
+        let unmapped = serializer.decode(
+            &registry,
+            r#"{"to":"x"}"#.to_owned(),
+            r#"{"type":"App\\Other","Content-Type":"application\/json"}"#,
+        );
+        for envelope in [
+            ping(),
+            ping().with(MessageIdStamp::new()),
+            ping()
+                .with(BusNameStamp("messenger.bus.default".into()))
+                .with(DelayStamp(Duration::from_millis(1500)))
+                .with(RedeliveryStamp {
+                    retry_count: 2,
+                    at: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+                })
+                .with_error_details(ErrorDetailsStamp {
+                    class: "Timeout".into(),
+                    message: "took \"too\" long/ü".into(),
+                    chain: vec!["inner".into()],
+                }),
+            from_php,
+            unmapped,
+        ] {
+            let fast = serializer.encode(&registry, &envelope).unwrap();
+            let mapped = serializer.to_symfony(registry.encode(&envelope).unwrap());
+            assert_eq!(fast, mapped);
+            // The Redis transport's field, written from the borrowed headers.
+            for php in [true, false] {
+                let field = serializer
+                    .encode_with(&registry, &envelope, |body, headers| {
+                        crate::redis_field::write_parts(
+                            &body,
+                            headers.iter().map(|(k, v)| (&**k, &**v)),
+                            php,
+                        )
+                    })
+                    .unwrap();
+                assert_eq!(field, crate::redis_field::write(&mapped, php));
+            }
+        }
+    }
 }

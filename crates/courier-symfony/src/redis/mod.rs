@@ -343,16 +343,16 @@ impl RedisTransport {
         pipe: &mut redis::Pipeline,
         envelope: &Envelope,
     ) -> Result<(), TransportError> {
-        let wire = self
-            .serializer
-            .encode(&self.registry, envelope)
-            .map_err(|e| {
-                TransportError::new(TransportErrorKind::Encode, self.name.clone()).with_source(e)
-            })?;
+        let encode_error =
+            |e| TransportError::new(TransportErrorKind::Encode, self.name.clone()).with_source(e);
         let delay = envelope.last::<DelayStamp>().map_or(0, |DelayStamp(d)| {
             u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
         });
         if delay > 0 {
+            let wire = self
+                .serializer
+                .encode(&self.registry, envelope)
+                .map_err(encode_error)?;
             let due = wire::now_ms().saturating_add(delay);
             pipe.cmd("ZADD")
                 .arg(&self.queue)
@@ -360,7 +360,14 @@ impl RedisTransport {
                 .arg(due)
                 .arg(wire::queue_member(&wire));
         } else {
-            let field = redis_field::write(&wire, self.options.php_serializer);
+            // Written straight into the field, from headers borrowed where they can be.
+            let php = self.options.php_serializer;
+            let field = self
+                .serializer
+                .encode_with(&self.registry, envelope, |body, headers| {
+                    redis_field::write_parts(&body, headers.iter().map(|(k, v)| (&**k, &**v)), php)
+                })
+                .map_err(encode_error)?;
             let cmd = pipe.cmd("XADD").arg(&self.options.stream);
             if self.options.stream_max_entries > 0 {
                 cmd.arg("MAXLEN")
