@@ -3,6 +3,8 @@
 //! `serializer=0`. [`read()`] detects both; [`write()`] writes either. A delayed message waits
 //! in the sorted set `<stream>__queue` as a [`queue_member()`] instead.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -34,13 +36,19 @@ struct Field<'a> {
 /// # Errors
 /// [`RedisFieldError`] when the field is neither form.
 pub fn read(field: &[u8]) -> Result<(String, String), RedisFieldError> {
-    let unwrapped;
-    let json: &[u8] = if field.starts_with(b"s:") {
+    read_parts(field).map(|(body, headers)| (body, headers.into_owned()))
+}
+
+/// [`read`], the headers' text borrowed from the field where it can be.
+pub(crate) fn read_parts(field: &[u8]) -> Result<(String, Cow<'_, str>), RedisFieldError> {
+    if let Some(json) = php_string(field) {
+        let parsed: Field<'_> = serde_json::from_slice(json).map_err(RedisFieldError::Json)?;
+        return Ok((parsed.body, Cow::Borrowed(parsed.headers.get())));
+    }
+    let json: Vec<u8> = if field.starts_with(b"s:") {
+        // Not the PHP string it looks like: the reader names what is wrong.
         match unserialize(field).map_err(RedisFieldError::PhpSerialized)? {
-            PhpValue::Str(bytes) => {
-                unwrapped = bytes;
-                &unwrapped
-            }
+            PhpValue::Str(bytes) => bytes,
             _ => {
                 return Err(RedisFieldError::PhpSerialized(PhpSerializeError {
                     offset: 0,
@@ -49,10 +57,21 @@ pub fn read(field: &[u8]) -> Result<(String, String), RedisFieldError> {
             }
         }
     } else {
-        field
+        let parsed: Field<'_> = serde_json::from_slice(field).map_err(RedisFieldError::Json)?;
+        return Ok((parsed.body, Cow::Borrowed(parsed.headers.get())));
     };
-    let parsed: Field<'_> = serde_json::from_slice(json).map_err(RedisFieldError::Json)?;
-    Ok((parsed.body, parsed.headers.get().to_owned()))
+    let parsed: Field<'_> = serde_json::from_slice(&json).map_err(RedisFieldError::Json)?;
+    Ok((parsed.body, Cow::Owned(parsed.headers.get().to_owned())))
+}
+
+/// The bytes of phpredis's `s:<len>:"<bytes>";`, when the field is exactly that.
+fn php_string(field: &[u8]) -> Option<&[u8]> {
+    let rest = field.strip_prefix(b"s:")?;
+    let colon = rest.iter().position(|&b| b == b':')?;
+    let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+    let quoted = rest.get(colon + 1..)?.strip_prefix(b"\"")?;
+    let (bytes, tail) = (quoted.get(..len)?, quoted.get(len..)?);
+    (tail == b"\";").then_some(bytes)
 }
 
 /// Writes a `message` field as Symfony's Redis transport does: PHP-serialized when
@@ -113,4 +132,48 @@ pub fn queue_member(encoded: &SymfonyEncoded, uniqid: &str) -> String {
     push_php_string(&mut json, uniqid);
     json.push('}');
     json
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_php_string_is_read_in_place_only_when_its_length_and_end_are_right() {
+        assert_eq!(php_string(b"s:4:\"h\xc3\xa9l\";"), Some(&b"h\xc3\xa9l"[..]));
+        assert_eq!(php_string(b"s:2:\"\";\";"), Some(&b"\";"[..]));
+        for bad in [
+            &b"s:6:\"hello\";"[..],
+            b"s:4:\"hello\";",
+            b"s:5:\"hello\"",
+            b"s:x:\"hello\";",
+            b"s:5\"hello\";",
+        ] {
+            assert_eq!(php_string(bad), None, "{}", String::from_utf8_lossy(bad));
+            assert!(
+                matches!(read(bad), Err(RedisFieldError::PhpSerialized(_))),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn both_forms_read_back_what_was_written() {
+        let encoded = SymfonyEncoded {
+            body: r#"{"to":"a\"b","n":1}"#.to_owned(),
+            headers: vec![
+                ("type".to_owned(), r"App\Ping".to_owned()),
+                ("Content-Type".to_owned(), "application/json".to_owned()),
+            ],
+        };
+        let headers = r#"{"type":"App\\Ping","Content-Type":"application\/json"}"#;
+        for php in [true, false] {
+            let (body, read_headers) = read(write(&encoded, php).as_bytes()).expect("reads");
+            assert_eq!(
+                (body.as_str(), read_headers.as_str()),
+                (encoded.body.as_str(), headers)
+            );
+        }
+    }
 }

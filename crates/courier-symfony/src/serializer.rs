@@ -117,8 +117,21 @@ impl SymfonySerializer {
     /// the class), body and headers kept, for the failure transport.
     #[must_use]
     pub fn decode(&self, registry: &MessageRegistry, body: String, headers_json: &str) -> Envelope {
-        match parse_headers(headers_json) {
-            Some(headers) => registry.decode(self.to_courier(body, headers)),
+        let pairs = if headers_json.trim() == "[]" {
+            Some(Vec::new())
+        } else {
+            serde_json::from_str::<HeaderPairs<'_>>(headers_json)
+                .ok()
+                .map(|HeaderPairs(pairs)| pairs)
+        };
+        match pairs {
+            // A `PhpSerializer` envelope: its own way, through the header map.
+            Some(pairs) if php_envelope_body(&body, &pairs) => {
+                let headers = owned(pairs).into_iter().collect();
+                registry.decode(self.to_courier(body, headers))
+            }
+            // Borrowed from the headers' text where they can be, with no header map.
+            Some(pairs) => registry.decode_pairs(body, self.courier_headers(pairs)),
             // Not an object of strings: the registry says so, keeping both.
             None => registry.decode_json(body, headers_json),
         }
@@ -146,13 +159,35 @@ impl SymfonySerializer {
                 },
             };
         }
-        let mut out = BTreeMap::new();
+        let pairs = headers
+            .into_iter()
+            .map(|(k, v)| (Cow::Owned(k), Cow::Owned(v)))
+            .collect();
+        Encoded {
+            body,
+            headers: owned(self.courier_headers(pairs)).into_iter().collect(),
+        }
+    }
+
+    /// Symfony's headers as Courier's, sorted by name with no name twice, as a header map holds
+    /// them: of two that map to one name, the later in name order wins.
+    fn courier_headers<'a>(&'a self, mut headers: Vec<Pair<'a>>) -> Vec<Pair<'a>> {
+        headers.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out: Vec<Pair<'a>> = Vec::with_capacity(headers.len() + 1);
         for (name, value) in headers {
             if name == TYPE_HEADER {
-                let wire = self.types.wire_name(&value).map(str::to_owned);
-                out.insert(name, wire.unwrap_or(value));
+                let wire = match value {
+                    Cow::Borrowed(class) => {
+                        Cow::Borrowed(self.types.wire_name(class).unwrap_or(class))
+                    }
+                    Cow::Owned(class) => self
+                        .types
+                        .wire_name(&class)
+                        .map_or(Cow::Owned(class), Cow::Borrowed),
+                };
+                out.push((name, wire));
             } else if name.eq_ignore_ascii_case(SYMFONY_CONTENT_TYPE) {
-                out.insert(CONTENT_TYPE_HEADER.to_owned(), value);
+                out.push((Cow::Borrowed(CONTENT_TYPE_HEADER), value));
             } else if let Some(class) = name.strip_prefix(SYMFONY_STAMP_PREFIX) {
                 let mapped = Mapped::by_php_class(class).and_then(|m| {
                     let courier = m.to_courier(&value)?;
@@ -163,19 +198,30 @@ impl SymfonySerializer {
                 });
                 match mapped {
                     Some((courier_name, courier)) => {
-                        out.insert(courier_name, courier);
+                        out.push((Cow::Owned(courier_name), Cow::Owned(courier)));
                     }
-                    None => {
-                        out.insert(name, value);
-                    }
+                    None => out.push((name, value)),
                 }
             } else {
-                out.insert(name, value);
+                out.push((name, value));
             }
         }
-        out.entry(CONTENT_TYPE_HEADER.to_owned())
-            .or_insert_with(|| JSON_CONTENT_TYPE.to_owned());
-        Encoded { body, headers: out }
+        if !out.iter().any(|(name, _)| name == CONTENT_TYPE_HEADER) {
+            out.push((
+                Cow::Borrowed(CONTENT_TYPE_HEADER),
+                Cow::Borrowed(JSON_CONTENT_TYPE),
+            ));
+        }
+        // Stable: of equal names the later stays after the earlier, and wins.
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut unique: Vec<Pair<'a>> = Vec::with_capacity(out.len());
+        for pair in out {
+            if unique.last().is_some_and(|(name, _)| *name == pair.0) {
+                unique.pop();
+            }
+            unique.push(pair);
+        }
+        unique
     }
 
     /// Encodes an envelope in Symfony's form: what PHP's `messenger.transport.symfony_serializer`
@@ -327,12 +373,11 @@ impl<'de> serde::Deserialize<'de> for HeaderPairs<'de> {
     }
 }
 
-/// Headers as PHP stores them: a JSON object of strings, or `[]` for none.
-fn parse_headers(json: &str) -> Option<BTreeMap<String, String>> {
-    if json.trim() == "[]" {
-        return Some(BTreeMap::new());
-    }
-    serde_json::from_str(json).ok()
+/// Whether a message is a `PhpSerializer` envelope: no `type` header, and a body that looks
+/// like one.
+fn php_envelope_body(body: &str, headers: &[Pair<'_>]) -> bool {
+    !headers.iter().any(|(name, _)| name == TYPE_HEADER)
+        && php_envelope::looks_like_php_envelope(body)
 }
 
 #[cfg(test)]
@@ -354,6 +399,47 @@ mod tests {
 
     impl Message for Ping {
         const NAME: &'static str = "app.ping";
+    }
+
+    /// `decode` reads Symfony's headers borrowed, without a header map; it gives what the header
+    /// map's way (`to_courier`, then `registry.decode`) gives, for every kind of header, names
+    /// that map to one name included.
+    #[test]
+    fn decode_gives_what_the_header_map_gives() {
+        let registry = MessageRegistry::new().with::<Ping>();
+        let serializer = SymfonySerializer::new(SymfonyTypes::new().map(r"App\Ping", "app.ping"));
+        let body = r#"{"to":"x\/y"}"#;
+        for headers in [
+            r#"{"type":"App\\Ping","Content-Type":"application\/json"}"#,
+            r#"{"type":"App\\Ping","X-Message-Stamp-Symfony\\Component\\Messenger\\Stamp\\RedeliveryStamp":"[{\"retryCount\":1,\"redeliveredAt\":\"2024-05-06T07:08:09+00:00\"}]","X-Message-Stamp-Symfony\\Component\\Messenger\\Stamp\\BusNameStamp":"[{\"busName\":\"messenger.bus.default\"}]","X-Message-Stamp-App\\Stamp\\Custom":"[{\"k\":\"v\"}]","x-trace":"t1","Content-Type":"application\/json"}"#,
+            r#"{"type":"App\\Other","Content-Type":"text\/plain","content-type":"application\/json"}"#,
+            r#"{"type":"app.ping","type":"App\\Ping"}"#,
+            r#"{"type":"App\\Ping","x-courier-stamp-bus-name":"[\"a\"]","X-Message-Stamp-Symfony\\Component\\Messenger\\Stamp\\BusNameStamp":"[{\"busName\":\"b\"}]"}"#,
+            "[]",
+        ] {
+            let fast = serializer.decode(&registry, body.to_owned(), headers);
+            let map: BTreeMap<String, String> = if headers == "[]" {
+                BTreeMap::new()
+            } else {
+                serde_json::from_str(headers).unwrap()
+            };
+            let mapped = registry.decode(serializer.to_courier(body.to_owned(), map));
+            assert_eq!(
+                fast.decode_error().map(ToString::to_string),
+                mapped.decode_error().map(ToString::to_string),
+                "{headers}"
+            );
+            assert_eq!(
+                registry.encode(&fast).unwrap(),
+                registry.encode(&mapped).unwrap(),
+                "{headers}"
+            );
+            assert_eq!(
+                fast.stamp_names().collect::<Vec<_>>(),
+                mapped.stamp_names().collect::<Vec<_>>(),
+                "{headers}"
+            );
+        }
     }
 
     /// `encode` reads Courier's headers back from their JSON text; it writes what the header map

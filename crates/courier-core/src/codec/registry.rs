@@ -84,6 +84,36 @@ impl MessageRegistry {
         sink.finish(&self.decoders, body)
     }
 
+    /// [`Self::decode`] of headers given as pairs, each borrowed or owned, sorted by name with
+    /// no name twice (what the header map of [`Encoded`] holds), without building that map: for a
+    /// format whose headers are read borrowed from the text they arrive in.
+    ///
+    /// ```
+    /// # use std::borrow::Cow;
+    /// # use courier_core::{Message, MessageRegistry};
+    /// # #[derive(serde::Serialize, serde::Deserialize)] struct Ping { n: u8 }
+    /// # impl Message for Ping { const NAME: &'static str = "app.ping"; }
+    /// let registry = MessageRegistry::new().with::<Ping>();
+    /// let envelope = registry.decode_pairs(
+    ///     r#"{"n":7}"#.to_owned(),
+    ///     [(Cow::Borrowed("type"), Cow::Borrowed("app.ping"))],
+    /// );
+    /// assert_eq!(envelope.message::<Ping>().map(|p| p.n), Some(7));
+    /// ```
+    #[must_use]
+    pub fn decode_pairs<'a>(
+        &self,
+        body: String,
+        headers: impl IntoIterator<Item = (Cow<'a, str>, Cow<'a, str>)>,
+    ) -> Envelope {
+        let headers = headers.into_iter();
+        let mut sink = HeaderSink::with_capacity(headers.size_hint().0);
+        for (key, value) in headers {
+            sink.push(key, value);
+        }
+        sink.finish(&self.decoders, body)
+    }
+
     /// Decodes a message stored as a body and its headers as one JSON object (the form
     /// [`encode_json`](crate::encode_json) writes), without building the header map first. Never fails: headers
     /// that are not a JSON object of strings give an envelope whose

@@ -322,7 +322,7 @@ impl RedisTransport {
     }
 
     fn decode(&self, id: String, field: &[u8]) -> Envelope {
-        let envelope = match redis_field::read(field) {
+        let envelope = match redis_field::read_parts(field) {
             Ok((body, headers)) => self.serializer.decode(&self.registry, body, &headers),
             // Kept as it is, with the reason, for the failure transport.
             Err(e) => self.registry.decode(Encoded {
