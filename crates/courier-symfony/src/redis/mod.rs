@@ -56,10 +56,10 @@ struct ReadState {
 ///   the sorted set `<stream>__queue` instead, as JSON `{"body", "headers", "uniqid"}` scored
 ///   by its due time in milliseconds, as PHP writes it.
 /// - `get` moves the due delayed messages to the stream (what PHP's `ZPOPMIN` and `XADD` do, in
-///   one script), then reads with `XREADGROUP`: first this consumer's own pending entries
-///   left from an earlier run, then new ones; every `claim_interval` it claims (`XCLAIM`) the
-///   entries idle past `redeliver_timeout`. Entries deleted while pending are acked and
-///   skipped, as PHP does.
+///   one script), then reads with `XREADGROUP`, the move and the read in one round trip:
+///   first this consumer's own pending entries left from an earlier run, then new ones; every
+///   `claim_interval` it claims (`XCLAIM`) the entries idle past `redeliver_timeout`. Entries
+///   deleted while pending are acked and skipped, as PHP does.
 /// - `keepalive` resets the idle time of what Courier holds (`XCLAIM <id> JUSTID` to itself,
 ///   only while still its own), so that no PHP worker claims it during a long handler.
 /// - `ack` is `XACK` (and `XDEL` with `delete_after_ack`); `reject` is `XACK` and `XDEL`
