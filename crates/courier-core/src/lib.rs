@@ -67,10 +67,10 @@ pub use bus::{
 };
 pub use codec::{
     BASE64_ENCODING, BODY_ENCODING_HEADER, CONTENT_TYPE_HEADER, DecodeError, EncodeError, Encoded,
-    EncodedJson, JSON_CONTENT_TYPE, JsonDecoder, MSGPACK_CONTENT_TYPE, MessageRegistry,
+    EncodedJson, HeaderPair, JSON_CONTENT_TYPE, JsonDecoder, MSGPACK_CONTENT_TYPE, MessageRegistry,
     RAW_HEADERS_BASE64_HEADER, RAW_HEADERS_HEADER, STAMP_HEADER_PREFIX, Serializer, TYPE_HEADER,
     UnknownSerializer, encode, encode_json, encode_json_into, encode_json_into_with,
-    encode_json_with, encode_with,
+    encode_json_with, encode_with, header_pairs,
 };
 pub use dsn::{Dsn, DsnError, redact};
 pub use envelope::Envelope;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use chrono_tz::Tz;
 use courier_core::{
     CONTENT_TYPE_HEADER, EncodeError, Encoded, EncodedJson, Envelope, JSON_CONTENT_TYPE,
-    MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode_json,
+    MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode_json, header_pairs,
 };
 
 use crate::php_envelope;
@@ -120,9 +120,7 @@ impl SymfonySerializer {
         let pairs = if headers_json.trim() == "[]" {
             Some(Vec::new())
         } else {
-            serde_json::from_str::<HeaderPairs<'_>>(headers_json)
-                .ok()
-                .map(|HeaderPairs(pairs)| pairs)
+            header_pairs(headers_json).ok()
         };
         match pairs {
             // A `PhpSerializer` envelope: its own way, through the header map.
@@ -252,8 +250,8 @@ impl SymfonySerializer {
         // Courier's headers written as one JSON object, then read back borrowed: no header map
         // and no header name built per message (what `registry.encode` would give, cheaper).
         let EncodedJson { body, headers } = encode_json(envelope)?;
-        match serde_json::from_str::<HeaderPairs<'_>>(&headers) {
-            Ok(HeaderPairs(pairs)) => Ok(write(php_escape(body), self.symfony_headers(pairs))),
+        match header_pairs(&headers) {
+            Ok(pairs) => Ok(write(php_escape(body), self.symfony_headers(pairs))),
             // Never taken (Courier wrote the object); the header map's way stays correct.
             Err(_) => {
                 let Encoded { body, headers } = registry.encode(envelope)?;
@@ -341,37 +339,7 @@ fn take<'a>(headers: &mut Vec<Pair<'a>>, name: &str) -> Option<Cow<'a, str>> {
 }
 
 /// A header's name and value, borrowed from the JSON text where it needs no unescaping.
-pub(crate) type Pair<'a> = (Cow<'a, str>, Cow<'a, str>);
-
-/// A JSON object of strings read as its pairs in order, borrowing what it can.
-struct HeaderPairs<'a>(Vec<Pair<'a>>);
-
-/// A string borrowed from the JSON text unless it holds an escape.
-#[derive(serde::Deserialize)]
-struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
-
-impl<'de> serde::Deserialize<'de> for HeaderPairs<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Pairs;
-        impl<'de> serde::de::Visitor<'de> for Pairs {
-            type Value = HeaderPairs<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an object of strings")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(4));
-                while let Some((Text(k), Text(v))) = map.next_entry()? {
-                    pairs.push((k, v));
-                }
-                Ok(HeaderPairs(pairs))
-            }
-        }
-        d.deserialize_map(Pairs)
-    }
-}
+pub(crate) type Pair<'a> = courier_core::HeaderPair<'a>;
 
 /// Whether a message is a `PhpSerializer` envelope: no `type` header, and a body that looks
 /// like one.

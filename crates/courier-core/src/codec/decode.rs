@@ -242,28 +242,67 @@ impl Rejected {
 #[derive(serde::Deserialize)]
 struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
+/// Reads a headers object pair by pair into what `make` gives (sized for the pairs announced),
+/// with `push`, borrowing every string without escapes.
+struct PairVisitor<M, P> {
+    make: M,
+    push: P,
+}
+
+impl<'de, T, M, P> serde::de::Visitor<'de> for PairVisitor<M, P>
+where
+    M: FnOnce(usize) -> T,
+    P: FnMut(&mut T, Cow<'de, str>, Cow<'de, str>),
+{
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object of string values")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+        let mut target = (self.make)(map.size_hint().unwrap_or(2));
+        let mut push = self.push;
+        while let Some((Text(k), Text(v))) = map.next_entry::<Text<'de>, Text<'de>>()? {
+            push(&mut target, k, v);
+        }
+        Ok(target)
+    }
+}
+
 /// Reads a headers object straight into a sink, borrowing every string without escapes.
 impl<'de> serde::Deserialize<'de> for HeaderSink<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = HeaderSink<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object of string values")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut sink = HeaderSink::with_capacity(map.size_hint().unwrap_or(2));
-                while let Some((Text(k), Text(v))) = map.next_entry::<Text<'de>, Text<'de>>()? {
-                    sink.push(k, v);
-                }
-                Ok(sink)
-            }
-        }
-        deserializer.deserialize_map(Visit)
+        deserializer.deserialize_map(PairVisitor {
+            make: HeaderSink::with_capacity,
+            push: |sink: &mut HeaderSink<'de>, k, v| sink.push(k, v),
+        })
     }
+}
+
+/// A header's name and value, each borrowed or owned.
+pub type HeaderPair<'a> = (Cow<'a, str>, Cow<'a, str>);
+
+/// A headers object (a JSON object of strings) as its pairs, in the text's order, each string
+/// borrowed from the text where it holds no escape: for a format that renames headers before
+/// they are decoded (with [`MessageRegistry::decode_pairs`](crate::MessageRegistry::decode_pairs)).
+///
+/// ```
+/// let pairs = courier_core::header_pairs(r#"{"type":"app.ping","x-note":"a\"b"}"#).unwrap();
+/// assert_eq!(pairs[0], ("type".into(), "app.ping".into()));
+/// assert!(matches!(pairs[0].1, std::borrow::Cow::Borrowed(_)));
+/// assert_eq!(pairs[1].1, "a\"b");
+/// ```
+///
+/// # Errors
+/// The JSON error when the text is not an object of strings.
+pub fn header_pairs(json: &str) -> Result<Vec<HeaderPair<'_>>, serde_json::Error> {
+    use serde::Deserializer as _;
+    let mut deserializer = serde_json::Deserializer::from_str(json);
+    let pairs = (&mut deserializer).deserialize_map(PairVisitor {
+        make: Vec::with_capacity,
+        push: |pairs: &mut Vec<_>, k, v| pairs.push((k, v)),
+    })?;
+    deserializer.end()?;
+    Ok(pairs)
 }
 
 /// Sorts headers into the parts of an envelope, one header at a time; `type` and

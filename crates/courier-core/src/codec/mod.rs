@@ -55,6 +55,7 @@ mod serializer;
 #[cfg(test)]
 mod tests;
 
+pub use decode::{HeaderPair, header_pairs};
 pub use decoder::JsonDecoder;
 use encode::write_object;
 pub use encode::{
