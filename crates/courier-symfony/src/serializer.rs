@@ -157,13 +157,11 @@ impl SymfonySerializer {
                 },
             };
         }
-        let pairs = headers
-            .into_iter()
-            .map(|(k, v)| (Cow::Owned(k), Cow::Owned(v)))
-            .collect();
         Encoded {
             body,
-            headers: owned(self.courier_headers(pairs)).into_iter().collect(),
+            headers: owned(self.courier_headers(pairs_of(headers)))
+                .into_iter()
+                .collect(),
         }
     }
 
@@ -255,11 +253,10 @@ impl SymfonySerializer {
             // Never taken (Courier wrote the object); the header map's way stays correct.
             Err(_) => {
                 let Encoded { body, headers } = registry.encode(envelope)?;
-                let pairs = headers
-                    .into_iter()
-                    .map(|(k, v)| (Cow::Owned(k), Cow::Owned(v)))
-                    .collect();
-                Ok(write(php_escape(body), self.symfony_headers(pairs)))
+                Ok(write(
+                    php_escape(body),
+                    self.symfony_headers(pairs_of(headers)),
+                ))
             }
         }
     }
@@ -268,13 +265,9 @@ impl SymfonySerializer {
     #[must_use]
     pub fn to_symfony(&self, encoded: Encoded) -> SymfonyEncoded {
         let Encoded { body, headers } = encoded;
-        let pairs = headers
-            .into_iter()
-            .map(|(k, v)| (Cow::Owned(k), Cow::Owned(v)))
-            .collect();
         SymfonyEncoded {
             body: php_escape(body),
-            headers: owned(self.symfony_headers(pairs)),
+            headers: owned(self.symfony_headers(pairs_of(headers))),
         }
     }
 
@@ -322,6 +315,14 @@ impl SymfonySerializer {
         ));
         out
     }
+}
+
+/// A header map as pairs.
+fn pairs_of(headers: BTreeMap<String, String>) -> Vec<Pair<'static>> {
+    headers
+        .into_iter()
+        .map(|(k, v)| (Cow::Owned(k), Cow::Owned(v)))
+        .collect()
 }
 
 /// The pairs as owned strings.
