@@ -41,27 +41,25 @@ pub fn read(field: &[u8]) -> Result<(String, String), RedisFieldError> {
 
 /// [`read`], the headers' text borrowed from the field where it can be.
 pub(crate) fn read_parts(field: &[u8]) -> Result<(String, Cow<'_, str>), RedisFieldError> {
-    if let Some(json) = php_string(field) {
+    fn parse(json: &[u8]) -> Result<(String, &str), RedisFieldError> {
         let parsed: Field<'_> = serde_json::from_slice(json).map_err(RedisFieldError::Json)?;
-        return Ok((parsed.body, Cow::Borrowed(parsed.headers.get())));
+        Ok((parsed.body, parsed.headers.get()))
     }
-    let json: Vec<u8> = if field.starts_with(b"s:") {
-        // Not the PHP string it looks like: the reader names what is wrong.
-        match unserialize(field).map_err(RedisFieldError::PhpSerialized)? {
-            PhpValue::Str(bytes) => bytes,
-            _ => {
+    match php_string(field) {
+        Some(json) => parse(json).map(|(body, headers)| (body, Cow::Borrowed(headers))),
+        // Not the PHP string it looks like: PHP's reader names what is wrong.
+        None if field.starts_with(b"s:") => {
+            let PhpValue::Str(json) = unserialize(field).map_err(RedisFieldError::PhpSerialized)?
+            else {
                 return Err(RedisFieldError::PhpSerialized(PhpSerializeError {
                     offset: 0,
                     reason: "a string",
                 }));
-            }
+            };
+            parse(&json).map(|(body, headers)| (body, Cow::Owned(headers.to_owned())))
         }
-    } else {
-        let parsed: Field<'_> = serde_json::from_slice(field).map_err(RedisFieldError::Json)?;
-        return Ok((parsed.body, Cow::Borrowed(parsed.headers.get())));
-    };
-    let parsed: Field<'_> = serde_json::from_slice(&json).map_err(RedisFieldError::Json)?;
-    Ok((parsed.body, Cow::Owned(parsed.headers.get().to_owned())))
+        None => parse(field).map(|(body, headers)| (body, Cow::Borrowed(headers))),
+    }
 }
 
 /// The bytes of phpredis's `s:<len>:"<bytes>";`, when the field is exactly that.
