@@ -1,13 +1,23 @@
 //! JSON text as PHP's `json_encode` writes it (its default flags): `/` as `\/` and every
 //! character beyond ASCII as `\uXXXX` (a UTF-16 surrogate pair beyond the BMP).
 
+use std::borrow::Cow;
+
 /// Rewrites valid JSON text with PHP's escapes: serde_json's output, or text PHP wrote (kept
 /// as read), which holds `\/` already. Outside strings, valid JSON holds neither `/` nor
 /// non-ASCII characters, so each character is rewritten where it stands; the character after a
 /// backslash is an escape and stays as it is.
 pub(crate) fn php_escape(json: String) -> String {
+    match php_escaped(&json) {
+        Cow::Borrowed(_) => json,
+        Cow::Owned(escaped) => escaped,
+    }
+}
+
+/// [`php_escape`] of borrowed text: borrowed back when nothing needs escaping.
+pub(crate) fn php_escaped(json: &str) -> Cow<'_, str> {
     if plain_run(json.as_bytes(), Escapes::Php) == json.len() {
-        return json;
+        return Cow::Borrowed(json);
     }
     let mut out = String::with_capacity(json.len() + json.len() / 8);
     let bytes = json.as_bytes();
@@ -34,7 +44,7 @@ pub(crate) fn php_escape(json: String) -> String {
         }
     }
     out.push_str(json.get(plain..).unwrap_or_default());
-    out
+    Cow::Owned(out)
 }
 
 /// Appends `c` as `json_encode` writes a character beyond ASCII or a control character: its

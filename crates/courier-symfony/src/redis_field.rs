@@ -92,12 +92,62 @@ pub(crate) fn write_parts<'a>(
     headers: impl IntoIterator<Item = (&'a str, &'a str)>,
     php_serialized: bool,
 ) -> String {
-    let mut json = body_and_headers(body, headers);
-    json.push('}');
+    let mut json = String::new();
+    write_json(&mut json, body, headers);
     if php_serialized {
         format!("s:{}:\"{json}\";", json.len())
     } else {
         json
+    }
+}
+
+/// Writes the JSON of a `message` field (`{"body": ..., "headers": {...}}`) into `json`,
+/// cleared first: a transport keeps one buffer for a batch.
+pub(crate) fn write_json<'a>(
+    json: &mut String,
+    body: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+) {
+    json.clear();
+    json.reserve(body.len() * 5 / 4 + 256);
+    body_and_headers_into(json, body, headers);
+    json.push('}');
+}
+
+/// A `message` field as a command's argument, written straight into the command: the JSON of
+/// [`write_json`], wrapped as phpredis's PHP string when `php_serialized`.
+#[cfg(feature = "redis")]
+pub(crate) struct FieldArg<'a> {
+    pub(crate) json: &'a str,
+    pub(crate) php_serialized: bool,
+}
+
+#[cfg(feature = "redis")]
+impl FieldArg<'_> {
+    /// The field's length in bytes, at most.
+    pub(crate) fn len(&self) -> usize {
+        if self.php_serialized {
+            // `s:`, up to 20 digits, `:"`, the JSON, `";`.
+            self.json.len() + 26
+        } else {
+            self.json.len()
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl redis::ToRedisArgs for FieldArg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        // Writing to a command's buffer cannot fail (it grows a `Vec`).
+        if self.php_serialized {
+            let _ = write!(arg, "s:{}:\"", self.json.len());
+            let _ = arg.write_all(self.json.as_bytes());
+            let _ = arg.write_all(b"\";");
+        } else {
+            let _ = arg.write_all(self.json.as_bytes());
+        }
     }
 }
 
@@ -106,12 +156,21 @@ fn body_and_headers<'a>(
     body: &str,
     headers: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> String {
-    let mut json = String::with_capacity(body.len() * 5 / 4 + 160);
-    json.push_str("{\"body\":");
-    push_php_string(&mut json, body);
-    json.push_str(",\"headers\":");
-    push_php_object(&mut json, headers);
+    let mut json = String::with_capacity(body.len() * 5 / 4 + 256);
+    body_and_headers_into(&mut json, body, headers);
     json
+}
+
+/// [`body_and_headers`], appended to `json`.
+fn body_and_headers_into<'a>(
+    json: &mut String,
+    body: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+) {
+    json.push_str("{\"body\":");
+    push_php_string(json, body);
+    json.push_str(",\"headers\":");
+    push_php_object(json, headers);
 }
 
 /// A delayed message's member of the sorted set `<stream>__queue`, as Symfony's Redis transport

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use chrono_tz::Tz;
 use courier_core::{
     CONTENT_TYPE_HEADER, EncodeError, Encoded, EncodedJson, Envelope, JSON_CONTENT_TYPE,
-    MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode_json, header_pairs,
+    MessageRegistry, STAMP_HEADER_PREFIX, TYPE_HEADER, encode_json_into, header_pairs,
 };
 
 use crate::php_envelope;
-use crate::php_json::{php_escape, php_object};
+use crate::php_json::{php_escape, php_escaped, php_object};
 use crate::stamps::{Mapped, SYMFONY_STAMP_PREFIX};
 use crate::types::SymfonyTypes;
 
@@ -230,31 +230,35 @@ impl SymfonySerializer {
         registry: &MessageRegistry,
         envelope: &Envelope,
     ) -> Result<SymfonyEncoded, EncodeError> {
-        self.encode_with(registry, envelope, |body, headers| SymfonyEncoded {
-            body,
-            headers: owned(headers),
+        let mut buf = EncodedJson::default();
+        self.encode_into_with(registry, envelope, &mut buf, |body, headers| {
+            SymfonyEncoded {
+                body: body.to_owned(),
+                headers: owned(headers),
+            }
         })
     }
 
     /// [`Self::encode`], handing `write` the body and the headers in Symfony's order, borrowed
     /// where they can be (a transport writing them straight into its own buffer builds no
-    /// [`SymfonyEncoded`]).
-    pub(crate) fn encode_with<R>(
+    /// [`SymfonyEncoded`]). Courier's text goes through `buf`, buffers a batch reuses from one
+    /// message to the next; its headers are read back borrowed: no header map and no header
+    /// name built per message (what `registry.encode` would give, cheaper).
+    pub(crate) fn encode_into_with<R>(
         &self,
         registry: &MessageRegistry,
         envelope: &Envelope,
-        write: impl FnOnce(String, Vec<Pair<'_>>) -> R,
+        buf: &mut EncodedJson,
+        write: impl FnOnce(&str, Vec<Pair<'_>>) -> R,
     ) -> Result<R, EncodeError> {
-        // Courier's headers written as one JSON object, then read back borrowed: no header map
-        // and no header name built per message (what `registry.encode` would give, cheaper).
-        let EncodedJson { body, headers } = encode_json(envelope)?;
-        match header_pairs(&headers) {
-            Ok(pairs) => Ok(write(php_escape(body), self.symfony_headers(pairs))),
+        encode_json_into(envelope, buf)?;
+        match header_pairs(&buf.headers) {
+            Ok(pairs) => Ok(write(&php_escaped(&buf.body), self.symfony_headers(pairs))),
             // Never taken (Courier wrote the object); the header map's way stays correct.
             Err(_) => {
                 let Encoded { body, headers } = registry.encode(envelope)?;
                 Ok(write(
-                    php_escape(body),
+                    &php_escape(body),
                     self.symfony_headers(pairs_of(headers)),
                 ))
             }
@@ -303,12 +307,10 @@ impl SymfonySerializer {
                 out.push((Cow::Owned(symfony_name), list));
             }
         }
-        // Stamps Courier does not know (verbatim), then Courier's own plain headers.
-        let (stamps, plain): (Vec<_>, Vec<_>) = headers
-            .into_iter()
-            .partition(|(name, _)| name.starts_with(SYMFONY_STAMP_PREFIX));
-        out.extend(stamps);
-        out.extend(plain);
+        // Stamps Courier does not know (verbatim), then Courier's own plain headers, each in
+        // its order (a stable sort, in place).
+        headers.sort_by_key(|(name, _)| !name.starts_with(SYMFONY_STAMP_PREFIX));
+        out.extend(headers);
         out.push((
             Cow::Borrowed(SYMFONY_CONTENT_TYPE),
             content_type.unwrap_or(Cow::Borrowed(JSON_CONTENT_TYPE)),
@@ -418,6 +420,9 @@ mod tests {
     fn encode_writes_what_the_header_map_gives() {
         let registry = MessageRegistry::new().with::<Ping>();
         let serializer = SymfonySerializer::new(SymfonyTypes::new().map(r"App\Ping", "app.ping"));
+        let mut buf = EncodedJson::default();
+        #[cfg(feature = "redis")]
+        let mut json = String::new();
         let ping = || {
             Envelope::new(Ping {
                 to: "a/é\"b".into(),
@@ -454,18 +459,45 @@ mod tests {
             let fast = serializer.encode(&registry, &envelope).unwrap();
             let mapped = serializer.to_symfony(registry.encode(&envelope).unwrap());
             assert_eq!(fast, mapped);
-            // The Redis transport's field, written from the borrowed headers.
+            // The Redis transport's field, written from the borrowed headers, through buffers
+            // reused from one envelope to the next.
             for php in [true, false] {
                 let field = serializer
-                    .encode_with(&registry, &envelope, |body, headers| {
+                    .encode_into_with(&registry, &envelope, &mut buf, |body, headers| {
                         crate::redis_field::write_parts(
-                            &body,
+                            body,
                             headers.iter().map(|(k, v)| (&**k, &**v)),
                             php,
                         )
                     })
                     .unwrap();
                 assert_eq!(field, crate::redis_field::write(&mapped, php));
+                #[cfg(feature = "redis")]
+                {
+                    // As a command's argument, written straight into the command.
+                    serializer
+                        .encode_into_with(&registry, &envelope, &mut buf, |body, headers| {
+                            crate::redis_field::write_json(
+                                &mut json,
+                                body,
+                                headers.iter().map(|(k, v)| (&**k, &**v)),
+                            );
+                        })
+                        .unwrap();
+                    let mut cmd = redis::Cmd::new();
+                    cmd.arg("XADD").arg(crate::redis_field::FieldArg {
+                        json: &json,
+                        php_serialized: php,
+                    });
+                    let args: Vec<&[u8]> = cmd
+                        .args_iter()
+                        .filter_map(|arg| match arg {
+                            redis::Arg::Simple(bytes) => Some(bytes),
+                            _ => None,
+                        })
+                        .collect();
+                    assert_eq!(args, [&b"XADD"[..], field.as_bytes()]);
+                }
             }
         }
     }

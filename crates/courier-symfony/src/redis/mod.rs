@@ -2,6 +2,7 @@
 //! PHP and Courier workers consume one stream together.
 
 mod options;
+mod send;
 mod verbs;
 mod wire;
 
@@ -11,8 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use courier_core::{
-    DelayStamp, Encoded, Envelope, MessageRegistry, Transport, TransportError, TransportErrorKind,
-    TransportMessageIdStamp,
+    Encoded, Envelope, MessageRegistry, TransportError, TransportErrorKind, TransportMessageIdStamp,
 };
 use redis::aio::MultiplexedConnection;
 use redis::{
@@ -338,74 +338,6 @@ impl RedisTransport {
 
     /// Adds the commands that store `envelope` to `pipe`: an entry, or a member of the delayed
     /// set. The id it will have is the entry's (from the reply) or the member's `uniqid`.
-    fn push_send(
-        &self,
-        pipe: &mut redis::Pipeline,
-        envelope: &Envelope,
-    ) -> Result<(), TransportError> {
-        let encode_error =
-            |e| TransportError::new(TransportErrorKind::Encode, self.name.clone()).with_source(e);
-        let delay = envelope.last::<DelayStamp>().map_or(0, |DelayStamp(d)| {
-            u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-        });
-        if delay > 0 {
-            let wire = self
-                .serializer
-                .encode(&self.registry, envelope)
-                .map_err(encode_error)?;
-            let due = wire::now_ms().saturating_add(delay);
-            pipe.cmd("ZADD")
-                .arg(&self.queue)
-                .arg("NX")
-                .arg(due)
-                .arg(wire::queue_member(&wire));
-        } else {
-            // Written straight into the field, from headers borrowed where they can be.
-            let php = self.options.php_serializer;
-            let field = self
-                .serializer
-                .encode_with(&self.registry, envelope, |body, headers| {
-                    redis_field::write_parts(&body, headers.iter().map(|(k, v)| (&**k, &**v)), php)
-                })
-                .map_err(encode_error)?;
-            let cmd = pipe.cmd("XADD").arg(&self.options.stream);
-            if self.options.stream_max_entries > 0 {
-                cmd.arg("MAXLEN")
-                    .arg("~")
-                    .arg(self.options.stream_max_entries);
-            }
-            cmd.arg("*").arg("message").arg(field);
-        }
-        Ok(())
-    }
-
-    async fn send_all(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, TransportError> {
-        if envelopes.is_empty() {
-            return Ok(envelopes);
-        }
-        self.ensure_setup().await?;
-        let mut pipe = redis::pipe();
-        for envelope in &envelopes {
-            self.capabilities().check_delay(&self.name, envelope)?;
-            self.push_send(&mut pipe, envelope)?;
-        }
-        let mut conn = self.conn().await?;
-        let replies: Vec<Value> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.error("adding messages", e))?;
-        Ok(envelopes
-            .into_iter()
-            .zip(replies)
-            .map(|(envelope, reply)| match reply {
-                Value::BulkString(id) => envelope.with(TransportMessageIdStamp(
-                    String::from_utf8_lossy(&id).into_owned(),
-                )),
-                _ => envelope,
-            })
-            .collect())
-    }
-
     /// `XACK` the ids, and `XDEL` them when `delete`.
     async fn finish(
         &self,
