@@ -105,6 +105,37 @@ async fn a_message_courier_holds_reaches_php_only_once_its_lease_expires(kind: K
     assert_eq!(lines[0].id, Some(1));
 }
 
+/// A batch's acks ride on the next claim (one statement on PostgreSQL, one transaction on
+/// SQLite): the acked rows are gone, the claim takes the rest and never an acked row, and a
+/// claim of nothing still acks.
+async fn acks_ride_on_the_next_claim(kind: Kind) {
+    let db = Db::new(kind);
+    let t = db.courier("default", Tz::UTC).await;
+    assert!(t.capabilities().ack_with_get);
+    courier_sends(&*t, 3, 3, "+00:00").await;
+    let first = timeout(t.get(2)).await.unwrap();
+    assert_eq!(first.len(), 2);
+    let rest = timeout(t.ack_and_get(&first, 5)).await.unwrap();
+    assert_eq!(rest.len(), 1);
+    assert!(
+        first.iter().all(|e| e.id() != rest[0].id()),
+        "an acked row is never claimed again"
+    );
+    assert_eq!(scalar(&db, kind, "SELECT COUNT(*) FROM {t}").await, 1);
+    assert_eq!(
+        scalar(
+            &db,
+            kind,
+            "SELECT COUNT(*) FROM {t} WHERE delivered_at IS NULL"
+        )
+        .await,
+        0,
+        "the row left is the one claimed"
+    );
+    assert!(timeout(t.ack_and_get(&rest, 5)).await.unwrap().is_empty());
+    assert_eq!(scalar(&db, kind, "SELECT COUNT(*) FROM {t}").await, 0);
+}
+
 async fn php_dispatches_1000_and_courier_consumes_them_all(kind: Kind) {
     let db = Db::new(kind);
     let t = db.courier("default", Tz::UTC).await;
@@ -226,6 +257,7 @@ macro_rules! on_each {
 }
 
 on_each! {
+    acks_ride_on_the_next_claim;
     a_message_courier_holds_reaches_php_only_once_its_lease_expires;
     php_dispatches_1000_and_courier_consumes_them_all;
     courier_dispatches_1000_and_php_consumes_them_all, "UTC";

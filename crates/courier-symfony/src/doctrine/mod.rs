@@ -273,9 +273,22 @@ impl Transport for DoctrineTransport {
     }
 
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
+        self.ack_and_get(&[], max).await
+    }
+
+    /// The acks ride on the claim: one statement on PostgreSQL, one transaction on SQLite.
+    async fn ack_and_get(
+        &self,
+        acks: &[Envelope],
+        max: usize,
+    ) -> Result<Vec<Envelope>, TransportError> {
         if max == 0 {
-            return Ok(Vec::new());
+            return self.ack_batch(acks).await.map(|()| Vec::new());
         }
+        let acked = acks
+            .iter()
+            .map(|e| self.row_id(e))
+            .collect::<Result<Vec<_>, _>>()?;
         let now = SystemTime::now();
         let horizon = now
             .checked_sub(self.options.redeliver_timeout)
@@ -288,6 +301,7 @@ impl Transport for DoctrineTransport {
                 &self.wall_clock(now),
                 &self.wall_clock(horizon),
                 max,
+                &acked,
             )
             .await
             .map_err(|e| self.db_error("claiming messages", e))?;
@@ -331,5 +345,6 @@ impl Transport for DoctrineTransport {
         Capabilities::none()
             .with_delay(None)
             .with_redeliver_after(self.options.redeliver_timeout)
+            .with_ack_with_get()
     }
 }

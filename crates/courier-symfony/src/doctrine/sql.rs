@@ -66,6 +66,14 @@ fn table(sql: &str, table: &str) -> String {
     sql.replace("{t}", table)
 }
 
+/// `DELETE ... WHERE id IN (?, ...)` for `n` ids, bound: one statement per batch size, prepared
+/// once and then found in the connection's statement cache.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+fn delete_list(t: &str, n: usize) -> String {
+    let list = vec!["?"; n].join(", ");
+    format!("DELETE FROM {t} WHERE id IN ({list})")
+}
+
 impl Pool {
     pub(crate) async fn connect(name: &str, url: &str) -> Result<Self, TransportError> {
         let config = |context: String| {
@@ -272,26 +280,25 @@ impl Pool {
         let mut ids: Vec<i64> = match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(pool) => {
-                let values: Vec<String> = (0..rows.len())
-                    .map(|i| {
-                        let p = 3 + i * 3;
-                        format!(
-                            "(${}, ${}, $1, $2::timestamp, ${}::timestamp)",
-                            p,
-                            p + 1,
-                            p + 2
-                        )
-                    })
-                    .collect();
+                // The rows as three arrays: one statement for every batch size, three binds
+                // rather than three per row, and the ids back as one array.
                 let sql = format!(
-                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
-                    values.join(", ")
+                    "WITH ins AS (INSERT INTO {t} (body, headers, queue_name, created_at, available_at) \
+                     SELECT r.body, r.headers, $1, $2::timestamp, r.available::timestamp \
+                     FROM UNNEST($3::text[], $4::text[], $5::text[]) AS r(body, headers, available) \
+                     RETURNING id) SELECT ARRAY(SELECT id FROM ins)"
                 );
-                let mut query = sqlx::query_scalar(&sql).bind(queue).bind(created);
-                for (body, headers, available) in rows {
-                    query = query.bind(body).bind(headers).bind(available);
-                }
-                query.fetch_all(pool).await?
+                let bodies: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+                let headers: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+                let available: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
+                sqlx::query_scalar(&sql)
+                    .bind(queue)
+                    .bind(created)
+                    .bind(bodies)
+                    .bind(headers)
+                    .bind(available)
+                    .fetch_one(pool)
+                    .await?
             }
             #[cfg(feature = "sqlite")]
             Self::Sqlite(pool) => insert_anonymous!(pool),
@@ -303,6 +310,10 @@ impl Pool {
         Ok(ids)
     }
 
+    /// Deletes the rows `acked` (the acks of the last batch) and claims up to `max` rows: on
+    /// PostgreSQL in one statement, on SQLite in one transaction (one commit, one turn of the
+    /// write lock), on MySQL the delete and then the claim.
+    #[allow(clippy::too_many_arguments, reason = "one claim's inputs, each a bind")]
     pub(crate) async fn claim(
         &self,
         t: &str,
@@ -310,11 +321,12 @@ impl Pool {
         now: &str,
         horizon: &str,
         max: usize,
+        acked: &[i64],
     ) -> Result<Vec<Row>, sqlx::Error> {
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         let rows: Vec<(i64, String, String)> = match self {
             #[cfg(feature = "postgres")]
-            Self::Postgres(pool) => {
+            Self::Postgres(pool) if acked.is_empty() => {
                 sqlx::query_as(&table(PG_CLAIM, t))
                     .bind(now)
                     .bind(queue)
@@ -323,18 +335,51 @@ impl Pool {
                     .fetch_all(pool)
                     .await?
             }
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => {
-                sqlx::query_as(&table(SQLITE_CLAIM, t))
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                // A data-modifying CTE runs whether or not it is read. The rows it deletes
+                // are this worker's, delivered within the horizon: the claim skips them.
+                let sql = format!(
+                    "WITH gone AS (DELETE FROM {t} WHERE id = ANY($5)) {}",
+                    table(PG_CLAIM, t)
+                );
+                sqlx::query_as(&sql)
                     .bind(now)
                     .bind(queue)
                     .bind(horizon)
                     .bind(limit)
+                    .bind(acked)
                     .fetch_all(pool)
                     .await?
             }
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => {
+                let claim = table(SQLITE_CLAIM, t);
+                let claim = sqlx::query_as(&claim)
+                    .bind(now)
+                    .bind(queue)
+                    .bind(horizon)
+                    .bind(limit);
+                if acked.is_empty() {
+                    claim.fetch_all(pool).await?
+                } else {
+                    let mut tx = pool.begin().await?;
+                    let delete = delete_list(t, acked.len());
+                    let mut query = sqlx::query(&delete);
+                    for id in acked {
+                        query = query.bind(id);
+                    }
+                    query.execute(&mut *tx).await?;
+                    let rows = claim.fetch_all(&mut *tx).await?;
+                    tx.commit().await?;
+                    rows
+                }
+            }
             #[cfg(feature = "mysql")]
             Self::Mysql(pool) => {
+                if !acked.is_empty() {
+                    self.delete_many_once(t, acked).await?;
+                }
                 let mut tries = 0;
                 loop {
                     match mysql_claim(pool, t, queue, now, horizon, limit).await {
@@ -376,10 +421,7 @@ impl Pool {
     /// once and then found in the connection's statement cache (one array on PostgreSQL).
     async fn delete_many_once(&self, t: &str, ids: &[i64]) -> Result<(), sqlx::Error> {
         #[cfg(any(feature = "sqlite", feature = "mysql"))]
-        let placeholders = || {
-            let list = vec!["?"; ids.len()].join(", ");
-            format!("DELETE FROM {t} WHERE id IN ({list})")
-        };
+        let placeholders = || delete_list(t, ids.len());
         match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(pool) => sqlx::query(&format!("DELETE FROM {t} WHERE id = ANY($1)"))
