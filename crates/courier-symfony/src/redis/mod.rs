@@ -336,8 +336,6 @@ impl RedisTransport {
         envelope.with(TransportMessageIdStamp(id))
     }
 
-    /// Adds the commands that store `envelope` to `pipe`: an entry, or a member of the delayed
-    /// set. The id it will have is the entry's (from the reply) or the member's `uniqid`.
     /// `XACK` the ids, and `XDEL` them when `delete`.
     async fn finish(
         &self,

@@ -11,8 +11,9 @@ use super::{RedisTransport, wire};
 use crate::redis_field;
 
 impl RedisTransport {
-    /// Adds an envelope's send to `pipe`; `buf` and `json` are the batch's buffers for Courier's
-    /// text and for a `message` field.
+    /// Adds the commands that store `envelope` to `pipe`: an entry, or a member of the delayed
+    /// set. The id it will have is the entry's (from the reply) or the member's `uniqid`. `buf`
+    /// and `json` are the batch's buffers for Courier's text and for a `message` field.
     fn push_send(
         &self,
         pipe: &mut redis::Pipeline,
@@ -62,6 +63,8 @@ impl RedisTransport {
         Ok(())
     }
 
+    /// Stores a batch in one pipeline; each envelope comes back with its entry's id (or its
+    /// member's) as a `TransportMessageIdStamp`.
     pub(super) async fn send_all(
         &self,
         envelopes: Vec<Envelope>,
