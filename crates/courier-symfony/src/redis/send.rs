@@ -63,8 +63,9 @@ impl RedisTransport {
         Ok(())
     }
 
-    /// Stores a batch in one pipeline; each envelope comes back with its entry's id (or its
-    /// member's) as a `TransportMessageIdStamp`.
+    /// Stores a batch in one pipeline; an envelope stored as an entry comes back with the
+    /// entry's id as a `TransportMessageIdStamp` (a delayed one, whose id is its member's
+    /// `uniqid`, without).
     pub(super) async fn send_all(
         &self,
         envelopes: Vec<Envelope>,
