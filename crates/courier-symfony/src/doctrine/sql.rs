@@ -313,7 +313,6 @@ impl Pool {
     /// Deletes the rows `acked` (the acks of the last batch) and claims up to `max` rows: on
     /// PostgreSQL in one statement, on SQLite in one transaction (one commit, one turn of the
     /// write lock), on MySQL the delete and then the claim.
-    #[allow(clippy::too_many_arguments, reason = "one claim's inputs, each a bind")]
     pub(crate) async fn claim(
         &self,
         t: &str,
