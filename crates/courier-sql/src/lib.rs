@@ -153,8 +153,10 @@ pub use pool::postgres_pool;
 pub use pool::{ConnectionIds, mysql_pool};
 pub use pool::{InFlight, PoolSettings, SqlDatabase};
 #[cfg(feature = "sqlite")]
-pub use pool::{sqlite_pool, sqlite_write_turn};
+pub use pool::{sqlite_pool, sqlite_write_turn, sqlite_writer_pool};
 pub use schedules::schedules_table;
 pub use shared::SqlPool;
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteCheckpoints, sqlite_writes};
 pub use transport::SqlTransport;
 pub use workers::workers_table;

@@ -244,14 +244,17 @@ pub(crate) const SQLITE_WRITERS: u32 = 2;
 /// The pool of two connections a SQLite file's writes go through (they take turns, see
 /// `SqliteState::writer`): as [`sqlite_pool`]'s, except that its commits never checkpoint the
 /// WAL (`wal_autocheckpoint = 0`); the checkpoints, and their fsyncs, are the caller's to run on
-/// another connection.
+/// another connection ([`crate::SqliteCheckpoints`]).
 ///
 /// Two, not one: sqlx returns a released connection to its pool on a task of its own, after a
 /// ping (a round trip to the connection's thread); with one connection, every write waited for
 /// the last one's release, most of all on a disk whose syncs take milliseconds. The second is
 /// taken while the first is being returned.
 #[cfg(feature = "sqlite")]
-pub(crate) async fn sqlite_writer_pool(
+///
+/// # Errors
+/// A bad URL or a file that cannot be opened.
+pub async fn sqlite_writer_pool(
     url: &str,
     s: &PoolSettings,
 ) -> Result<sqlx::SqlitePool, sqlx::Error> {

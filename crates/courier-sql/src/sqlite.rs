@@ -3,7 +3,7 @@
 //! takes the write lock up front (waiting up to the busy timeout), so several processes can share
 //! one file and never claim the same row twice. What is SQLite's own: the writes of this process
 //! take turns on a pool of their own, inserts read the ids from the last rowid, and the
-//! WAL is checkpointed beside the writes ([`Checkpointer`]), never inside a claim or an ack.
+//! WAL is checkpointed beside the writes ([`SqliteCheckpoints`]), never inside a claim or an ack.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ pub(crate) struct SqliteState {
     /// connection (see [`crate::pool::sqlite_writer_pool`]).
     writes: Option<sqlx::SqlitePool>,
     /// A file's WAL checkpoints, run beside the writes rather than inside them.
-    checkpoints: Option<Checkpointer>,
+    checkpoints: Option<SqliteCheckpoints>,
 }
 
 pub(crate) async fn connect(url: &str, o: &SqlOptions) -> Result<Messages<Sqlite>, sqlx::Error> {
@@ -50,19 +50,45 @@ async fn connect_with(
     let pool = sqlite_pool(url, &settings).await?;
     // Shared with every other writer of the file in this process (the run store's too).
     let writer = crate::pool::sqlite_write_turn(&pool);
-    let (writes, checkpoints) = if in_memory(url) {
-        (None, None)
-    } else {
-        let writes = sqlite_writer_pool(url, &settings).await?;
-        let checkpoints = Checkpointer::spawn(pool.clone(), writer.clone(), after, limit);
-        (Some(writes), Some(checkpoints))
-    };
+    let (writes, checkpoints) = writes_with(url, &settings, &pool, after, limit).await?;
     let state = SqliteState {
         writer,
         writes,
         checkpoints,
     };
     Ok(Messages::new(pool, o, state))
+}
+
+/// The write side of the SQLite database at `url` beside `pool`, its pool from
+/// [`crate::sqlite_pool`]: a file's writes get a pool of their own
+/// ([`crate::sqlite_writer_pool`]) and its WAL checkpoints run on `pool`'s connections
+/// ([`SqliteCheckpoints`], holding the file's [`crate::sqlite_write_turn`]); an in-memory
+/// database (`None`, `None`) writes on `pool`'s one connection and has no WAL.
+///
+/// # Errors
+/// A bad URL or a file that cannot be opened.
+pub async fn sqlite_writes(
+    url: &str,
+    settings: &PoolSettings,
+    pool: &sqlx::SqlitePool,
+) -> Result<(Option<sqlx::SqlitePool>, Option<SqliteCheckpoints>), sqlx::Error> {
+    writes_with(url, settings, pool, CHECKPOINT_AFTER, WAL_LIMIT).await
+}
+
+async fn writes_with(
+    url: &str,
+    settings: &PoolSettings,
+    pool: &sqlx::SqlitePool,
+    after: Duration,
+    limit: i64,
+) -> Result<(Option<sqlx::SqlitePool>, Option<SqliteCheckpoints>), sqlx::Error> {
+    if in_memory(url) {
+        return Ok((None, None));
+    }
+    let writes = sqlite_writer_pool(url, settings).await?;
+    let turn = crate::pool::sqlite_write_turn(pool);
+    let checkpoints = SqliteCheckpoints::spawn_with(pool.clone(), turn, after, limit);
+    Ok((Some(writes), Some(checkpoints)))
 }
 
 /// The message table on the application's pool: this process's writes take turns on it (no
@@ -95,21 +121,37 @@ const SPARSE_AFTER: Duration = Duration::from_secs(5);
 /// 40 MB of 4 KiB pages.
 const WAL_LIMIT: i64 = 10_000;
 
-/// Checkpoints a SQLite file's WAL on a pool connection, beside the writes: the writer's own
-/// connection never checkpoints (`wal_autocheckpoint = 0`), so no claim or ack waits for the
-/// copy into the database file and its fsyncs (5-20 ms each on a disk here; SQLite's default,
-/// a checkpoint inside the commit that crosses 1,000 pages, stopped the writer for them every
-/// few hundred messages). Durability is unchanged: commits are in the WAL either way.
+/// Checkpoints a SQLite file's WAL on a pool connection, beside the writes: the writers' own
+/// connections never checkpoint (`wal_autocheckpoint = 0`, [`crate::sqlite_writer_pool`]), so no
+/// claim or ack waits for the copy into the database file and its fsyncs (5-20 ms each on a
+/// disk here; SQLite's default, a checkpoint inside the commit that crosses 1,000 pages, stopped
+/// the writer for them every few hundred messages). Durability is unchanged: commits are in the
+/// WAL either way. The writers tell it of each write ([`Self::wrote`]) and take the file's write
+/// turn ([`crate::sqlite_write_turn`]), which it holds for a checkpoint that must copy the whole
+/// WAL (past about 40 MB), so that the next write starts the WAL over. The task stops when this
+/// is dropped.
 #[derive(Debug)]
-struct Checkpointer {
+pub struct SqliteCheckpoints {
     wrote: Arc<Notify>,
     /// Writes since the last checkpoint.
     writes: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
-impl Checkpointer {
-    fn spawn(pool: sqlx::SqlitePool, writer: Arc<Mutex<()>>, after: Duration, limit: i64) -> Self {
+impl SqliteCheckpoints {
+    /// Counts a write: a busy writer's checkpoint follows 50 ms after its first write, a
+    /// sparse writer's within 5 s.
+    pub fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.wrote.notify_one();
+    }
+
+    fn spawn_with(
+        pool: sqlx::SqlitePool,
+        writer: Arc<Mutex<()>>,
+        after: Duration,
+        limit: i64,
+    ) -> Self {
         let wrote = Arc::new(Notify::new());
         let woken = wrote.clone();
         let writes = Arc::new(AtomicU64::new(0));
@@ -150,7 +192,7 @@ impl Checkpointer {
     }
 }
 
-impl Drop for Checkpointer {
+impl Drop for SqliteCheckpoints {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -203,8 +245,7 @@ impl MessageDialect for Sqlite {
 
     fn writer(state: &SqliteState) -> Option<&Mutex<()>> {
         if let Some(c) = &state.checkpoints {
-            c.writes.fetch_add(1, Ordering::Relaxed);
-            c.wrote.notify_one();
+            c.wrote();
         }
         Some(&state.writer)
     }

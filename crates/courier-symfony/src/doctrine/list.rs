@@ -22,7 +22,10 @@ macro_rules! on_pool {
             #[cfg(feature = "postgres")]
             Pool::Postgres($pool) => $body,
             #[cfg(feature = "sqlite")]
-            Pool::Sqlite($pool) => $body,
+            Pool::Sqlite(db) => {
+                let $pool = &db.pool;
+                $body
+            }
             #[cfg(feature = "mysql")]
             Pool::Mysql($pool) => $body,
         }

@@ -6,6 +6,8 @@ mod list;
 mod mysql;
 mod options;
 mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -7,6 +7,8 @@ use courier_core::{TransportError, TransportErrorKind};
 
 #[cfg(feature = "mysql")]
 use super::mysql::{MYSQL_CLAIM_TRIES, MYSQL_CREATE, lock_conflict, mysql_claim, mysql_index};
+#[cfg(feature = "sqlite")]
+use super::sqlite::{SqliteDb, sqlite_insert_many};
 
 /// A claimed row.
 #[derive(Debug)]
@@ -24,7 +26,7 @@ pub(crate) enum Pool {
     Postgres(sqlx::PgPool),
     /// SQLite.
     #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
+    Sqlite(SqliteDb),
     /// MariaDB (10.6 or later: `SKIP LOCKED`, `INSERT ... RETURNING`).
     #[cfg(feature = "mysql")]
     Mysql(sqlx::MySqlPool),
@@ -38,7 +40,7 @@ const PG_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id BIGSERIAL NOT NULL, 
      delivered_at TIMESTAMP(0) WITHOUT TIME ZONE DEFAULT NULL, PRIMARY KEY(id))";
 
 #[cfg(feature = "sqlite")]
-const SQLITE_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL, \
+pub(crate) const SQLITE_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL, \
      body CLOB NOT NULL, headers CLOB NOT NULL, queue_name VARCHAR(190) NOT NULL, \
      created_at DATETIME NOT NULL, available_at DATETIME NOT NULL, delivered_at DATETIME DEFAULT NULL)";
 
@@ -74,6 +76,27 @@ fn delete_list(t: &str, n: usize) -> String {
     format!("DELETE FROM {t} WHERE id IN ({list})")
 }
 
+/// The values [`insert_values`] binds, row by row.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn row_values<'a>(
+    rows: &'a [(String, String, String)],
+    queue: &'a str,
+    created: &'a str,
+) -> impl Iterator<Item = &'a str> {
+    rows.iter().flat_map(move |(body, headers, available)| {
+        [body.as_str(), headers, queue, created, available]
+    })
+}
+
+/// The `VALUES` of a multi-row insert of `n` rows of five anonymous `?`s (SQLite and MariaDB:
+/// sqlx asks SQLite each numbered parameter's name, which SQLite finds by scanning the
+/// statement's list of named ones, `?NNN`, hundreds per batch).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn insert_values(t: &str, n: usize) -> String {
+    let values = vec!["(?, ?, ?, ?, ?)"; n].join(", ");
+    format!("INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {values}")
+}
+
 impl Pool {
     pub(crate) async fn connect(name: &str, url: &str) -> Result<Self, TransportError> {
         let config = |context: String| {
@@ -106,30 +129,9 @@ impl Pool {
                     .map_err(connection)?,
             )),
             #[cfg(feature = "sqlite")]
-            "sqlite" => {
-                use std::str::FromStr;
-                let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
-                    .map_err(|e| config(format!("invalid SQLite URL: {e}")))?
-                    .create_if_missing(true)
-                    // As Courier's own SQL transport: WAL (PHP's PDO connections use it as
-                    // they find it), one fsync per checkpoint rather than per commit.
-                    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                    .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
-                    // A checkpoint (its copy and fsyncs) once per 10,000 WAL pages rather than
-                    // SQLite's 1,000: a queue rewrites the same pages, copied once per checkpoint.
-                    .pragma("wal_autocheckpoint", "10000")
-                    // A claim's rows cross from the connection's thread in one go, not 50 at a
-                    // time with the statement (and the write lock) paused in between.
-                    .row_buffer_size(1024)
-                    .busy_timeout(std::time::Duration::from_secs(30));
-                Ok(Self::Sqlite(
-                    sqlx::sqlite::SqlitePoolOptions::new()
-                        .max_connections(1)
-                        .connect_with(options)
-                        .await
-                        .map_err(connection)?,
-                ))
-            }
+            "sqlite" => Ok(Self::Sqlite(
+                SqliteDb::connect(url, config, connection).await?,
+            )),
             #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => {
                 use std::str::FromStr;
@@ -202,7 +204,10 @@ impl Pool {
                 #[cfg(feature = "postgres")]
                 Self::Postgres(pool) => sqlx::query(&statement).execute(pool).await.map(drop)?,
                 #[cfg(feature = "sqlite")]
-                Self::Sqlite(pool) => sqlx::query(&statement).execute(pool).await.map(drop)?,
+                Self::Sqlite(db) => {
+                    let _turn = db.write_turn().await;
+                    sqlx::query(&statement).execute(&db.pool).await.map(drop)?;
+                }
                 #[cfg(feature = "mysql")]
                 Self::Mysql(pool) => sqlx::query(&statement).execute(pool).await.map(drop)?,
             }
@@ -241,7 +246,10 @@ impl Pool {
             #[cfg(feature = "postgres")]
             Self::Postgres(pool) => insert!(pool, "($1, $2, $3, $4::timestamp, $5::timestamp)"),
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => insert!(pool, "(?1, ?2, ?3, ?4, ?5)"),
+            Self::Sqlite(db) => {
+                let _turn = db.write_turn().await;
+                insert!(&db.pool, "(?1, ?2, ?3, ?4, ?5)")
+            }
             #[cfg(feature = "mysql")]
             Self::Mysql(pool) => insert!(pool, "(?, ?, ?, ?, ?)"),
         }
@@ -255,28 +263,6 @@ impl Pool {
         queue: &str,
         created: &str,
     ) -> Result<Vec<i64>, sqlx::Error> {
-        // SQLite and MariaDB: anonymous `?`s (sqlx asks SQLite each parameter's name, which
-        // SQLite finds by scanning the statement's list of named ones, `?NNN`, hundreds per batch).
-        #[cfg(any(feature = "sqlite", feature = "mysql"))]
-        macro_rules! insert_anonymous {
-            ($pool:expr) => {{
-                let values = vec!["(?, ?, ?, ?, ?)"; rows.len()];
-                let sql = format!(
-                    "INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {} RETURNING id",
-                    values.join(", ")
-                );
-                let mut query = sqlx::query_scalar(&sql);
-                for (body, headers, available) in rows {
-                    query = query
-                        .bind(body)
-                        .bind(headers)
-                        .bind(queue)
-                        .bind(created)
-                        .bind(available);
-                }
-                query.fetch_all($pool).await?
-            }};
-        }
         let mut ids: Vec<i64> = match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(pool) => {
@@ -301,9 +287,16 @@ impl Pool {
                     .await?
             }
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => insert_anonymous!(pool),
+            Self::Sqlite(db) => sqlite_insert_many(db, t, rows, queue, created).await?,
             #[cfg(feature = "mysql")]
-            Self::Mysql(pool) => insert_anonymous!(pool),
+            Self::Mysql(pool) => {
+                let sql = format!("{} RETURNING id", insert_values(t, rows.len()));
+                let mut query = sqlx::query_scalar(&sql);
+                for value in row_values(rows, queue, created) {
+                    query = query.bind(value);
+                }
+                query.fetch_all(pool).await?
+            }
         };
         // One statement takes its ids in the order of its rows.
         ids.sort_unstable();
@@ -352,7 +345,8 @@ impl Pool {
                     .await?
             }
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => {
+            Self::Sqlite(db) => {
+                let (pool, _turn) = (&db.pool, db.write_turn().await);
                 let claim = table(SQLITE_CLAIM, t);
                 let claim = sqlx::query_as(&claim)
                     .bind(now)
@@ -403,9 +397,10 @@ impl Pool {
                 sqlx::query(&sql).bind(id).execute(pool).await.map(drop)
             }
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => {
+            Self::Sqlite(db) => {
+                let _turn = db.write_turn().await;
                 let sql = format!("DELETE FROM {t} WHERE id = ?1");
-                sqlx::query(&sql).bind(id).execute(pool).await.map(drop)
+                sqlx::query(&sql).bind(id).execute(&db.pool).await.map(drop)
             }
             #[cfg(feature = "mysql")]
             Self::Mysql(pool) => {
@@ -429,13 +424,14 @@ impl Pool {
                 .await
                 .map(drop),
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => {
+            Self::Sqlite(db) => {
+                let _turn = db.write_turn().await;
                 let sql = placeholders();
                 let mut query = sqlx::query(&sql);
                 for id in ids {
                     query = query.bind(id);
                 }
-                query.execute(pool).await.map(drop)
+                query.execute(&db.pool).await.map(drop)
             }
             #[cfg(feature = "mysql")]
             Self::Mysql(pool) => {
@@ -464,14 +460,15 @@ impl Pool {
                     .map(drop)
             }
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => {
+            Self::Sqlite(db) => {
+                let _turn = db.write_turn().await;
                 let sql = format!(
                     "UPDATE {t} SET delivered_at = ?2 WHERE id = ?1 AND delivered_at IS NOT NULL"
                 );
                 sqlx::query(&sql)
                     .bind(id)
                     .bind(now)
-                    .execute(pool)
+                    .execute(&db.pool)
                     .await
                     .map(drop)
             }
