@@ -89,9 +89,10 @@ impl RedisTransport {
             .into_iter()
             .zip(replies)
             .map(|(envelope, reply)| match reply {
-                Value::BulkString(id) => envelope.with(TransportMessageIdStamp(
-                    String::from_utf8_lossy(&id).into_owned(),
-                )),
+                Value::BulkString(_) => match wire::into_text(reply) {
+                    Some(id) => envelope.with(TransportMessageIdStamp(id)),
+                    None => envelope,
+                },
                 _ => envelope,
             })
             .collect())

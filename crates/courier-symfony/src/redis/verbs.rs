@@ -72,13 +72,19 @@ impl Transport for RedisTransport {
 
         let mut deleted = Vec::new();
         let mut out = Vec::with_capacity(entries.len());
-        for (id, field) in entries {
-            match field {
-                Some(field) => {
-                    self.state().in_flight.insert(id.clone());
-                    out.push(self.decode(id, &field));
+        {
+            let mut state = self.state();
+            for (id, field) in &entries {
+                if field.is_some() {
+                    state.in_flight.insert(id.clone());
+                } else {
+                    deleted.push(id.clone());
                 }
-                None => deleted.push(id),
+            }
+        }
+        for (id, field) in entries {
+            if let Some(field) = field {
+                out.push(self.decode(id, &field));
             }
         }
         // Entries deleted while pending: PHP rejects them.

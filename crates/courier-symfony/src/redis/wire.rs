@@ -131,22 +131,40 @@ fn items(v: Value) -> Vec<Value> {
     }
 }
 
-/// `[[id, [field, value, ...]], ...]` (from `XCLAIM` or one stream of `XREADGROUP`).
+/// A reply's bytes, moved out of it.
+fn into_bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        _ => None,
+    }
+}
+
+/// A reply's text, moved out of it when it is UTF-8 (an entry id always is).
+pub(crate) fn into_text(v: Value) -> Option<String> {
+    into_bytes(v).map(|b| {
+        String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    })
+}
+
+/// `[[id, [field, value, ...]], ...]` (from `XCLAIM` or one stream of `XREADGROUP`). The ids and
+/// the fields are moved out of the reply, not copied.
 pub(crate) fn entries(v: Value) -> Vec<Entry> {
     items(v)
         .into_iter()
         .filter_map(|entry| {
             let mut parts = items(entry).into_iter();
-            let id = text(&parts.next()?)?;
-            let fields = items(parts.next().unwrap_or(Value::Nil));
-            let message = fields
-                .chunks(2)
-                .find(|kv| text(&kv[0]).as_deref() == Some("message"))
-                .and_then(|kv| match kv.get(1) {
-                    Some(Value::BulkString(b)) => Some(b.clone()),
-                    Some(Value::SimpleString(s)) => Some(s.clone().into_bytes()),
-                    _ => None,
-                });
+            let id = into_text(parts.next()?)?;
+            let mut fields = items(parts.next().unwrap_or(Value::Nil)).into_iter();
+            let mut message = None;
+            while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+                if matches!(&name, Value::BulkString(b) if b == b"message")
+                    || matches!(&name, Value::SimpleString(s) if s == "message")
+                {
+                    message = into_bytes(value);
+                    break;
+                }
+            }
             Some((id, message))
         })
         .collect()
