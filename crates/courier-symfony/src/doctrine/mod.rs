@@ -5,6 +5,8 @@ mod list;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod options;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod rows;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;

@@ -7,8 +7,10 @@ use courier_core::{TransportError, TransportErrorKind};
 
 #[cfg(feature = "mysql")]
 use super::mysql::{MYSQL_CLAIM_TRIES, MYSQL_CREATE, lock_conflict, mysql_claim, mysql_index};
+#[cfg(feature = "mysql")]
+use super::rows::{insert_values, row_values};
 #[cfg(feature = "sqlite")]
-use super::sqlite::{SqliteDb, sqlite_insert_many};
+use super::sqlite::{SQLITE_CREATE, SqliteDb, sqlite_insert_many};
 
 /// A claimed row.
 #[derive(Debug)]
@@ -38,11 +40,6 @@ const PG_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id BIGSERIAL NOT NULL, 
      created_at TIMESTAMP(0) WITHOUT TIME ZONE NOT NULL, \
      available_at TIMESTAMP(0) WITHOUT TIME ZONE NOT NULL, \
      delivered_at TIMESTAMP(0) WITHOUT TIME ZONE DEFAULT NULL, PRIMARY KEY(id))";
-
-#[cfg(feature = "sqlite")]
-pub(crate) const SQLITE_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL, \
-     body CLOB NOT NULL, headers CLOB NOT NULL, queue_name VARCHAR(190) NOT NULL, \
-     created_at DATETIME NOT NULL, available_at DATETIME NOT NULL, delivered_at DATETIME DEFAULT NULL)";
 
 /// PHP's indexes: `queue_name`, `available_at`, `delivered_at`.
 pub(crate) const INDEXES: [&str; 3] = ["queue_name", "available_at", "delivered_at"];
@@ -74,27 +71,6 @@ fn table(sql: &str, table: &str) -> String {
 fn delete_list(t: &str, n: usize) -> String {
     let list = vec!["?"; n].join(", ");
     format!("DELETE FROM {t} WHERE id IN ({list})")
-}
-
-/// The values [`insert_values`] binds, row by row.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn row_values<'a>(
-    rows: &'a [(String, String, String)],
-    queue: &'a str,
-    created: &'a str,
-) -> impl Iterator<Item = &'a str> {
-    rows.iter().flat_map(move |(body, headers, available)| {
-        [body.as_str(), headers, queue, created, available]
-    })
-}
-
-/// The `VALUES` of a multi-row insert of `n` rows of five anonymous `?`s (SQLite and MariaDB:
-/// sqlx asks SQLite each numbered parameter's name, which SQLite finds by scanning the
-/// statement's list of named ones, `?NNN`, hundreds per batch).
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn insert_values(t: &str, n: usize) -> String {
-    let values = vec!["(?, ?, ?, ?, ?)"; n].join(", ");
-    format!("INSERT INTO {t} (body, headers, queue_name, created_at, available_at) VALUES {values}")
 }
 
 impl Pool {

@@ -3,7 +3,12 @@
 
 use courier_core::TransportError;
 
-use super::sql::{insert_values, row_values};
+use super::rows::{insert_values, row_values};
+
+/// The table as Doctrine DBAL lays it out on SQLite (PHP's three indexes are made after it).
+pub(crate) const SQLITE_CREATE: &str = "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY AUTOINCREMENT NOT NULL, \
+     body CLOB NOT NULL, headers CLOB NOT NULL, queue_name VARCHAR(190) NOT NULL, \
+     created_at DATETIME NOT NULL, available_at DATETIME NOT NULL, delivered_at DATETIME DEFAULT NULL)";
 
 /// A SQLite file as Courier's own SQL transport writes it: a pool of two writer connections
 /// whose commits never checkpoint, taking turns in this process, and the WAL checkpointed beside
@@ -104,7 +109,6 @@ mod tests {
     use courier_core::TransportErrorKind;
 
     use super::*;
-    use crate::doctrine::sql::SQLITE_CREATE;
 
     async fn open(url: &str) -> SqliteDb {
         let db = SqliteDb::connect(
