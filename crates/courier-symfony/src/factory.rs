@@ -10,9 +10,16 @@ use async_trait::async_trait;
 use courier_core::config::{Config, ConfigError};
 use courier_core::{Dsn, FactoryContext, Transport, TransportError, TransportFactory, error_chain};
 
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
+use crate::SymfonySerializer;
+use crate::SymfonyTypes;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 use crate::{DoctrineOptions, DoctrineTransport};
-use crate::{SymfonySerializer, SymfonyTypes};
 
 /// The options a `symfony+...` DSN takes in its query, as Symfony's Doctrine transport names
 /// them.
@@ -179,7 +186,9 @@ impl TransportFactory for SymfonyTransportFactory {
     async fn create(&self, ctx: FactoryContext) -> Result<Arc<dyn Transport>, TransportError> {
         #[cfg(feature = "amqp")]
         if ctx.dsn.scheme() == "symfony+amqp" {
-            return crate::amqp::create(&ctx, &self.types).await;
+            return crate::amqp::create(&ctx, &self.types)
+                .await
+                .map_err(|e| scrub(e, &ctx.dsn));
         }
         #[cfg(feature = "redis")]
         if ctx.dsn.scheme() == "symfony+redis" {

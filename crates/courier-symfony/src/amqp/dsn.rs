@@ -3,15 +3,13 @@
 
 use std::sync::Arc;
 
-use courier_core::{Dsn, MessageRegistry, TransportError, TransportErrorKind};
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-use courier_core::{FactoryContext, Transport};
+use courier_core::{
+    Dsn, FactoryContext, MessageRegistry, Transport, TransportError, TransportErrorKind,
+};
 use lapin::uri::{AMQPAuthority, AMQPUri, AMQPUserInfo};
 
 use super::{AmqpOptions, AmqpTransport};
-use crate::SymfonySerializer;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-use crate::SymfonyTypes;
+use crate::{SymfonySerializer, SymfonyTypes};
 
 /// The broker's address and the exchange of an `amqp://` or `symfony+amqp://` DSN, as PHP
 /// reads them: host (default `localhost`), port (5672), user and password (percent-decoded;
@@ -101,9 +99,8 @@ impl AmqpTransport {
     }
 }
 
-/// What `SymfonyTransportFactory` (built with a database feature) builds for `symfony+amqp://`: the transport, connected and
+/// What `SymfonyTransportFactory` builds for `symfony+amqp://`: the transport, connected and
 /// (unless `auto_setup` is off) with its exchange and queues declared.
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) async fn create(
     ctx: &FactoryContext,
     types: &SymfonyTypes,

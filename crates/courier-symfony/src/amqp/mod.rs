@@ -21,7 +21,6 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
 pub use dsn::amqp_uri;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) use dsn::create;
 use link::{Link, Session, amqp_error};
 pub use options::{AmqpOptions, AmqpQueue, QueueArgument};
