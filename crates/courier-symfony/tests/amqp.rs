@@ -192,6 +192,50 @@ async fn php_dispatches_1000_and_courier_consumes_them_all() {
     assert_eq!(message_count(&t).await, 0);
 }
 
+/// The ids of a batch's messages, in the order they came.
+fn ids_of(batch: &[Envelope]) -> Vec<i64> {
+    batch
+        .iter()
+        .map(|e| e.message::<SendEmail>().expect("an email").id)
+        .collect()
+}
+
+/// A `get` asks for its whole batch at once (the `basic.get`s in flight together) and an
+/// `ack_batch` settles its deliveries together: a batch comes in the queue's order, and what
+/// was acked is gone while what was not comes back once the connection that held it closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn a_batch_comes_in_order_and_only_what_was_acked_is_gone() {
+    let topo = Topology::new();
+    let t = topo.courier().await;
+    let envelopes = (1..=150)
+        .map(|id| Envelope::new(email(id, "+00:00")))
+        .collect();
+    timeout(t.send_batch(envelopes)).await.unwrap();
+    let first = timeout(t.get(100)).await.unwrap();
+    assert_eq!(ids_of(&first), (1..=100).collect::<Vec<_>>());
+    let rest = timeout(t.get(100)).await.unwrap();
+    assert_eq!(ids_of(&rest), (101..=150).collect::<Vec<_>>());
+    assert!(timeout(t.get(100)).await.unwrap().is_empty());
+    timeout(t.ack_batch(&first)).await.unwrap();
+    drop(t);
+    // The 50 not acked come back to another connection, and nothing else.
+    let again = topo.courier().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut back = Vec::new();
+    while back.len() < 50 && Instant::now() < deadline {
+        let batch = timeout(again.get(100)).await.unwrap();
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        back.extend(batch);
+    }
+    assert_eq!(ids_of(&back), (101..=150).collect::<Vec<_>>());
+    timeout(again.ack_batch(&back)).await.unwrap();
+    assert!(timeout(again.get(100)).await.unwrap().is_empty());
+    assert_eq!(message_count(&again).await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
 async fn courier_dispatches_1000_and_php_consumes_them_all() {

@@ -233,34 +233,56 @@ impl AmqpTransport {
             )))
     }
 
-    /// Acks (`ack`) or nacks without requeue the delivery of `envelope`. A delivery of an
-    /// earlier connection is gone already (the broker requeued it when that one closed).
-    async fn settle(&self, envelope: &Envelope, ack: bool) -> Result<(), TransportError> {
-        let (generation, tag) = self.tag(envelope)?;
+    /// Acks (`ack`) or nacks without requeue the deliveries of `envelopes`, all in flight
+    /// together. A delivery of an earlier connection is gone already (the broker requeued it
+    /// when that one closed).
+    async fn settle(&self, envelopes: &[Envelope], ack: bool) -> Result<(), TransportError> {
+        let deliveries = envelopes
+            .iter()
+            .map(|e| self.tag(e))
+            .collect::<Result<Vec<_>, _>>()?;
+        if deliveries.is_empty() {
+            return Ok(());
+        }
         let name = self.name().to_owned();
         self.link
             .with(async |s: &mut Session| {
-                if s.generation != generation {
-                    self.lock_pending().remove(&(generation, tag));
-                    tracing::warn!(messaging.destination.name = %name, "amqp delivery of a closed connection not settled: the broker delivers it again");
-                    return Ok(());
+                let (current, stale): (Vec<_>, Vec<_>) =
+                    deliveries.iter().partition(|(g, _)| *g == s.generation);
+                if !stale.is_empty() {
+                    let mut pending = self.lock_pending();
+                    for delivery in &stale {
+                        pending.remove(delivery);
+                    }
+                    tracing::warn!(messaging.destination.name = %name, deliveries = stale.len(), "amqp deliveries of a closed connection not settled: the broker delivers them again");
                 }
-                let done = if ack {
-                    s.getter.basic_ack(tag, BasicAckOptions::default()).await
-                } else {
-                    s.getter
-                        .basic_nack(
-                            tag,
-                            BasicNackOptions {
+                let settles = current.iter().map(|&(_, tag)| {
+                    let getter = &s.getter;
+                    async move {
+                        if ack {
+                            getter.basic_ack(tag, BasicAckOptions::default()).await
+                        } else {
+                            let requeue = BasicNackOptions {
                                 requeue: false,
                                 multiple: false,
-                            },
-                        )
-                        .await
-                };
-                done.map_err(|e| amqp_error(&name, if ack { "basic.ack failed" } else { "basic.nack failed" }, e))?;
-                self.lock_pending().remove(&(generation, tag));
-                Ok(())
+                            };
+                            getter.basic_nack(tag, requeue).await
+                        }
+                    }
+                });
+                let mut failed = None;
+                for (delivery, done) in current.iter().zip(futures_util::future::join_all(settles).await) {
+                    match done {
+                        Ok(()) => {
+                            self.lock_pending().remove(delivery);
+                        }
+                        Err(e) => failed = failed.or(Some(e)),
+                    }
+                }
+                match failed {
+                    Some(e) => Err(amqp_error(&name, if ack { "basic.ack failed" } else { "basic.nack failed" }, e)),
+                    None => Ok(()),
+                }
             })
             .await
     }
@@ -378,26 +400,46 @@ impl Transport for AmqpTransport {
             .with(async |s: &mut Session| {
                 let mut got = Vec::new();
                 for queue in &self.link.options.queues {
-                    while got.len() < max {
-                        let message = s
-                            .getter
-                            .basic_get(
-                                queue.name.as_str().into(),
-                                BasicGetOptions { no_ack: false },
-                            )
-                            .await
-                            .map_err(|e| {
-                                amqp_error(
-                                    &name,
-                                    &format!("basic.get from `{}` failed", queue.name),
-                                    e,
-                                )
-                            })?;
-                        let Some(message) = message else { break };
-                        let delivery = message.delivery;
-                        self.lock_pending()
-                            .insert((s.generation, delivery.delivery_tag), queue.name.clone());
-                        got.push(self.decode(&delivery, s.generation));
+                    // The `basic.get`s of the rest of the batch in flight together (the broker
+                    // answers a channel's requests in order): one round trip, not one each.
+                    let asked = max - got.len();
+                    let gets = (0..asked).map(|_| {
+                        s.getter.basic_get(
+                            queue.name.as_str().into(),
+                            BasicGetOptions { no_ack: false },
+                        )
+                    });
+                    let mut failed = None;
+                    let mut empty = false;
+                    for reply in futures_util::future::join_all(gets).await {
+                        match reply {
+                            // Every delivery is kept, even one after an empty reply or a
+                            // failure: it is ours until acked.
+                            Ok(Some(message)) => {
+                                let delivery = message.delivery;
+                                self.lock_pending().insert(
+                                    (s.generation, delivery.delivery_tag),
+                                    queue.name.clone(),
+                                );
+                                got.push(self.decode(&delivery, s.generation));
+                            }
+                            Ok(None) => empty = true,
+                            Err(e) => failed = failed.or(Some(e)),
+                        }
+                    }
+                    if let Some(e) = failed {
+                        if got.is_empty() {
+                            return Err(amqp_error(
+                                &name,
+                                &format!("basic.get from `{}` failed", queue.name),
+                                e,
+                            ));
+                        }
+                        // What came is handed out; the next get meets the failure again.
+                        break;
+                    }
+                    if !empty {
+                        break;
                     }
                 }
                 Ok(got)
@@ -406,11 +448,15 @@ impl Transport for AmqpTransport {
     }
 
     async fn ack(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.settle(envelope, true).await
+        self.settle(std::slice::from_ref(envelope), true).await
+    }
+
+    async fn ack_batch(&self, envelopes: &[Envelope]) -> Result<(), TransportError> {
+        self.settle(envelopes, true).await
     }
 
     async fn reject(&self, envelope: &Envelope) -> Result<(), TransportError> {
-        self.settle(envelope, false).await
+        self.settle(std::slice::from_ref(envelope), false).await
     }
 
     fn abilities(&self) -> Abilities<'_> {
