@@ -157,6 +157,6 @@ pub use pool::{sqlite_pool, sqlite_write_turn, sqlite_writer_pool};
 pub use schedules::schedules_table;
 pub use shared::SqlPool;
 #[cfg(feature = "sqlite")]
-pub use sqlite::{SqliteCheckpoints, sqlite_writes};
+pub use sqlite::{SqliteCheckpoints, sqlite_inserted_ids, sqlite_writes};
 pub use transport::SqlTransport;
 pub use workers::workers_table;

@@ -305,22 +305,34 @@ async fn insert_chunks(
             }
         }
         let done = q.execute(&mut *conn).await?;
-        // Under the write lock, AUTOINCREMENT gives the rows of one statement consecutive
-        // ids (each is the largest id ever used plus one), ending at the last one. Another
-        // row count is a protocol error, which is never retried (a retry could insert the
-        // rows twice); a transaction rolls back when dropped.
-        if done.rows_affected() != chunk.len() as u64 {
-            return Err(sqlx::Error::Protocol(format!(
-                "inserted {} rows for {} messages",
-                done.rows_affected(),
-                chunk.len()
-            )));
-        }
-        let last = done.last_insert_rowid();
-        let n = i64::try_from(chunk.len()).unwrap_or(i64::MAX);
-        ids.extend(last - n + 1..=last);
+        // A transaction rolls back when dropped.
+        ids.extend(sqlite_inserted_ids(&done, chunk.len())?);
     }
     Ok(ids)
+}
+
+/// The ids of the `rows` rows one multi-row `INSERT` just wrote, in order: under SQLite's write
+/// lock the rows of one statement take consecutive ids ending at the last one (with
+/// `AUTOINCREMENT`, each the largest id ever used plus one; without, the largest in the table
+/// plus one), so they need not come back one by one (`RETURNING`: a row each across the
+/// connection's thread). Another row count is a protocol error, which is never retried (a retry
+/// could insert the rows twice).
+///
+/// # Errors
+/// [`sqlx::Error::Protocol`] when the statement wrote another number of rows.
+pub fn sqlite_inserted_ids(
+    done: &sqlx::sqlite::SqliteQueryResult,
+    rows: usize,
+) -> Result<std::ops::RangeInclusive<i64>, sqlx::Error> {
+    if done.rows_affected() != rows as u64 {
+        return Err(sqlx::Error::Protocol(format!(
+            "inserted {} rows for {rows} messages",
+            done.rows_affected()
+        )));
+    }
+    let last = done.last_insert_rowid();
+    let n = i64::try_from(rows).unwrap_or(i64::MAX);
+    Ok(last - n + 1..=last)
 }
 
 #[cfg(test)]

@@ -65,11 +65,10 @@ impl SqliteDb {
     }
 }
 
-/// SQLite's batch insert: one statement, the ids read from the last rowid rather than returned
-/// row by row (each returned row crosses from the connection's thread on its own, a wake-up of
-/// the sending task each: 64 per batch where this takes one). Under SQLite's write lock the rows
-/// of one statement take consecutive ids, in order, ending at the last one (`AUTOINCREMENT`:
-/// the largest id ever used plus one; without it, the largest id in the table plus one).
+/// SQLite's batch insert: one statement, the ids read from the last rowid
+/// ([`courier_sql::sqlite_inserted_ids`]) rather than returned row by row (each returned row
+/// crossed from the connection's thread on its own, a wake-up of the sending task each: 64 per
+/// batch where this takes one).
 pub(crate) async fn sqlite_insert_many(
     db: &SqliteDb,
     t: &str,
@@ -86,19 +85,7 @@ pub(crate) async fn sqlite_insert_many(
         let _turn = db.write_turn().await;
         query.execute(&db.pool).await?
     };
-    // Another count is a protocol error, never retried (a retry could insert the rows twice).
-    if done.rows_affected() != rows.len() as u64 {
-        return Err(sqlx::Error::Protocol(format!(
-            "inserted {} rows for {} messages",
-            done.rows_affected(),
-            rows.len()
-        )));
-    }
-    let (last, n) = (
-        done.last_insert_rowid(),
-        i64::try_from(rows.len()).unwrap_or(i64::MAX),
-    );
-    Ok((last - n + 1..=last).collect())
+    Ok(courier_sql::sqlite_inserted_ids(&done, rows.len())?.collect())
 }
 
 #[cfg(test)]
