@@ -12,26 +12,22 @@ use std::time::Duration;
 
 use courier_core::{TransportError, TransportErrorKind};
 use futures_util::future::FutureExt;
-use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
+use futures_util::stream::StreamExt;
 use lapin::Channel;
 use lapin::message::Delivery;
-use lapin::options::BasicCancelOptions;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicAckOptions, BasicQosOptions, BasicRejectOptions, QueueDeclareOptions};
 use lapin::types::{FieldTable, ShortString};
 use tokio::time::Instant;
 
+use crate::consume::{Deliveries, cancel_consumers, consume_queues, multiple_ack_to, queued, step};
 use crate::link::{Link, amqp_error};
-
-type Item = (usize, Option<lapin::Result<Delivery>>);
 
 struct Feed {
     generation: u64,
     channel: Channel,
     /// The consumer tags, one per queue.
     tags: Vec<ShortString>,
-    stream: SelectAll<BoxStream<'static, Item>>,
+    stream: Deliveries,
     /// Deliveries pulled off the stream by `message_count` but not yet handed out.
     buffer: VecDeque<(usize, Delivery)>,
 }
@@ -72,94 +68,38 @@ pub(crate) struct Inbox {
     live: std::sync::Mutex<Live>,
 }
 
-/// One step of a consumer stream: a delivery, or `None` when the consumer failed or was cancelled.
-type Step = Option<(usize, Delivery)>;
-
-fn step(item: Option<Item>) -> Step {
-    match item {
-        Some((i, Some(Ok(d)))) => Some((i, d)),
-        Some((_, Some(Err(e)))) => {
-            tracing::warn!(error = %e, "amqp consumer failed");
-            None
-        }
-        Some((_, None)) | None => None,
-    }
-}
-
-type Streams = (SelectAll<BoxStream<'static, Item>>, Vec<ShortString>);
+type Streams = (Deliveries, Vec<ShortString>);
 
 /// `basic.consume` on every queue of the transport; each stream ends with a `(queue, None)`
 /// marker when its consumer is cancelled.
 async fn consume_all(link: &Link, channel: &Channel) -> Result<Streams, TransportError> {
-    let name = link.name();
-    let mut streams = SelectAll::new();
-    let mut tags = Vec::new();
-    for (i, q) in link.options.queues.iter().enumerate() {
-        let consumer = channel
-            .basic_consume(
-                q.name.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| {
-                amqp_error(
-                    name,
-                    format!("cannot consume queue `{}`", q.name).as_str(),
-                    e,
-                )
-            })?;
-        tags.push(consumer.tag());
-        let s: BoxStream<'static, Item> = consumer
-            .map(move |r| (i, Some(r)))
-            .chain(stream::once(async move { (i, None) }))
-            .boxed();
-        streams.push(s);
-    }
-    Ok((streams, tags))
+    consume_queues(channel, &link.options.queue_names())
+        .await
+        .map_err(|(doing, e)| amqp_error(link.name(), &doing, e))
 }
 
 /// Cancels the consumers and moves every delivery they got into the buffer: afterwards the
 /// broker pushes nothing more, so ready counts and local counts do not overlap.
 async fn quiesce(link: &Link, feed: &mut Feed) -> Result<(), TransportError> {
     let name = link.name();
-    for tag in &feed.tags {
-        feed.channel
-            .basic_cancel(tag.clone(), BasicCancelOptions::default())
-            .await
-            .map_err(|e| amqp_error(name, "basic.cancel failed", e))?;
-    }
     let deadline = Instant::now() + link.options.confirm_timeout;
-    let mut ended = 0;
-    while ended < feed.tags.len() {
-        let next = tokio::time::timeout_at(deadline, feed.stream.next()).await;
-        match next {
-            Ok(Some((i, Some(Ok(d))))) => feed.buffer.push_back((i, d)),
-            Ok(Some((_, None))) => ended += 1,
-            Ok(None) => break,
-            Ok(Some((_, Some(Err(e))))) => return Err(amqp_error(name, "consumer failed", e)),
-            Err(_) => {
-                return Err(
-                    TransportError::new(TransportErrorKind::Timeout, name.to_owned())
-                        .with_context("consumer cancel did not complete"),
-                );
-            }
-        }
+    let ended = cancel_consumers(
+        &feed.channel,
+        &feed.tags,
+        &mut feed.stream,
+        &mut feed.buffer,
+        deadline,
+    )
+    .await
+    .map_err(|e| amqp_error(name, "basic.cancel failed", e))?;
+    if ended {
+        Ok(())
+    } else {
+        Err(
+            TransportError::new(TransportErrorKind::Timeout, name.to_owned())
+                .with_context("consumer cancel did not complete"),
+        )
     }
-    Ok(())
-}
-
-/// Queues a settle frame (`basic.ack`, `basic.reject`) on its channel without waiting for
-/// lapin's I/O thread to write it: the broker confirms no settle, so the write is all there is
-/// to wait for, and a consumer under a prefetch of 1 would wait twice per message (the write,
-/// then the next delivery) instead of once. Frames leave in the order they were queued; one
-/// the connection drops before writing it is lost like one written just before, and the broker
-/// delivers its message again. A channel already closed fails here, at once.
-fn queued(settle: impl std::future::Future<Output = lapin::Result<()>>) -> lapin::Result<()> {
-    // lapin queues the frame in the first poll and then waits on a promise of the write;
-    // dropping that promise leaves the frame queued.
-    settle.now_or_never().unwrap_or(Ok(()))
 }
 
 impl Inbox {
@@ -389,18 +329,11 @@ impl Inbox {
             // The longest run from the floor made of our tags and tags whose settle frame was
             // already sent; a tag still being settled by another call breaks the run, so a
             // multiple ack never overtakes its single ack.
-            let mut multi_to = None;
-            if ack && mine.len() > 1 {
-                let mut x = live.floor + 1;
-                loop {
-                    if mine.contains(&x) {
-                        multi_to = Some(x);
-                    } else if !live.settled.contains(&x) {
-                        break;
-                    }
-                    x += 1;
-                }
-            }
+            let multi_to = if ack && mine.len() > 1 {
+                multiple_ack_to(live.floor, &live.settled, &mine)
+            } else {
+                None
+            };
             live.sending.extend(mine.iter().copied());
             (channel, generation, mine, multi_to)
         };

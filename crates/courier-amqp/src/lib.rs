@@ -85,6 +85,7 @@
 //! `confirm_timeout`, `auto_setup`, `poll_window`, `connect_timeout`, `max_backoff`).
 //! Tested against RabbitMQ 3.10 (Debian's package).
 
+pub mod consume;
 pub mod delay;
 mod factory;
 mod inbox;

@@ -310,6 +310,11 @@ impl AmqpOptions {
         &self.queues
     }
 
+    /// The queues' names, in order.
+    pub(crate) fn queue_names(&self) -> Vec<&str> {
+        self.queues.iter().map(|q| q.name.as_str()).collect()
+    }
+
     /// Reads the options of the transport `name` from a DSN's query (see the type docs).
     ///
     /// # Errors

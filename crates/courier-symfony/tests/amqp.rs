@@ -65,6 +65,18 @@ impl Topology {
         self.php_for(&self.exchange, &self.queue)
     }
 
+    /// PHP's DSN in consumer mode (`prefetch_count`; PHP reads it and still gets one by one).
+    fn php_consuming(&self, prefetch: u16) -> String {
+        format!("{}&prefetch_count={prefetch}", self.php())
+    }
+
+    /// Courier on `php` (a DSN of this topology), set up.
+    async fn courier_on(&self, php: &str) -> Arc<AmqpTransport> {
+        let t = self.courier_for("async", php);
+        timeout(t.setup()).await.expect("setup");
+        t
+    }
+
     fn php_failed(&self) -> String {
         self.php_for(&self.failed, &self.failed)
     }
@@ -150,6 +162,20 @@ async fn message_count(t: &AmqpTransport) -> u64 {
 async fn php_dispatches_1000_and_courier_consumes_them_all() {
     let topo = Topology::new();
     let t = topo.courier().await;
+    courier_consumes_what_php_dispatched(&topo, &t).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn in_consumer_mode_php_dispatches_1000_and_courier_consumes_them_all() {
+    let topo = Topology::new();
+    let t = topo.courier_on(&topo.php_consuming(64)).await;
+    courier_consumes_what_php_dispatched(&topo, &t).await;
+}
+
+/// PHP dispatches 1,000 messages (every 10th delayed a second) and Courier, on `t`, receives
+/// them all, the delayed ones no sooner than a second later.
+async fn courier_consumes_what_php_dispatched(topo: &Topology, t: &AmqpTransport) {
     let start = Instant::now();
     php(
         "dispatch.php",
@@ -189,7 +215,7 @@ async fn php_dispatches_1000_and_courier_consumes_them_all() {
         }
     }
     assert_courier_got_the_1000(got.iter().map(|(envelope, _)| envelope));
-    assert_eq!(message_count(&t).await, 0);
+    assert_eq!(message_count(t).await, 0);
 }
 
 /// The ids of a batch's messages, in the order they came.
@@ -265,6 +291,23 @@ async fn a_retry_crosses_from_php_to_courier_and_back_with_its_count() {
 async fn a_retry_crosses_from_courier_to_php_with_its_count() {
     let topo = Topology::new();
     let t = topo.courier().await;
+    courier_retries_for_php(&topo, t, &topo.php()).await;
+}
+
+/// In consumer mode, the retries come back into the queue while the transport whose worker
+/// stopped is still open: it gives them back to the queue for PHP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn in_consumer_mode_a_retry_crosses_from_courier_to_php_with_its_count() {
+    let topo = Topology::new();
+    let dsn = topo.php_consuming(64);
+    let t = topo.courier_on(&dsn).await;
+    courier_retries_for_php(&topo, t, &dsn).await;
+}
+
+/// A Courier worker on `t` fails 20 messages once each; PHP, on `php_dsn`, reads them back with
+/// the retry count 1.
+async fn courier_retries_for_php(topo: &Topology, t: Arc<AmqpTransport>, php_dsn: &str) {
     // None delayed: the worker's 20 are the 20 first deliveries, not a retry among them.
     let envelopes = (1..=20)
         .map(|id| Envelope::new(email(id, "+00:00")))
@@ -282,7 +325,7 @@ async fn a_retry_crosses_from_courier_to_php_with_its_count() {
     );
     // PHP fails each again (it has count 1 already: fail-new fails only count 0, so run a
     // plain consumer that reads them and check the count).
-    php_reads_courier_retries(&topo.php(), 1).await;
+    php_reads_courier_retries(php_dsn, 1).await;
     assert_eq!(message_count(&t).await, 0);
 }
 
@@ -296,6 +339,65 @@ async fn php_and_courier_workers_share_one_queue_with_none_lost_or_doubled() {
     })
     .await;
     assert_eq!(message_count(&t).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn in_consumer_mode_php_and_courier_workers_share_one_queue_with_none_lost_or_doubled() {
+    let topo = Topology::new();
+    let dsn = topo.php_consuming(10);
+    let t = topo.courier_on(&dsn).await;
+    php_and_courier_share_1000(&*t, dsn, "15", async |php_finished, elapsed| {
+        php_finished || elapsed > Duration::from_secs(12)
+    })
+    .await;
+    assert_eq!(message_count(&t).await, 0);
+}
+
+/// In consumer mode the broker pushes up to `prefetch_count` messages ahead of the `get`s: a
+/// transport that no `get` asks any more (its worker stopped, the application running on)
+/// gives back those it did not hand out, within seconds, for another worker to take; the one it
+/// handed out stays its own until acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs php and rabbitmq: run scripts/services, set COURIER_TEST_AMQP_URL"]
+async fn a_consumer_no_get_asks_gives_back_what_it_did_not_hand_out() {
+    let topo = Topology::new();
+    let t = topo.courier_on(&topo.php_consuming(10)).await;
+    let envelopes = (1..=10)
+        .map(|id| Envelope::new(email(id, "+00:00")))
+        .collect();
+    timeout(t.send_batch(envelopes)).await.unwrap();
+    let first = timeout(t.get(1)).await.unwrap();
+    assert_eq!(ids_of(&first), vec![1]);
+    // The other nine were pushed to the consumer: soon none is ready in the queue, then, with
+    // no `get` asking, all nine are again.
+    let mut counts = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        let count = message_count(&t).await;
+        if counts.last() != Some(&count) {
+            counts.push(count);
+        }
+        if count == 9 && counts.contains(&0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(counts.last(), Some(&9), "ready counts: {counts:?}");
+    assert!(counts.contains(&0), "pushed ahead first: {counts:?}");
+    assert!(
+        start.elapsed() >= Duration::from_secs(4),
+        "held while a worker may still ask: {:?}",
+        start.elapsed()
+    );
+    // Another worker takes them, in order; the first is still held, then acked.
+    let other = topo.courier().await;
+    let rest = drain(&*other, 9, Duration::from_secs(10)).await;
+    assert_eq!(ids_of(&rest), (2..=10).collect::<Vec<_>>());
+    timeout(t.ack_batch(&first)).await.unwrap();
+    drop(t);
+    assert!(timeout(other.get(10)).await.unwrap().is_empty());
+    assert_eq!(message_count(&other).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

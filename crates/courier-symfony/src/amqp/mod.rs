@@ -1,15 +1,18 @@
 //! [`AmqpTransport`]: Symfony Messenger's AMQP transport (RabbitMQ), read and written as PHP's
 //! `Bridge\Amqp` does, so that PHP and Courier workers share its exchanges and queues.
 
+mod consumer;
 mod dsn;
 mod link;
 mod options;
+mod pending;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use courier_amqp::consume::queued;
 use courier_core::{
     Abilities, Capabilities, DelayStamp, Envelope, MessageCount, MessageRegistry, Setup, Transport,
     TransportError, TransportErrorKind, TransportMessageIdStamp,
@@ -26,6 +29,9 @@ use link::{Link, Session, amqp_error};
 pub use options::{AmqpOptions, AmqpQueue, QueueArgument};
 
 use crate::{SymfonyEncoded, SymfonySerializer};
+
+/// How long a `get` in consumer mode waits for the first message.
+const POLL_WINDOW: Duration = Duration::from_secs(1);
 
 /// The longest delay: RabbitMQ's largest `x-message-ttl` (2^32 - 1 ms, about 49 days).
 const MAX_DELAY: Duration = Duration::from_millis(u32::MAX as u64);
@@ -45,7 +51,9 @@ const CONTENT_TYPE: &str = "Content-Type";
 ///   to the exchange with the original routing key), so it reaches the queues bound to the
 ///   exchange once due, whichever side sent it. Sends wait for the broker's confirm.
 /// - `get` takes messages with `basic.get` from each queue in turn, as PHP's receiver does;
-///   `ack` acks, `reject` nacks without requeue.
+///   with `prefetch_count=N` (consumer mode), from a `basic.consume` on each queue that the
+///   broker pushes up to N unacked messages to (see [`AmqpOptions::prefetch_count`]). `ack`
+///   acks, `reject` nacks without requeue.
 /// - `retry` publishes a new message (the `RedeliveryStamp` the worker added and a
 ///   `DelayStamp`) as PHP's retry does for a received message: through the delay queue
 ///   `delay_<exchange>_<queue>_<ms>_retry`, dead-lettered straight into the queue it came from
@@ -59,7 +67,9 @@ pub struct AmqpTransport {
     serializer: SymfonySerializer,
     registry: Arc<MessageRegistry>,
     /// Session generation and delivery tag to the queue the delivery came from.
-    pending: std::sync::Mutex<HashMap<(u64, u64), String>>,
+    pending: Arc<std::sync::Mutex<pending::Pending>>,
+    /// Consumer mode (`prefetch_count`).
+    consumer: Option<consumer::Consumer>,
 }
 
 impl AmqpTransport {
@@ -73,11 +83,15 @@ impl AmqpTransport {
         serializer: SymfonySerializer,
         registry: Arc<MessageRegistry>,
     ) -> Self {
+        let pending = Arc::default();
         Self {
+            consumer: options
+                .prefetch_count
+                .map(|_| consumer::Consumer::new(Arc::clone(&pending))),
             link: Link::new(name.into(), uri, options),
             serializer,
             registry,
-            pending: std::sync::Mutex::new(HashMap::new()),
+            pending,
         }
     }
 
@@ -247,35 +261,41 @@ impl AmqpTransport {
         let name = self.name().to_owned();
         self.link
             .with(async |s: &mut Session| {
+                let generation = s.generation;
                 let (current, stale): (Vec<_>, Vec<_>) =
-                    deliveries.iter().partition(|(g, _)| *g == s.generation);
+                    deliveries.iter().copied().partition(|(g, _)| *g == generation);
                 if !stale.is_empty() {
                     let mut pending = self.lock_pending();
-                    for delivery in &stale {
-                        pending.remove(delivery);
+                    for &delivery in &stale {
+                        pending.forget(delivery);
                     }
                     tracing::warn!(messaging.destination.name = %name, deliveries = stale.len(), "amqp deliveries of a closed connection not settled: the broker delivers them again");
                 }
-                let settles = current.iter().map(|&(_, tag)| {
-                    let getter = &s.getter;
-                    async move {
-                        if ack {
-                            getter.basic_ack(tag, BasicAckOptions::default()).await
-                        } else {
-                            let requeue = BasicNackOptions {
-                                requeue: false,
-                                multiple: false,
-                            };
-                            getter.basic_nack(tag, requeue).await
-                        }
-                    }
-                });
+                let tags: Vec<u64> = current.iter().map(|&(_, tag)| tag).collect();
+                let plan = self.lock_pending().plan(generation, &tags, ack);
+                // Each frame queued on the channel without waiting for lapin to write it: the
+                // broker confirms no settle, and frames leave in the order queued. A frame the
+                // connection drops unwritten is lost like one written just before it closed: the
+                // broker delivers its message again. A closed channel fails at once.
                 let mut failed = None;
-                for (delivery, done) in current.iter().zip(futures_util::future::join_all(settles).await) {
-                    match done {
-                        Ok(()) => {
-                            self.lock_pending().remove(delivery);
-                        }
+                if let Some(to) = plan.multiple_to {
+                    match queued(s.getter.basic_ack(to, BasicAckOptions { multiple: true })) {
+                        Ok(()) => self.lock_pending().settled_to(generation, to),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                for tag in plan.each {
+                    let settled = if ack {
+                        queued(s.getter.basic_ack(tag, BasicAckOptions::default()))
+                    } else {
+                        let requeue = BasicNackOptions {
+                            requeue: false,
+                            multiple: false,
+                        };
+                        queued(s.getter.basic_nack(tag, requeue))
+                    };
+                    match settled {
+                        Ok(()) => self.lock_pending().settled(generation, tag),
                         Err(e) => failed = failed.or(Some(e)),
                     }
                 }
@@ -287,7 +307,7 @@ impl AmqpTransport {
             .await
     }
 
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64), String>> {
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, pending::Pending> {
         self.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -379,7 +399,7 @@ impl Transport for AmqpTransport {
 
     async fn retry(&self, envelope: Envelope, delay: Duration) -> Result<(), TransportError> {
         let delivery = self.tag(&envelope)?;
-        let queue = self.lock_pending().get(&delivery).cloned();
+        let queue = self.lock_pending().queue_of(delivery).cloned();
         let next = envelope.clone().without_all::<DelayStamp>();
         let next = if delay.is_zero() {
             next
@@ -394,6 +414,23 @@ impl Transport for AmqpTransport {
     async fn get(&self, max: usize) -> Result<Vec<Envelope>, TransportError> {
         if max == 0 {
             return Ok(Vec::new());
+        }
+        if let (Some(consumer), Some(prefetch)) = (&self.consumer, self.link.options.prefetch_count)
+        {
+            let received = consumer.get(&self.link, prefetch, max, POLL_WINDOW).await?;
+            let generation = received.generation;
+            let mut got = Vec::with_capacity(received.deliveries.len());
+            let mut pending = self.lock_pending();
+            for (queue, delivery) in &received.deliveries {
+                let queue = self.link.options.queues.get(*queue);
+                let queue = queue.map(|q| q.name.clone()).unwrap_or_default();
+                pending.handed_out(generation, delivery.delivery_tag, queue);
+            }
+            drop(pending);
+            for (_, delivery) in &received.deliveries {
+                got.push(self.decode(delivery, generation));
+            }
+            return Ok(got);
         }
         let name = self.name().to_owned();
         self.link
@@ -417,8 +454,9 @@ impl Transport for AmqpTransport {
                             // failure: it is ours until acked.
                             Ok(Some(message)) => {
                                 let delivery = message.delivery;
-                                self.lock_pending().insert(
-                                    (s.generation, delivery.delivery_tag),
+                                self.lock_pending().handed_out(
+                                    s.generation,
+                                    delivery.delivery_tag,
                                     queue.name.clone(),
                                 );
                                 got.push(self.decode(&delivery, s.generation));
@@ -464,9 +502,15 @@ impl Transport for AmqpTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
+        let capabilities = Capabilities::none()
             .with_delay(Some(MAX_DELAY))
-            .with_redelivery()
+            .with_redelivery();
+        match self.link.options.prefetch_count {
+            Some(prefetch) => capabilities
+                .with_get_wait(POLL_WINDOW)
+                .with_unacked_window(usize::from(prefetch)),
+            None => capabilities,
+        }
     }
 }
 

@@ -2,7 +2,9 @@
 //! DSN's query as PHP's `parse_str` reads them (`exchange[name]=...`,
 //! `queues[messages][binding_keys][]=...`).
 
-/// The queue arguments PHP sends as integers (`Connection::ARGUMENTS_AS_INTEGER`).
+/// The queue arguments sent as integers: PHP's (`Connection::ARGUMENTS_AS_INTEGER`) and
+/// `x-queue-version`, which RabbitMQ refuses as the string PHP 5.4 sends (PHP's declaration of
+/// such a queue fails; Courier's succeeds).
 const ARGUMENTS_AS_INTEGER: &[&str] = &[
     "x-delay",
     "x-expires",
@@ -10,12 +12,12 @@ const ARGUMENTS_AS_INTEGER: &[&str] = &[
     "x-max-length-bytes",
     "x-max-priority",
     "x-message-ttl",
+    "x-queue-version",
 ];
 
 /// PHP's connection options that change nothing on the wire Courier shares with PHP: accepted
 /// and ignored (Courier's own connection settings apply).
 const IGNORED: &[&str] = &[
-    "prefetch_count",
     "retry",
     "persistent",
     "frame_max",
@@ -86,6 +88,7 @@ pub struct AmqpOptions {
     pub(crate) delay_exchange_name: String,
     pub(crate) delay_queue_name_pattern: String,
     pub(crate) auto_setup: bool,
+    pub(crate) prefetch_count: Option<u16>,
 }
 
 impl Default for AmqpOptions {
@@ -108,6 +111,7 @@ impl AmqpOptions {
             delay_exchange_name: "delays".to_owned(),
             delay_queue_name_pattern: "delay_%exchange_name%_%routing_key%_%delay%".to_owned(),
             auto_setup: true,
+            prefetch_count: None,
         }
     }
 
@@ -142,6 +146,20 @@ impl AmqpOptions {
                     options.delay_queue_name_pattern = value.clone();
                 }
                 ("auto_setup", []) => options.auto_setup = php_bool(value),
+                ("prefetch_count", []) => {
+                    options.prefetch_count = Some(
+                        value
+                            .trim()
+                            .parse()
+                            .ok()
+                            .filter(|n| *n > 0)
+                            .ok_or_else(|| {
+                                format!(
+                                    "invalid value `{value}` for option `prefetch_count` (1 to 65535)"
+                                )
+                            })?,
+                    );
+                }
                 ("queues", [name, rest @ ..]) => {
                     let at = match queues.iter().position(|q| q.name == *name) {
                         Some(at) => at,
@@ -203,6 +221,11 @@ impl AmqpOptions {
         &self.queues
     }
 
+    /// The queues' names, in order.
+    pub(crate) fn queue_names(&self) -> Vec<&str> {
+        self.queues.iter().map(|q| q.name.as_str()).collect()
+    }
+
     /// The delay exchange (`delay[exchange_name]`, default `delays`).
     #[must_use]
     pub fn delay_exchange_name(&self) -> &str {
@@ -245,6 +268,17 @@ impl AmqpOptions {
         self
     }
 
+    /// Receives in consumer mode (`prefetch_count`): the broker pushes up to `prefetch`
+    /// unacked messages to a `basic.consume` on each queue, rather than one `basic.get` per
+    /// message as PHP's receiver asks (none, the default: `basic.get`, as PHP). Several times
+    /// the throughput; a consumer holds what it was pushed until acked, or until no `get` has
+    /// asked for 5 s, when it gives the messages back to the queue.
+    #[must_use]
+    pub fn prefetch_count(mut self, prefetch: Option<u16>) -> Self {
+        self.prefetch_count = prefetch.filter(|n| *n > 0);
+        self
+    }
+
     /// The delay queue (and its routing key on the delay exchange) of a message delayed
     /// `delay_ms` with `routing_key`: PHP's `getRoutingKeyForDelay`, `_retry` or `_delay` at the
     /// end.
@@ -262,7 +296,7 @@ fn unsupported(key: &str) -> String {
     format!(
         "unknown option `{key}` (known: exchange[name], exchange[type], exchange[default_publish_routing_key], \
          queues[<name>], queues[<name>][binding_keys][], queues[<name>][arguments][<key>], \
-         delay[exchange_name], delay[queue_name_pattern], auto_setup; ignored: {})",
+         delay[exchange_name], delay[queue_name_pattern], auto_setup, prefetch_count; ignored: {})",
         IGNORED.join(", ")
     )
 }
@@ -339,6 +373,7 @@ mod tests {
                 ("delay[queue_name_pattern]", "dq_%delay%"),
                 ("auto_setup", "false"),
                 ("heartbeat", "30"),
+                ("prefetch_count", "64"),
             ]),
         )
         .expect("options");
@@ -357,6 +392,7 @@ mod tests {
         assert_eq!(o.delay_exchange_name, "d");
         assert_eq!(o.delay_queue_name(5, "", false), "dq_5_delay");
         assert!(!o.auto_setup);
+        assert_eq!(o.prefetch_count, Some(64));
     }
 
     #[test]
@@ -378,6 +414,9 @@ mod tests {
                 "x-message-ttl",
             ),
             ("delay[exchange_name", "x", "unclosed"),
+            ("prefetch_count", "0", "`prefetch_count`"),
+            ("prefetch_count", "many", "`prefetch_count`"),
+            ("prefetch_count", "70000", "`prefetch_count`"),
         ] {
             let err = AmqpOptions::from_query("ex", &q(&[(key, value)])).expect_err(key);
             assert!(err.contains(needle), "{key}: {err}");

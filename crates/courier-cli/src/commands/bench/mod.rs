@@ -151,8 +151,41 @@ pub(crate) fn isolate(dsn: &Dsn, queue: &str, fetch_size: u16) -> Dsn {
             }
             d
         }
+        // Symfony's AMQP layout: an exchange and a queue of their own (the path's exchange
+        // stays in the DSN; `exchange[name]` and `queues[...]` replace it), of the classic queue
+        // version the `amqp://` side declares, and a delay exchange of their own.
+        "symfony+amqp"
+            if dsn.option("exchange[name]").is_none()
+                && !dsn.options().iter().any(|(k, _)| k.starts_with("queues[")) =>
+        {
+            dsn.clone()
+                .with_option("exchange[name]", queue)
+                .with_option(
+                    format!("queues[{queue}][arguments][x-queue-version]"),
+                    CLASSIC_QUEUE_VERSION.to_string(),
+                )
+                .with_option("delay[exchange_name]", format!("{queue}_delays"))
+        }
         _ => dsn.clone(),
     }
+}
+
+/// The broker of a `symfony+amqp://user:pass@host:port/vhost/exchange` DSN as
+/// `amqp://user:pass@host:port/vhost`, without its query.
+#[cfg(feature = "amqp")]
+fn symfony_amqp_broker(dsn: &Dsn) -> Option<Dsn> {
+    let raw = dsn.expose_without_query().strip_prefix("symfony+")?;
+    let path = raw.find("://")? + 3;
+    let end = match raw[path..].find('/') {
+        Some(slash) => {
+            let vhost = path + slash + 1;
+            raw[vhost..]
+                .find('/')
+                .map_or(raw.len(), |next| vhost + next)
+        }
+        None => raw.len(),
+    };
+    Dsn::parse(&raw[..end]).ok()
 }
 
 /// Removes what [`isolate`] made the transport create on a server (AMQP: the exchange, its
@@ -189,6 +222,17 @@ pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
     {
         let delay = format!("{exchange}.delay");
         courier_raw::amqp::delete(isolated, &[queue], &[exchange, &delay]).await;
+    }
+    #[cfg(feature = "amqp")]
+    if isolated.scheme() == "symfony+amqp"
+        && original.option("exchange[name]").is_none()
+        && let (Some(exchange), Some(delays), Some(broker)) = (
+            isolated.option("exchange[name]"),
+            isolated.option("delay[exchange_name]"),
+            symfony_amqp_broker(isolated),
+        )
+    {
+        courier_raw::amqp::delete(&broker, &[exchange], &[exchange, delays]).await;
     }
     #[cfg(feature = "nats")]
     if isolated.scheme() == "nats"
@@ -263,5 +307,43 @@ mod tests {
         let own: Dsn = "amqp://127.0.0.1/%2f?queues=orders".parse().unwrap();
         let options = AmqpOptions::from_dsn(BENCH, &isolate(&own, "bench_7", 64)).unwrap();
         assert_eq!(options.queue_options(), [QueueOptions::new("orders")]);
+    }
+
+    /// `courier bench` on a Symfony AMQP DSN measures on an exchange and a queue of its own (it
+    /// never reads the application's queue), a classic queue of the version the `amqp://` side
+    /// declares, and removes them through the DSN's broker and vhost.
+    #[cfg(all(feature = "amqp", feature = "symfony"))]
+    #[test]
+    fn an_isolated_symfony_rabbitmq_queue_is_its_own_version_2_classic_queue() {
+        use courier::symfony::{AmqpOptions, QueueArgument};
+
+        let dsn: Dsn = "symfony+amqp://guest:s3cr3t@127.0.0.1:5672/%2f/orders?prefetch_count=64"
+            .parse()
+            .unwrap();
+        let isolated = isolate(&dsn, "bench_7", 64);
+        let options = AmqpOptions::from_query("orders", isolated.options()).unwrap();
+        assert_eq!(options.exchange_name(), "bench_7");
+        assert_eq!(options.delay_exchange_name(), "bench_7_delays");
+        assert_eq!(options.queues().len(), 1);
+        assert_eq!(options.queues()[0].name, "bench_7");
+        assert_eq!(
+            options.queues()[0].arguments,
+            [(
+                "x-queue-version".to_owned(),
+                QueueArgument::Int(CLASSIC_QUEUE_VERSION)
+            )]
+        );
+        let broker = symfony_amqp_broker(&isolated).unwrap();
+        assert_eq!(
+            broker.expose(),
+            "amqp://guest:s3cr3t@127.0.0.1:5672/%2f",
+            "the vhost, not the exchange"
+        );
+
+        // A DSN that names its own queues keeps them as they are.
+        let own: Dsn = "symfony+amqp://127.0.0.1/%2f/orders?queues[orders]"
+            .parse()
+            .unwrap();
+        assert_eq!(isolate(&own, "bench_7", 64), own);
     }
 }
