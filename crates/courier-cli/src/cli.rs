@@ -180,7 +180,9 @@ pub(crate) enum Command {
     /// run costs. --latency times send -> handler with an idle worker, beside the raw floor,
     /// sample by sample in ABBA order
     /// (Redis XREADGROUP BLOCK, PostgreSQL LISTEN/NOTIFY + claim, RabbitMQ push consumer,
-    /// SQLite polling on the transport's schedule).
+    /// SQLite polling on the transport's schedule). Each round works on a queue of its own, never
+    /// the application's: a SQL `queue_name`, a Redis stream, an AMQP exchange and queue, and
+    /// the same on Symfony's layouts (`symfony+...://`), removed afterwards.
     ///
     /// JSON (--format json), one object:
     ///   default: {"mode": "throughput", "dsn", "messages", "size", "fetch_size", "concurrency",

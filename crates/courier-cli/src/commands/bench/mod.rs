@@ -151,6 +151,18 @@ pub(crate) fn isolate(dsn: &Dsn, queue: &str, fetch_size: u16) -> Dsn {
             }
             d
         }
+        // Symfony's Doctrine table: a `queue_name` of its own (its rows are consumed).
+        "symfony+sqlite" | "symfony+postgres" | "symfony+postgresql" | "symfony+mysql"
+        | "symfony+mariadb"
+            if dsn.option("queue_name").is_none() =>
+        {
+            dsn.clone().with_option("queue_name", queue)
+        }
+        // Symfony's Redis layout: a stream of its own (the path's stream, group and consumer win
+        // over the options, so the path is replaced), removed afterwards with its delayed set.
+        "symfony+redis" | "symfony+rediss" => {
+            with_path(dsn, &format!("/{queue}")).unwrap_or_else(|| dsn.clone())
+        }
         // Symfony's AMQP layout: an exchange and a queue of their own (the path's exchange
         // stays in the DSN; `exchange[name]` and `queues[...]` replace it), of the classic queue
         // version the `amqp://` side declares, and a delay exchange of their own.
@@ -168,6 +180,17 @@ pub(crate) fn isolate(dsn: &Dsn, queue: &str, fetch_size: u16) -> Dsn {
         }
         _ => dsn.clone(),
     }
+}
+
+/// `dsn` with its path replaced by `path` (its scheme, authority and query kept).
+fn with_path(dsn: &Dsn, path: &str) -> Option<Dsn> {
+    let raw = dsn.expose();
+    let authority = raw.find("://")? + 3;
+    let path_at = raw[authority..]
+        .find(['/', '?'])
+        .map_or(raw.len(), |i| authority + i);
+    let query_at = raw[path_at..].find('?').map_or(raw.len(), |i| path_at + i);
+    Dsn::parse(&format!("{}{path}{}", &raw[..path_at], &raw[query_at..])).ok()
 }
 
 /// The broker of a `symfony+amqp://user:pass@host:port/vhost/exchange` DSN as
@@ -222,6 +245,22 @@ pub(crate) async fn remove_isolated(isolated: &Dsn, original: &Dsn) {
     {
         let delay = format!("{exchange}.delay");
         courier_raw::amqp::delete(isolated, &[queue], &[exchange, &delay]).await;
+    }
+    #[cfg(feature = "redis")]
+    if matches!(isolated.scheme(), "symfony+redis" | "symfony+rediss")
+        && let Some(stream) = isolated.path().trim_matches('/').split('/').next()
+        && stream.starts_with("bench_")
+        && isolated.path() != original.path()
+        && let Some(server) = with_path(
+            isolated,
+            &isolated
+                .option("dbindex")
+                .map_or_else(String::new, |db| format!("/{db}")),
+        )
+        && let Ok(server) = Dsn::parse(server.expose().trim_start_matches("symfony+"))
+    {
+        let queue = format!("{stream}__queue");
+        courier_raw::redis_streams::delete(&server, &[stream, &queue]).await;
     }
     #[cfg(feature = "amqp")]
     if isolated.scheme() == "symfony+amqp"
@@ -345,5 +384,36 @@ mod tests {
             .parse()
             .unwrap();
         assert_eq!(isolate(&own, "bench_7", 64), own);
+    }
+
+    /// `courier bench` on a Symfony Doctrine or Redis DSN measures on a queue of its own: a
+    /// `queue_name` of its own in the table, a stream of its own on the server (the path's
+    /// stream, which wins over the options, replaced), never the application's.
+    #[test]
+    fn an_isolated_symfony_table_or_stream_is_the_benchs_own() {
+        let table: Dsn = "symfony+postgres://u:p@127.0.0.1/test?timezone=UTC"
+            .parse()
+            .unwrap();
+        let isolated = isolate(&table, "bench_7", 64);
+        assert_eq!(isolated.option("queue_name"), Some("bench_7"));
+        assert_eq!(isolated.option("timezone"), Some("UTC"));
+        let named: Dsn = "symfony+sqlite:///tmp/x.db?queue_name=emails"
+            .parse()
+            .unwrap();
+        assert_eq!(isolate(&named, "bench_7", 64), named);
+
+        let stream: Dsn = "symfony+redis://:s3cr3t@127.0.0.1:6379/messages/g/c?delete_after_ack=1"
+            .parse()
+            .unwrap();
+        let isolated = isolate(&stream, "bench_7", 64);
+        assert_eq!(
+            isolated.expose(),
+            "symfony+redis://:s3cr3t@127.0.0.1:6379/bench_7?delete_after_ack=1"
+        );
+        let bare: Dsn = "symfony+redis://127.0.0.1:6379".parse().unwrap();
+        assert_eq!(
+            isolate(&bare, "bench_7", 64).expose(),
+            "symfony+redis://127.0.0.1:6379/bench_7"
+        );
     }
 }
