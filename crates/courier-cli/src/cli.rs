@@ -175,14 +175,12 @@ pub(crate) enum Command {
     /// --raw adds the raw driver doing the same protocol work (sqlx on SQLite and PostgreSQL,
     /// redis-rs on Redis Streams, lapin on RabbitMQ: publish a batch then await its confirms,
     /// basic.qos = fetch size, basic.ack multiple; each side on a version 2 classic queue of its
-    /// own) in paired rounds, medians reported. --runs
-    /// executes scripted 3-step no-op runs with --workers workers and counts the statements each
-    /// run costs. --latency times send -> handler with an idle worker, beside the raw floor,
-    /// sample by sample in ABBA order
-    /// (Redis XREADGROUP BLOCK, PostgreSQL LISTEN/NOTIFY + claim, RabbitMQ push consumer,
-    /// SQLite polling on the transport's schedule). Each round works on a queue of its own, never
-    /// the application's: a SQL `queue_name`, a Redis stream, an AMQP exchange and queue, and
-    /// the same on Symfony's layouts (`symfony+...://`), removed afterwards.
+    /// own) in paired rounds, medians reported. --runs executes scripted 3-step no-op runs with
+    /// --workers workers and counts the statements each run costs. --latency times send ->
+    /// handler with an idle worker, beside the raw floor, sample by sample in ABBA order (Redis
+    /// XREADGROUP BLOCK, PostgreSQL LISTEN/NOTIFY + claim, RabbitMQ push consumer, SQLite polling
+    /// on the transport's schedule). Each round runs on a queue of its own (a SQL `queue_name`,
+    /// a Redis stream, an AMQP exchange and queue; Symfony's layouts alike), never the app's.
     ///
     /// JSON (--format json), one object:
     ///   default: {"mode": "throughput", "dsn", "messages", "size", "fetch_size", "concurrency",
