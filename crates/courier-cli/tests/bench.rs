@@ -182,6 +182,56 @@ fn bench_with_concurrency_keys_measures_the_queue_without_keys_beside_it() {
     );
 }
 
+/// `bench --beside` measures a second DSN beside the first in paired rounds: both sides'
+/// figures, the ratios of the medians (produce and consume), one ratio of each per round, no raw
+/// side; each side's messages were all handled and none is left in either file.
+#[cfg(all(feature = "sqlite", feature = "symfony"))]
+#[test]
+fn bench_beside_measures_a_second_dsn_in_paired_rounds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (symfony, own) = (dir.path().join("sf.db"), dir.path().join("own.db"));
+    let beside = format!("sqlite://{}", own.display());
+    let out = Env::empty()
+        .run(&[
+            "bench",
+            "--dsn",
+            &format!("symfony+sqlite://{}", symfony.display()),
+            "--beside",
+            &beside,
+            "--messages",
+            "100",
+            "--fetch-size",
+            "16",
+            "--rounds",
+            "2",
+            "--format",
+            "json",
+        ])
+        .json();
+    assert_eq!(out["beside_dsn"].as_str(), Some(beside.as_str()), "{out}");
+    assert!(out["raw"].is_null() && out["unkeyed"].is_null(), "{out}");
+    for key in ["produce_per_s", "consume_per_s", "p50_ms", "p99_ms"] {
+        assert!(positive(&out[key]), "{key}: {out}");
+        assert!(positive(&out["beside"][key]), "beside {key}: {out}");
+    }
+    for (ratio, figure) in [
+        ("ratio", "consume_per_s"),
+        ("produce_ratio", "produce_per_s"),
+    ] {
+        let expected = out[figure].as_f64().unwrap_or_default()
+            / out["beside"][figure].as_f64().unwrap_or(f64::NAN);
+        let got = out[ratio].as_f64().expect("a ratio");
+        assert!((got - expected).abs() < 1e-9, "{ratio}: {out}");
+    }
+    for rounds in ["round_ratios", "produce_round_ratios"] {
+        let ratios = out[rounds].as_array().expect(rounds);
+        assert_eq!(ratios.len(), 2, "one paired ratio per round: {out}");
+        assert!(ratios.iter().all(positive), "{rounds}: {out}");
+    }
+    assert_eq!(sqlite_rows(&symfony, "messenger_messages"), 0, "{out}");
+    assert_eq!(sqlite_rows(&own, "courier_messages"), 0, "{out}");
+}
+
 fn calls_total_of(calls: &Value) -> f64 {
     calls
         .as_object()

@@ -87,10 +87,14 @@ pub async fn measure(dsn: &Dsn, work: &Work) -> RawResult<Option<Figures>> {
     }
 }
 
-/// Makes the ground even before one side of a paired round: PostgreSQL `VACUUM`s the table.
+/// Makes the ground even before one side of a paired round: PostgreSQL `VACUUM`s the table
+/// (Courier's, or Symfony's for a `symfony+postgres://` DSN).
 pub async fn level(dsn: &Dsn) {
     #[cfg(feature = "postgres")]
-    if matches!(dsn.scheme(), "postgres" | "postgresql") {
+    if matches!(
+        dsn.scheme(),
+        "postgres" | "postgresql" | "symfony+postgres" | "symfony+postgresql"
+    ) {
         postgres::vacuum(dsn).await;
     }
     let _ = dsn;

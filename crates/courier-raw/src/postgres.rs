@@ -182,13 +182,22 @@ pub(crate) async fn vacuum(dsn: &Dsn) {
 /// A connection for the benchmark's housekeeping on `dsn`'s table, with the table's name
 /// (checked); `None` if either fails (housekeeping is best effort).
 async fn housekeeping(dsn: &Dsn) -> Option<(sqlx::PgConnection, &str)> {
-    let options = PgConnectOptions::from_str(dsn.expose_without_query()).ok()?;
-    let table = dsn.option("table_name").unwrap_or("courier_messages");
-    if !courier_sql::is_valid_identifier(table) {
-        return None;
-    }
+    let (url, table) = housekeeping_target(dsn)?;
+    let options = PgConnectOptions::from_str(url).ok()?;
     let conn = sqlx::ConnectOptions::connect(&options).await.ok()?;
     Some((conn, table))
+}
+
+/// The server's URL and the (checked) table of [`housekeeping`]: Courier's table, or for a
+/// `symfony+postgres://` DSN PHP's, on the server it names.
+fn housekeeping_target(dsn: &Dsn) -> Option<(&str, &str)> {
+    let exposed = dsn.expose_without_query();
+    let (url, default) = match exposed.strip_prefix("symfony+") {
+        Some(url) => (url, "messenger_messages"),
+        None => (exposed, "courier_messages"),
+    };
+    let table = dsn.option("table_name").unwrap_or(default);
+    courier_sql::is_valid_identifier(table).then_some((url, table))
 }
 
 /// Deletes the cursor of the benchmark's own cursor outbox (`cursor=true`), which the relay
@@ -366,5 +375,32 @@ impl RawRelay {
             .query_async(&mut self.redis)
             .await;
         self.raw.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_symfony_dsn_is_kept_on_phps_table_on_the_server_it_names() {
+        let target = |dsn: &str| {
+            let dsn = Dsn::parse(dsn).expect("a DSN");
+            housekeeping_target(&dsn).map(|(url, table)| (url.to_owned(), table.to_owned()))
+        };
+        let pair = |url: &str, table: &str| Some((url.to_owned(), table.to_owned()));
+        assert_eq!(
+            target("symfony+postgres://u@127.0.0.1:5432/db?queue_name=bench_1"),
+            pair("postgres://u@127.0.0.1:5432/db", "messenger_messages")
+        );
+        assert_eq!(
+            target("symfony+postgresql://u@h/db?table_name=mm"),
+            pair("postgresql://u@h/db", "mm")
+        );
+        assert_eq!(
+            target("postgres://u@h/db"),
+            pair("postgres://u@h/db", "courier_messages")
+        );
+        assert_eq!(target("postgres://u@h/db?table_name=x;drop"), None);
     }
 }

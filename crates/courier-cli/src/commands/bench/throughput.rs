@@ -51,17 +51,28 @@ pub(super) async fn measure(
     }
     // With --concurrency-keys, the side beside is Courier on the same queue without keys: a
     // plain queue of the same DSN (no flow-control options), on a queue of its own.
-    let unkeyed = args.concurrency_keys.map(|_| {
-        [
-            "concurrency_max",
-            "concurrency_key",
-            "fair",
-            "queue_name",
-            "stream",
-        ]
-        .into_iter()
-        .fold(dsn.clone(), Dsn::without_option)
-    });
+    // With --beside, the side beside is Courier on that DSN.
+    let unkeyed = match (&args.beside, args.concurrency_keys) {
+        (Some(raw), _) => {
+            let beside = Dsn::parse(raw).map_err(|e| CliError::usage(format!("--beside: {e}")))?;
+            for secret in beside.secrets() {
+                crate::error::remember_secret(secret);
+            }
+            Some(beside)
+        }
+        (None, Some(_)) => Some(
+            [
+                "concurrency_max",
+                "concurrency_key",
+                "fair",
+                "queue_name",
+                "stream",
+            ]
+            .into_iter()
+            .fold(dsn.clone(), Dsn::without_option),
+        ),
+        (None, None) => None,
+    };
     let paired = args.raw || unkeyed.is_some();
     let rounds = args.rounds.unwrap_or(if paired { 3 } else { 1 });
     let mut ours = Vec::new();
@@ -144,6 +155,11 @@ pub(super) async fn measure(
         .zip(&theirs)
         .map(|(c, r)| c.consume_per_s / r.consume_per_s)
         .collect();
+    let produce_round_ratios: Vec<f64> = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(c, r)| c.produce_per_s / r.produce_per_s)
+        .collect();
     if cli.format == Format::Json {
         let mut value = serde_json::json!({
             "mode": "throughput",
@@ -154,11 +170,14 @@ pub(super) async fn measure(
             "concurrency": args.concurrency,
             "concurrency_keys": args.concurrency_keys,
             "rounds": rounds,
+            "beside_dsn": args.beside.as_ref().and(unkeyed.as_ref()).map(ToString::to_string),
             "raw": if beside_unkeyed { None } else { raw.as_ref() },
-            "unkeyed": if beside_unkeyed { raw.as_ref() } else { None },
+            "unkeyed": if beside_unkeyed && args.beside.is_none() { raw.as_ref() } else { None },
+            "beside": if args.beside.is_some() { raw.as_ref() } else { None },
             "ratio": ratio,
             "produce_ratio": produce_ratio,
             "round_ratios": round_ratios,
+            "produce_round_ratios": produce_round_ratios,
         });
         if let (Some(obj), Ok(serde_json::Value::Object(figs))) =
             (value.as_object_mut(), serde_json::to_value(courier))
@@ -178,20 +197,26 @@ pub(super) async fn measure(
         );
     };
     line("courier", &courier);
-    let (other, ratio_of) = if beside_unkeyed {
-        ("unkeyed", "keyed / unkeyed")
-    } else {
-        ("raw", "courier / raw")
+    let (other, ratio_of) = match (beside_unkeyed, args.beside.is_some()) {
+        (_, true) => ("beside", "dsn / beside"),
+        (true, false) => ("unkeyed", "keyed / unkeyed"),
+        (false, false) => ("raw", "courier / raw"),
     };
     match (&raw, ratio, produce_ratio) {
         (Some(r), Some(ratio), Some(produce)) => {
             line(other, r);
             println!("ratio ({ratio_of}): produce {produce:.2}, consume {ratio:.2}");
-            if let Some((low, high)) = spread(&round_ratios) {
-                println!(
-                    "consume ratio of each round (both sides back to back): {low:.2} to {high:.2} over {} rounds",
-                    round_ratios.len()
-                );
+            for (what, ratios) in [
+                ("produce", &produce_round_ratios),
+                ("consume", &round_ratios),
+            ] {
+                if let Some((low, high)) = spread(ratios) {
+                    println!(
+                        "{what} ratio of each round (both sides back to back): {low:.2} to {high:.2}, median {:.2}, over {} rounds",
+                        middle(ratios),
+                        ratios.len()
+                    );
+                }
             }
         }
         _ if args.raw => println!("raw: no raw implementation for `{}`", dsn.scheme()),
@@ -306,7 +331,13 @@ async fn courier_figures(
     })
 }
 
-/// The median of each figure.
+/// The median of `values` (the upper one of an even count; 0 when empty).
+fn middle(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// The lowest and highest of `values` (`None` when there are fewer than two).
 fn spread(values: &[f64]) -> Option<(f64, f64)> {
     if values.len() < 2 {
@@ -317,12 +348,9 @@ fn spread(values: &[f64]) -> Option<(f64, f64)> {
     Some((low, high))
 }
 
+/// The median of each figure.
 fn median(all: &[Figures]) -> Figures {
-    let pick = |f: fn(&Figures) -> f64| {
-        let mut v: Vec<f64> = all.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
+    let pick = |f: fn(&Figures) -> f64| middle(&all.iter().map(f).collect::<Vec<_>>());
     Figures {
         produce_per_s: pick(|f| f.produce_per_s),
         consume_per_s: pick(|f| f.consume_per_s),
