@@ -49,10 +49,9 @@ pub(super) async fn measure(
             if args.raw { ", and the raw driver" } else { "" }
         );
     }
-    // With --concurrency-keys, the side beside is Courier on the same queue without keys: a
-    // plain queue of the same DSN (no flow-control options), on a queue of its own.
-    // With --beside, the side beside is Courier on that DSN.
-    let unkeyed = match (&args.beside, args.concurrency_keys) {
+    // The second DSN Courier runs on, beside --dsn: with --beside, that DSN; with
+    // --concurrency-keys, a plain queue of the same DSN (no flow-control options).
+    let second = match (&args.beside, args.concurrency_keys) {
         (Some(raw), _) => {
             let beside = Dsn::parse(raw).map_err(|e| CliError::usage(format!("--beside: {e}")))?;
             for secret in beside.secrets() {
@@ -73,7 +72,7 @@ pub(super) async fn measure(
         ),
         (None, None) => None,
     };
-    let paired = args.raw || unkeyed.is_some();
+    let paired = args.raw || second.is_some();
     let rounds = args.rounds.unwrap_or(if paired { 3 } else { 1 });
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
@@ -83,7 +82,7 @@ pub(super) async fn measure(
         // classic queues move between serving from memory and from their index, at about twice
         // the rate apart), and one side must not inherit it while the other starts fresh.
         let (transport, isolated) = fresh(app, dsn, args.fetch_size).await?;
-        let beside = match &unkeyed {
+        let beside = match &second {
             Some(plain) => match fresh(app, plain, args.fetch_size).await {
                 Ok(made) => Some(made),
                 Err(e) => {
@@ -136,15 +135,15 @@ pub(super) async fn measure(
         .await;
         drop(transport);
         remove_isolated(&isolated, dsn).await;
-        if let (Some((plain, plain_isolated)), Some(unkeyed)) = (beside, &unkeyed) {
+        if let (Some((plain, plain_isolated)), Some(second)) = (beside, &second) {
             drop(plain);
-            remove_isolated(&plain_isolated, unkeyed).await;
+            remove_isolated(&plain_isolated, second).await;
         }
         measured?;
     }
-    let beside_unkeyed = unkeyed.is_some();
+    let on_second = second.is_some();
     let courier = median(&ours);
-    // The side beside: the raw driver, or (with --concurrency-keys) the queue without keys.
+    // The side beside: the raw driver, or Courier on the second DSN (--beside, --concurrency-keys).
     let raw = (!theirs.is_empty()).then(|| median(&theirs));
     let ratio = raw.map(|r| courier.consume_per_s / r.consume_per_s);
     let produce_ratio = raw.map(|r| courier.produce_per_s / r.produce_per_s);
@@ -170,9 +169,9 @@ pub(super) async fn measure(
             "concurrency": args.concurrency,
             "concurrency_keys": args.concurrency_keys,
             "rounds": rounds,
-            "beside_dsn": args.beside.as_ref().and(unkeyed.as_ref()).map(ToString::to_string),
-            "raw": if beside_unkeyed { None } else { raw.as_ref() },
-            "unkeyed": if beside_unkeyed && args.beside.is_none() { raw.as_ref() } else { None },
+            "beside_dsn": args.beside.as_ref().and(second.as_ref()).map(ToString::to_string),
+            "raw": if on_second { None } else { raw.as_ref() },
+            "unkeyed": if on_second && args.beside.is_none() { raw.as_ref() } else { None },
             "beside": if args.beside.is_some() { raw.as_ref() } else { None },
             "ratio": ratio,
             "produce_ratio": produce_ratio,
@@ -197,7 +196,7 @@ pub(super) async fn measure(
         );
     };
     line("courier", &courier);
-    let (other, ratio_of) = match (beside_unkeyed, args.beside.is_some()) {
+    let (other, ratio_of) = match (on_second, args.beside.is_some()) {
         (_, true) => ("beside", "dsn / beside"),
         (true, false) => ("unkeyed", "keyed / unkeyed"),
         (false, false) => ("raw", "courier / raw"),
