@@ -3,6 +3,8 @@
 //! after the table with the queue name as payload, and a listener task per transport wakes the
 //! consumers of that queue.
 
+mod flow;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -480,26 +482,29 @@ impl MessageDialect for Postgres {
         Some(q.map(|done| done.rows_affected()))
     }
 
-    async fn settle_and_lock(
+    async fn flow_claim(
         m: &Messages<Self>,
-        conn: &mut PgConnection,
         deliveries: &[(i64, i64)],
-    ) -> Option<Result<(), sqlx::Error>> {
-        let flow = m.flow.as_ref()?;
-        let settle = flow.settle.as_ref()?;
-        let (ids, tags): (Vec<i64>, Vec<i64>) = deliveries.iter().copied().unzip();
-        let mut q = sqlx::query(settle)
-            .bind(ids)
-            .bind(tags)
-            .bind(flow.lock_name.as_str());
-        if flow.notify.is_some() {
-            q = q.bind(m.table.as_str()).bind(m.queue.as_str());
-        }
-        Some(q.execute(conn).await.map(drop))
+        max: usize,
+        delivery_id: i64,
+    ) -> Option<Result<Vec<StoredRow>, sqlx::Error>> {
+        flow::claim(m, deliveries, max, delivery_id).await
     }
 
     fn start_listener(m: &Messages<Self>, wake: &Arc<Wake>) {
         if !m.state.listen {
+            return;
+        }
+        // The listener holds a session of the pool for good: in a pool of one it would leave
+        // nothing to claim with (every claim timed out waiting for a session), so consumers poll.
+        if m.pool.options().get_max_connections() < 2 {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::info!(
+                    queue = %m.queue,
+                    "a PostgreSQL pool of one connection: consumers poll instead of LISTEN"
+                );
+            });
             return;
         }
         let mut task = m.state.listener.lock().unwrap_or_else(|e| e.into_inner());

@@ -634,3 +634,68 @@ async fn postgres_an_ack_wakes_a_worker_waiting_for_the_slot() {
         .collect();
     assert_eq!(seqs, vec![2], "woken within its poll window by the ack");
 }
+
+/// PostgreSQL: a keyed claim goes as one simple query, its values written as literals into
+/// statements prepared per session: a queue named with a quote and a backslash is that queue
+/// on every claim (and nobody else's), and a session killed between two claims (its prepared
+/// statements gone with it) is replaced by one that prepares them again.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs postgres: set COURIER_TEST_POSTGRES_URL"]
+async fn postgres_a_keyed_claim_quotes_its_queue_and_prepares_a_new_session_again() {
+    let h = common::postgres().await;
+    let marker = h.table("quoted");
+    let queue = format!("it's a \\ {marker}");
+    let encoded = queue
+        .replace('\'', "%27")
+        .replace('\\', "%5C")
+        .replace(' ', "%20");
+    let (transport, table) = h
+        .make(&format!(
+            "&concurrency_max=1&max_connections=1&queue_name={encoded}"
+        ))
+        .await;
+    let batch = ["a", "a", "b", "b"]
+        .iter()
+        .zip(0..)
+        .map(|(k, seq)| keyed(seq, k));
+    timeout(transport.send_batch(batch.collect()))
+        .await
+        .unwrap();
+    let delivered = || async {
+        sqlx::query_scalar::<_, i64>(&format!(
+            "SELECT COUNT(*) FROM {table} WHERE queue_name = $1 AND delivered_at IS NOT NULL"
+        ))
+        .bind(&queue)
+        .fetch_one(h.admin.postgres())
+        .await
+        .unwrap()
+    };
+    let first = timeout(transport.get(10)).await.unwrap();
+    let mut keys: Vec<String> = first.iter().map(key_of).collect();
+    keys.sort();
+    assert_eq!(keys, ["a", "b"], "one of each key");
+    assert_eq!(delivered().await, 2, "claimed on the queue named {queue:?}");
+    // The transport's sessions: each last ran a statement naming its table or its queue.
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE (query LIKE '%' || $1 || '%' OR query LIKE '%' || $2 || '%') \
+         AND pid <> pg_backend_pid()",
+    )
+    .bind(&marker)
+    .bind(&table)
+    .fetch_all(h.admin.postgres())
+    .await
+    .unwrap();
+    assert!(
+        !killed.is_empty() && killed.iter().all(|k| *k),
+        "the transport's sessions: {killed:?}"
+    );
+    timeout(transport.ack_batch(&first)).await.unwrap();
+    let second = timeout(transport.get(10)).await.unwrap();
+    let mut keys: Vec<String> = second.iter().map(key_of).collect();
+    keys.sort();
+    assert_eq!(keys, ["a", "b"], "the rest, on a new session");
+    timeout(transport.ack_batch(&second)).await.unwrap();
+    assert_eq!(h.admin.count(&table).await, 0);
+}

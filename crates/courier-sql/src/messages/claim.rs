@@ -62,9 +62,8 @@ where
 
     /// PostgreSQL and MySQL with flow control: deletes `deliveries` and claims in one
     /// transaction under the queue's claim lock, so that no two claims count the same free
-    /// slots. PostgreSQL's lock is the transaction's (taken by [`Self::claim_on`], released at
-    /// commit); MySQL's is the session's, released only after the commit, so the next claim
-    /// reads this one's rows.
+    /// slots. PostgreSQL's is its own ([`MessageDialect::flow_claim`]); MySQL's lock is the
+    /// session's, released only after the commit, so the next claim reads this one's rows.
     pub(super) async fn claim_keyed(
         &self,
         deliveries: &[(i64, i64)],
@@ -77,6 +76,9 @@ where
         for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     {
         use sqlx::Connection as _;
+        if let Some(rows) = DB::flow_claim(self, deliveries, max, delivery_id).await {
+            return rows;
+        }
         let Some(flow) = &self.flow else {
             return Ok(Vec::new());
         };
@@ -104,18 +106,12 @@ where
         }
         let claimed = async {
             let mut tx = guard.conn()?.begin().await?;
-            let mut locked = false;
             if !deliveries.is_empty() {
-                if let Some(settled) = DB::settle_and_lock(self, &mut tx, deliveries).await {
-                    settled?;
-                    locked = true;
-                } else {
-                    // SQLite and MariaDB: no NOTIFY to send (PostgreSQL settles above).
-                    self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
-                        .await?;
-                }
+                // No NOTIFY to send (PostgreSQL's claim is its own).
+                self.for_deliveries_on(&mut tx, &self.sql.delete_head, deliveries)
+                    .await?;
             }
-            let rows = self.claim_locked(&mut tx, max, delivery_id, locked).await?;
+            let rows = self.claim_on(&mut tx, max, delivery_id).await?;
             tx.commit().await?;
             Ok::<_, sqlx::Error>(rows)
         }
@@ -165,7 +161,8 @@ where
     }
 
     /// Claims up to `max` rows on `conn` (MySQL: the select and the update, in the caller's
-    /// transaction); returns them in claim order.
+    /// transaction); returns them in claim order. With flow control, the caller holds the claim
+    /// lock (MySQL) or the write lock (SQLite).
     pub(super) async fn claim_on(
         &self,
         conn: &mut DB::Connection,
@@ -176,34 +173,9 @@ where
         for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
         for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     {
-        self.claim_locked(conn, max, delivery_id, false).await
-    }
-
-    /// [`Self::claim_on`], where `locked` says this transaction holds PostgreSQL's claim lock
-    /// and settings already ([`MessageDialect::settle_and_lock`]).
-    async fn claim_locked(
-        &self,
-        conn: &mut DB::Connection,
-        max: usize,
-        delivery_id: i64,
-        locked: bool,
-    ) -> Result<Vec<StoredRow>, sqlx::Error>
-    where
-        for<'r> StoredRow: sqlx::FromRow<'r, DB::Row>,
-        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    {
         if let Some(flow) = &self.flow {
-            if DB::DIALECT == Dialect::Postgres
-                && !locked
-                && let Some(lock) = &flow.lock
-            {
-                sqlx::query(lock)
-                    .bind(flow.lock_name.as_str())
-                    .execute(&mut *conn)
-                    .await?;
-            }
             let mut rows = Vec::new();
-            if let Some(head) = flow.head_claim(max) {
+            if let Some((_, head)) = flow.head_claim(max) {
                 rows = self
                     .flow_claim(conn, head, flow.next_due.is_some(), max, delivery_id)
                     .await?;

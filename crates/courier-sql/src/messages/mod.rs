@@ -106,15 +106,15 @@ pub(crate) trait MessageDialect: SqlDatabase {
         None
     }
 
-    /// A flow-control claim's first statement, on `conn` in its transaction: deletes these
-    /// deliveries and takes the claim's settings and lock in one statement of the dialect's own
-    /// ([`FlowStatements::settle`](flow::FlowStatements)); `None`: the dialect has none, and the caller deletes,
-    /// notifies and locks one statement at a time.
-    async fn settle_and_lock(
+    /// A flow-control claim of the dialect's own: deletes these deliveries (the acks of the
+    /// last batch) and claims up to `max` rows under the queue's claim lock; `None`: the caller
+    /// runs them in a transaction, a statement at a time.
+    async fn flow_claim(
         _m: &Messages<Self>,
-        _conn: &mut Self::Connection,
         _deliveries: &[(i64, i64)],
-    ) -> Option<Result<(), sqlx::Error>> {
+        _max: usize,
+        _delivery_id: i64,
+    ) -> Option<Result<Vec<StoredRow>, sqlx::Error>> {
         None
     }
 
