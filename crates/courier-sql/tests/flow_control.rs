@@ -697,5 +697,23 @@ async fn postgres_a_keyed_claim_quotes_its_queue_and_prepares_a_new_session_agai
     keys.sort();
     assert_eq!(keys, ["a", "b"], "the rest, on a new session");
     timeout(transport.ack_batch(&second)).await.unwrap();
+    // The new session prepared the statements on its first claim: the next is the one query.
+    let batch = ["a", "c"].iter().zip(10..).map(|(k, seq)| keyed(seq, k));
+    timeout(transport.send_batch(batch.collect())).await.unwrap();
+    let third = timeout(transport.get(10)).await.unwrap();
+    assert_eq!(third.len(), 2);
+    let last: Vec<String> = sqlx::query_scalar(
+        "SELECT query FROM pg_stat_activity WHERE query LIKE '%' || $1 || '%' \
+         AND pid <> pg_backend_pid()",
+    )
+    .bind(&marker)
+    .fetch_all(h.admin.postgres())
+    .await
+    .unwrap();
+    assert!(
+        last.len() == 1 && last[0].starts_with("EXECUTE courier_"),
+        "the claim went as one query of prepared statements: {last:?}"
+    );
+    timeout(transport.ack_batch(&third)).await.unwrap();
     assert_eq!(h.admin.count(&table).await, 0);
 }

@@ -9,7 +9,9 @@
 //! committed before the lock was granted, as in the explicit transaction. Both statements are
 //! prepared once per session (`PREPARE`, by a name derived from their text) and executed by
 //! name, so the claim keeps its generic plan (`plan_cache_mode` in the claim's settings); rows
-//! come back as text, the one cost of the simple protocol.
+//! come back as text, the one cost of the simple protocol. A session that has not prepared
+//! them (a new one, or a server session a pooler handed this transaction) runs that claim as
+//! the explicit transaction instead, and prepares them for the next.
 
 use futures_util::TryStreamExt as _;
 use sqlx::Either;
@@ -94,22 +96,29 @@ async fn claim_under_lock(
         return Ok(Vec::new());
     };
     let mut conn = m.writes().acquire().await?;
-    let lock_name = literal(&flow.lock_name)?;
-    let queue = literal(&m.queue)?;
-    let (mut before, mut before_args) = (Prepared::new("text", lock), vec![lock_name.clone()]);
+    let notify = flow
+        .notify
+        .is_some()
+        .then(|| (m.table.clone(), m.queue.clone()));
+    let mut before = Before {
+        sql: lock,
+        types: "text",
+        acks: None,
+        lock: flow.lock_name.clone(),
+        notify: None,
+    };
     if !deliveries.is_empty() {
-        before_args = vec![
-            array(deliveries.iter().map(|d| d.0)),
-            array(deliveries.iter().map(|d| d.1)),
-            lock_name.clone(),
-        ];
-        let types = if flow.notify.is_some() {
-            before_args.extend([literal(&m.table)?, literal(&m.queue)?]);
-            "int8[], int8[], text, text, text"
-        } else {
-            "int8[], int8[], text"
+        before = Before {
+            sql: settle,
+            types: if notify.is_some() {
+                "int8[], int8[], text, text, text"
+            } else {
+                "int8[], int8[], text"
+            },
+            acks: Some(deliveries.iter().copied().unzip()),
+            lock: flow.lock_name.clone(),
+            notify,
         };
-        before = Prepared::new(types, settle);
     }
     // The head claim, then, if it found fewer than asked in a head it filled (full keys hold
     // part of it), the whole claim for the rest.
@@ -120,15 +129,15 @@ async fn claim_under_lock(
         .chain([flow.claim.as_str()])
         .collect();
     let mut rows = Vec::new();
-    for claim in claims {
-        let claim = Prepared::new("text, int8, int8, int8", claim);
-        let claim_args = vec![
-            queue.clone(),
-            m.redeliver_ms.to_string(),
-            (max - rows.len()).to_string(),
-            delivery_id.to_string(),
-        ];
-        let (more, seen) = run(&mut conn, &before, &before_args, &claim, &claim_args).await?;
+    for sql in claims {
+        let claim = Claim {
+            sql,
+            queue: m.queue.clone(),
+            window: m.redeliver_ms,
+            limit: i64::try_from(max - rows.len()).unwrap_or(i64::MAX),
+            delivery_id,
+        };
+        let (more, seen) = run(&mut conn, &before, &claim).await?;
         rows.extend(more);
         let whole_head_seen = matches!((head, seen), (Some((size, _)), Some(seen))
             if usize::try_from(seen).is_ok_and(|seen| seen < size));
@@ -136,30 +145,87 @@ async fn claim_under_lock(
             break;
         }
         // The acks are settled: the whole claim for the rest takes the lock alone.
-        (before, before_args) = (Prepared::new("text", lock), vec![lock_name.clone()]);
+        before = Before {
+            sql: lock,
+            types: "text",
+            acks: None,
+            lock: flow.lock_name.clone(),
+            notify: None,
+        };
     }
     sort_claimed(&mut rows);
     Ok(rows)
 }
 
+/// The statement before a claim: the acks' `DELETE` with the claim's settings and lock (and,
+/// limited, the `NOTIFY`), or the settings and lock alone.
+struct Before<'a> {
+    sql: &'a str,
+    types: &'static str,
+    /// The acks' row ids and delivery ids.
+    acks: Option<(Vec<i64>, Vec<i64>)>,
+    /// The claim lock's name.
+    lock: String,
+    /// The channel and payload of the wake-up.
+    notify: Option<(String, String)>,
+}
+
+impl Before<'_> {
+    fn literals(&self) -> Result<Vec<String>, sqlx::Error> {
+        let mut args = Vec::with_capacity(5);
+        if let Some((ids, tags)) = &self.acks {
+            args.extend([array(ids.iter().copied()), array(tags.iter().copied())]);
+        }
+        args.push(literal(&self.lock)?);
+        if let Some((channel, queue)) = &self.notify {
+            args.extend([literal(channel)?, literal(queue)?]);
+        }
+        Ok(args)
+    }
+}
+
+/// A claim statement and its values.
+struct Claim<'a> {
+    sql: &'a str,
+    queue: String,
+    window: i64,
+    limit: i64,
+    delivery_id: i64,
+}
+
+impl Claim<'_> {
+    fn literals(&self) -> Result<Vec<String>, sqlx::Error> {
+        Ok(vec![
+            literal(&self.queue)?,
+            self.window.to_string(),
+            self.limit.to_string(),
+            self.delivery_id.to_string(),
+        ])
+    }
+}
+
 /// Runs `before` then `claim` as one simple query and returns the claim's rows and, from a head
-/// claim, the rows its head held; a statement this session has not prepared is prepared, and
-/// the query run again.
+/// claim, the rows its head held. On a session without the statements prepared (a new one, or
+/// behind a pooler that hands each transaction a server session of its own), this claim runs
+/// as an explicit transaction of bound statements instead, which works wherever a transaction
+/// does, and the statements are prepared for the next claim on this session.
 async fn run(
     conn: &mut PgConnection,
-    before: &Prepared<'_>,
-    before_args: &[String],
-    claim: &Prepared<'_>,
-    claim_args: &[String],
+    before: &Before<'_>,
+    claim: &Claim<'_>,
 ) -> Result<Claimed, sqlx::Error> {
+    let (first, second) = (
+        Prepared::new(before.types, before.sql),
+        Prepared::new("text, int8, int8, int8", claim.sql),
+    );
     let sql = format!(
         "{}; {}",
-        before.execute(before_args),
-        claim.execute(claim_args)
+        first.execute(&before.literals()?),
+        second.execute(&claim.literals()?)
     );
     match claimed(conn, &sql).await {
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNDEFINED_STATEMENT) => {
-            for statement in [before, claim] {
+            for statement in [&first, &second] {
                 match prepare(conn, &statement.prepare()).await {
                     Err(sqlx::Error::Database(e))
                         if e.code().as_deref() == Some(DUPLICATE_STATEMENT) => {}
@@ -168,10 +234,43 @@ async fn run(
                     }
                 }
             }
-            claimed(conn, &sql).await
+            in_transaction(conn, before, claim).await
         }
         done => done,
     }
+}
+
+/// `before` then `claim`, bound, in an explicit transaction (boxed, as [`claimed`]).
+fn in_transaction<'c>(
+    conn: &'c mut PgConnection,
+    before: &'c Before<'_>,
+    claim: &'c Claim<'_>,
+) -> futures_util::future::BoxFuture<'c, Result<Claimed, sqlx::Error>> {
+    Box::pin(async move {
+        let mut tx = sqlx::Connection::begin(conn).await?;
+        let mut first = sqlx::query(before.sql);
+        if let Some((ids, tags)) = &before.acks {
+            first = first.bind(ids).bind(tags);
+        }
+        first = first.bind(&before.lock);
+        if let Some((channel, queue)) = &before.notify {
+            first = first.bind(channel).bind(queue);
+        }
+        first.execute(&mut *tx).await?;
+        let got = sqlx::query(claim.sql)
+            .bind(&claim.queue)
+            .bind(claim.window)
+            .bind(claim.limit)
+            .bind(claim.delivery_id)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let mut taken = (Vec::new(), None);
+        for row in &got {
+            take(row, &mut taken)?;
+        }
+        Ok(taken)
+    })
 }
 
 /// `invalid_sql_statement_name`: `EXECUTE` of a name this session has not prepared.
@@ -197,26 +296,34 @@ fn claimed<'c>(
     sql: &'c str,
 ) -> futures_util::future::BoxFuture<'c, Result<Claimed, sqlx::Error>> {
     Box::pin(async move {
-        use sqlx::Row as _;
         // A `&str` without arguments goes as a simple query.
         let mut results = sqlx::Executor::fetch_many(conn, sql);
         let mut statement = 0;
-        let (mut rows, mut seen) = (Vec::new(), None);
+        let mut taken = (Vec::new(), None);
         while let Some(item) = results.try_next().await? {
             match item {
                 Either::Left(_) => statement += 1,
-                Either::Right(row) if statement == 1 => {
-                    // A head claim's rows carry `seen`; when it claims none, one row of NULLs does.
-                    seen = seen.or(row.try_get::<Option<i64>, _>("seen").ok().flatten());
-                    if row.try_get::<Option<i64>, _>("id")?.is_some() {
-                        rows.push(<StoredRow as sqlx::FromRow<'_, PgRow>>::from_row(&row)?);
-                    }
-                }
+                Either::Right(row) if statement == 1 => take(&row, &mut taken)?,
                 Either::Right(_) => {}
             }
         }
-        Ok((rows, seen))
+        Ok(taken)
     })
+}
+
+/// A claim's row into `taken`: a head claim's rows carry `seen`, and when it claims none, one
+/// row of NULLs does.
+fn take(row: &PgRow, taken: &mut Claimed) -> Result<(), sqlx::Error> {
+    use sqlx::Row as _;
+    taken.1 = taken
+        .1
+        .or(row.try_get::<Option<i64>, _>("seen").ok().flatten());
+    if row.try_get::<Option<i64>, _>("id")?.is_some() {
+        taken
+            .0
+            .push(<StoredRow as sqlx::FromRow<'_, PgRow>>::from_row(row)?);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
