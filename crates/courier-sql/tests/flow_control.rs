@@ -699,7 +699,9 @@ async fn postgres_a_keyed_claim_quotes_its_queue_and_prepares_a_new_session_agai
     timeout(transport.ack_batch(&second)).await.unwrap();
     // The new session prepared the statements on its first claim: the next is the one query.
     let batch = ["a", "c"].iter().zip(10..).map(|(k, seq)| keyed(seq, k));
-    timeout(transport.send_batch(batch.collect())).await.unwrap();
+    timeout(transport.send_batch(batch.collect()))
+        .await
+        .unwrap();
     let third = timeout(transport.get(10)).await.unwrap();
     assert_eq!(third.len(), 2);
     let last: Vec<String> = sqlx::query_scalar(
