@@ -500,9 +500,10 @@ impl MessageDialect for Postgres {
         if m.pool.options().get_max_connections() < 2 {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
-                tracing::info!(
+                tracing::warn!(
                     queue = %m.queue,
-                    "a PostgreSQL pool of one connection: consumers poll instead of LISTEN"
+                    "a PostgreSQL pool of one connection: consumers poll instead of LISTEN \
+                     (a pool of two or more wakes them at once)"
                 );
             });
             return;
