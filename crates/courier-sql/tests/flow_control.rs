@@ -662,21 +662,25 @@ async fn postgres_a_keyed_claim_quotes_its_queue_and_prepares_a_new_session_agai
     timeout(transport.send_batch(batch.collect()))
         .await
         .unwrap();
-    let delivered = || async {
-        sqlx::query_scalar::<_, i64>(&format!(
-            "SELECT COUNT(*) FROM {table} WHERE queue_name = $1 AND delivered_at IS NOT NULL"
-        ))
-        .bind(&queue)
-        .fetch_one(h.admin.postgres())
-        .await
-        .unwrap()
-    };
+    // One session of the harness's for the checks below, so that the only other sessions
+    // whose last statement names the table or the queue are the transport's.
+    let mut admin = h.admin.postgres().acquire().await.unwrap();
     let first = timeout(transport.get(10)).await.unwrap();
     let mut keys: Vec<String> = first.iter().map(key_of).collect();
     keys.sort();
     assert_eq!(keys, ["a", "b"], "one of each key");
-    assert_eq!(delivered().await, 2, "claimed on the queue named {queue:?}");
-    // The transport's sessions: each last ran a statement naming its table or its queue.
+    let delivered: i64 = sqlx::query_scalar(&format!(
+        "SELECT COUNT(*) FROM {table} WHERE queue_name = $1 AND delivered_at IS NOT NULL"
+    ))
+    .bind(&queue)
+    .fetch_one(&mut *admin)
+    .await
+    .unwrap();
+    assert_eq!(delivered, 2, "claimed on the queue named {queue:?}");
+    // Both keys are full: this claim finds nothing, and leaves the transport's session with a
+    // last statement that names the queue (the claim) or the table (its next due time).
+    assert!(timeout(transport.get(10)).await.unwrap().is_empty());
+    // The transport's session: its last statement named its table or its queue.
     let killed: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
          WHERE (query LIKE '%' || $1 || '%' OR query LIKE '%' || $2 || '%') \
@@ -684,13 +688,10 @@ async fn postgres_a_keyed_claim_quotes_its_queue_and_prepares_a_new_session_agai
     )
     .bind(&marker)
     .bind(&table)
-    .fetch_all(h.admin.postgres())
+    .fetch_all(&mut *admin)
     .await
     .unwrap();
-    assert!(
-        !killed.is_empty() && killed.iter().all(|k| *k),
-        "the transport's sessions: {killed:?}"
-    );
+    assert_eq!(killed, [true], "the transport's one session");
     timeout(transport.ack_batch(&first)).await.unwrap();
     let second = timeout(transport.get(10)).await.unwrap();
     let mut keys: Vec<String> = second.iter().map(key_of).collect();
@@ -709,9 +710,10 @@ async fn postgres_a_keyed_claim_quotes_its_queue_and_prepares_a_new_session_agai
          AND pid <> pg_backend_pid()",
     )
     .bind(&marker)
-    .fetch_all(h.admin.postgres())
+    .fetch_all(&mut *admin)
     .await
     .unwrap();
+    drop(admin);
     assert!(
         last.len() == 1 && last[0].starts_with("EXECUTE courier_"),
         "the claim went as one query of prepared statements: {last:?}"

@@ -21,7 +21,7 @@ use crate::{SqlDatabase, SqlOptions};
 mod claim;
 mod deliveries;
 mod executor;
-mod flow;
+pub(crate) mod flow;
 mod insert;
 mod statements;
 

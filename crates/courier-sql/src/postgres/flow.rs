@@ -19,6 +19,7 @@ use sqlx::postgres::{PgConnection, PgRow};
 
 use crate::backend::{StoredRow, sort_claimed};
 use crate::messages::Messages;
+use crate::messages::flow::FlowStatements;
 
 /// A statement prepared under a name of its own: `PREPARE <name> (<types>) AS <sql>`.
 struct Prepared<'a> {
@@ -81,33 +82,34 @@ pub(crate) async fn claim(
     let flow = m.flow.as_ref()?;
     let settle = flow.settle.as_deref()?;
     let lock = flow.lock.as_deref()?;
-    Some(claim_under_lock(m, settle, lock, deliveries, max, delivery_id).await)
+    Some(claim_under_lock(m, flow, settle, lock, deliveries, max, delivery_id).await)
 }
 
 async fn claim_under_lock(
     m: &Messages<sqlx::Postgres>,
+    flow: &FlowStatements,
     settle: &str,
     lock: &str,
     deliveries: &[(i64, i64)],
     max: usize,
     delivery_id: i64,
 ) -> Result<Vec<StoredRow>, sqlx::Error> {
-    let Some(flow) = m.flow.as_ref() else {
-        return Ok(Vec::new());
-    };
     let mut conn = m.writes().acquire().await?;
-    let notify = flow
-        .notify
-        .is_some()
-        .then(|| (m.table.clone(), m.queue.clone()));
-    let mut before = Before {
+    // The claim's settings and lock alone: before a claim with no acks to settle, and before
+    // the whole claim that follows a head claim (the acks went with the head claim).
+    let lock_only = || Before {
         sql: lock,
         types: "text",
         acks: None,
         lock: flow.lock_name.clone(),
         notify: None,
     };
+    let mut before = lock_only();
     if !deliveries.is_empty() {
+        let notify = flow
+            .notify
+            .is_some()
+            .then(|| (m.table.clone(), m.queue.clone()));
         before = Before {
             sql: settle,
             types: if notify.is_some() {
@@ -144,14 +146,7 @@ async fn claim_under_lock(
         if rows.len() >= max || whole_head_seen {
             break;
         }
-        // The acks are settled: the whole claim for the rest takes the lock alone.
-        before = Before {
-            sql: lock,
-            types: "text",
-            acks: None,
-            lock: flow.lock_name.clone(),
-            notify: None,
-        };
+        before = lock_only();
     }
     sort_claimed(&mut rows);
     Ok(rows)
