@@ -189,8 +189,12 @@ pub(crate) enum Command {
     ///   default: {"mode": "throughput", "dsn", "messages", "size", "fetch_size", "concurrency",
     ///     "rounds", "produce_per_s", "consume_per_s", "p50_ms", "p99_ms", "raw": {produce_per_s,
     ///     consume_per_s, p50_ms, p99_ms} | null, "ratio": courier / raw consume | null,
-    ///     "produce_ratio": courier / raw produce | null, "round_ratios"; --concurrency-keys:
-    ///     "unkeyed" (the queue without keys) in place of "raw", the ratios keyed / unkeyed}
+    ///     "produce_ratio": courier / raw produce | null, "round_ratios", "produce_round_ratios";
+    ///     --concurrency-keys: "unkeyed" (the queue without keys) in place of "raw", the ratios
+    ///     keyed / unkeyed; --beside: "beside" likewise; with either, "cpu": {"produce_us",
+    ///     "consume_us": [this side, the other] machine-wide CPU microseconds per message
+    ///     (medians; client and servers, Linux), "produce_round_ratios", "round_ratios": each
+    ///     round's other side's CPU / this side's} | null}
     ///   --runs: {"mode": "runs", "dsn", "runs", "workers", "steps_per_run", "fetch_size",
     ///     "concurrency", "submit_per_s", "runs_per_s", "store_statements_per_run",
     ///     "store_statements": {"submit", "execute"} (per run), "store_calls_per_run": {method:

@@ -504,3 +504,47 @@ fn envelopes_from_one_json_decoder_do_not_share_stamps() {
     );
     assert_eq!(second.message::<Greet>(), Some(&Greet { who: "b".into() }));
 }
+
+/// The compact reading of a headers object gives what the JSON parser gives, or leaves the text
+/// to it: escapes, spaces, other values, broken text.
+#[test]
+fn header_pairs_read_compact_objects_as_the_parser_does() {
+    fn parsed(json: &str) -> Option<Vec<HeaderPair<'_>>> {
+        use serde::Deserializer as _;
+        let mut de = serde_json::Deserializer::from_str(json);
+        let pairs = (&mut de).deserialize_map(decode::PairVisitor {
+            make: Vec::with_capacity,
+            push: |pairs: &mut Vec<_>, k, v| pairs.push((k, v)),
+        });
+        pairs.and_then(|p| de.end().map(|()| p)).ok()
+    }
+    let compact = [
+        "{}",
+        r#"{"content-type":"application/json","type":"app.ping"}"#,
+        r#"{"a":"","":"b","a":"dup"}"#,
+        r#"{"x-courier-stamp-delay":"[{\"ms\":5}]"}"#,
+        r#"{"type":"caf\u00e9 ünï"}"#,
+    ];
+    let other = [
+        r#"{ "a": "b" }"#,
+        r#"{"a":1}"#,
+        r#"{"a":"b",}"#,
+        r#"{"a":"b""c":"d"}"#,
+        r#"{"a":"b"} "#,
+        r#"{"a":"b"}}"#,
+        "{\"a\":\"b\tc\"}",
+        r#"{"a""#,
+        r#"["a","b"]"#,
+        "",
+    ];
+    for json in compact.iter().chain(&other) {
+        let read = header_pairs(json).ok();
+        assert_eq!(read, parsed(json), "{json}");
+    }
+    // Courier's own writing takes the short way, borrowed; an escape goes to the parser.
+    assert!(decode::compact_pairs(compact[1]).is_some());
+    assert!(decode::compact_pairs(compact[3]).is_none());
+    assert!(decode::compact_pairs(other[0]).is_none());
+    let pairs = header_pairs(compact[1]).expect("pairs");
+    assert!(matches!(pairs[1].1, std::borrow::Cow::Borrowed("app.ping")));
+}

@@ -1,5 +1,12 @@
 //! The default mode: produce then consume N messages through the real worker path, then a short
 //! latency sample with an idle worker; with `--raw`, the raw driver in paired rounds.
+//!
+//! When both sides are Courier (`--beside`, `--concurrency-keys`), each side's produce and
+//! consume phases are also metered in machine-wide CPU time per message (client and servers,
+//! [`super::cpu`]). On two cores shared by the bench and its servers, a phase is a chain of
+//! round trips and its rate moves with the scheduler by 20 % from one run to the next; the CPU
+//! a message costs moves far less, and it is what sets the rate once the servers' cores are
+//! saturated. Both ratios are printed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +17,7 @@ use courier_core::{
     Transport, Worker,
 };
 
+use super::cpu::CpuClock;
 use super::{
     BENCH, BenchMessage, Figures, Work, bench_bus, chatty, isolate, payload, per_second,
     percentiles, print_json, remove_isolated,
@@ -76,6 +84,8 @@ pub(super) async fn measure(
     let rounds = args.rounds.unwrap_or(if paired { 3 } else { 1 });
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
+    // Each round's CPU per message of both sides (Courier on both only).
+    let mut cpu_rounds: Vec<(CpuPerMessage, CpuPerMessage)> = Vec::new();
     for round in 0..rounds {
         // Each round, each side starts on a queue and a connection of its own, as the raw side
         // always did: a broker's queue keeps state from the rounds before it (RabbitMQ's
@@ -101,14 +111,16 @@ pub(super) async fn measure(
                 match &beside {
                     Some((plain, plain_isolated)) => {
                         courier_raw::level(plain_isolated).await;
-                        let figures =
+                        let (figures, cpu) =
                             courier_figures(plain, work, usize::from(args.concurrency), None)
                                 .await?;
-                        Ok::<_, CliError>(Some(figures))
+                        Ok::<_, CliError>(Some((figures, Some(cpu))))
                     }
                     None if args.raw => {
                         courier_raw::level(&isolated).await;
-                        Ok(courier_raw::measure(&isolated, work).await?)
+                        Ok(courier_raw::measure(&isolated, work)
+                            .await?
+                            .map(|figures| (figures, None)))
                     }
                     None => Ok(None),
                 }
@@ -123,12 +135,16 @@ pub(super) async fn measure(
                 )
                 .await
             };
-            if other_first {
-                theirs.extend(other.await?);
-                ours.push(mine.await?);
+            let (mine, other) = if other_first {
+                let other = other.await?;
+                (mine.await?, other)
             } else {
-                ours.push(mine.await?);
-                theirs.extend(other.await?);
+                (mine.await?, other.await?)
+            };
+            ours.push(mine.0);
+            if let Some((figures, cpu)) = other {
+                theirs.push(figures);
+                cpu_rounds.extend(cpu.map(|cpu| (mine.1, cpu)));
             }
             Ok::<_, CliError>(())
         }
@@ -159,6 +175,7 @@ pub(super) async fn measure(
         .zip(&theirs)
         .map(|(c, r)| c.produce_per_s / r.produce_per_s)
         .collect();
+    let cpu = CpuRatios::of(&cpu_rounds);
     if cli.format == Format::Json {
         let mut value = serde_json::json!({
             "mode": "throughput",
@@ -177,6 +194,7 @@ pub(super) async fn measure(
             "produce_ratio": produce_ratio,
             "round_ratios": round_ratios,
             "produce_round_ratios": produce_round_ratios,
+            "cpu": cpu,
         });
         if let (Some(obj), Ok(serde_json::Value::Object(figs))) =
             (value.as_object_mut(), serde_json::to_value(courier))
@@ -217,6 +235,9 @@ pub(super) async fn measure(
                     );
                 }
             }
+            if let Some(cpu) = &cpu {
+                cpu.print(other);
+            }
         }
         _ if args.raw => println!("raw: no raw implementation for `{}`", dsn.scheme()),
         _ => {}
@@ -229,7 +250,7 @@ async fn courier_figures(
     work: &Work,
     concurrency: usize,
     keys: Option<u32>,
-) -> CliResult<Figures> {
+) -> CliResult<(Figures, CpuPerMessage)> {
     let body = payload(work.size);
     let keys: Vec<ConcurrencyKeyStamp> = (0..keys.unwrap_or(0))
         .map(|k| ConcurrencyKeyStamp::new(format!("key-{k}")))
@@ -240,7 +261,7 @@ async fn courier_figures(
         n => envelope.with(keys[usize::try_from(seq).unwrap_or(0) % n].clone()),
     };
     // Produce: batches of fetch_size through send_batch.
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), CpuClock::now());
     let mut seq = 0;
     while seq < work.messages {
         let n = (work.messages - seq).min(work.fetch_size as u64);
@@ -259,6 +280,7 @@ async fn courier_figures(
         seq += n;
     }
     let produce = started.elapsed();
+    let produce_cpu = cpu.and_then(|c| c.spent());
 
     // Consume: the real worker path.
     let handled = Arc::new(AtomicU64::new(0));
@@ -266,7 +288,7 @@ async fn courier_figures(
     let bus = bench_bus(transport, move |_| {
         count.fetch_add(1, Ordering::Relaxed);
     });
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), CpuClock::now());
     let stats = Worker::builder(bus)
         .receiver(BENCH, transport.clone())
         .fetch_size(work.fetch_size)
@@ -278,6 +300,7 @@ async fn courier_figures(
         .await
         .map_err(|e| CliError::runtime(e.to_string()))?;
     let consume = started.elapsed();
+    let consume_cpu = cpu.and_then(|c| c.spent());
     if stats.handled != work.messages {
         return Err(CliError::runtime(format!(
             "benchmark consumed {} of {} messages ({} failed)",
@@ -322,12 +345,89 @@ async fn courier_figures(
     stop.cancel();
     let _ = running.await;
     let (p50, p99) = percentiles(&mut samples);
-    Ok(Figures {
+    let figures = Figures {
         produce_per_s: per_second(work.messages, produce),
         consume_per_s: per_second(work.messages, consume),
         p50_ms: p50,
         p99_ms: p99,
-    })
+    };
+    let cpu = CpuPerMessage {
+        produce_us: produce_cpu.map(|c| c.micros_per(work.messages)),
+        consume_us: consume_cpu.map(|c| c.micros_per(work.messages)),
+    };
+    Ok((figures, cpu))
+}
+
+/// Machine-wide CPU microseconds per message of one side's phases (`None`: not Linux).
+#[derive(Debug, Clone, Copy)]
+struct CpuPerMessage {
+    produce_us: Option<f64>,
+    consume_us: Option<f64>,
+}
+
+/// The two sides' CPU per message over the rounds: medians, and the rate ratio it implies on a
+/// saturated machine (the other side's CPU per message over this side's), each round's too.
+#[derive(Debug, serde::Serialize)]
+struct CpuRatios {
+    /// Medians of this side's, then the other side's, CPU microseconds per message.
+    produce_us: (f64, f64),
+    consume_us: (f64, f64),
+    /// Each round's rate ratio on a saturated machine (other's CPU / this side's).
+    produce_round_ratios: Vec<f64>,
+    round_ratios: Vec<f64>,
+}
+
+impl CpuRatios {
+    /// `None` without a metered round (not Linux, or the raw driver beside).
+    fn of(rounds: &[(CpuPerMessage, CpuPerMessage)]) -> Option<Self> {
+        let pairs = |phase: fn(&CpuPerMessage) -> Option<f64>| -> Vec<(f64, f64)> {
+            rounds
+                .iter()
+                .filter_map(|(mine, other)| Some((phase(mine)?, phase(other)?)))
+                .filter(|(mine, other)| *mine > 0.0 && *other > 0.0)
+                .collect()
+        };
+        let (produce, consume) = (pairs(|c| c.produce_us), pairs(|c| c.consume_us));
+        if consume.is_empty() {
+            return None;
+        }
+        let medians = |v: &[(f64, f64)]| {
+            (
+                middle(&v.iter().map(|p| p.0).collect::<Vec<_>>()),
+                middle(&v.iter().map(|p| p.1).collect::<Vec<_>>()),
+            )
+        };
+        let ratios = |v: &[(f64, f64)]| v.iter().map(|(mine, other)| other / mine).collect();
+        Some(Self {
+            produce_us: medians(&produce),
+            consume_us: medians(&consume),
+            produce_round_ratios: ratios(&produce),
+            round_ratios: ratios(&consume),
+        })
+    }
+
+    fn print(&self, other: &str) {
+        println!(
+            "CPU per message, machine-wide (client and servers), courier / {other}: \
+             produce {:.1} / {:.1} us, consume {:.1} / {:.1} us",
+            self.produce_us.0, self.produce_us.1, self.consume_us.0, self.consume_us.1
+        );
+        for (what, ratios) in [
+            ("produce", &self.produce_round_ratios),
+            ("consume", &self.round_ratios),
+        ] {
+            if !ratios.is_empty() {
+                println!(
+                    "{what} ratio by CPU (the rate ratio of a saturated machine), each round's median {:.2}{}",
+                    middle(ratios),
+                    spread(ratios).map_or(String::new(), |(low, high)| format!(
+                        " ({low:.2} to {high:.2}, {} rounds)",
+                        ratios.len()
+                    ))
+                );
+            }
+        }
+    }
 }
 
 /// The median of `values` (the upper one of an even count; 0 when empty).
@@ -355,5 +455,39 @@ fn median(all: &[Figures]) -> Figures {
         consume_per_s: pick(|f| f.consume_per_s),
         p50_ms: pick(|f| f.p50_ms),
         p99_ms: pick(|f| f.p99_ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu(produce: Option<f64>, consume: Option<f64>) -> CpuPerMessage {
+        CpuPerMessage {
+            produce_us: produce,
+            consume_us: consume,
+        }
+    }
+
+    #[test]
+    fn cpu_ratios_are_the_other_sides_cost_over_this_sides_round_by_round() {
+        let rounds = [
+            (cpu(Some(10.0), Some(50.0)), cpu(Some(9.0), Some(40.0))),
+            (cpu(Some(8.0), Some(60.0)), cpu(Some(8.0), Some(30.0))),
+            // A round whose phases were too short to tick is left out, not counted as free.
+            (cpu(Some(0.0), Some(40.0)), cpu(Some(7.0), Some(36.0))),
+        ];
+        let ratios = CpuRatios::of(&rounds).expect("metered rounds");
+        assert_eq!(ratios.round_ratios, vec![0.8, 0.5, 0.9]);
+        assert_eq!(ratios.produce_round_ratios, vec![0.9, 1.0]);
+        // Medians of each side (the upper of an even count).
+        assert_eq!(ratios.consume_us, (50.0, 36.0));
+        assert_eq!(ratios.produce_us, (10.0, 9.0));
+    }
+
+    #[test]
+    fn no_cpu_figures_without_a_metered_round() {
+        assert!(CpuRatios::of(&[]).is_none());
+        assert!(CpuRatios::of(&[(cpu(None, None), cpu(Some(1.0), Some(1.0)))]).is_none());
     }
 }
