@@ -3,10 +3,10 @@
 //!
 //! When both sides are Courier (`--beside`, `--concurrency-keys`), each side's produce and
 //! consume phases are also metered in machine-wide CPU time per message (client and servers,
-//! [`super::cpu`]). On two cores shared by the bench and its servers, a phase is a chain of
-//! round trips and its rate moves with the scheduler by 20 % from one run to the next; the CPU
-//! a message costs moves far less, and it is what sets the rate once the servers' cores are
-//! saturated. Both ratios are printed.
+//! [`super::cpu`]): what sets the rate once the servers' cores are saturated, where on two
+//! cores shared by the bench and its servers a phase is a chain of round trips. Both ratios are
+//! printed; on such a machine each moves by a fifth or more from run to run (disk flushes, a
+//! backend waiting for a core), so only many rounds tell.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
